@@ -1,0 +1,73 @@
+"""Actions: the unit of work in a program, and their text form.
+
+The text form is torch.distributed.pipelining's: ``{stage}{kind}{mb}`` (``2F0``,
+``1B3``, ``0I5``, ``0W5``) and ``(0F7;7B3)OVERLAP_F_B`` for an overlapped pair.
+Actions are NamedTuples because schedules hold hundreds of thousands of them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple, Union
+
+F, B, I, W = "F", "B", "I", "W"
+KINDS = (F, B, I, W)
+#: kinds that produce the input gradient of their stage
+GRAD_KINDS = (B, I)
+
+KIND_NAMES = {F: "forward", B: "backward", I: "input-grad backward", W: "weight-grad backward"}
+
+
+class Action(NamedTuple):
+    """One compute action: ``kind`` of micro-batch ``mb`` on ``stage``."""
+
+    kind: str
+    stage: int
+    mb: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.mb}"
+
+
+class Pair(NamedTuple):
+    """An overlapped forward and backward run as one unit (DualPipe's F&B)."""
+
+    forward: Action
+    backward: Action
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward})OVERLAP_F_B"
+
+    @property
+    def kind(self) -> str:
+        return "F&B"
+
+
+Op = Union[Action, Pair]
+
+_ACTION_RE = re.compile(r"(\d+)([FBIW])(\d+)")
+_PAIR_RE = re.compile(r"\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B")
+
+
+class ParseError(ValueError):
+    """A cell of text that is not an action."""
+
+
+def parse(text: str) -> Op:
+    """Parse ``2F0`` or ``(0F7;7B3)OVERLAP_F_B``; the whole text must match."""
+    text = text.strip()
+    m = _ACTION_RE.fullmatch(text)
+    if m:
+        return Action(m[2], int(m[1]), int(m[3]))
+    m = _PAIR_RE.fullmatch(text)
+    if m:
+        return Pair(parse(m[1]), parse(m[2]))  # type: ignore[arg-type]
+    raise ParseError(
+        f"not an action: {text!r} (expected STAGE KIND MB such as '2F0', kind one of "
+        "F, B, I, W, or '(0F7;7B3)OVERLAP_F_B')"
+    )
+
+
+def actions_of(op: Op) -> tuple[Action, ...]:
+    """The plain actions inside an op (two for a pair)."""
+    return (op.forward, op.backward) if type(op) is Pair else (op,)  # type: ignore[return-value]

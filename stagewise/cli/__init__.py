@@ -1,0 +1,46 @@
+"""The `stagewise` command: one entry point, a module per group of subcommands.
+
+Each module in ``MODULES`` has ``register(subparsers)``; a subcommand sets
+``func(args) -> int``. User errors print one line and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .common import USER_ERRORS, Parser
+
+#: subcommand modules, in --help order
+MODULES = ["core"]
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="stagewise", description="Pipeline-parallel schedules: generate, validate, "
+                    "simulate, draw, plan and run them.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in MODULES:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as e:
+        sys.stderr.write(f"stagewise {args.command}: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("stagewise: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

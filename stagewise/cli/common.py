@@ -1,0 +1,100 @@
+"""What every subcommand shares: option groups, error handling, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..costs import CostError, Costs
+from ..schedules.registry import ScheduleArgError
+from ..validate import ScheduleError
+
+
+class UsageError(ValueError):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+#: errors that are the user's input, not our bug: one line on stderr, exit 2
+USER_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, ScheduleArgError, CostError)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump) and exit code 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number; got {text!r}") from None
+    return value
+
+
+def per_stage_value(text: str):
+    """'2' -> 2.0; '1,1,2' -> [1.0, 1.0, 2.0] (one value per stage)."""
+    try:
+        parts = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or comma-separated numbers per stage; got {text!r}") from None
+    return parts[0] if len(parts) == 1 else parts
+
+
+def add_schedule_args(p: argparse.ArgumentParser, *, csv: bool = True, name_required: bool = False) -> None:
+    """NAME -p P -m M [-v V] and, optionally, --csv FILE instead of NAME."""
+    p.add_argument("name", nargs=None if name_required else "?", metavar="NAME",
+                   help="schedule family (see `stagewise list`)")
+    p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks (devices), default 4")
+    p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
+    p.add_argument("-v", "--chunks", type=positive_int, default=None,
+                   help="stages per rank for interleaved/V schedules (family default if omitted)")
+    if csv:
+        p.add_argument("--csv", metavar="FILE", help="read the schedule from torch's compute-only CSV instead of NAME")
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("costs (per action: one stage, one micro-batch; a comma list gives one value per stage)")
+    g.add_argument("--tf", type=per_stage_value, default=1.0, help="forward time, default 1")
+    g.add_argument("--tb", type=per_stage_value, default=2.0, help="full backward time, default 2")
+    g.add_argument("--ti", type=per_stage_value, default=None, help="input-gradient backward, default tb/2")
+    g.add_argument("--tw", type=per_stage_value, default=None, help="weight-gradient backward, default tb/2")
+    g.add_argument("--tfb", type=per_stage_value, default=None, help="overlapped F&B pair, default tf+tb")
+    g.add_argument("--latency", type=float, default=0.0, help="time of one message between ranks, default 0")
+    g.add_argument("--bandwidth", type=float, default=None, help="link bytes per time unit (default: free)")
+    g.add_argument("--boundary-bytes", type=per_stage_value, default=0.0,
+                   help="bytes of the activation each stage sends on")
+    g.add_argument("--activation-bytes", type=per_stage_value, default=None,
+                   help="bytes one stage keeps per micro-batch (peak memory in bytes)")
+
+
+def costs_from(args: argparse.Namespace) -> Costs:
+    return Costs(t_f=args.tf, t_b=args.tb, t_i=args.ti, t_w=args.tw, t_fb=args.tfb,
+                 latency=args.latency, bandwidth=args.bandwidth, boundary_bytes=args.boundary_bytes,
+                 activation_bytes=args.activation_bytes)
+
+
+def schedule_from(args: argparse.Namespace):
+    """The schedule named by NAME -p -m -v, or read from --csv."""
+    from .. import torch_csv
+    from ..schedules import generate
+
+    if getattr(args, "csv", None):
+        if args.name:
+            raise UsageError(f"give either NAME ({args.name}) or --csv, not both")
+        return torch_csv.load(args.csv)
+    if not args.name:
+        raise UsageError("a schedule NAME or --csv FILE is required")
+    return generate(args.name, args.ranks, args.microbatches, args.chunks)
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def fmt_list(xs, digits: int = 3) -> str:
+    return "[" + ", ".join(f"{x:.{digits}g}" for x in xs) + "]"

@@ -1,0 +1,140 @@
+"""Schedule-core subcommands: list, simulate, compare, export, validate, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .. import torch_csv
+from ..report import result, table
+from ..schedules import FAMILIES, generate
+from .common import UsageError, add_cost_args, add_schedule_args, costs_from, print_json, schedule_from
+
+
+def register(sub) -> None:
+    p = sub.add_parser("list", help="list the schedule families")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("simulate", help="simulate one schedule and print its metrics")
+    add_schedule_args(p)
+    add_cost_args(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--draw", action="store_true", help="draw the timeline in the terminal")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("compare", help="simulate several schedules with the same p, m and costs")
+    p.add_argument("-p", "--ranks", type=int, default=4, help="ranks (devices), default 4")
+    p.add_argument("-m", "--microbatches", type=int, default=8, help="micro-batches per step, default 8")
+    p.add_argument("-v", "--chunks", type=int, default=None, help="chunks for the families that take v")
+    p.add_argument("--schedules", default=None, help="comma-separated families (default: all that accept p, m)")
+    add_cost_args(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per schedule")
+    p.add_argument("-o", "--output", default=None, help="also write the comparison figure (PNG/SVG)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV")
+    add_schedule_args(p, csv=False, name_required=True)
+    p.add_argument("--csv", required=True, metavar="FILE", help="output file")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("validate", help="check a schedule (NAME or --csv FILE) and say why it is invalid")
+    add_schedule_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("demo", help="the tour: every family at p=4, m=8, figures, report and a real run")
+    p.add_argument("-o", "--output", default="stagewise-demo", help="output folder, default ./stagewise-demo")
+    p.add_argument("--no-run", action="store_true", help="skip the real run on local ranks")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_list(args) -> int:
+    for f in FAMILIES.values():
+        v = "any v" if f.chunks is None else "v=" + "/".join(map(str, f.chunks))
+        print(f"{f.name:<18} {v:<7} {f.summary}")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    sched = schedule_from(args)
+    costs = costs_from(args)
+    res = result(sched, costs)
+    if args.json:
+        print_json(res)
+    else:
+        print(table([res]))
+    if args.draw:
+        from ..render.ascii import draw_text
+        from ..simulate import simulate
+
+        print(draw_text(simulate(sched, costs)))
+    return 0
+
+
+def compare_results(args) -> list[dict]:
+    names = args.schedules.split(",") if args.schedules else None
+    costs = costs_from(args)
+    out = []
+    for name in names or FAMILIES:
+        fam = FAMILIES.get(name.strip())
+        if fam is None:
+            raise UsageError(f"--schedules: unknown schedule {name!r}; choose from {', '.join(FAMILIES)}")
+        v = args.chunks if args.chunks and (fam.chunks is None or args.chunks in fam.chunks) else None
+        try:
+            sched = generate(fam.name, args.ranks, args.microbatches, v)
+        except ValueError as e:
+            if names:
+                raise
+            continue  # with no explicit list, skip families that do not accept p, m
+        out.append(result(sched, costs))
+    return out
+
+
+def cmd_compare(args) -> int:
+    results = compare_results(args)
+    if args.json:
+        print_json(results)
+    else:
+        print(table(results))
+    if args.output:
+        from ..render.figure import compare_figure
+
+        compare_figure([r["_timeline"] for r in results], args.output)
+    return 0
+
+
+def cmd_export(args) -> int:
+    sched = generate(args.name, args.ranks, args.microbatches, args.chunks)
+    try:
+        torch_csv.dump(sched, args.csv)
+    except OSError as e:
+        raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror}") from None
+    print(f"wrote {args.csv} ({sched.ranks} ranks, {sched.num_actions} actions)")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from ..validate import validate
+
+    sched = validate(schedule_from(args))
+    print(f"valid: {sched.name}, {sched.ranks} ranks, {sched.stages} stages, {sched.microbatches} micro-batches, "
+          f"{sched.num_actions} ops")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    out = Path(args.output)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--output {out}: cannot create: {e.strerror}") from None
+    ns = argparse.Namespace(ranks=4, microbatches=8, chunks=None, schedules=None, tf=1.0, tb=2.0, ti=None,
+                            tw=None, tfb=None, latency=0.0, bandwidth=None, boundary_bytes=0.0,
+                            activation_bytes=None)
+    results = compare_results(ns)
+    print("Every schedule family at p=4 ranks, m=8 micro-batches, t_f=1, t_b=2 (per stage):\n")
+    print(table(results))
+    path = out / "schedules.json"
+    path.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {path}")
+    return 0

@@ -1,0 +1,154 @@
+"""The play engine: runs every rank's program in order against durations.
+
+An action starts when its rank is free and its dependencies (DESIGN.md) have
+arrived; sends are asynchronous, so a message adds link time to the receiver's
+ready time but never occupies the sender. Start times do not depend on the
+order in which ranks are advanced, so a plain work list (no event heap) gives
+the exact timeline in time linear in the number of actions.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .actions import Action, Pair
+from .costs import StageCosts
+from .schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A rank that cannot go on: the op at ``position`` waits for ``waits_for``."""
+
+    rank: int
+    position: int
+    op: object
+    waits_for: Action
+
+
+class Stuck(Exception):
+    """Some ranks never finish: a wait cycle (deadlock)."""
+
+    def __init__(self, blocked: list[Blocked]):
+        super().__init__("deadlock")
+        self.blocked = blocked
+
+
+def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list[list[float]]]:
+    """Start and end time of every op, per rank, aligned with the programs.
+
+    Raises ``Stuck`` when some rank can never proceed. Assumes the structural
+    checks of ``validate.check_structure`` passed.
+    """
+    m = schedule.microbatches
+    S = schedule.stages
+    n_keys = S * m
+    placement = schedule.placement
+    first = [0] * S
+    last = [0] * S
+    for lane in schedule.lanes:
+        for s in lane.stages:
+            first[s], last[s] = lane.stage_lo, lane.stage_hi - 1
+    # link time into stage s from s-1 (forward) and from s+1 (backward gradient)
+    msg = costs.message
+    fwd_link = [msg[s - 1] if s > first[s] and placement[s - 1] != placement[s] else 0.0 for s in range(S)]
+    bwd_link = [msg[s] if s < last[s] and placement[s + 1] != placement[s] else 0.0 for s in range(S)]
+    dur = {"F": costs.f, "B": costs.b, "I": costs.i, "W": costs.w}
+    fb = costs.fb
+
+    done = [-1.0] * (2 * n_keys)  # [0, n): F done; [n, 2n): input gradient done (B or I)
+    programs = schedule.programs
+    R = len(programs)
+    starts = [[0.0] * len(p) for p in programs]
+    ends = [[0.0] * len(p) for p in programs]
+    pos = [0] * R
+    clock = [0.0] * R
+    waiting: dict[int, list[int]] = {}
+    queue = deque(range(R))
+
+    def ready_time(a: Action) -> tuple[float, int]:
+        """(time a's inputs are ready, -1) or (-1, key it waits on)."""
+        kind, s, mb = a
+        if kind == "F":
+            if s == first[s]:
+                return 0.0, -1
+            k = (s - 1) * m + mb
+            d = done[k]
+            return (d + fwd_link[s], -1) if d >= 0 else (-1.0, k)
+        if kind == "W":
+            k = n_keys + s * m + mb
+            d = done[k]
+            return (d, -1) if d >= 0 else (-1.0, k)
+        k = s * m + mb
+        d = done[k]
+        if d < 0:
+            return -1.0, k
+        if s != last[s]:
+            k = n_keys + (s + 1) * m + mb
+            g = done[k]
+            if g < 0:
+                return -1.0, k
+            g += bwd_link[s]
+            if g > d:
+                d = g
+        return d, -1
+
+    while queue:
+        r = queue.popleft()
+        prog = programs[r]
+        st, en = starts[r], ends[r]
+        i, t = pos[r], clock[r]
+        n = len(prog)
+        while i < n:
+            op = prog[i]
+            if type(op) is Pair:
+                fa, ba = op
+                rf, kf = ready_time(fa)
+                if kf >= 0:
+                    waiting.setdefault(kf, []).append(r)
+                    break
+                rb, kb = ready_time(ba)
+                if kb >= 0:
+                    waiting.setdefault(kb, []).append(r)
+                    break
+                start = max(t, rf, rb)
+                d = fb[fa.stage] if fb is not None else dur["F"][fa.stage] + dur[ba.kind][ba.stage]
+                t = start + d
+                finished = (fa, ba)
+            else:
+                rt, k = ready_time(op)
+                if k >= 0:
+                    waiting.setdefault(k, []).append(r)
+                    break
+                start = t if t > rt else rt
+                t = start + dur[op.kind][op.stage]
+                finished = (op,)
+            st[i] = start
+            en[i] = t
+            i += 1
+            for kind, s, mb in finished:
+                if kind == "W":
+                    continue
+                k = s * m + mb if kind == "F" else n_keys + s * m + mb
+                done[k] = t
+                if waiting:
+                    woken = waiting.pop(k, None)
+                    if woken:
+                        queue.extend(woken)
+        pos[r], clock[r] = i, t
+    if any(pos[r] < len(programs[r]) for r in range(R)):
+        raise Stuck(_blocked(schedule, pos, waiting, n_keys))
+    return starts, ends
+
+
+def _blocked(schedule: Schedule, pos: list[int], waiting: dict[int, list[int]], n_keys: int) -> list[Blocked]:
+    m = schedule.microbatches
+    out = []
+    for key, ranks in waiting.items():
+        s, mb = divmod(key % n_keys, m)
+        kind = "F" if key < n_keys else "B|I"
+        for r in ranks:
+            op = schedule.programs[r][pos[r]]
+            out.append(Blocked(r, pos[r], op, Action(kind, s, mb)))
+    return sorted(out, key=lambda b: b.rank)

@@ -1,0 +1,148 @@
+"""The schedule: one program per rank plus the stage-to-rank placement.
+
+Every micro-batch flows through a *lane*: a contiguous range of stages it
+visits in order. Ordinary schedules have one lane covering all stages and all
+micro-batches. DualPipe has two lanes (one per direction), each a whole copy of
+the model cut into ``ranks`` stages, and each fed half of the micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .actions import Action, Op, Pair, actions_of
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lane:
+    """Micro-batches ``mb_lo..mb_hi-1`` visit stages ``stage_lo..stage_hi-1`` in order."""
+
+    stage_lo: int
+    stage_hi: int
+    mb_lo: int
+    mb_hi: int
+
+    @property
+    def stages(self) -> range:
+        return range(self.stage_lo, self.stage_hi)
+
+    @property
+    def mbs(self) -> range:
+        return range(self.mb_lo, self.mb_hi)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """Programs of all ranks, the placement, and the micro-batch routes.
+
+    ``placement[s]`` is the rank that holds stage ``s``. ``lanes`` default to
+    one lane over all stages and micro-batches.
+    """
+
+    name: str
+    programs: tuple[tuple[Op, ...], ...]
+    placement: tuple[int, ...]
+    microbatches: int
+    lanes: tuple[Lane, ...] = ()
+    #: stages of one model copy (S in the papers); equals len(placement) except for DualPipe
+    params: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.lanes:
+            lane = Lane(stage_lo=0, stage_hi=self.stages, mb_lo=0, mb_hi=self.microbatches)
+            object.__setattr__(self, "lanes", (lane,))
+
+    @property
+    def ranks(self) -> int:
+        return len(self.programs)
+
+    @property
+    def stages(self) -> int:
+        return len(self.placement)
+
+    @property
+    def chunks(self) -> int:
+        """Stages per rank (v)."""
+        return max(1, self.stages // max(1, self.ranks))
+
+    @property
+    def num_actions(self) -> int:
+        return sum(len(p) for p in self.programs)
+
+    def lane_of_mb(self, mb: int) -> Lane:
+        for lane in self.lanes:
+            if lane.mb_lo <= mb < lane.mb_hi:
+                return lane
+        raise IndexError(mb)
+
+    def lane_of_stage(self, stage: int) -> Lane:
+        for lane in self.lanes:
+            if lane.stage_lo <= stage < lane.stage_hi:
+                return lane
+        raise IndexError(stage)
+
+    @property
+    def split_backward(self) -> bool:
+        return any(a.kind == "I" for a in self.actions())
+
+    def actions(self) -> Iterator[Action]:
+        for prog in self.programs:
+            for op in prog:
+                yield from actions_of(op)
+
+    def stages_of_rank(self, rank: int) -> list[int]:
+        return [s for s, r in enumerate(self.placement) if r == rank]
+
+    def param_share(self) -> list[float]:
+        """Fraction of one whole model whose parameters each rank holds."""
+        share = [0.0] * self.ranks
+        for s, r in enumerate(self.placement):
+            lane = self.lane_of_stage(s)
+            share[r] += 1.0 / (lane.stage_hi - lane.stage_lo)
+        return share
+
+    def __str__(self) -> str:
+        return "\n".join(
+            f"rank {r}: " + " ".join(str(op) for op in prog) for r, prog in enumerate(self.programs)
+        )
+
+
+def infer_placement(programs: tuple[tuple[Op, ...], ...]) -> tuple[int, ...]:
+    """Placement read off the programs (for imported schedules).
+
+    Raises ``ValueError`` when a stage is found on two ranks.
+    """
+    seen: dict[int, tuple[int, int, Op]] = {}
+    for r, prog in enumerate(programs):
+        for pos, op in enumerate(prog):
+            for a in actions_of(op):
+                prev = seen.setdefault(a.stage, (r, pos, op))
+                if prev[0] != r:
+                    raise ValueError(
+                        f"stage {a.stage} is on two ranks: rank {prev[0]} position {prev[1]} "
+                        f"({prev[2]}) and rank {r} position {pos} ({op}); each stage must be on "
+                        "exactly one rank"
+                    )
+    if not seen:
+        return ()
+    stages = max(seen) + 1
+    missing = [s for s in range(stages) if s not in seen]
+    if missing:
+        raise ValueError(f"stage {missing[0]} has no action on any rank (stages run 0..{stages - 1})")
+    return tuple(seen[s][0] for s in range(stages))
+
+
+def make(name: str, programs, placement, microbatches: int, lanes=(), **params) -> Schedule:
+    """Build a Schedule from lists (generators' convenience)."""
+    return Schedule(
+        name=name,
+        programs=tuple(tuple(p) for p in programs),
+        placement=tuple(placement),
+        microbatches=microbatches,
+        lanes=tuple(lanes),
+        params=params,
+    )
+
+
+__all__ = ["Lane", "Schedule", "infer_placement", "make", "Action", "Pair"]

@@ -1,0 +1,108 @@
+"""Names of the schedule families, their argument rules, and how to make one.
+
+``generate(name, ranks, microbatches, chunks)`` checks the arguments against the
+family's rules first, so a bad option gets a message naming it and the rule
+instead of a failure from deep inside a generator.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from ..schedule import Schedule
+
+
+class ScheduleArgError(ValueError):
+    """An option a family does not accept (message names option, value and rule)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """A schedule family: its generator and the arguments it accepts."""
+
+    name: str
+    target: str  #: "module:function" under stagewise.schedules
+    summary: str
+    chunks: tuple[int, ...] | None = (1,)  #: allowed v; None = any v >= 1
+    default_chunks: int = 1
+    even_ranks: bool = False
+    min_microbatches: Callable[[int, int], int] = lambda p, v: 1
+    min_rule: str = ""
+    even_microbatches: bool = False
+    split_backward: bool = False
+
+    @property
+    def generator(self) -> Callable[..., Schedule]:
+        module, func = self.target.split(":")
+        return getattr(importlib.import_module(f"{__package__}.{module}"), func)
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family(name="gpipe", target="gpipe:gpipe", summary="all forwards, then all backwards (GPipe)"),
+        Family(name="1f1b", target="one_f_one_b:one_f_one_b",
+               summary="one forward one backward, PipeDream-flush"),
+        Family(name="interleaved-1f1b", target="interleaved:interleaved_1f1b",
+               summary="Megatron-LM virtual stages: v chunks per rank, round-robin",
+               chunks=None, default_chunks=2,
+               min_microbatches=lambda p, v: p if v > 1 else 1, min_rule="--microbatches >= --ranks"),
+        Family(name="looped-bfs", target="looped_bfs:looped_bfs",
+               summary="v chunks per rank, breadth-first: every micro-batch through a chunk before the next",
+               chunks=None, default_chunks=2),
+        Family(name="zb-h1", target="zero_bubble:zb_h1", split_backward=True,
+               summary="Zero Bubble H1: split backward, W fills the cooldown, 1F1B memory"),
+        Family(name="zb-h2", target="zero_bubble:zb_h2", split_backward=True,
+               summary="Zero Bubble H2: extra warmup forwards, W fills the rest, ~2x 1F1B memory"),
+        Family(name="zb-v", target="zb_v:zb_v", split_backward=True, chunks=(2,), default_chunks=2,
+               summary="Zero Bubble V: two chunks per rank in a V, 1F1B memory"),
+        Family(name="dualpipe", target="dualpipe:dualpipe", split_backward=True, chunks=(2,),
+               default_chunks=2, even_ranks=True, even_microbatches=True,
+               min_microbatches=lambda p, v: 2 * p, min_rule="--microbatches >= 2 * --ranks",
+               summary="DeepSeek-V3 DualPipe: micro-batches from both ends, two parameter copies"),
+        Family(name="dualpipe-v", target="dualpipe_v:dualpipe_v", split_backward=True, chunks=(2,),
+               default_chunks=2, min_microbatches=lambda p, v: 2 * p, min_rule="--microbatches >= 2 * --ranks",
+               summary="DualPipeV: DualPipe cut in half, V-shape, one parameter copy"),
+    ]
+}
+
+
+def names() -> list[str]:
+    return list(FAMILIES)
+
+
+def family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ScheduleArgError(f"unknown schedule {name!r}; choose one of: {', '.join(FAMILIES)}") from None
+
+
+def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
+    """Raise ``ScheduleArgError`` naming the option and the rule it breaks."""
+    if not isinstance(ranks, int) or ranks < 1:
+        raise ScheduleArgError(f"--ranks must be >= 1; got {ranks}")
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise ScheduleArgError(f"--microbatches must be >= 1; got {microbatches}")
+    if not isinstance(chunks, int) or chunks < 1:
+        raise ScheduleArgError(f"--chunks must be >= 1; got {chunks}")
+    if fam.chunks is not None and chunks not in fam.chunks:
+        allowed = " or ".join(map(str, fam.chunks))
+        raise ScheduleArgError(f"{fam.name} needs --chunks {allowed}; got {chunks}")
+    if fam.even_ranks and ranks % 2:
+        raise ScheduleArgError(f"{fam.name} needs an even --ranks; got {ranks}")
+    if fam.even_microbatches and microbatches % 2:
+        raise ScheduleArgError(f"{fam.name} needs an even --microbatches; got {microbatches}")
+    low = fam.min_microbatches(ranks, chunks)
+    if microbatches < low:
+        raise ScheduleArgError(f"{fam.name} needs {fam.min_rule or f'--microbatches >= {low}'} ({low}); got {microbatches}")
+
+
+def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None) -> Schedule:
+    """The schedule of family ``name`` for ``ranks`` x ``microbatches`` (x ``chunks``)."""
+    fam = family(name)
+    v = fam.default_chunks if chunks is None else chunks
+    check_args(fam, ranks, microbatches, v)
+    return fam.generator(ranks, microbatches, v)

@@ -1,0 +1,39 @@
+"""Simulate a schedule against a cost model: the test oracle for everything else."""
+
+from __future__ import annotations
+
+from .costs import Costs
+from .engine import Stuck, play
+from .schedule import Schedule
+from .timeline import Metrics, Timeline, metrics
+from .validate import ScheduleError, check_structure, describe_deadlock
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = True) -> Timeline:
+    """Timeline of ``schedule`` under ``costs`` (default ``t_f=1, t_b=2``).
+
+    Raises ``ScheduleError`` for an invalid or deadlocking schedule.
+    """
+    costs = costs or Costs()
+    sc = costs.resolve(schedule.stages)
+    if check:
+        check_structure(schedule)
+    try:
+        starts, ends = play(schedule, sc)
+    except Stuck as stuck:
+        raise ScheduleError(describe_deadlock(schedule, stuck)) from None
+    return Timeline(
+        schedule=schedule,
+        starts=tuple(map(tuple, starts)),
+        ends=tuple(map(tuple, ends)),
+        activation=tuple(sc.activation),
+        activation_bytes=tuple(sc.activation_bytes) if sc.activation_bytes else None,
+        free_at_i=sc.free_at_i,
+        meta={"costs": costs},
+    )
+
+
+def run(schedule: Schedule, costs: Costs | None = None) -> tuple[Timeline, Metrics]:
+    """Simulate and compute metrics in one call."""
+    tl = simulate(schedule, costs)
+    return tl, metrics(tl)

@@ -1,0 +1,136 @@
+"""Timelines (start/end of every op on every rank) and the metrics read off them.
+
+A timeline is the same whether simulated or measured: renderers and metrics
+never know which. Times are in the cost model's unit (simulated) or seconds
+(measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .actions import Pair, actions_of
+from .schedule import Schedule
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeline:
+    """Start and end of each op of each rank's program (same indexing)."""
+
+    schedule: Schedule
+    starts: tuple[tuple[float, ...], ...]
+    ends: tuple[tuple[float, ...], ...]
+    source: str = "simulated"  #: "simulated" or "measured"
+    unit: str = "t_f"  #: time unit for labels ("t_f" for cost-model units, "s" measured)
+    activation: tuple[float, ...] = ()  #: chunk-units kept per micro-batch, per stage
+    activation_bytes: tuple[float, ...] | None = None
+    free_at_i: float = 0.0
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.activation:
+            object.__setattr__(self, "activation", (1.0,) * self.schedule.stages)
+
+    @property
+    def ranks(self) -> int:
+        return self.schedule.ranks
+
+    def rows(self, rank: int):
+        """(op, start, end) for each op of ``rank`` in program order."""
+        return zip(self.schedule.programs[rank], self.starts[rank], self.ends[rank])
+
+    def memory_curve(self, rank: int, unit_bytes: bool = False) -> list[tuple[float, float]]:
+        """Live activations on ``rank`` as (time, level) steps, in program order.
+
+        An activation is held from the start of its F to the end of its B
+        (or W; ``free_at_i`` of it already at the end of I).
+        """
+        size = self.activation_bytes if unit_bytes and self.activation_bytes else self.activation
+        live, out = 0.0, [(0.0, 0.0)]
+        for op, start, end in self.rows(rank):
+            for a in actions_of(op):
+                if a.kind == "F":
+                    live += size[a.stage]
+                    out.append((start, live))
+            for a in actions_of(op):
+                if a.kind != "F":
+                    live -= _freed(a.kind, size[a.stage], self.free_at_i)
+                    out.append((end, live))
+        return out
+
+
+def _freed(kind: str, size: float, free_at_i: float) -> float:
+    if kind == "B":
+        return size
+    if kind == "I":
+        return size * free_at_i
+    return size * (1.0 - free_at_i)
+
+
+def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]:
+    """Peak live activations per rank; time-free since a rank's ops are sequential."""
+    peaks = []
+    for prog in schedule.programs:
+        live = peak = 0.0
+        for op in prog:
+            if type(op) is Pair:
+                fa, ba = op
+                live += size[fa.stage]
+                peak = live if live > peak else peak
+                live -= _freed(ba.kind, size[ba.stage], free_at_i)
+                continue
+            kind, s, _ = op
+            if kind == "F":
+                live += size[s]
+                if live > peak:
+                    peak = live
+            else:
+                live -= _freed(kind, size[s], free_at_i)
+        peaks.append(peak)
+    return peaks
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metrics:
+    """What a timeline costs: time, idle share, memory."""
+
+    makespan: float
+    bubble_fraction: float  #: 1 - busy / (ranks * makespan)
+    busy: tuple[float, ...]
+    idle: tuple[float, ...]
+    peak_activations: tuple[float, ...]  #: chunk-units
+    peak_activation_bytes: tuple[float, ...] | None
+    param_share: tuple[float, ...]  #: fraction of the whole model's parameters per rank
+
+    def to_dict(self) -> dict:
+        return {
+            "makespan": self.makespan,
+            "bubble_fraction": self.bubble_fraction,
+            "busy": list(self.busy),
+            "idle": list(self.idle),
+            "peak_activations": list(self.peak_activations),
+            "peak_activation_bytes": list(self.peak_activation_bytes) if self.peak_activation_bytes else None,
+            "param_share": list(self.param_share),
+        }
+
+
+def metrics(tl: Timeline) -> Metrics:
+    """Makespan, bubble, busy/idle per rank and peak memory of a timeline."""
+    t0 = min((min(s) for s in tl.starts if s), default=0.0)
+    t1 = max((max(e) for e in tl.ends if e), default=0.0)
+    makespan = t1 - t0
+    busy = tuple(sum(e - s for s, e in zip(st, en)) for st, en in zip(tl.starts, tl.ends))
+    idle = tuple(makespan - b for b in busy)
+    R = tl.ranks
+    bubble = 1.0 - sum(busy) / (R * makespan) if makespan > 0 else 0.0
+    sched = tl.schedule
+    peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i)) if tl.activation_bytes else None
+    return Metrics(
+        makespan=makespan,
+        bubble_fraction=bubble,
+        busy=busy,
+        idle=idle,
+        peak_activations=tuple(peak_memory(sched, tl.activation, tl.free_at_i)),
+        peak_activation_bytes=peak_b,
+        param_share=tuple(sched.param_share()),
+    )

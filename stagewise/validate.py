@@ -1,0 +1,140 @@
+"""Prove a schedule executable before anything runs it.
+
+Checks, in order: indices in range, each stage on its one rank, each
+(stage, mb, kind) exactly once, every micro-batch complete (F and either B or
+I+W), and no deadlock. Messages name the rank, the position in its program,
+the action and, for a deadlock, the cycle of waits.
+"""
+
+from __future__ import annotations
+
+from .actions import Action, Pair, actions_of
+from .costs import Costs
+from .engine import Stuck, play
+from .schedule import Schedule
+
+_KIND_INDEX = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be executed; the message says where and why."""
+
+
+def validate(schedule: Schedule) -> Schedule:
+    """Raise ``ScheduleError`` unless ``schedule`` is executable; return it."""
+    check_structure(schedule)
+    try:
+        play(schedule, Costs().resolve(schedule.stages))
+    except Stuck as stuck:
+        raise ScheduleError(describe_deadlock(schedule, stuck)) from None
+    return schedule
+
+
+def check_structure(schedule: Schedule) -> None:
+    """Everything but deadlock: ranges, placement, each action exactly once."""
+    S, m = schedule.stages, schedule.microbatches
+    if S == 0 or m <= 0:
+        raise ScheduleError(f"schedule has {S} stages and {m} micro-batches; both must be >= 1")
+    if any(not 0 <= r < schedule.ranks for r in schedule.placement):
+        raise ScheduleError(f"placement {schedule.placement} names a rank outside 0..{schedule.ranks - 1}")
+    lane_mb = [(lane.mb_lo, lane.mb_hi) for lane in schedule.lanes for _ in lane.stages]
+    if len(lane_mb) != S:
+        raise ScheduleError(f"lanes cover {len(lane_mb)} stages; the placement has {S}")
+    seen = bytearray(4 * S * m)
+    placement = schedule.placement
+    for r, prog in enumerate(schedule.programs):
+        for pos, op in enumerate(prog):
+            if type(op) is Pair:
+                _check_pair(op, r, pos)
+            for a in actions_of(op):
+                kind, s, mb = a
+                where = f"rank {r} position {pos} ({op})"
+                if not 0 <= s < S:
+                    raise ScheduleError(f"{where}: stage {s} out of range 0..{S - 1}")
+                lo, hi = lane_mb[s]
+                if not lo <= mb < hi:
+                    raise ScheduleError(f"{where}: micro-batch {mb} out of range {lo}..{hi - 1} for stage {s}")
+                if placement[s] != r:
+                    raise ScheduleError(f"{where}: stage {s} belongs to rank {placement[s]}, not rank {r}")
+                k = (_KIND_INDEX[kind] * S + s) * m + mb
+                if seen[k]:
+                    raise ScheduleError(f"{where}: duplicate action {a}; each (stage, micro-batch, kind) runs once")
+                seen[k] = 1
+    _check_complete(schedule, seen)
+
+
+def _check_pair(op: Pair, r: int, pos: int) -> None:
+    if op.forward.kind != "F" or op.backward.kind not in ("B", "I"):
+        raise ScheduleError(f"rank {r} position {pos} ({op}): an overlapped pair is one F and one B or I")
+
+
+def _check_complete(schedule: Schedule, seen: bytearray) -> None:
+    S, m = schedule.stages, schedule.microbatches
+    for lane in schedule.lanes:
+        for s in lane.stages:
+            rank = schedule.placement[s]
+            for mb in lane.mbs:
+                f, b, i, w = (seen[(k * S + s) * m + mb] for k in range(4))
+                problem = None
+                if not f:
+                    problem = f"missing {Action('F', s, mb)}"
+                elif b and (i or w):
+                    problem = f"{Action('B', s, mb)} together with a split backward ({Action('I', s, mb)}/{Action('W', s, mb)})"
+                elif not b and not (i or w):
+                    problem = f"missing the backward of stage {s} micro-batch {mb} ({Action('B', s, mb)}, or {Action('I', s, mb)} and {Action('W', s, mb)})"
+                elif i != w:
+                    problem = f"missing {Action('W' if i else 'I', s, mb)} (split backward needs both I and W)"
+                if problem:
+                    raise ScheduleError(f"rank {rank}: {problem}")
+
+
+def describe_deadlock(schedule: Schedule, stuck: Stuck) -> str:
+    """The cycle of waits, as 'rank r position i (op) waits for X on rank q' links."""
+    head = {b.rank: b for b in stuck.blocked}
+    where = _locate(schedule)
+    # follow waits from the first blocked rank until a rank repeats
+    chain, r = [], stuck.blocked[0].rank
+    visited: list[int] = []
+    while r in head and r not in visited:
+        visited.append(r)
+        b = head[r]
+        target = _find_dep(where, b.waits_for)
+        q, qpos = target if target else (None, None)
+        chain.append(f"rank {r} position {b.position} ({b.op}) waits for {target_text(b.waits_for, where)}")
+        r = q
+    if r in visited:
+        chain = chain[visited.index(r):]
+        return "deadlock: wait cycle: " + "; ".join(chain) + f"; back to rank {r}"
+    return "deadlock: " + "; ".join(chain)
+
+
+def target_text(dep: Action, where: dict) -> str:
+    loc = _find_dep(where, dep)
+    if loc is None:
+        return str(dep)
+    r, pos = loc
+    return f"{_name(dep, where)} at rank {r} position {pos}"
+
+
+def _name(dep: Action, where: dict) -> str:
+    if dep.kind != "B|I":
+        return str(dep)
+    for kind in ("B", "I"):
+        if (kind, dep.stage, dep.mb) in where:
+            return str(Action(kind, dep.stage, dep.mb))
+    return f"{dep.stage}B{dep.mb}"
+
+
+def _find_dep(where: dict, dep: Action):
+    if dep.kind == "B|I":
+        return where.get(("B", dep.stage, dep.mb)) or where.get(("I", dep.stage, dep.mb))
+    return where.get(tuple(dep))
+
+
+def _locate(schedule: Schedule) -> dict:
+    where = {}
+    for r, prog in enumerate(schedule.programs):
+        for pos, op in enumerate(prog):
+            for a in actions_of(op):
+                where[tuple(a)] = (r, pos)
+    return where
