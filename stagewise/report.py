@@ -24,7 +24,7 @@ def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -
         "microbatches": schedule.microbatches,
         "chunks": schedule.chunks,
         "stages": schedule.stages,
-        "actions": sum(1 for _ in schedule.actions()),
+        "actions": schedule.num_compute_actions,
         "formula_bubble_fraction": formula,
         **mt.to_dict(),
         "parameter_copies": [x * schedule.ranks for x in mt.param_share],

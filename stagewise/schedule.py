@@ -70,6 +70,11 @@ class Schedule:
     def num_actions(self) -> int:
         return sum(len(p) for p in self.programs)
 
+    @property
+    def num_compute_actions(self) -> int:
+        """Plain actions, counting both halves of an overlapped pair."""
+        return self.num_actions + sum(1 for prog in self.programs for op in prog if type(op) is Pair)
+
     def lane_of_mb(self, mb: int) -> Lane:
         for lane in self.lanes:
             if lane.mb_lo <= mb < lane.mb_hi:

@@ -42,25 +42,34 @@ def check_structure(schedule: Schedule) -> None:
         raise ScheduleError(f"lanes cover {len(lane_mb)} stages; the placement has {S}")
     seen = bytearray(4 * S * m)
     placement = schedule.placement
+    lo_of = [lo for lo, _ in lane_mb]
+    hi_of = [hi for _, hi in lane_mb]
+    kind_base = {k: i * S * m for k, i in _KIND_INDEX.items()}
     for r, prog in enumerate(schedule.programs):
         for pos, op in enumerate(prog):
+            for kind, s, mb in (op.forward, op.backward) if type(op) is Pair else (op,):
+                # fast path: every check is one comparison; messages only on failure
+                if not (0 <= s < S and lo_of[s] <= mb < hi_of[s] and placement[s] == r):
+                    _raise_bad_index(schedule, r, pos, op, Action(kind, s, mb), lane_mb)
+                k = kind_base[kind] + s * m + mb
+                if seen[k]:
+                    raise ScheduleError(f"rank {r} position {pos} ({op}): duplicate action {Action(kind, s, mb)}; "
+                                        "each (stage, micro-batch, kind) runs once")
+                seen[k] = 1
             if type(op) is Pair:
                 _check_pair(op, r, pos)
-            for a in actions_of(op):
-                kind, s, mb = a
-                where = f"rank {r} position {pos} ({op})"
-                if not 0 <= s < S:
-                    raise ScheduleError(f"{where}: stage {s} out of range 0..{S - 1}")
-                lo, hi = lane_mb[s]
-                if not lo <= mb < hi:
-                    raise ScheduleError(f"{where}: micro-batch {mb} out of range {lo}..{hi - 1} for stage {s}")
-                if placement[s] != r:
-                    raise ScheduleError(f"{where}: stage {s} belongs to rank {placement[s]}, not rank {r}")
-                k = (_KIND_INDEX[kind] * S + s) * m + mb
-                if seen[k]:
-                    raise ScheduleError(f"{where}: duplicate action {a}; each (stage, micro-batch, kind) runs once")
-                seen[k] = 1
     _check_complete(schedule, seen)
+
+
+def _raise_bad_index(schedule: Schedule, r: int, pos: int, op, a: Action, lane_mb) -> None:
+    where = f"rank {r} position {pos} ({op})"
+    S = schedule.stages
+    if not 0 <= a.stage < S:
+        raise ScheduleError(f"{where}: stage {a.stage} out of range 0..{S - 1}")
+    lo, hi = lane_mb[a.stage]
+    if not lo <= a.mb < hi:
+        raise ScheduleError(f"{where}: micro-batch {a.mb} out of range {lo}..{hi - 1} for stage {a.stage}")
+    raise ScheduleError(f"{where}: stage {a.stage} belongs to rank {schedule.placement[a.stage]}, not rank {r}")
 
 
 def _check_pair(op: Pair, r: int, pos: int) -> None:
@@ -71,7 +80,12 @@ def _check_pair(op: Pair, r: int, pos: int) -> None:
 def _check_complete(schedule: Schedule, seen: bytearray) -> None:
     S, m = schedule.stages, schedule.microbatches
     for lane in schedule.lanes:
+        n = lane.mb_hi - lane.mb_lo
+        ones, zeros = b"\x01" * n, bytes(n)
         for s in lane.stages:
+            f, b, i, w = (seen[(k * S + s) * m + lane.mb_lo:(k * S + s) * m + lane.mb_hi] for k in range(4))
+            if f == ones and ((b == ones and i == w == zeros) or (b == zeros and i == w == ones)):
+                continue  # fast path: the whole stage is complete one way or the other
             rank = schedule.placement[s]
             for mb in lane.mbs:
                 f, b, i, w = (seen[(k * S + s) * m + mb] for k in range(4))

@@ -1,0 +1,98 @@
+"""Schedule core speed: stagewise vs torch.distributed.pipelining, and linear scaling.
+
+Run: .venv/bin/python benchmarks/bench_simulate.py [--repeats 5] [--plot docs/img/simulate_scaling.png]
+
+1. Whole processes, side by side: `stagewise simulate zb-v -p 32 -m 256 --json`
+   (generate, validate, simulate, metrics, JSON) vs torch generating the same
+   schedule and laying it out on its unit-step grid
+   (`_schedule_visualizer.get_schedule_ops(..., add_spacing=True)`). Ratio of medians.
+2. `stagewise simulate zb-v -p 64 -m 1024` (393,216 actions) as a whole process: target < 2 s.
+3. In-process generate + simulate time for growing m at p=64: time per action must stay flat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+PY = sys.executable
+STAGEWISE = [PY, "-m", "stagewise"]
+TORCH_SNIPPET = (
+    "from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops\n"
+    "ops = get_schedule_ops('ZBVZeroBubble', {p}, {m}, add_spacing=True)\n"
+)
+
+
+def wall(cmd: list[str], repeats: int) -> float:
+    """Median wall time of a whole process (output discarded)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def scaling(repeats: int, p: int = 64) -> list[tuple[int, float]]:
+    from stagewise.report import result
+    from stagewise.costs import Costs
+    from stagewise.schedules import generate
+
+    rows = []
+    for m in (64, 128, 256, 512, 1024):
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            sched = generate("zb-v", p, m)
+            result(sched, Costs())
+            times.append(time.perf_counter() - t)
+        rows.append((sched.num_compute_actions, statistics.median(times)))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--plot", default=None, help="write the scaling curve to this PNG")
+    args = ap.parse_args()
+
+    ours = wall(STAGEWISE + ["simulate", "zb-v", "-p", "32", "-m", "256", "--json"], args.repeats)
+    try:
+        theirs = wall([PY, "-c", TORCH_SNIPPET.format(p=32, m=256)], max(1, args.repeats // 2))
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        theirs = float("nan")
+    print(f"zb-v p=32 m=256 (49,152 actions), whole process, median of {args.repeats}:")
+    print(f"  torch get_schedule_ops(add_spacing=True): {theirs:7.3f} s")
+    print(f"  stagewise simulate --json:                {ours:7.3f} s   speed-up x{theirs / ours:.1f}")
+
+    big = wall(STAGEWISE + ["simulate", "zb-v", "-p", "64", "-m", "1024", "--json"], args.repeats)
+    print(f"zb-v p=64 m=1024 (393,216 actions), whole process: {big:.3f} s (target < 2 s)")
+
+    rows = scaling(args.repeats)
+    print("in-process generate + simulate + metrics, zb-v p=64:")
+    for n, t in rows:
+        print(f"  {n:>8,} actions  {t:7.3f} s  {t / n * 1e6:6.2f} us/action")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+        ax.plot([n for n, _ in rows], [t for _, t in rows], "o-", color="#0072B2")
+        ax.set_xlabel("actions (zb-v, p=64, m=64..1024)")
+        ax.set_ylabel("seconds")
+        ax.set_title("generate + simulate: linear in actions")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(args.plot)
+        print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
