@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 from .actions import ParseError, actions_of, parse
-from .schedule import Schedule, infer_placement
+from .schedule import Lane, Schedule, infer_placement
 from .validate import ScheduleError, validate
+
+#: cells torch writes in compute-only CSVs that are not compute (FSDP-style parameter bookkeeping)
+_TORCH_BOOKKEEPING = re.compile(r"\d+(UNSHARD|RESHARD|REDUCE_GRAD)")
 
 
 def loads(text: str, name: str = "csv") -> Schedule:
@@ -22,8 +26,8 @@ def loads(text: str, name: str = "csv") -> Schedule:
     for r, row in enumerate(csv.reader(io.StringIO(text))):
         prog = []
         for col, cell in enumerate(row):
-            if not cell.strip():
-                continue  # idle slot
+            if not cell.strip() or _TORCH_BOOKKEEPING.fullmatch(cell.strip()):
+                continue  # idle slot, or torch's parameter bookkeeping (no compute)
             try:
                 prog.append(parse(cell))
             except ParseError as e:
@@ -37,9 +41,48 @@ def loads(text: str, name: str = "csv") -> Schedule:
         placement = infer_placement(tuple(programs))
     except ValueError as e:
         raise ScheduleError(str(e)) from None
-    mbs = 1 + max(a.mb for prog in programs for op in prog for a in actions_of(op))
-    sched = Schedule(name=name, programs=tuple(programs), placement=placement, microbatches=mbs)
+    lanes, mbs = infer_lanes(programs)
+    sched = Schedule(name=name, programs=tuple(programs), placement=placement, microbatches=mbs, lanes=lanes)
     return validate(sched)
+
+
+def infer_lanes(programs) -> tuple[tuple[Lane, ...], int]:
+    """Micro-batch routes and count read off the forwards (the CSV names neither).
+
+    Consecutive stages that forward the same micro-batches form a lane; more
+    than one lane is kept only when the lanes split 0..m-1 into ranges between
+    them (DualPipe). Otherwise one lane, with m = the most forwards any stage
+    has, so that a stray index (torch's 1F1B gives its last rank 1..m) is
+    reported as out of range rather than as m missing actions elsewhere.
+    """
+    fwd: dict[int, set[int]] = {}
+    for prog in programs:
+        for op in prog:
+            for a in actions_of(op):
+                if a.kind == "F":
+                    fwd.setdefault(a.stage, set()).add(a.mb)
+    runs: list[list] = []  # [first stage, last stage + 1, micro-batches]
+    for s in range(max(fwd, default=-1) + 1):
+        mbs = fwd.get(s, set())
+        if runs and runs[-1][2] == mbs:
+            runs[-1][1] = s + 1
+        else:
+            runs.append([s, s + 1, mbs])
+    if len(runs) > 1 and _split_in_ranges([mbs for _, _, mbs in runs]):
+        lanes = tuple(Lane(stage_lo=a, stage_hi=b, mb_lo=min(mbs), mb_hi=max(mbs) + 1) for a, b, mbs in runs)
+        return lanes, max(lane.mb_hi for lane in lanes)
+    most = max((len(mbs) for mbs in fwd.values()), default=0)
+    return (), most or 1 + max(a.mb for prog in programs for op in prog for a in actions_of(op))
+
+
+def _split_in_ranges(sets: list[set[int]]) -> bool:
+    """Whether the sets are ranges that together split 0..m-1 without overlap."""
+    start = 0
+    for mbs in sorted(sets, key=lambda x: min(x, default=-1)):
+        if not mbs or min(mbs) != start or len(mbs) != max(mbs) + 1 - start:
+            return False
+        start = max(mbs) + 1
+    return True
 
 
 def load(path: str | Path) -> Schedule:

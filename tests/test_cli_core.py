@@ -1,0 +1,132 @@
+"""The core CLI contract: JSON results, and bad input -> exit 2 with one line naming the problem."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from stagewise.cli import main
+from stagewise.schedules import names
+
+
+def run(capsys, *argv: str):
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:  # argparse's own errors and --help
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def fails(capsys, *argv: str) -> str:
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2, (argv, out, err)
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# --- results ------------------------------------------------------------------------------------
+
+def test_simulate_json_has_the_contract_fields(capsys):
+    rc, out, _ = run(capsys, "simulate", "1f1b", "-p", "4", "-m", "8", "--json")
+    res = json.loads(out)
+    assert rc == 0
+    assert (res["schedule"], res["ranks"], res["microbatches"], res["chunks"]) == ("1f1b", 4, 8, 1)
+    assert res["bubble_fraction"] == pytest.approx(3 / 11) == res["formula_bubble_fraction"]
+    assert res["makespan"] == 33 and res["peak_activations"] == [4, 3, 2, 1]
+    assert res["busy"] == [24] * 4 and res["idle"] == [9] * 4
+
+
+def test_simulate_takes_costs_per_action(capsys):
+    rc, out, _ = run(capsys, "simulate", "zb-h1", "-p", "4", "-m", "8", "--tf", "1", "--ti", "1", "--tw", "1", "--json")
+    res = json.loads(out)
+    assert rc == 0 and res["idle"] == [3] * 4  # (p-1)(F+B-2W)
+    assert res["formula_bubble_fraction"] == pytest.approx(res["bubble_fraction"])
+
+
+def test_compare_lists_every_family_at_p4_m8(capsys):
+    rc, out, _ = run(capsys, "compare", "-p", "4", "-m", "8", "--json")
+    results = json.loads(out)
+    assert rc == 0 and [r["schedule"] for r in results] == names()
+    by_name = {r["schedule"]: r for r in results}
+    assert by_name["dualpipe"]["parameter_copies"] == [2.0] * 4
+    assert by_name["dualpipe-v"]["chunks"] == 2 and by_name["dualpipe-v"]["parameter_copies"] == [1.0] * 4
+    assert by_name["zb-h2"]["formula_bubble_fraction"] is None
+
+
+def test_compare_a_chosen_list(capsys):
+    rc, out, _ = run(capsys, "compare", "-p", "2", "-m", "4", "--schedules", "gpipe,zb-v", "--json")
+    assert rc == 0 and [r["schedule"] for r in json.loads(out)] == ["gpipe", "zb-v"]
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "dualpipe"])
+def test_export_then_simulate_the_csv_gives_the_same_result(capsys, tmp_path, name):
+    path = tmp_path / "s.csv"
+    assert run(capsys, "export", name, "-p", "4", "-m", "8", "--csv", str(path))[0] == 0
+    direct = json.loads(run(capsys, "simulate", name, "-p", "4", "-m", "8", "--json")[1])
+    read = json.loads(run(capsys, "simulate", "--csv", str(path), "--json")[1])
+    for key in ("makespan", "bubble_fraction", "busy", "idle", "peak_activations", "ranks", "microbatches"):
+        assert read[key] == direct[key], key
+
+
+def test_validate_and_list(capsys):
+    rc, out, _ = run(capsys, "validate", "zb-v", "-p", "4", "-m", "8")
+    assert rc == 0 and out.startswith("valid: zb-v, 4 ranks, 8 stages, 8 micro-batches")
+    rc, out, _ = run(capsys, "list")
+    assert rc == 0 and [line.split()[0] for line in out.splitlines()] == names()
+
+
+@pytest.mark.parametrize("command", ["list", "simulate", "compare", "export", "validate", "demo"])
+def test_help(capsys, command):
+    rc, out, _ = run(capsys, command, "--help")
+    assert rc == 0 and out.startswith("usage: stagewise " + command)
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["simulate", "1f1b", "-p", "0"], "--ranks must be >= 1; got 0"),
+    (["simulate", "1f1b", "-m", "-3"], "--microbatches must be >= 1; got -3"),
+    (["simulate", "1f1b", "-m", "0", "--json"], "--microbatches must be >= 1; got 0"),
+    (["export", "gpipe", "-p", "-2", "--csv", "x.csv"], "--ranks must be >= 1; got -2"),
+    (["simulate", "zb-v", "-v", "3"], "zb-v needs --chunks 2; got 3"),
+    (["simulate", "interleaved-1f1b", "-v", "0"], "--chunks must be >= 1; got 0"),
+    (["simulate", "dualpipe", "-p", "5", "-m", "10"], "dualpipe needs an even --ranks; got 5"),
+    (["simulate", "dualpipe-v", "-p", "4", "-m", "6"], "dualpipe-v needs --microbatches >= 2 * --ranks (8); got 6"),
+    (["simulate", "pipedream"], "unknown schedule 'pipedream'; choose one of: gpipe"),
+    (["compare", "--schedules", "1f1b,nope"], "--schedules: unknown schedule 'nope'"),
+    (["simulate", "1f1b", "--tf", "-1"], "--tf must be >= 0; got -1.0"),
+    (["simulate", "1f1b", "--tb", "0,1"], "--tb has 2 per-stage values; the schedule has 4 stages"),
+    (["simulate", "1f1b", "--tf", "abc"], "argument --tf: expected a number"),
+    (["simulate", "1f1b", "-p", "2.5"], "argument -p/--ranks: expected a whole number; got '2.5'"),
+    (["simulate"], "a schedule NAME or --csv FILE is required"),
+    (["validate", "--csv", "/nonexistent/s.csv"], "--csv /nonexistent/s.csv: cannot read"),
+    (["export", "1f1b", "--csv", "/nonexistent/dir/s.csv"], "--csv /nonexistent/dir/s.csv: cannot write"),
+])
+def test_bad_options(capsys, argv, words):
+    assert words in fails(capsys, *argv)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("0F0junk,0B0\n", "row 1 (rank 0) column 1: not an action: '0F0junk'"),
+    ("0F0,3X1\n", "row 1 (rank 0) column 2: not an action: '3X1'"),
+    ("0F0,0F0,0B0\n1F0,1B0\n", "rank 0 position 1 (0F0): duplicate action 0F0"),
+    ("0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n", "rank 1: missing the backward of stage 1 micro-batch 1"),
+    ("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n", "deadlock: wait cycle: rank 0 position 1 (0B0) waits for 1B0"),
+    ("0F0,0B0\n0F1\n", "stage 0 is on two ranks"),
+])
+@pytest.mark.parametrize("command", ["simulate", "validate"])
+def test_bad_csv(capsys, tmp_path, command, text, words):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    assert words in fails(capsys, command, "--csv", str(path))
+
+
+def test_a_real_process_exits_2_with_one_line_and_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "stagewise", "simulate", "dualpipe", "-p", "5", "-m", "10", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "stagewise simulate: error: dualpipe needs an even --ranks; got 5\n"
