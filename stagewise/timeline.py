@@ -35,6 +35,16 @@ class Timeline:
     def ranks(self) -> int:
         return self.schedule.ranks
 
+    def _repr_html_(self) -> str:  # Jupyter; the drawing code loads only when asked
+        from .notebook import timeline_html
+
+        return timeline_html(self)
+
+    def _repr_svg_(self) -> str:
+        from .notebook import timeline_image
+
+        return timeline_image(self)
+
     def rows(self, rank: int):
         """(op, start, end) for each op of ``rank`` in program order."""
         return zip(self.schedule.programs[rank], self.starts[rank], self.ends[rank])
@@ -101,6 +111,9 @@ class Metrics:
     peak_activations: tuple[float, ...]  #: chunk-units
     peak_activation_bytes: tuple[float, ...] | None
     param_share: tuple[float, ...]  #: fraction of the whole model's parameters per rank
+    #: idle inside each rank's own span (first start to last end): the bubble the Zero
+    #: Bubble paper counts once the step-end synchronisation is removed
+    span_idle: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -111,6 +124,7 @@ class Metrics:
             "peak_activations": list(self.peak_activations),
             "peak_activation_bytes": list(self.peak_activation_bytes) if self.peak_activation_bytes else None,
             "param_share": list(self.param_share),
+            "span_idle": list(self.span_idle),
         }
 
 
@@ -133,4 +147,7 @@ def metrics(tl: Timeline) -> Metrics:
         peak_activations=tuple(peak_memory(sched, tl.activation, tl.free_at_i)),
         peak_activation_bytes=peak_b,
         param_share=tuple(sched.param_share()),
+        span_idle=tuple(
+            (max(en) - min(st) - b) if st else 0.0 for st, en, b in zip(tl.starts, tl.ends, busy)
+        ),
     )

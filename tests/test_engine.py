@@ -161,3 +161,13 @@ def test_engine_matches_brute_force_oracle(seed, ranks, extra, m, split, latency
     for r in range(ranks):
         for op, start, end in tl.rows(r):
             assert (start, end) == pytest.approx(expect[tuple(op)])
+
+
+def test_span_idle_counts_only_inside_each_ranks_span():
+    h1 = metrics(simulate(generate("zb-h1", 4, 8)))
+    h2 = metrics(simulate(generate("zb-h2", 4, 8)))
+    assert h2.span_idle == (0, 0, 0, 0)
+    assert max(h1.span_idle) > 0
+    one = metrics(simulate(generate("1f1b", 4, 8)))
+    # rank 0 spans the whole step, so its span idle is its idle: (p-1)(t_f+t_b)
+    assert one.span_idle[0] == one.idle[0] == pytest.approx(3 * 3)
