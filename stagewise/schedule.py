@@ -107,6 +107,16 @@ class Schedule:
             share[r] += 1.0 / (lane.stage_hi - lane.stage_lo)
         return share
 
+    def _repr_html_(self) -> str:  # Jupyter: simulated at the seed costs; loads the drawing code only then
+        from .notebook import schedule_html
+
+        return schedule_html(self)
+
+    def _repr_svg_(self) -> str | None:
+        from .notebook import schedule_image
+
+        return schedule_image(self)
+
     def __str__(self) -> str:
         return "\n".join(
             f"rank {r}: " + " ".join(str(op) for op in prog) for r, prog in enumerate(self.programs)

@@ -1,0 +1,271 @@
+"""The workshop's JSON API: settings in, simulated timelines out.
+
+It runs the very code the CLI runs (``generate``, ``Costs``, ``simulate``,
+``report.result``), so a setting the CLI rejects gets the CLI's message here,
+tagged with the page control (``field``) that caused it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Mapping
+
+from ..actions import KINDS, Pair
+from ..costs import CostError, Costs
+from ..render import palette
+from ..render.cells import chunk_of_stage, memory_steps, origin
+from ..report import result
+from ..schedule import Schedule
+from ..schedules import FAMILIES, ScheduleArgError, generate
+from ..simulate import simulate
+from ..timeline import Timeline
+from ..validate import ScheduleError
+
+#: page control -> the CLI option that means the same (messages name the CLI option)
+OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v": "--chunks", "tf": "--tf",
+           "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "latency": "--latency", "skew": "skew",
+           "per": "per"}
+_FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
+#: a page is for exploring: keep one request about a second at worst
+LIMITS = {"p": 64, "m": 256, "v": 8}
+MAX_ACTIONS = 40_000  #: all schedules of one view together (9 families at p=16, m=64 make 31,280)
+
+
+class SettingError(ValueError):
+    """A setting the page sent that cannot be simulated; ``field`` names the control."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything on the page's controls; None = the family's or the cost model's default."""
+
+    schedules: tuple[str, ...] = ("1f1b",)  #: one family, or several to compare
+    p: int = 4  #: ranks
+    m: int = 8  #: micro-batches
+    v: int | None = None  #: chunks per rank (None: each family's default)
+    tf: float = 1.0
+    tb: float = 2.0
+    ti: float | None = None
+    tw: float | None = None
+    tfb: float | None = None
+    latency: float = 0.0  #: time of one message between ranks
+    skew: float = 1.0  #: cost factor of the first and last stage (embedding, head): uneven layers
+    #: "rank": t_f etc. are one rank's share of the model, so a stage of a v-chunk schedule costs 1/v of it
+    #: (schedules compare on the same model); "stage": per stage, as the CLI reads them
+    per: str = "rank"
+
+    def to_query(self) -> dict[str, str]:
+        """The non-default settings as strings (the page's URL state)."""
+        default = Settings()
+        out = {}
+        for f in fields(self):
+            val = getattr(self, f.name)
+            if val == getattr(default, f.name):
+                continue
+            out[f.name] = ",".join(val) if f.name == "schedules" else f"{val:g}" if isinstance(val, float) else str(val)
+        return out
+
+
+def available() -> list[str]:
+    """Families whose generator module exists (others are registered but not built yet)."""
+    return [name for name, fam in FAMILIES.items()
+            if importlib.util.find_spec(f"stagewise.schedules.{fam.target.split(':')[0]}") is not None]
+
+
+def families() -> dict:
+    """What the page needs to build its controls."""
+    out = []
+    for name in available():
+        fam = FAMILIES[name]
+        out.append({"name": name, "summary": fam.summary, "chunks": list(fam.chunks) if fam.chunks else None,
+                    "default_chunks": fam.default_chunks, "split_backward": fam.split_backward})
+    return {"families": out, "defaults": asdict(Settings()), "limits": LIMITS, "options": OPTIONS,
+            "style": style()}
+
+
+def parse_settings(data: Mapping) -> Settings:
+    """Settings from a JSON object or a query string's dict; values may be strings."""
+    if not isinstance(data, Mapping):
+        raise SettingError("the request body must be a JSON object of settings", "schedules")
+    unknown = sorted(set(data) - set(OPTIONS))
+    if unknown:
+        raise SettingError(f"unknown setting {unknown[0]!r}; known: {', '.join(OPTIONS)}", "schedules")
+    kw: dict = {}
+    for name, raw in data.items():
+        if raw is None or raw == "":
+            continue  # blank control: default
+        if name == "schedules":
+            kw[name] = _names(raw)
+        elif name == "per":
+            if raw not in ("rank", "stage"):
+                raise SettingError(f"per must be 'rank' or 'stage'; got {raw!r}", "per")
+            kw[name] = raw
+        elif name in ("p", "m", "v"):
+            kw[name] = _whole(name, raw)
+        else:
+            kw[name] = _number(name, raw)
+    return Settings(**kw)
+
+
+def _names(raw) -> tuple[str, ...]:
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+        raise SettingError(f"--schedules must be a list of names; got {raw!r}", "schedules")
+    names = tuple(dict.fromkeys(x.strip() for x in items if x.strip()))
+    return names
+
+
+def _whole(name: str, raw) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not re.fullmatch(r"\s*-?\d+\s*", str(raw)):
+        raise SettingError(f"{OPTIONS[name]}: expected a whole number; got {raw!r}", name)
+    value = int(raw)
+    if value > LIMITS[name]:
+        raise SettingError(f"{OPTIONS[name]} must be <= {LIMITS[name]} in the workshop; got {value}", name)
+    return value
+
+
+def _number(name: str, raw) -> float:
+    try:
+        value = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise SettingError(f"{OPTIONS[name]}: expected a number; got {raw!r}", name)
+    return value
+
+
+def field_of(message: str, default: str = "schedules") -> str:
+    """The control a CLI message is about: the first ``--option`` it names."""
+    for opt in re.findall(r"--[a-z-]+", message):
+        if opt in _FIELD_OF_OPTION:
+            return _FIELD_OF_OPTION[opt]
+    return default
+
+
+def stage_weights(schedule: Schedule, skew: float, per: str) -> list[float]:
+    """Cost factor per stage.
+
+    With ``per="rank"`` a stage holding 1/n of its model copy (lane) costs
+    ``ranks / n``: 1 for one stage per rank, 1/v for v chunks. ``skew`` then
+    weighs the first and last stage of each lane (embedding, output layer).
+    """
+    weights = [1.0] * schedule.stages
+    for lane in schedule.lanes:
+        share = schedule.ranks / len(lane.stages) if per == "rank" else 1.0
+        for s in lane.stages:
+            weights[s] = share * (skew if s in (lane.stage_lo, lane.stage_hi - 1) else 1.0)
+    return weights
+
+
+def costs_for(s: Settings, schedule: Schedule) -> Costs:
+    """The cost model of the settings; uneven weights make each duration a per-stage list."""
+    if s.skew <= 0:
+        raise SettingError(f"skew (cost factor of the first and last stage) must be > 0; got {s.skew:g}", "skew")
+    durations = {"t_f": s.tf, "t_b": s.tb, "t_i": s.ti, "t_w": s.tw, "t_fb": s.tfb}
+    w = stage_weights(schedule, s.skew, s.per)
+    # a chunk holding 1/v of a rank's layers also keeps 1/v of its activations (the skew is compute only)
+    share = stage_weights(schedule, 1.0, s.per)
+    return Costs(latency=s.latency, activation=_scaled(1.0, share),
+                 **{k: _scaled(x, w) for k, x in durations.items()})
+
+
+def _scaled(x: float | None, weights: list[float]):
+    """``x`` times each weight; one number when uniform, so closed forms still apply."""
+    if x is None:
+        return None
+    return x * weights[0] if len(set(weights)) == 1 else [x * f for f in weights]
+
+
+def schedules_of(s: Settings) -> list[Schedule]:
+    """The schedules to show; with several, v goes only to the families that take it (as `compare`)."""
+    if not s.schedules:
+        raise SettingError("choose at least one schedule", "schedules")
+    have = available()
+    out = []
+    for name in s.schedules:
+        fam = FAMILIES.get(name)
+        if fam is None or name not in have:
+            raise SettingError(f"unknown schedule {name!r}; choose one of: {', '.join(have)}", "schedules")
+        v = s.v
+        if len(s.schedules) > 1 and v is not None and fam.chunks is not None and v not in fam.chunks:
+            v = None
+        out.append(generate(name, s.p, s.m, v))
+    total = sum(sched.num_actions for sched in out)
+    if total > MAX_ACTIONS:
+        raise SettingError(f"these settings make {total} actions; the page draws at most {MAX_ACTIONS}: lower "
+                           "--microbatches or compare fewer schedules (`stagewise draw` takes any size)", "m")
+    return out
+
+
+def simulate_settings(s: Settings) -> list[tuple[Timeline, dict]]:
+    """(timeline, result) per schedule; raises SettingError naming the control at fault."""
+    try:
+        out = []
+        for sched in schedules_of(s):
+            costs = costs_for(s, sched)
+            tl = simulate(sched, costs)
+            out.append((tl, result(sched, costs, tl)))
+        return out
+    except (ScheduleArgError, CostError) as e:
+        raise SettingError(str(e), field_of(str(e))) from None
+    except ScheduleError as e:
+        raise SettingError(str(e), "schedules") from None
+
+
+def payload(s: Settings) -> dict:
+    """The /api/simulate answer: settings, and per schedule its result, ops and memory curve."""
+    return {"settings": asdict(s), "query": s.to_query(),
+            "results": [{**res, **drawing(tl)} for tl, res in simulate_settings(s)]}
+
+
+def drawing(tl: Timeline) -> dict:
+    """What the page draws, in the renderers' colours (``render.palette``).
+
+    ``ops``: per rank, ``[text, kind, chunk, mb, start, end]`` per op, and for
+    an F&B pair also the backward's ``kind, chunk`` (drawn in the lower half).
+    ``memory``: per rank, live activations as ``[time, level]`` steps.
+    """
+    sched = tl.schedule
+    chunk = chunk_of_stage(sched)
+    t0 = origin(tl)
+    ops = []
+    for r in range(sched.ranks):
+        row = []
+        for op, start, end in tl.rows(r):
+            a = op.forward if type(op) is Pair else op
+            cell = [str(op), op.kind, chunk[a.stage], a.mb, _t(start - t0), _t(end - t0)]
+            if type(op) is Pair:
+                cell += [op.backward.kind, chunk[op.backward.stage]]
+            row.append(cell)
+        ops.append(row)
+    memory = [[[_t(t), _t(x)] for t, x in memory_steps(tl, r)] for r in range(sched.ranks)]
+    v = max(sched.chunks, max(chunk, default=0) + 1)
+    colours = {k: [palette.colour(k, c, v) for c in range(v)] for k in KINDS}
+    ink = {fill: palette.text_colour(fill) for fills in colours.values() for fill in fills}
+    return {"ops": ops, "memory": memory, "colours": colours, "ink": ink, "unit": tl.unit}
+
+
+def style() -> dict:
+    """The renderers' shared colours and labels, so the page looks like the SVG and notebook views."""
+    return {"memory": palette.MEMORY, "grid": palette.GRID, "ink": palette.INK,
+            "labels": palette.KIND_LABELS}
+
+
+def _t(x: float) -> float:
+    return round(x, 6)
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+__all__ = ["Settings", "SettingError", "families", "parse_settings", "payload", "simulate_settings",
+           "costs_for", "field_of"]

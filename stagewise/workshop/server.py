@@ -1,0 +1,175 @@
+"""The workshop's web server: the page's assets and the JSON API, on loopback only.
+
+Standard library only (``http.server``). It serves exactly the files in
+``static/`` (an allow-list read at start, so no path can reach outside it),
+and answers ``/api/families``, ``/api/simulate`` (GET query or POST JSON) and
+``/api/download``. Errors are JSON ``{"error": message, "field": control}``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import traceback
+import webbrowser
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from . import api
+from .downloads import download
+
+HOST = "127.0.0.1"
+STATIC = Path(__file__).with_name("static")
+TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
+#: the page needs nothing from the network: say so to the browser
+CSP = ("default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; "
+       "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'")
+MAX_BODY = 64 * 1024
+
+
+def assets() -> dict[str, Path]:
+    """URL path -> file: ``/`` and ``/static/NAME`` for each file directly in static/."""
+    files = {f"/static/{p.name}": p for p in STATIC.iterdir() if p.is_file() and p.suffix in TYPES}
+    files["/"] = files["/index.html"] = STATIC / "index.html"
+    return files
+
+
+class HttpError(Exception):
+    def __init__(self, status: HTTPStatus, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.field = status, field
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One request. Routes are few and fixed; nothing here touches the file system but ``assets``."""
+
+    server_version = "stagewise-workshop"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self._answer(self._get)
+
+    def do_POST(self) -> None:
+        self._answer(self._post)
+
+    def _get(self, path: str, query: dict) -> None:
+        if path == "/api/families":
+            return self._json(api.families())
+        if path == "/api/simulate":
+            return self._json(api.payload(api.parse_settings(query)))
+        if path == "/api/download":
+            fmt = query.pop("format", "csv")
+            name, ctype, body = download(fmt, api.parse_settings(query))
+            return self._send(HTTPStatus.OK, ctype, body, {"Content-Disposition": f'attachment; filename="{name}"'})
+        file = self.server.assets.get(path)
+        if file is None:
+            raise HttpError(HTTPStatus.NOT_FOUND, f"not found: {path}")
+        self._send(HTTPStatus.OK, TYPES[file.suffix], file.read_bytes(), {"Content-Security-Policy": CSP})
+
+    def _post(self, path: str, query: dict) -> None:
+        if path != "/api/simulate":
+            raise HttpError(HTTPStatus.NOT_FOUND, f"not found: POST {path}")
+        self._json(api.payload(api.parse_settings(self._body_json())))
+
+    def _body_json(self):
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            raise HttpError(HTTPStatus.LENGTH_REQUIRED, "a JSON body with a Content-Length is required") from None
+        if not 0 <= length <= MAX_BODY:
+            raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the body must be at most {MAX_BODY} bytes")
+        raw = self.rfile.read(length)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise HttpError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {e}") from None
+
+    def _answer(self, route) -> None:
+        url = urlsplit(self.path)
+        try:
+            self._check_host()
+            route(url.path, dict(parse_qsl(url.query)))
+        except HttpError as e:
+            self._error(e.status, str(e), e.field)
+        except api.SettingError as e:
+            self._error(HTTPStatus.BAD_REQUEST, str(e), e.field)
+        except Exception as e:  # a bug of ours: say so, keep serving
+            traceback.print_exc(file=sys.stderr)
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}: {e}")
+
+    def _check_host(self) -> None:
+        # a page on another site could reach a loopback port through DNS rebinding: accept our own names only
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0]
+        if host not in ("127.0.0.1", "localhost"):
+            raise HttpError(HTTPStatus.FORBIDDEN, f"unexpected Host {host!r}; open the page at http://{HOST}:PORT/")
+
+    def _json(self, obj) -> None:
+        self._send(HTTPStatus.OK, "application/json", api.dumps(obj))
+
+    def _error(self, status: HTTPStatus, message: str, field: str | None = None) -> None:
+        # close: a body we did not read must not be taken for the next request
+        self._send(status, "application/json", api.dumps({"error": message, "field": field}), {"Connection": "close"})
+
+    def _send(self, status: HTTPStatus, ctype: str, body: bytes, headers: dict | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server API
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+
+class Server(ThreadingHTTPServer):
+    """ThreadingHTTPServer on loopback with the asset allow-list."""
+
+    daemon_threads = True
+
+    def __init__(self, port: int = 0, *, verbose: bool = False):
+        self.assets = assets()
+        self.verbose = verbose
+        super().__init__((HOST, port), Handler)
+
+    def handle_error(self, request, client_address) -> None:
+        # a browser that closes a connection early (reload, new setting) is not an error worth a traceback
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.server_address[1]}/"
+
+
+def serve(httpd: Server, *, open_browser: bool = True) -> int:
+    """Serve until Ctrl-C (KeyboardInterrupt), then close the socket; exit status 0."""
+    print(f"stagewise workshop: {httpd.url}  (Ctrl-C to stop)", flush=True)
+    if open_browser:
+        opener = threading.Timer(0.5, webbrowser.open, (httpd.url,))
+        opener.daemon = True
+        opener.start()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+    print("stagewise workshop: stopped", flush=True)
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

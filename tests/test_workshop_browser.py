@@ -1,0 +1,183 @@
+"""The workshop page end to end, in a real headless Chromium driven by Selenium.
+
+Each state is screenshotted (under pytest's tmp dir, or $STAGEWISE_SCREENSHOTS)
+and checked by the text the page shows.
+"""
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from stagewise.workshop import api
+from stagewise.workshop.server import Server
+
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+if not (os.access(CHROMIUM, os.X_OK) and os.access(DRIVER, os.X_OK)):
+    pytest.skip(f"needs Debian's chromium and chromium-driver at {CHROMIUM} and {DRIVER} "
+                "(apt-get install chromium chromium-driver)", allow_module_level=True)
+
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--window-size=1400,1000"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = Server(0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    profile = tempfile.mkdtemp(prefix="stagewise-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in FLAGS + [f"--user-data-dir={profile}"]:
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(options=opts, service=webdriver.ChromeService(DRIVER))
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    out = os.environ.get("STAGEWISE_SCREENSHOTS")
+    path = Path(out) if out else tmp_path_factory.mktemp("workshop")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def wait_for(browser, check, timeout=10):
+    try:
+        return WebDriverWait(browser, timeout, poll_frequency=0.05).until(lambda d: check(d))
+    except TimeoutException:
+        state = browser.execute_script(
+            "return [location.search, document.getElementById('status').textContent, "
+            "[...document.querySelectorAll('.err')].filter(e => e.textContent).map(e => e.id + ': ' + e.textContent), "
+            "[...document.querySelectorAll('#families input:checked')].map(e => e.value)]")
+        raise AssertionError(f"the page did not get there in {timeout} s; "
+                             f"url, status, errors, ticked: {state}") from None
+
+
+def text(browser, css):
+    """Visible text of the first match, read in one step (the page redraws under us)."""
+    return browser.execute_script("const e = document.querySelector(arguments[0]); return e && e.innerText", css)
+
+
+def set_value(browser, field, value):
+    box = browser.find_element(By.ID, field)
+    box.clear()  # fires no input event: the keys below do
+    box.send_keys(value)
+
+
+def bubble_of(browser, schedule):
+    return text(browser, f'#summary tr[data-schedule="{schedule}"] td.bubble')
+
+
+def drawn_cells(browser):
+    return browser.execute_script("return document.querySelectorAll('#timeline [data-k]').length")
+
+
+def test_bubble_redraw_and_error_in_a_real_browser(server, browser, shots):
+    browser.get(server.url)
+    wait_for(browser, lambda d: "1f1b" in text(d, "#status"))
+    assert bubble_of(browser, "1f1b") == "27.3%"
+    assert text(browser, '#summary tr[data-schedule="1f1b"] td.formula') == "27.3%"
+    assert drawn_cells(browser) == 2 * 4 * 8
+    browser.save_screenshot(str(shots / "1-1f1b-p4-m8.png"))
+
+    set_value(browser, "p", "16")
+    wait_for(browser, lambda d: bubble_of(d, "1f1b") == "65.2%")
+    assert text(browser, '#summary tr[data-schedule="1f1b"] td.formula') == "65.2%"
+    assert drawn_cells(browser) == 2 * 16 * 8 and "rank 15" in text(browser, "#charts")
+    assert "p=16" in browser.current_url
+    browser.save_screenshot(str(shots / "2-1f1b-p16-m8.png"))
+
+    if "zb-v" not in api.available():
+        pytest.skip("zb-v is not built yet")
+    before = browser.find_element(By.ID, "timeline")
+    browser.find_element(By.CSS_SELECTOR, '#families input[value="1f1b"]').click()
+    browser.find_element(By.CSS_SELECTOR, '#families input[value="zb-v"]').click()
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#summary tr[data-schedule="zb-v"]'))
+    assert not browser.find_elements(By.CSS_SELECTOR, '#summary tr[data-schedule="1f1b"]')
+    assert browser.find_element(By.ID, "timeline") != before  # a new drawing, not the old one
+    assert drawn_cells(browser) == 3 * 32 * 8  # F, I, W of 2 chunks x 16 ranks x 8 micro-batches
+    legend = text(browser, "#legend")
+    assert "I input-grad" in legend and "W weight-grad" in legend
+    assert "schedules=zb-v" in browser.current_url
+    browser.save_screenshot(str(shots / "3-zb-v-p16-m8.png"))
+
+    set_value(browser, "m", "0")
+    wait_for(browser, lambda d: text(d, "#err-m"))
+    assert text(browser, "#err-m") == "--microbatches must be >= 1; got 0"
+    m_box = browser.find_element(By.ID, "m")
+    assert "invalid" in m_box.get_attribute("class")
+    # next to the field: the message sits in the m control's own block, under its input
+    assert browser.execute_script("return document.getElementById('err-m').parentElement "
+                                  "=== document.getElementById('m').parentElement")
+    assert text(browser, "#err-p") == "" and "not valid" in text(browser, "#status")
+    browser.save_screenshot(str(shots / "4-m0-error.png"))
+
+    set_value(browser, "m", "8")
+    wait_for(browser, lambda d: not text(d, "#err-m") and "zb-v" in text(d, "#status"))
+
+
+def test_hover_shows_action_start_and_end(server, browser):
+    browser.get(server.url + "?p=2&m=2")
+    wait_for(browser, lambda d: "1f1b" in text(d, "#status"))
+    cell = browser.find_element(By.CSS_SELECTOR, '#timeline [data-k="0,1,0"]')  # rank 1's first op: 1F0
+    ActionChains(browser).move_to_element(cell).perform()
+    wait_for(browser, lambda d: d.find_element(By.ID, "tip").is_displayed())
+    tip = text(browser, "#tip")
+    assert "1F0" in tip and "forward" in tip and "rank 1" in tip and "start 1" in tip and "end 2" in tip
+
+
+def test_url_restores_the_settings_and_compares(server, browser):
+    browser.get(server.url + "?schedules=gpipe,1f1b&p=4&m=8&tb=3")
+    wait_for(browser, lambda d: "2 schedules" in text(d, "#status"))
+    assert browser.find_element(By.ID, "tb").get_attribute("value") == "3"
+    assert browser.find_element(By.CSS_SELECTOR, '#families input[value="gpipe"]').is_selected()
+    # (p-1)/(m+p-1) holds for any t_f, t_b: both families, one shared time axis
+    assert bubble_of(browser, "gpipe") == bubble_of(browser, "1f1b") == "27.3%"
+    assert text(browser, "#err-schedules") == ""
+    makespans = browser.execute_script("return [...document.querySelectorAll('#summary td.makespan')]"
+                                       ".map(e => e.innerText)")
+    assert makespans == ["44", "44"]
+
+
+def test_downloads_and_no_request_leaves_the_machine(server, browser):
+    browser.get(server.url + "?p=3&m=4")
+    wait_for(browser, lambda d: "1f1b" in text(d, "#status"))
+    browser.execute_script("window.__saved = []; window.save = (b, n) => window.__saved.push([n, b.type, b.size]);")
+    browser.find_element(By.ID, "dl-svg").click()
+    browser.find_element(By.ID, "dl-png").click()
+    browser.find_element(By.CSS_SELECTOR, '#summary a[data-dl="csv"]').click()
+    saved = wait_for(browser, lambda d: len(d.execute_script("return window.__saved")) == 3
+                     and d.execute_script("return window.__saved"))
+    by_name = {name: (kind, size) for name, kind, size in saved}
+    assert by_name["1f1b-p3-m4.svg"][0] == "image/svg+xml"
+    assert by_name["1f1b-p3-m4.png"][0] == "image/png" and by_name["1f1b-p3-m4.png"][1] > 1000
+    assert by_name["1f1b-p3-m4.csv"][0].startswith("text/csv")
+    urls = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert urls and all(u.startswith(server.url) or u.startswith("blob:") for u in urls), urls
+
+
+def test_a_link_to_a_family_this_version_lacks_says_so(server, browser):
+    browser.get(server.url + "?schedules=gpipe,warp-drive&p=2&m=2")
+    wait_for(browser, lambda d: "gpipe" in text(d, "#status"))
+    assert "warp-drive" in text(browser, "#err-schedules") and "not in this version" in text(browser, "#err-schedules")
+    assert browser.find_element(By.CSS_SELECTOR, '#families input[value="gpipe"]').is_selected()
