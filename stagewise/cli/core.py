@@ -9,6 +9,7 @@ from pathlib import Path
 from .. import torch_csv
 from ..report import result, table
 from ..schedules import FAMILIES, generate
+from ..timeline import Timeline
 from .common import UsageError, add_cost_args, add_schedule_args, costs_from, print_json, schedule_from
 
 
@@ -72,6 +73,13 @@ def cmd_simulate(args) -> int:
 
 
 def compare_results(args) -> list[dict]:
+    return [res for res, _ in compare_entries(args)]
+
+
+def compare_entries(args) -> list[tuple[dict, Timeline]]:
+    """(result, timeline) of each family in --schedules (default: all that accept p, m)."""
+    from ..simulate import simulate
+
     names = args.schedules.split(",") if args.schedules else None
     costs = costs_from(args)
     out = []
@@ -82,24 +90,33 @@ def compare_results(args) -> list[dict]:
         v = args.chunks if args.chunks and (fam.chunks is None or args.chunks in fam.chunks) else None
         try:
             sched = generate(fam.name, args.ranks, args.microbatches, v)
-        except ValueError as e:
+        except (ValueError, ModuleNotFoundError):
             if names:
                 raise
-            continue  # with no explicit list, skip families that do not accept p, m
-        out.append(result(sched, costs))
+            continue  # with no explicit list, skip families that do not accept p, m (or are not built)
+        timeline = simulate(sched, costs)
+        out.append((result(sched, costs, timeline), timeline))
     return out
 
 
 def cmd_compare(args) -> int:
-    results = compare_results(args)
-    if args.json:
-        print_json(results)
-    else:
-        print(table(results))
-    if args.output:
-        from ..render.figure import compare_figure
+    from ..render.files import COMPARE_SUFFIXES, OutputError, check_path, write_comparison
 
-        compare_figure([r["_timeline"] for r in results], args.output)
+    try:
+        if args.output:
+            check_path(args.output, COMPARE_SUFFIXES)  # fail before simulating
+        entries = compare_entries(args)
+        results = [res for res, _ in entries]
+        if args.json:
+            print_json(results)
+        else:
+            print(table(results))
+        if args.output:
+            path = write_comparison([tl for _, tl in entries], args.output)
+            if not args.json:
+                print(f"\nwrote {path}")
+    except OutputError as e:
+        raise UsageError(f"-o {e}") from None
     return 0
 
 
@@ -131,10 +148,24 @@ def cmd_demo(args) -> int:
     ns = argparse.Namespace(ranks=4, microbatches=8, chunks=None, schedules=None, tf=1.0, tb=2.0, ti=None,
                             tw=None, tfb=None, latency=0.0, bandwidth=None, boundary_bytes=0.0,
                             activation_bytes=None)
-    results = compare_results(ns)
+    entries = compare_entries(ns)
+    results = [res for res, _ in entries]
     print("Every schedule family at p=4 ranks, m=8 micro-batches, t_f=1, t_b=2 (per stage):\n")
     print(table(results))
     path = out / "schedules.json"
     path.write_text(json.dumps(results, indent=2))
     print(f"\nwrote {path}")
+    _demo_pictures(entries, costs_from(ns), out)
     return 0
+
+
+def _demo_pictures(entries, costs, out: Path) -> None:
+    """The comparison figure (PNG when matplotlib is there, else SVG) and the HTML report."""
+    from ..render.files import has_matplotlib, write_comparison
+    from ..render.html import report_html
+
+    figure = write_comparison([tl for _, tl in entries], out / ("compare.png" if has_matplotlib() else "compare.svg"))
+    print(f"wrote {figure}")
+    page = out / "report.html"
+    page.write_text(report_html(entries, costs), encoding="utf-8")
+    print(f"wrote {page}")

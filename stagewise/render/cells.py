@@ -1,0 +1,136 @@
+"""What every renderer draws: a timeline flattened into cells, plus its title.
+
+A cell is one action placed on its rank's row, times measured from the
+timeline's first start (a measured timeline may start at any clock value).
+An overlapped F&B pair becomes two cells over the same interval, the forward
+in the top half of the row and the backward in the bottom half, so the pair
+reads as one overlapped cell while every action keeps its own shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..actions import Action, Pair
+from ..schedule import Schedule
+from ..timeline import Timeline, metrics
+
+WHOLE, TOP, BOTTOM = 0, 1, 2
+
+
+class Cell(NamedTuple):
+    """One action on the picture (hundreds of thousands for big schedules)."""
+
+    rank: int
+    start: float
+    end: float
+    action: Action
+    chunk: int  #: index of the action's stage among its rank's stages
+    part: int  #: WHOLE, or TOP/BOTTOM half of an overlapped pair
+
+
+def chunk_of_stage(schedule: Schedule) -> list[int]:
+    """Per stage, its position among the stages its rank holds (0 for v=1)."""
+    seen = [0] * schedule.ranks
+    out = []
+    for r in schedule.placement:
+        out.append(seen[r])
+        seen[r] += 1
+    return out
+
+
+def origin(timeline: Timeline) -> float:
+    return min((s[0] for s in timeline.starts if s), default=0.0)
+
+
+def cells(timeline: Timeline) -> list[Cell]:
+    """Every action of ``timeline`` as a cell, rank by rank in program order."""
+    chunk = chunk_of_stage(timeline.schedule)
+    t0 = origin(timeline)
+    out: list[Cell] = []
+    for r in range(timeline.ranks):
+        for op, start, end in timeline.rows(r):
+            s, e = start - t0, end - t0
+            if type(op) is Pair:
+                fa, ba = op
+                out.append(Cell(r, s, e, fa, chunk[fa.stage], TOP))
+                out.append(Cell(r, s, e, ba, chunk[ba.stage], BOTTOM))
+            else:
+                out.append(Cell(r, s, e, op, chunk[op.stage], WHOLE))
+    return out
+
+
+def tooltip(cell: Cell, unit: str) -> str:
+    """'2F3 stage 2 mb 3 0..1 t_f' (the contract of the SVG tooltips)."""
+    a = cell.action
+    return f"{a} stage {a.stage} mb {a.mb} {cell.start:.6g}..{cell.end:.6g} {unit}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """The numbers a picture's title shows."""
+
+    name: str
+    ranks: int
+    microbatches: int
+    chunks: int
+    makespan: float
+    bubble: float
+    peak: tuple[float, ...]  #: peak live activations per rank (chunk-units)
+    unit: str
+    source: str
+    kinds: tuple[str, ...]  #: action kinds present, in F B I W order
+    pairs: bool  #: whether any op is an overlapped F&B pair
+
+    @property
+    def peak_max(self) -> float:
+        return max(self.peak, default=0.0)
+
+    @property
+    def title(self) -> str:
+        return (f"{self.name} · p={self.ranks} m={self.microbatches} v={self.chunks} · "
+                f"bubble {self.bubble:.1%} · peak activations {self.peak_max:g}")
+
+    @property
+    def subtitle(self) -> str:
+        if len(self.peak) <= 12:
+            peaks = "peak per rank " + " ".join(f"{x:g}" for x in self.peak)
+        else:  # too many ranks to list on one line
+            peaks = f"peak per rank {min(self.peak):g} to {max(self.peak):g}"
+        return f"{self.source}; makespan {self.makespan:.4g} {self.unit}; {peaks}"
+
+
+def summary(timeline: Timeline) -> Summary:
+    sched = timeline.schedule
+    mt = metrics(timeline)
+    present = {a.kind for a in sched.actions()}
+    return Summary(
+        name=sched.name, ranks=sched.ranks, microbatches=sched.microbatches, chunks=sched.chunks,
+        makespan=mt.makespan, bubble=mt.bubble_fraction, peak=mt.peak_activations,
+        unit=timeline.unit, source=timeline.source,
+        kinds=tuple(k for k in "FBIW" if k in present),
+        pairs=any(type(op) is Pair for prog in sched.programs for op in prog),
+    )
+
+
+def ticks(span: float, target: int = 8) -> list[float]:
+    """Round tick positions 0, step, 2*step, ... <= span (1-2-5 steps)."""
+    if span <= 0:
+        return [0.0]
+    raw = span / max(1, target)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(k * mag for k in (1, 2, 5, 10) if k * mag >= raw)
+    n = int(span / step + 1e-9)
+    return [i * step for i in range(n + 1)]
+
+
+def tick_label(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def memory_steps(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
+    """Live activations on ``rank`` as (time from origin, level) steps."""
+    t0 = origin(timeline)
+    return [(max(0.0, t - t0), level) for t, level in timeline.memory_curve(rank)]

@@ -1,0 +1,199 @@
+"""Timeline figures with matplotlib (PNG, SVG or PDF by the path's suffix).
+
+Rows are ranks, x is time to scale; all cells of a picture go into one
+PolyCollection, so p=32, m=256 (tens of thousands of cells) draws in about a
+second. Micro-batch numbers are shrunk to fit their cell or left out. matplotlib
+is imported when a figure is drawn; figures are made without pyplot, so no
+display, backend switch or global state is involved.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..timeline import Timeline
+from . import palette
+from .cells import BOTTOM, TOP, Summary, cells, memory_steps, summary
+
+WIDTH_IN = 12.0  #: figure width (inches)
+DPI = 150
+ROW_IN = 0.34  #: height of one rank's row (inches)
+FONT = 7.5
+MIN_FONT = 5.0  #: smallest micro-batch number worth printing (points)
+MAX_LABELS = 4000  #: beyond this many cells' numbers the picture is too dense to read them anyway
+RASTER_CELLS = 4000  #: vector outputs (SVG/PDF) rasterize larger cell collections to stay small
+SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def _figure(**kw):
+    """A matplotlib Figure outside pyplot: no global state, no backend switch (safe in Jupyter, threads)."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kw)
+
+
+def draw_figure(timeline: Timeline, path, *, memory: bool = False, width: float = WIDTH_IN) -> Path:
+    """Draw ``timeline`` to ``path`` (.png/.svg/.pdf); ``memory`` adds the live-activation panel."""
+    path = _checked(path)
+    sm = summary(timeline)
+    ranks = timeline.ranks
+    heights = [ranks * ROW_IN + 0.5] + ([ranks * 0.2 + 0.4] if memory else [])
+    fig = _figure(figsize=(width, sum(heights) + 1.3))
+    axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights}, squeeze=False)
+    ax = axes[0][0]
+    _draw_rows(ax, timeline, sm.makespan, vector=path.suffix != ".png")
+    ax.set_title(sm.subtitle, fontsize=8.5, color="#555555", loc="left")
+    _heading(fig, sm.title)
+    if memory:
+        _draw_memory(axes[1][0], timeline)
+    axes[-1][0].set_xlabel(f"time ({sm.unit})", fontsize=8.5)
+    _legend(fig, [sm])
+    return _save(fig, path)
+
+
+def compare_figure(timelines: Sequence[Timeline], path, *, width: float = WIDTH_IN) -> Path:
+    """Several timelines stacked on one shared time axis, with a table of bubble and peak."""
+    if not timelines:
+        raise ValueError("compare_figure needs at least one timeline")
+    path = _checked(path)
+    sums = [summary(tl) for tl in timelines]
+    span = max(s.makespan for s in sums)
+    heights = [tl.ranks * ROW_IN * 0.8 + 0.35 for tl in timelines] + [0.22 * (len(sums) + 1) + 0.2]
+    fig = _figure(figsize=(width, sum(heights) + 1.2))
+    axes = fig.subplots(len(heights), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)
+    vector = path.suffix != ".png"
+    for ax, tl, sm in zip(axes[:-1, 0], timelines, sums):
+        _draw_rows(ax, tl, span, vector=vector)
+        ax.set_title(f"{sm.name}   v={sm.chunks}   bubble {sm.bubble:.1%}   peak activations {sm.peak_max:g}",
+                     fontsize=9, loc="left", fontweight="bold")
+        ax.tick_params(labelbottom=False)
+    axes[-2][0].tick_params(labelbottom=True)
+    axes[-2][0].set_xlabel(f"time ({sums[0].unit})", fontsize=8.5)
+    _table(axes[-1][0], sums)
+    s0 = sums[0]
+    _heading(fig, f"p={s0.ranks} m={s0.microbatches}: {len(sums)} schedules on one time axis ({s0.source})")
+    _legend(fig, sums)
+    return _save(fig, path)
+
+
+def _heading(fig, text: str) -> None:
+    """Bold title in the top 0.3 inch (kept out of tight_layout, which would pad it)."""
+    fig.text(0.01, 1 - 0.08 / fig.get_figheight(), text, fontsize=11.5, fontweight="bold", ha="left", va="top")
+
+
+def _checked(path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in SUFFIXES:
+        raise ValueError(f"{path}: unknown suffix {path.suffix!r} for a figure; use {', '.join(SUFFIXES)}")
+    return path
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _draw_rows(ax, timeline: Timeline, span: float, *, vector: bool) -> None:
+    """One rectangle per action in one collection, numbers where they fit."""
+    from matplotlib.collections import PolyCollection
+
+    cs = cells(timeline)
+    chunks = timeline.schedule.chunks
+    verts, fills = [], []
+    for c in cs:
+        top = c.rank - 0.42 if c.part != BOTTOM else c.rank
+        bottom = c.rank + 0.42 if c.part != TOP else c.rank
+        verts.append(((c.start, top), (c.end, top), (c.end, bottom), (c.start, bottom)))
+        fills.append(palette.colour(c.action.kind, c.chunk, chunks))
+    dense = len(cs) > RASTER_CELLS
+    coll = PolyCollection(verts, facecolors=fills, edgecolors="white", linewidths=0.0 if dense else 0.4)
+    coll.set_rasterized(vector and dense)
+    ax.add_collection(coll)
+    pairs = [((c.start, c.rank - 0.42), (c.end, c.rank - 0.42), (c.end, c.rank + 0.42), (c.start, c.rank + 0.42))
+             for c in cs if c.part == TOP]
+    if pairs and not dense:  # outline each F&B pair so its two halves read as one overlapped cell
+        ax.add_collection(PolyCollection(pairs, facecolors="none", edgecolors=palette.INK, linewidths=0.6))
+    ranks = timeline.ranks
+    ax.set_xlim(0, span or 1)
+    ax.set_ylim(ranks - 0.5, -0.5)
+    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)], fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.grid(axis="x", color=palette.GRID, linewidth=0.4, alpha=0.6)
+    ax.set_axisbelow(True)
+    _labels(ax, cs, chunks, span)
+
+
+def _labels(ax, cs, chunks: int, span: float) -> None:
+    """Micro-batch numbers, shrunk down to MIN_FONT to fit their cell, left out below that."""
+    fig = ax.figure
+    # points per time unit once laid out: the figure less ~0.9 inch of rank labels and margins
+    pts_per_unit = (fig.get_figwidth() - 0.9) * 72 / (span or 1)
+    placed = []
+    for c in cs:
+        text = str(c.action.mb)
+        top = FONT if c.part == 0 else FONT - 1.5
+        size = min(top, ((c.end - c.start) * pts_per_unit - 1.5) / (0.62 * len(text)))
+        if size >= MIN_FONT:
+            placed.append((c, text, size))
+    if len(placed) > MAX_LABELS:
+        return
+    for c, text, size in placed:
+        fill = palette.colour(c.action.kind, c.chunk, chunks)
+        y = c.rank if c.part == 0 else c.rank + (-0.21 if c.part == TOP else 0.21)
+        ax.text((c.start + c.end) / 2, y, text, ha="center", va="center_baseline", fontsize=size,
+                color=palette.text_colour(fill))
+
+
+def _draw_memory(ax, timeline: Timeline) -> None:
+    """Live activations per rank: a filled step strip per rank on one scale."""
+    curves = [memory_steps(timeline, r) for r in range(timeline.ranks)]
+    top = max((lv for c in curves for _, lv in c), default=0.0) or 1.0
+    end = max((t for c in curves for t, _ in c), default=0.0)
+    for r, curve in enumerate(curves):
+        xs = [t for t, _ in curve] + [end]
+        ys = [r + 0.45 - lv / top * 0.85 for _, lv in curve]
+        ys.append(ys[-1])
+        ax.fill_between(xs, r + 0.45, ys, step="post", color=palette.MEMORY, alpha=0.55, linewidth=0.6)
+    peaks = [max((lv for _, lv in c), default=0.0) for c in curves]
+    ax.set_ylim(timeline.ranks - 0.5, -0.5)
+    ax.set_yticks(range(timeline.ranks), [f"rank {r}: {p:g}" for r, p in enumerate(peaks)], fontsize=7)
+    ax.tick_params(axis="y", length=0)
+    ax.set_title(f"live activations per rank (chunk-units; strip height = {top:g})", fontsize=8.5, loc="left")
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+
+
+def _table(ax, sums: Sequence[Summary]) -> None:
+    ax.axis("off")
+    rows = [[s.name, str(s.chunks), f"{s.makespan:.4g}", f"{s.bubble:.1%}", f"{s.peak_max:g}",
+             " ".join(f"{p:g}" for p in s.peak)] for s in sums]
+    table = ax.table(cellText=rows, colLabels=["schedule", "v", "makespan", "bubble", "peak", "peak per rank"],
+                     loc="upper left", cellLoc="left", colLoc="left",
+                     colWidths=[0.16, 0.04, 0.09, 0.08, 0.06, 0.57], edges="")
+    for (row, _), cell in table.get_celld().items():
+        if row == 0:
+            cell.visible_edges = "B"
+            cell.get_text().set_fontweight("bold")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+
+
+def _legend(fig, sums: Sequence[Summary]) -> None:
+    from matplotlib.patches import Patch
+
+    kinds = [k for k in "FBIW" if any(k in s.kinds for s in sums)]
+    chunks = max(s.chunks for s in sums)
+    handles = [Patch(facecolor=palette.colour(k), label=palette.KIND_LABELS[k]) for k in kinds]
+    if chunks > 1:
+        handles += [Patch(facecolor=palette.colour("F", c, chunks), label=f"chunk {c}") for c in range(chunks)]
+    if any(s.pairs for s in sums):
+        handles.append(Patch(facecolor="none", edgecolor=palette.INK, label="F&B pair: F over B in one cell"))
+    handles.append(Patch(facecolor="white", edgecolor=palette.GRID, label="idle"))
+    fig.legend(handles=handles, loc="lower left", ncol=len(handles), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.01, 0.0), handlelength=1.4, columnspacing=1.2)
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0.32 / height, 1, 1 - 0.3 / height))  # room for legend and title (inches)

@@ -1,0 +1,65 @@
+"""Colours shared by every renderer: the papers' look, safe for colour-blind readers.
+
+Forward is blue and backward green as in the GPipe/1F1B/Zero Bubble figures;
+the split backward uses two greens (I teal-green, W yellow-green). Chunk ``c``
+of a rank is a lighter shade of its kind's colour, the way the Megatron and
+ZB-V figures tell a rank's two chunks apart. Under simulated protanopia and
+deuteranopia (Machado et al. 2009) every pair of kind x chunk colours stays
+more than 10 CIELAB units apart (tests/test_render_palette.py checks it).
+"""
+
+from __future__ import annotations
+
+#: base colour per action kind (chunk 0)
+KIND_COLOURS = {"F": "#3056B0", "B": "#2E8B3E", "I": "#0F8A7A", "W": "#9ACD48"}
+#: how far the last chunk of a rank moves toward white
+CHUNK_TINT = 0.5
+IDLE = "#FFFFFF"
+GRID = "#D0D0D0"
+INK = "#222222"
+MEMORY = "#7B5EA7"  #: live-activation strips (purple: no kind uses it)
+#: one colour per rank for memory curves (Okabe-Ito order, then repeated)
+RANK_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+
+KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input-grad", "W": "W weight-grad"}
+
+
+def rgb(colour: str) -> tuple[int, int, int]:
+    """'#RRGGBB' -> (r, g, b) in 0..255."""
+    c = colour.lstrip("#")
+    return int(c[0:2], 16), int(c[2:4], 16), int(c[4:6], 16)
+
+
+def hex_colour(r: float, g: float, b: float) -> str:
+    return "#%02X%02X%02X" % tuple(max(0, min(255, round(x))) for x in (r, g, b))
+
+
+def tint(colour: str, amount: float) -> str:
+    """Mix ``colour`` with white: 0 keeps it, 1 gives white."""
+    return hex_colour(*(x + (255 - x) * amount for x in rgb(colour)))
+
+
+def colour(kind: str, chunk: int = 0, chunks: int = 1) -> str:
+    """Fill colour of an action of ``kind`` on chunk ``chunk`` of ``chunks``."""
+    base = KIND_COLOURS[kind]
+    if chunks <= 1 or chunk <= 0:
+        return base
+    return tint(base, CHUNK_TINT * chunk / (chunks - 1))
+
+
+def luminance(colour: str) -> float:
+    """WCAG relative luminance in 0..1."""
+    def lin(x: int) -> float:
+        c = x / 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (lin(x) for x in rgb(colour))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def text_colour(fill: str) -> str:
+    """White on the kinds' full colours, black on light tints and the yellow-green."""
+    return "#000000" if luminance(fill) > 0.3 else "#FFFFFF"
+
+
+def rank_colour(rank: int) -> str:
+    return RANK_COLOURS[rank % len(RANK_COLOURS)]
