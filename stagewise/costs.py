@@ -116,3 +116,41 @@ def _bools(name: str, value, stages: int) -> list[bool]:
 
 def _opt(name: str) -> str:
     return {"t_f": "tf", "t_b": "tb", "t_i": "ti", "t_w": "tw", "t_fb": "tfb"}.get(name, name.replace("_", "-"))
+
+
+def rank_share_weights(schedule) -> list[float]:
+    """Cost factor per stage when durations describe one rank's share of the model.
+
+    A stage holding 1/n of its model copy (its lane) costs ``ranks / n`` of a
+    rank's share: 1 for one stage per rank, 1/v for v chunks, so schedules with
+    different v are compared on the same model.
+    """
+    weights = [1.0] * schedule.stages
+    for lane in schedule.lanes:
+        for s in lane.stages:
+            weights[s] = schedule.ranks / len(lane.stages)
+    return weights
+
+
+def scaled(costs: Costs, weights: list[float], *, durations: bool = True, activation: bool = True) -> Costs:
+    """``costs`` with its durations and/or activation sizes times a per-stage weight.
+
+    A uniform weight keeps scalars scalar, so the closed forms still apply.
+    """
+    from dataclasses import replace
+
+    uniform = len(set(weights)) == 1
+
+    def times(x):
+        if x is None:
+            return None
+        if isinstance(x, (int, float)):
+            return x * weights[0] if uniform else [x * w for w in weights]
+        return [v * w for v, w in zip(per_stage("cost", x, len(weights)), weights)]
+
+    fields = {k: times(getattr(costs, k)) for k in ("t_f", "t_b", "t_i", "t_w", "t_fb")} if durations else {}
+    if activation:
+        fields["activation"] = times(costs.activation)
+        if costs.activation_bytes is not None:
+            fields["activation_bytes"] = times(costs.activation_bytes)
+    return replace(costs, **fields)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..costs import CostError, Costs
+from ..costs import CostError, Costs, rank_share_weights, scaled
 from ..schedules.registry import ScheduleArgError
 from ..validate import ScheduleError
 
@@ -69,9 +69,21 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="bytes of the activation each stage sends on")
     g.add_argument("--activation-bytes", type=per_stage_value, default=None,
                    help="bytes one stage keeps per micro-batch (peak memory in bytes)")
+    g.add_argument("--costs-per", choices=("stage", "rank"), default="stage",
+                   help="'stage' (default): durations and activations are per stage; 'rank': they are one "
+                        "rank's share of the model, so a chunk of a v-chunk schedule costs 1/v (same-model "
+                        "comparison across families)")
 
 
-def costs_from(args: argparse.Namespace) -> Costs:
+def costs_from(args: argparse.Namespace, schedule=None) -> Costs:
+    """The cost options; with ``--costs-per rank`` and a schedule, scaled to its stages' shares."""
+    costs = _base_costs(args)
+    if schedule is not None and getattr(args, "costs_per", "stage") == "rank":
+        return scaled(costs, rank_share_weights(schedule))
+    return costs
+
+
+def _base_costs(args: argparse.Namespace) -> Costs:
     return Costs(t_f=args.tf, t_b=args.tb, t_i=args.ti, t_w=args.tw, t_fb=args.tfb,
                  latency=args.latency, bandwidth=args.bandwidth, boundary_bytes=args.boundary_bytes,
                  activation_bytes=args.activation_bytes)

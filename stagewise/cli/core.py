@@ -58,7 +58,7 @@ def cmd_list(args) -> int:
 
 def cmd_simulate(args) -> int:
     sched = schedule_from(args)
-    costs = costs_from(args)
+    costs = costs_from(args, sched)
     res = result(sched, costs)
     if args.json:
         print_json(res)
@@ -81,7 +81,6 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
     from ..simulate import simulate
 
     names = args.schedules.split(",") if args.schedules else None
-    costs = costs_from(args)
     out = []
     for name in names or FAMILIES:
         fam = FAMILIES.get(name.strip())
@@ -94,6 +93,7 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
             if names:
                 raise
             continue  # with no explicit list, skip families that do not accept p, m (or are not built)
+        costs = costs_from(args, sched)
         timeline = simulate(sched, costs)
         out.append((result(sched, costs, timeline), timeline))
     return out
@@ -147,10 +147,11 @@ def cmd_demo(args) -> int:
         raise UsageError(f"--output {out}: cannot create: {e.strerror}") from None
     ns = argparse.Namespace(ranks=4, microbatches=8, chunks=None, schedules=None, tf=1.0, tb=2.0, ti=None,
                             tw=None, tfb=None, latency=0.0, bandwidth=None, boundary_bytes=0.0,
-                            activation_bytes=None)
+                            activation_bytes=None, costs_per="rank")
     entries = compare_entries(ns)
     results = [res for res, _ in entries]
-    print("Every schedule family at p=4 ranks, m=8 micro-batches, t_f=1, t_b=2 (per stage):\n")
+    print("Every schedule family on the same model at p=4 ranks, m=8 micro-batches: t_f=1, t_b=2 for one\n"
+          "rank's share of the model (a chunk of a v-chunk schedule costs and keeps 1/v; --costs-per rank)\n")
     print(table(results))
     path = out / "schedules.json"
     path.write_text(json.dumps(results, indent=2))

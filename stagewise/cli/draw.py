@@ -43,7 +43,8 @@ def cmd_draw(args) -> int:
         raise UsageError(f"--width must be >= 20 columns; got {args.width}")
     if args.output:
         _precheck(args.output)
-    timeline = simulate(schedule_from(args), costs_from(args))
+    schedule = schedule_from(args)
+    timeline = simulate(schedule, costs_from(args, schedule))
     if not args.output:
         from ..render.ascii import draw_text
 

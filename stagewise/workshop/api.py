@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
 from ..actions import KINDS, Pair
-from ..costs import CostError, Costs
+from ..costs import CostError, Costs, rank_share_weights, scaled
 from ..render import palette
 from ..render.cells import chunk_of_stage, memory_steps, origin
 from ..report import result
@@ -151,17 +151,12 @@ def field_of(message: str, default: str = "schedules") -> str:
 
 
 def stage_weights(schedule: Schedule, skew: float, per: str) -> list[float]:
-    """Cost factor per stage.
-
-    With ``per="rank"`` a stage holding 1/n of its model copy (lane) costs
-    ``ranks / n``: 1 for one stage per rank, 1/v for v chunks. ``skew`` then
-    weighs the first and last stage of each lane (embedding, output layer).
-    """
-    weights = [1.0] * schedule.stages
+    """Cost factor per stage: the rank-share weights (``per="rank"``), with ``skew``
+    weighing the first and last stage of each lane (embedding, output layer)."""
+    weights = rank_share_weights(schedule) if per == "rank" else [1.0] * schedule.stages
     for lane in schedule.lanes:
-        share = schedule.ranks / len(lane.stages) if per == "rank" else 1.0
-        for s in lane.stages:
-            weights[s] = share * (skew if s in (lane.stage_lo, lane.stage_hi - 1) else 1.0)
+        for s in (lane.stage_lo, lane.stage_hi - 1):
+            weights[s] *= skew if s in lane.stages else 1.0
     return weights
 
 
@@ -169,19 +164,10 @@ def costs_for(s: Settings, schedule: Schedule) -> Costs:
     """The cost model of the settings; uneven weights make each duration a per-stage list."""
     if s.skew <= 0:
         raise SettingError(f"skew (cost factor of the first and last stage) must be > 0; got {s.skew:g}", "skew")
-    durations = {"t_f": s.tf, "t_b": s.tb, "t_i": s.ti, "t_w": s.tw, "t_fb": s.tfb}
-    w = stage_weights(schedule, s.skew, s.per)
+    base = Costs(t_f=s.tf, t_b=s.tb, t_i=s.ti, t_w=s.tw, t_fb=s.tfb, latency=s.latency)
+    timed = scaled(base, stage_weights(schedule, s.skew, s.per), activation=False)
     # a chunk holding 1/v of a rank's layers also keeps 1/v of its activations (the skew is compute only)
-    share = stage_weights(schedule, 1.0, s.per)
-    return Costs(latency=s.latency, activation=_scaled(1.0, share),
-                 **{k: _scaled(x, w) for k, x in durations.items()})
-
-
-def _scaled(x: float | None, weights: list[float]):
-    """``x`` times each weight; one number when uniform, so closed forms still apply."""
-    if x is None:
-        return None
-    return x * weights[0] if len(set(weights)) == 1 else [x * f for f in weights]
+    return scaled(timed, stage_weights(schedule, 1.0, s.per), durations=False)
 
 
 def schedules_of(s: Settings) -> list[Schedule]:
