@@ -1,0 +1,228 @@
+"""`stagewise plan`: pick the fastest schedule that fits (registers `profile` and `auto` with it).
+
+torch is needed only by `profile` and `plan --verify`; planning itself reads
+the profile's JSON and simulates.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .common import UsageError, positive_int, print_json
+
+
+def register(sub) -> None:
+    from . import plan_auto, plan_profile
+
+    plan_profile.register(sub)
+    p = sub.add_parser(
+        "plan", help="search schedule x p x dp x v x m x recompute x split for the fastest that fits in memory",
+        description="Given a profile, N devices, a global batch and a memory limit, simulate every configuration "
+        "(p x dp = N, schedule family, v, micro-batch size, recomputation on/off, the exact best split of layers) "
+        "and rank them. Writes the winner as torch's compute-only CSV and prints the `stagewise train` command.")
+    p.add_argument("--profile", required=True, metavar="FILE", help="a profile from `stagewise profile`")
+    p.add_argument("-N", "--devices", type=positive_int, required=True, help="devices in all (p x dp)")
+    p.add_argument("-G", "--global-batch", type=positive_int, required=True, help="samples per optimizer step")
+    p.add_argument("--memory", default=None, metavar="SIZE", help="memory per device, e.g. 80GiB (default: no limit)")
+    p.add_argument("--per-node", type=positive_int, default=None, help="devices per node (default: all in one)")
+    p.add_argument("--intra-bandwidth", default=None, metavar="BYTES/S",
+                   help="link inside a node, e.g. 300GB/s (default: the profile's measured link, else free)")
+    p.add_argument("--intra-latency", type=float, default=None, metavar="S", help="seconds per message in a node")
+    p.add_argument("--inter-bandwidth", default=None, metavar="BYTES/S", help="link between nodes (default: intra)")
+    p.add_argument("--inter-latency", type=float, default=None, metavar="S", help="seconds per message across nodes")
+    p.add_argument("--state-factor", type=float, default=4.0,
+                   help="bytes held per parameter byte: weights, gradients, optimizer (default 4: fp32 Adam)")
+    p.add_argument("--schedules", default=None, help="comma-separated families (default: all)")
+    p.add_argument("--chunks", default="2,4", help="v tried for families that take any v, default 2,4")
+    p.add_argument("--micro-batch-sizes", default=None, help="subset of the profiled sizes (default: all)")
+    p.add_argument("--recompute", choices=("both", "on", "off"), default="both", help="default both")
+    p.add_argument("--layout", default=None, help="a fixed split such as 'E+t*3 | t*4 | t*4 | t*5+H'")
+    p.add_argument("--top", type=positive_int, default=10, help="rows of the table, default 10")
+    p.add_argument("-o", "--output", default="plan.csv", help="the winner as torch CSV, default plan.csv")
+    p.add_argument("--auto", action="store_true", help="also search an `auto` order for the best configurations")
+    p.add_argument("--verify", type=int, nargs="?", const=3, default=None, metavar="K",
+                   help="run the top K (default 3) runnable configurations for real and compare")
+    p.add_argument("--steps", type=positive_int, default=5, help="steps per verified run and round, default 5")
+    p.add_argument("--rounds", type=positive_int, default=2,
+                   help="verified runs alternate in this many rounds, default 2")
+    p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    p.set_defaults(func=cmd_plan)
+    plan_auto.register(sub)
+
+
+def cmd_plan(args) -> int:
+    from ..plan.errors import PlanError
+
+    try:
+        return _plan(args)
+    except PlanError as e:
+        raise UsageError(str(e)) from None
+
+
+def _plan(args) -> int:
+    from ..plan.layout import parse_layout
+    from ..plan.profile import Profile
+    from ..plan.search import Searcher, Space, search
+    from ..schedules import FAMILIES
+
+    if args.global_batch < 1:
+        raise UsageError(f"--global-batch must be >= 1; got {args.global_batch}")
+    if args.verify is not None and args.verify < 1:
+        raise UsageError(f"--verify K must be >= 1; got {args.verify}")
+    prof = Profile.load(args.profile)
+    cluster = _cluster(args, prof)
+    fams = None
+    if args.schedules:
+        fams = tuple(x.strip() for x in args.schedules.split(","))
+        bad = [f for f in fams if f not in FAMILIES]
+        if bad:
+            raise UsageError(f"--schedules: unknown schedule {bad[0]!r}; choose from {', '.join(FAMILIES)}")
+    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else None
+    for b in sizes or ():
+        prof.size_index(b)
+    rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
+    counts = parse_layout(args.layout, prof.symbols) if args.layout else None
+    space = Space(families=fams, chunks=tuple(_int_list(args.chunks, "--chunks")), micro_batch_sizes=sizes,
+                  recompute=rc, counts=counts)
+    searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
+    t0 = time.perf_counter()
+    with _Bar(enabled=not args.json) as bar:
+        cands = search(searcher, bar.update)
+    elapsed = time.perf_counter() - t0
+    if not cands[0].fits:
+        raise UsageError(_nothing_fits(cands, cluster, args))
+    if args.auto:
+        from ..plan.refine import refine
+
+        cands = refine(searcher, cands)
+    return _report(args, prof, cluster, cands, elapsed, searcher)
+
+
+def _report(args, prof, cluster, cands, elapsed, searcher) -> int:
+    from .. import torch_csv
+    from ..plan.explain import table, train_command, why
+
+    best = cands[0]
+    csv_ok = _csv_round_trips(best.schedule)
+    try:
+        torch_csv.dump(best.schedule, args.output)
+    except OSError as e:
+        raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from None
+    command = train_command(best, prof, args.output if csv_ok else None, args.global_batch)
+    verified = None
+    if args.verify is not None:
+        from ..plan.verify import verify
+
+        verified = verify(prof, cands, args.verify, steps=args.steps, rounds=args.rounds,
+                          log=None if args.json else print)
+    if args.json:
+        print_json({"searched": len(cands), "seconds": elapsed, "best": best.to_dict(), "why": why(cands),
+                    "csv": args.output, "train": command, "ranking": [c.to_dict() for c in cands],
+                    "verify": verified})
+        return 0
+    fits = sum(c.fits for c in cands)
+    limit = "no memory limit" if cluster.memory is None else f"{fits} fit in {_fmt(cluster.memory)} per device"
+    print(f"searched {len(cands)} configurations in {elapsed:.2f} s ({limit})\n")
+    print(table(cands, prof.symbols, args.top))
+    print(f"\n{why(cands)}")
+    print(f"wrote {args.output} (torch compute-only CSV of the winner, {best.schedule.ranks} ranks)")
+    print(f"run it: {command}")
+    if verified:
+        from ..plan.verify import verify_table
+
+        print("\n" + verify_table(verified))
+    return 0
+
+
+def _nothing_fits(cands, cluster, args) -> str:
+    from ..plan.cluster import fmt_bytes
+
+    least = min(cands, key=lambda c: max(c.memory))
+    return (f"--memory {args.memory}: nothing fits in {fmt_bytes(cluster.memory)} per device; the least any of the "
+            f"{len(cands)} configurations needs is {fmt_bytes(max(least.memory))} ({least.config.label()}); give "
+            f"--memory {_ceil_size(max(least.memory))} or more, or more --devices")
+
+
+def _ceil_size(n: float) -> str:
+    mib = -(-n // 2**20)
+    return f"{mib / 1024:.3g}GiB" if mib >= 1024 else f"{int(mib)}MiB"
+
+
+def _fmt(n: float) -> str:
+    from ..plan.cluster import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def _csv_round_trips(schedule) -> bool:
+    """Whether torch's CSV carries the whole schedule (DualPipe's two lanes it does not)."""
+    from .. import torch_csv
+    from ..validate import ScheduleError
+
+    try:
+        back = torch_csv.loads(torch_csv.dumps(schedule))
+    except ScheduleError:
+        return False
+    return back.programs == schedule.programs and back.placement == schedule.placement and back.lanes == schedule.lanes
+
+
+def _cluster(args, prof):
+    from ..plan.cluster import Cluster, parse_bytes
+    from ..plan.profile import Link
+
+    base = prof.link or Link(latency=0.0, bandwidth=float("inf"))
+    intra = Link(latency=args.intra_latency if args.intra_latency is not None else base.latency,
+                 bandwidth=parse_bytes(args.intra_bandwidth, "--intra-bandwidth") if args.intra_bandwidth
+                 else base.bandwidth)
+    inter = Link(latency=args.inter_latency if args.inter_latency is not None else intra.latency,
+                 bandwidth=parse_bytes(args.inter_bandwidth, "--inter-bandwidth") if args.inter_bandwidth
+                 else intra.bandwidth)
+    for name, v in (("--intra-latency", intra.latency), ("--inter-latency", inter.latency)):
+        if v < 0:
+            raise UsageError(f"{name} must be >= 0; got {v}")
+    memory = parse_bytes(args.memory, "--memory") if args.memory else None
+    if args.state_factor < 1:
+        raise UsageError(f"--state-factor must be >= 1 (the weights themselves); got {args.state_factor}")
+    return Cluster(devices=args.devices, per_node=args.per_node or args.devices, memory=memory, intra=intra,
+                   inter=inter, state_factor=args.state_factor)
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected whole numbers separated by commas, e.g. 1,2,4") from None
+    if any(v < 1 for v in vals):
+        raise UsageError(f"{option} {text!r}: every value must be >= 1")
+    return vals
+
+
+class _Bar:
+    """A rich progress bar on stderr when it is a terminal (and rich is installed); silent otherwise."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar = None
+
+    def __enter__(self):
+        if self.enabled:
+            try:
+                from rich.console import Console
+                from rich.progress import Progress
+
+                self.bar = Progress(console=Console(stderr=True), transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task("simulating configurations", total=None)
+            except ImportError:
+                self.bar = None
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is not None and (done % 16 == 0 or done == total):
+            self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False

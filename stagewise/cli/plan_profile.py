@@ -1,0 +1,108 @@
+"""`stagewise profile`: measure the built-in GPT layer by layer into a JSON profile (needs torch)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .common import UsageError, positive_int, print_json
+from .plan import _int_list
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "profile", help="measure the built-in GPT layer by layer (times, bytes, link) into a JSON profile",
+        description="Time F, B, I and W of every layer of the built-in GPT on this device at each micro-batch "
+        "size, count the activation, parameter and boundary bytes, and measure the point-to-point link between "
+        "two local ranks (gloo). `stagewise plan --profile FILE` reads the result. For your own model use the "
+        "Python API: stagewise.plan.measure.profile_model(Model(...)).")
+    p.add_argument("-o", "--output", default="profile.json", help="where to write the profile, default profile.json")
+    p.add_argument("--micro-batch-sizes", default="1,2,4", help="sizes to measure, default 1,2,4")
+    p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks, default 4 (+ embedding, head)")
+    p.add_argument("--d-model", type=positive_int, default=64, help="width, default 64")
+    p.add_argument("--heads", type=positive_int, default=4, help="attention heads, default 4")
+    p.add_argument("--seq", type=positive_int, default=32, help="tokens per sequence, default 32")
+    p.add_argument("--vocab", type=positive_int, default=64, help="vocabulary, default 64")
+    p.add_argument("--dtype", default="float32", help="float32 (default), float64 or bfloat16")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="torch threads while measuring, default 1 (match the threads per rank of the run)")
+    p.add_argument("--repeats", type=positive_int, default=7, help="timed runs per layer (median), default 7")
+    p.add_argument("--each-layer", action="store_true", help="time every layer, not one per distinct structure")
+    p.add_argument("--no-link", action="store_true", help="skip the point-to-point measurement")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON too")
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_profile(args) -> int:
+    try:
+        from ..plan.link import measure_link
+        from ..plan.measure import gpt_model, profile_model
+        from ..runtime.config import RunError
+        from ..runtime.models import GPTConfig
+    except ImportError as e:
+        raise UsageError(f"stagewise profile needs torch ({e.name} is missing): pip install 'stagewise[torch]'") \
+            from None
+    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes")
+    cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                    dtype=args.dtype)
+    try:
+        cfg.check()
+    except RunError as e:
+        raise UsageError(str(e)) from None
+    _check_device(args.device)
+    t0 = time.perf_counter()
+    prof = profile_model(gpt_model(cfg), sizes, repeats=args.repeats, device=args.device, threads=args.threads,
+                         each_layer=args.each_layer)
+    if not args.no_link:
+        from dataclasses import replace
+
+        try:
+            prof = replace(prof, link=measure_link())
+        except RuntimeError as e:
+            raise UsageError(f"{e}; rerun with --no-link to skip the link (plan then takes --intra-bandwidth)") \
+                from None
+    prof = _with_command(prof)
+    try:
+        prof.save(args.output)
+    except OSError as e:
+        raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from None
+    if args.json:
+        print_json(prof.to_json())
+        return 0
+    print(_profile_text(prof))
+    print(f"wrote {args.output} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA device here; use --device cpu")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise UsageError(f"--device must be cpu or cuda[:N]; got {device!r}")
+
+
+def _with_command(prof):
+    from dataclasses import replace
+
+    return replace(prof, meta={**prof.meta, "command": "stagewise " + " ".join(sys.argv[1:])})
+
+
+def _profile_text(prof) -> str:
+    from ..plan.cluster import fmt_bytes
+    from ..plan.explain import fmt_seconds
+
+    k = 0
+    lines = [f"{prof.model} on {prof.device}, micro-batch size {prof.micro_batch_sizes[k]} "
+             f"(of {', '.join(map(str, prof.micro_batch_sizes))}):",
+             f"{'layer':<12}{'sym':<4}{'F':>10}{'B':>10}{'I':>10}{'W':>10}{'activations':>13}{'params':>12}"]
+    for x in prof.layers:
+        lines.append(f"{x.name:<12}{x.symbol:<4}{fmt_seconds(x.t_f[k]):>10}{fmt_seconds(x.t_b[k]):>10}"
+                     f"{fmt_seconds(x.t_i[k]):>10}{fmt_seconds(x.t_w[k]):>10}{fmt_bytes(x.activation_bytes[k]):>13}"
+                     f"{fmt_bytes(x.param_bytes):>12}")
+    if prof.link:
+        lines.append(f"link (gloo, 2 local ranks): {fmt_seconds(prof.link.latency)} + bytes / "
+                     f"{prof.link.bandwidth / 1e9:.3g} GB/s")
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+"""The planner's user-facing error: the CLI prints its message on one line and exits 2."""
+
+
+class PlanError(ValueError):
+    """Bad planner input (profile, layout, memory limit, device count); the message says how to fix it."""

@@ -1,0 +1,178 @@
+"""A measured profile of a model: per-layer times and bytes, and the link between ranks.
+
+Written by ``stagewise profile`` (stagewise.plan.measure, which needs torch),
+read by the planner with no torch at all. Times are seconds per layer for one
+micro-batch of each measured size; bytes are per micro-batch too. Loading is
+strict: a file that does not parse or lacks a field names the field and where.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import PlanError
+
+FORMAT = "stagewise-profile"
+VERSION = 1
+#: per-layer lists with one value per micro-batch size
+PER_SIZE = ("t_f", "t_b", "t_i", "t_w", "activation_bytes", "input_bytes", "output_bytes")
+
+
+class ProfileError(PlanError):
+    """A profile that cannot be read or lacks a field."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerProfile:
+    """One layer; each per-size tuple has one value per ``Profile.micro_batch_sizes``."""
+
+    name: str
+    symbol: str  #: letter used in layout strings: E embedding, t block, H head
+    param_bytes: float
+    t_f: tuple[float, ...]  #: forward (the head's includes the loss)
+    t_b: tuple[float, ...]  #: full backward
+    t_i: tuple[float, ...]  #: input-gradient part of the backward
+    t_w: tuple[float, ...]  #: weight-gradient part
+    activation_bytes: tuple[float, ...]  #: kept from F until the backward frees it
+    input_bytes: tuple[float, ...]  #: what the layer receives (kept alone when recomputing)
+    output_bytes: tuple[float, ...]  #: what it sends on when a stage boundary follows it
+    t_opt: float = 0.0  #: optimizer step over the layer's parameters (once per step)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """Point-to-point time between two ranks: latency + bytes / bandwidth (seconds, bytes/s)."""
+
+    latency: float
+    bandwidth: float
+    samples: tuple[tuple[float, float], ...] = ()  #: measured (bytes, seconds) it was fitted to
+    backend: str = ""
+
+    def time(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """Everything the planner reads about a model on a device."""
+
+    model: str
+    device: str
+    micro_batch_sizes: tuple[int, ...]
+    layers: tuple[LayerProfile, ...]
+    link: Link | None = None
+    #: layers that share a parameter (a tied embedding and head): (layer indices, bytes shared)
+    tied: tuple[tuple[tuple[int, ...], float], ...] = ()
+    meta: dict = field(default_factory=dict, compare=False)  #: dtype, threads, command, torch version
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(layer.symbol for layer in self.layers)
+
+    def size_index(self, micro_batch_size: int) -> int:
+        try:
+            return self.micro_batch_sizes.index(micro_batch_size)
+        except ValueError:
+            raise ProfileError(f"micro-batch size {micro_batch_size} was not profiled; the profile has "
+                               f"{', '.join(map(str, self.micro_batch_sizes))}") from None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {"format": FORMAT, "version": VERSION, **d}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @staticmethod
+    def load(path: str | Path) -> "Profile":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ProfileError(f"--profile {path}: cannot read: {e.strerror}") from None
+        return Profile.loads(text, str(path))
+
+    @staticmethod
+    def loads(text: str, where: str = "profile") -> "Profile":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ProfileError(f"--profile {where}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        return from_json(data, where)
+
+
+def from_json(data, where: str = "profile") -> Profile:
+    """A Profile from parsed JSON; every missing or malformed field is named."""
+    ctx = f"--profile {where}"
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProfileError(f"{ctx}: not a stagewise profile (no \"format\": \"{FORMAT}\"); make one with "
+                           "`stagewise profile`")
+    if data.get("version") != VERSION:
+        raise ProfileError(f"{ctx}: version {data.get('version')!r}; this stagewise reads version {VERSION}")
+    sizes = _get(data, "micro_batch_sizes", list, ctx)
+    if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
+        raise ProfileError(f"{ctx}: micro_batch_sizes must be a non-empty list of whole numbers >= 1; got {sizes}")
+    raw_layers = _get(data, "layers", list, ctx)
+    if not raw_layers:
+        raise ProfileError(f"{ctx}: layers is empty")
+    layers = tuple(_layer(x, k, len(sizes), ctx) for k, x in enumerate(raw_layers))
+    link = None
+    if data.get("link") is not None:
+        raw = _get(data, "link", dict, ctx)
+        lat = _number(raw, "latency", f"{ctx}: link")
+        bw = _number(raw, "bandwidth", f"{ctx}: link")
+        if bw <= 0:
+            raise ProfileError(f"{ctx}: link.bandwidth must be > 0; got {bw}")
+        link = Link(latency=lat, bandwidth=bw, samples=tuple(tuple(s) for s in raw.get("samples", ())),
+                    backend=str(raw.get("backend", "")))
+    tied = tuple(_tied(x, len(layers), ctx) for x in data.get("tied") or ())
+    return Profile(model=str(data.get("model", "?")), device=str(data.get("device", "?")),
+                   micro_batch_sizes=tuple(sizes), layers=layers, link=link, tied=tied,
+                   meta=dict(data.get("meta") or {}))
+
+
+def _tied(raw, n_layers: int, ctx: str):
+    if (not isinstance(raw, (list, tuple)) or len(raw) != 2 or not isinstance(raw[0], (list, tuple))
+            or any(not isinstance(i, int) or not 0 <= i < n_layers for i in raw[0])
+            or not isinstance(raw[1], (int, float))):
+        raise ProfileError(f"{ctx}: tied entry {raw!r} must be [[layer, layer, ...], bytes] with layers "
+                           f"0..{n_layers - 1}")
+    return tuple(raw[0]), float(raw[1])
+
+
+def _layer(raw, k: int, n_sizes: int, ctx: str) -> LayerProfile:
+    where = f"{ctx}: layers[{k}]"
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where} is not an object")
+    symbol = _get(raw, "symbol", str, where)
+    if not symbol.isidentifier() or not symbol[0].isalpha():
+        raise ProfileError(f"{where}: symbol {symbol!r} must be letters and digits, starting with a letter")
+    per = {}
+    for name in PER_SIZE:
+        vals = _get(raw, name, list, where)
+        if len(vals) != n_sizes:
+            raise ProfileError(f"{where}: {name} has {len(vals)} values; micro_batch_sizes has {n_sizes}")
+        if any(not isinstance(x, (int, float)) or not x >= 0 for x in vals):
+            raise ProfileError(f"{where}: {name} must be numbers >= 0; got {vals}")
+        per[name] = tuple(float(x) for x in vals)
+    t_opt = _number(raw, "t_opt", where) if "t_opt" in raw else 0.0
+    return LayerProfile(name=str(raw.get("name", symbol)), symbol=symbol,
+                        param_bytes=_number(raw, "param_bytes", where), t_opt=t_opt, **per)
+
+
+def _get(d: dict, key: str, typ, where: str):
+    if key not in d:
+        raise ProfileError(f"{where} lacks the field {key!r}")
+    if not isinstance(d[key], typ):
+        want = typ.__name__ if isinstance(typ, type) else "number"
+        raise ProfileError(f"{where}: {key} must be a {want}; got {type(d[key]).__name__}")
+    return d[key]
+
+
+def _number(d: dict, key: str, where: str) -> float:
+    v = _get(d, key, (int, float), where)
+    if isinstance(v, bool) or not v >= 0:
+        raise ProfileError(f"{where}: {key} must be >= 0; got {v}")
+    return float(v)

@@ -1,0 +1,49 @@
+"""Layout strings: format, parse, round-trip, and the layouts that lose or duplicate a layer."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stagewise.plan.layout import LayoutError, format_layout, parse_layout
+
+GPT = ["E"] + ["t"] * 32 + ["H"]
+
+
+def test_format_collapses_runs():
+    assert format_layout(GPT, [8, 8, 8, 10]) == "E+t*7 | t*8 | t*8 | t*9+H"
+    assert format_layout(["E", "t", "H"], [1, 1, 1]) == "E | t | H"
+
+
+def test_abbreviated_long_layout():
+    text = format_layout(GPT, [2] * 17, abbreviate=True)
+    assert text == "E+t | t*2 | ... | t+H"
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=8), st.data())
+def test_round_trip(counts, data):
+    n = sum(counts)
+    symbols = data.draw(st.lists(st.sampled_from(["E", "t", "H", "moe"]), min_size=n, max_size=n))
+    text = format_layout(symbols, counts)
+    assert parse_layout(text, symbols) == tuple(counts)
+
+
+def test_spaces_and_single_terms_parse():
+    assert parse_layout(" E + t*2|t * 3 | t+ H ", ["E"] + ["t"] * 6 + ["H"]) == (3, 3, 2)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("E+t*7 | t*8 | t*8 | t*8+H", "loses 1 t"),
+    ("E+t*9 | t*8 | t*8 | t*8+H", "duplicates 1 t"),
+    ("E+t*8 | t*8 | t*8 | t*8+H+H", "duplicates 1 H"),
+    ("E+t*8 | t*8 | t*8 | t*8", "loses 1 H"),
+    ("E+t*8 | t*8 | t*8 | t*8+X", "unknown layer symbol 'X'"),
+    ("H+t*8 | t*8 | t*8 | t*8+E", "stage 0 has H where the model has E"),
+    ("E+t*8 | | t*8 | t*16+H", "stage 1 is empty"),
+    ("E+t* | t*8 | t*8 | t*16+H", "not SYMBOL or SYMBOL*COUNT"),
+    ("E+t*0 | t*8 | t*8 | t*16+H", "count 0"),
+    ("E+t*7 | ... | t*7+H", "an abbreviation in tables"),
+])
+def test_rejects_with_reason(text, words):
+    with pytest.raises(LayoutError) as e:
+        parse_layout(text, GPT)
+    assert words in str(e.value)
