@@ -157,6 +157,10 @@ def cmd_demo(args) -> int:
     path.write_text(json.dumps(results, indent=2))
     print(f"\nwrote {path}")
     _demo_pictures(entries, costs_from(ns), out)
+    if not args.no_run:
+        from .train import demo_run
+
+        demo_run(out)
     return 0
 
 

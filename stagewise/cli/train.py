@@ -1,0 +1,230 @@
+"""`stagewise train`: run a schedule for real on local ranks (or under torchrun).
+
+torch is imported only when the command runs, so the rest of the CLI works
+without it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from .common import UsageError, positive_int, print_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train the built-in GPT with a schedule on local ranks (or under torchrun)",
+        description="Run a schedule for real: p local ranks (gloo), the built-in GPT, m micro-batches per step. "
+        "Prints each step's loss, then the measured bubble next to the simulator's prediction from the measured "
+        "mean cost of each action. Under torchrun (RANK/WORLD_SIZE set) this process is one rank. "
+        "--schedule none (or -p 1) runs the unpipelined reference.")
+    g = p.add_argument_group("schedule")
+    g.add_argument("--schedule", metavar="NAME", default=None,
+                   help="schedule family (see `stagewise list`), or 'none' for the unpipelined reference")
+    g.add_argument("--csv", metavar="FILE", default=None, help="read the schedule from torch's compute-only CSV")
+    g.add_argument("-p", "--ranks", type=positive_int, default=None,
+                   help="ranks to launch, default 4 (under torchrun: WORLD_SIZE)")
+    g.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
+    g.add_argument("-v", "--chunks", type=positive_int, default=None, help="stages per rank (family default)")
+    g.add_argument("--split", default=None, metavar="N,N,..",
+                   help="layers per stage of one model copy, e.g. 3,2,2,3 (default: even)")
+    g = p.add_argument_group("model and data (built-in GPT)")
+    g.add_argument("--layers", type=positive_int, default=4, help="transformer blocks, default 4 (+ embedding, head)")
+    g.add_argument("--d-model", type=positive_int, default=64, help="width, default 64")
+    g.add_argument("--heads", type=positive_int, default=4, help="attention heads, default 4")
+    g.add_argument("--seq", type=positive_int, default=32, help="tokens per sequence, default 32")
+    g.add_argument("--vocab", type=positive_int, default=None, help="vocabulary, default 64 (256 with --data)")
+    g.add_argument("--dtype", default="float32", help="float32 (default), float64 or bfloat16")
+    g.add_argument("--data", metavar="FILE", default=None,
+                   help="train on this file's bytes (vocab 256); default: a seeded synthetic token stream")
+    g.add_argument("--seed", type=int, default=0, help="weights and data, default 0")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=positive_int, default=3, help="optimizer steps, default 3")
+    g.add_argument("--batch", type=positive_int, default=None, help="sequences per step (default: 8, rounded up "
+                   "to a multiple of -m)")
+    g.add_argument("--lr", type=float, default=1e-3, help="learning rate, default 1e-3")
+    g.add_argument("--optimizer", default="adamw", help="a torch.optim class, default adamw")
+    g.add_argument("--clip", type=float, default=None, help="clip the global gradient norm to this value")
+    g.add_argument("--timeout", type=float, default=120.0, help="seconds a rank waits for a peer, default 120")
+    g.add_argument("--threads", type=positive_int, default=None, help="torch threads per rank (default cores/p)")
+    g = p.add_argument_group("output")
+    g.add_argument("--trace", metavar="FILE", default=None,
+                   help="write the last step's measured timeline: .json Chrome trace, or .png .svg .html .txt")
+    g.add_argument("--draw", action="store_true", help="draw the last step's measured timeline in the terminal")
+    g.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_train)
+
+
+def config_from(args):
+    """The RunConfig of the parsed options (raises UsageError on a bad combination)."""
+    from ..runtime.config import RunConfig
+    from ..runtime.models import GPTConfig
+
+    name = args.schedule
+    if name is None and not args.csv:
+        raise UsageError("--schedule NAME (or --csv FILE, or --schedule none) is required")
+    if name and args.csv:
+        raise UsageError(f"give either --schedule ({name}) or --csv, not both")
+    from ..runtime.launch import is_torchrun
+
+    ranks = args.ranks or (int(os.environ["WORLD_SIZE"]) if is_torchrun() else 4)
+    reference = name == "none" or (ranks == 1 and not args.csv)
+    m = args.microbatches
+    batch = args.batch or m * -(-8 // m)  # the same default batch for the reference as for a pipelined -m
+    vocab = args.vocab or (256 if args.data else 64)
+    model = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=vocab,
+                      dtype=args.dtype, data=args.data, seed=args.seed)
+    return RunConfig(schedule=None if reference else name, csv=args.csv, ranks=1 if reference else ranks,
+                     microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
+                     model=model, split=_split(args.split), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
+                     timeout=args.timeout, threads=args.threads)
+
+
+def cmd_train(args) -> int:
+    try:
+        import torch  # noqa: F401 - the runtime needs it; say so before anything else
+    except ImportError:
+        raise UsageError("stagewise train needs torch: pip install 'stagewise[torch]'") from None
+    from ..runtime import RankFailure, RunError, train
+    from ..runtime.launch import is_torchrun
+
+    if args.trace:
+        _check_trace(args.trace)
+    try:
+        cfg = config_from(args)
+        speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
+        with _progress(cfg.steps, enabled=speaks and not args.json) as report:
+            res = train(cfg, report)
+    except RunError as e:
+        raise UsageError(str(e)) from None
+    except RankFailure as e:
+        if e.user:
+            raise UsageError(str(e)) from None
+        sys.stderr.write(f"stagewise train: error: {e}\n")
+        return 1
+    if speaks:
+        _output(args, res)
+    return 0
+
+
+def _output(args, res: dict) -> None:
+    last = res["timelines"][-1] if res["timelines"] else None
+    if args.trace and last is not None:
+        from ..render.files import write_timeline
+
+        write_timeline(last, args.trace)
+    if args.json:
+        keys = ("schedule", "ranks", "microbatches", "losses", "step_time_s", "measured_bubble_fraction",
+                "predicted_bubble_fraction")
+        print_json({k: res[k] for k in keys})
+        return
+    print(summary(res))
+    if args.draw and last is not None:
+        from ..render.ascii import draw_text
+
+        print(draw_text(last))
+    if args.trace and last is not None:
+        print(f"wrote {args.trace} (measured timeline of the last step)")
+
+
+def summary(res: dict) -> str:
+    """Mean step time and measured vs predicted bubble, the first step excluded when there are several."""
+    times = res["step_time_s"][1:] or res["step_time_s"]
+    warm = " (step 1 excluded as warm-up)" if len(res["step_time_s"]) > 1 else ""
+    lines = [f"{res['schedule']}: p={res['ranks']} m={res['microbatches']}, mean step {_sec(sum(times) / len(times))}"
+             f"{warm}"]
+    if res["ranks"] > 1:
+        lines.append(f"bubble: measured {res['measured_bubble_fraction']:.1%}, predicted "
+                     f"{res['predicted_bubble_fraction']:.1%} (simulator fed the measured mean cost of each action "
+                     "kind per stage)")
+    return "\n".join(lines)
+
+
+class _progress:
+    """Per-step loss lines; a rich progress bar too when stdout is a terminal and the run has several steps."""
+
+    def __init__(self, steps: int, enabled: bool = True):
+        self.steps, self.enabled = steps, enabled
+        self.bar = None
+
+    def __enter__(self):
+        if self.enabled and sys.stdout.isatty() and self.steps > 2:
+            try:
+                from rich.progress import Progress
+
+                self.bar = Progress(transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task("training", total=self.steps)
+            except ImportError:
+                self.bar = None
+        return self.report if self.enabled else None
+
+    def report(self, job: int, step: int, loss: float, seconds: float) -> None:
+        line = f"step {step + 1}/{self.steps}  loss {loss:.4f}  {_sec(seconds)}"
+        if self.bar is not None:
+            self.bar.console.print(line)
+            self.bar.advance(self.task)
+        else:
+            print(line, flush=True)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
+def _split(text: str | None):
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--split {text}: expected layer counts like 3,2,2,3") from None
+
+
+def _check_trace(path: str) -> None:
+    from ..render.files import TIMELINE_SUFFIXES, OutputError, check_path
+
+    try:
+        check_path(path, TIMELINE_SUFFIXES)
+    except OutputError as e:
+        raise UsageError(f"--trace {e}") from None
+
+
+def _sec(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def demo_run(out: Path) -> None:
+    """The demo's real run: 4 local ranks, the built-in GPT, 1f1b and zb-h1, measured vs predicted bubble."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("\n(real run skipped: torch is not installed; pip install 'stagewise[torch]')")
+        return
+    from ..runtime import RankFailure, RunConfig
+    from ..runtime.launch import train_many
+    from ..runtime.models import GPTConfig
+
+    model = GPTConfig(layers_n=6, d_model=128, heads=4, seq=64, vocab=256)
+    cfgs = [RunConfig(schedule=name, ranks=4, microbatches=8, batch=16, steps=4, model=model)
+            for name in ("1f1b", "zb-h1")]
+    print("\nA real run: 4 local ranks (gloo), GPT with 6 blocks, d_model 128, seq 64; m=8, 4 steps each:")
+    cores = os.cpu_count() or 1
+    if cores < 4:
+        print(f"(4 ranks share {cores} cores here: an op stretches while more ranks compute than there are cores, "
+              "so expect the measured bubble above the prediction)")
+    try:
+        results = train_many(cfgs)
+    except RankFailure as e:
+        print(f"(real run failed: {e})")
+        return
+    from ..render.files import has_matplotlib, write_timeline
+
+    for res in results:
+        print(summary(res))
+        for suffix in (".json", ".png" if has_matplotlib() else ".svg"):
+            path = write_timeline(res["timelines"][-1], out / f"measured-{res['schedule']}{suffix}")
+            print(f"wrote {path} (measured timeline of the last step)")

@@ -1,0 +1,263 @@
+"""Launching: spawn p local ranks (gloo on loopback), or run as one rank under torchrun.
+
+``train(cfg)`` is the entry point. Under torchrun (RANK and WORLD_SIZE in the
+environment, env:// rendezvous) this process is one rank. Otherwise it spawns
+the ranks itself and watches them: when one fails, the others are terminated at
+once and the error names the rank; nothing waits on a dead peer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+from typing import Callable, Sequence
+
+from .config import RunConfig, RunError
+
+#: exceptions that are the user's input (one-line error, exit 2), by class name across processes
+USER_ERRORS = ("RunError", "ScheduleError", "ScheduleArgError", "CostError", "ShapeError")
+
+
+class RankFailure(RuntimeError):
+    """A rank failed; the message names it. ``user`` when the cause is bad input."""
+
+    def __init__(self, message: str, user: bool = False):
+        super().__init__(message)
+        self.user = user
+
+
+def train(cfg: RunConfig, report: Callable | None = None) -> dict:
+    """Run one config: unpipelined, under torchrun, or on spawned local ranks. Returns rank 0's result."""
+    return train_many([cfg], report)[0]
+
+
+def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, preflight: bool = True) -> list[dict]:
+    """Run several configs with the same ranks in one launch (one process start for all).
+
+    ``report(job, step, loss, seconds)`` is called after each step (from rank 0's progress).
+    """
+    cfgs = [_with_model(c) for c in cfgs]
+    if not all(c.pipelined for c in cfgs):
+        if len(cfgs) != 1:
+            raise RunError("train_many runs pipelined configs only; run the reference alone")
+        from .reference import run_reference
+
+        return [run_reference(cfgs[0], _job_report(report, 0))]
+    if is_torchrun():
+        return _as_torchrun_rank(cfgs, report)
+    worlds = set()
+    for c in cfgs:
+        if preflight:
+            from .worker import preflight as check
+
+            worlds.add(check(c).ranks)
+        else:
+            worlds.add(c.ranks)
+    if len(worlds) != 1:
+        raise RunError(f"one launch runs one number of ranks; got {sorted(worlds)}")
+    return spawn(cfgs, worlds.pop(), report)
+
+
+def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None) -> list[dict]:
+    """Start ``world`` ranks, stream their progress, and stop them all at the first failure."""
+    ctx = _mp_context()
+    q = ctx.Queue()
+    port = free_port()
+    timeout = max(c.timeout for c in cfgs)
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, list(cfgs), q, timeout), daemon=True,
+                         name=f"stagewise-rank{r}") for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return _watch(procs, q, report)
+    finally:
+        _stop(procs)
+
+
+def _mp_context():
+    """forkserver with torch preloaded: ranks start in milliseconds instead of each importing torch."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # torch._dynamo is what a torch.optim constructor imports first (over a second per rank otherwise)
+    ctx.set_forkserver_preload(["stagewise.runtime.worker", "torch._dynamo"])
+    return ctx
+
+
+def _watch(procs, q, report) -> list[dict]:
+    """Collect results; on the first failure give the others a moment to report theirs, then fail."""
+    done: dict[int, list] = {}
+    errors: dict[int, tuple[str, str]] = {}
+    gone: dict[int, float] = {}  # rank -> when it was first seen exited without a result
+    deadline = None
+    while len(done) < len(procs):
+        try:
+            msg = q.get(timeout=0.1)
+        except queue.Empty:
+            msg = None
+        if msg is not None:
+            kind, rank, *rest = msg
+            if kind == "step" and report:
+                report(*rest)
+            elif kind == "done":
+                done[rank] = rest[0]
+            elif kind == "error":
+                errors[rank] = rest
+        else:  # the queue is drained: a rank that has exited sent all it ever will
+            now = time.monotonic()
+            for r, p in enumerate(procs):
+                if p.exitcode is None or r in errors or r in done:
+                    continue
+                if p.exitcode != 0:
+                    errors[r] = ("RuntimeError", f"exited with code {p.exitcode} without a message")
+                elif now - gone.setdefault(r, now) > 1.0:
+                    errors[r] = ("RuntimeError", "exited without a result")
+        if errors:
+            deadline = deadline or time.monotonic() + 0.5
+            if time.monotonic() >= deadline:
+                raise _failure(errors, len(procs))
+    return _merge([done[r] for r in range(len(procs))])
+
+
+def _failure(errors: dict[int, tuple[str, str]], world: int) -> RankFailure:
+    """One message naming the failing rank(s): a cause before its echo (a peer's lost connection),
+    identical messages listed once."""
+    by_msg: dict[str, list[int]] = {}
+    for r in sorted(errors):
+        by_msg.setdefault(errors[r][1], []).append(r)
+    msg, ranks = min(by_msg.items(), key=lambda kv: (_is_echo(kv[0]), kv[1][0]))
+    who = "every rank" if len(ranks) == world and world > 1 else "rank " + ", ".join(map(str, ranks))
+    user = errors[ranks[0]][0] in USER_ERRORS
+    return RankFailure(f"{who}: {msg}", user=user)
+
+
+def _is_echo(message: str) -> bool:
+    """An error that only reports another rank's failure (gloo's lost connection)."""
+    return any(k in message for k in ("Connection reset by peer", "Connection closed by peer", "remote worker"))
+
+
+def _merge(per_rank: list[list[dict]]) -> list[dict]:
+    """Rank 0's results, with the collected parameter copies of all ranks merged."""
+    out = []
+    for j, res in enumerate(per_rank[0]):
+        res = dict(res)
+        for key in ("grads", "params"):
+            if res.get(key) is not None:
+                merged: dict[str, list] = {}
+                for rank_results in per_rank:
+                    for name, copies in (rank_results[j].get(key) or {}).items():
+                        merged.setdefault(name, []).extend(copies)
+                res[key] = merged
+        out.append(res)
+    return out
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeout: float) -> None:
+    """A spawned rank: gloo on loopback, run every job, report to the launcher."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        import torch.distributed as dist
+
+        _set_threads(cfgs[0], world)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        results = _run_jobs(rank, world, "gloo", cfgs, lambda *a: q.put(("step", rank, *a)))  # rank 0 reports
+        q.put(("done", rank, results))
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
+        q.put(("error", rank, type(e).__name__, _describe(e)))
+        q.close()
+        q.join_thread()
+        os._exit(1)  # skip interpreter teardown: peers may be gone
+
+
+def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: str | None = None) -> list[dict]:
+    import torch
+
+    from .worker import Env, run_job
+
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if backend == "nccl" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        from .memory import keep_freed_memory
+
+        keep_freed_memory()
+    env = Env(rank=rank, world=world, device=device, backend=backend, launched_by=launched_by)
+    return [run_job(env, c, _job_report(report, j)) for j, c in enumerate(cfgs)]
+
+
+def _as_torchrun_rank(cfgs, report) -> list[dict]:
+    """This process is one rank of a torchrun launch (env:// rendezvous)."""
+    import torch
+    import torch.distributed as dist
+
+    from .worker import preflight as check
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    for c in cfgs:
+        check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+    _set_threads(cfgs[0], int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=max(c.timeout for c in cfgs)))
+    try:
+        return _run_jobs(rank, world, backend, cfgs, report, f"WORLD_SIZE={world}")
+    except Exception as e:  # one line naming this rank; torchrun stops the others
+        raise RankFailure(f"rank {rank}: {_describe(e)}", user=type(e).__name__ in USER_ERRORS) from e
+    finally:
+        dist.destroy_process_group()
+
+
+def _job_report(report, job: int):
+    return None if report is None else (lambda *a: report(job, *a))
+
+
+def _set_threads(cfg: RunConfig, local_ranks: int) -> None:
+    import torch
+
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_ranks))
+
+
+def _describe(e: BaseException) -> str:
+    if type(e).__name__ in USER_ERRORS:
+        return str(e)
+    if os.environ.get("STAGEWISE_DEBUG"):
+        return "".join(traceback.format_exception(e))
+    return f"{type(e).__name__}: {e}"
+
+
+def _with_model(cfg: RunConfig) -> RunConfig:
+    if cfg.model is not None:
+        return cfg
+    from .models import GPTConfig
+
+    return dataclasses.replace(cfg, model=GPTConfig())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+__all__ = ["train", "train_many", "spawn", "RankFailure", "is_torchrun"]

@@ -1,0 +1,153 @@
+"""Cut a layer sequence into the schedule's stages and place them on ranks.
+
+Partition (layers -> stages of one model copy) and placement (stages -> ranks,
+from the schedule) stay separate. A schedule with several lanes (DualPipe)
+holds one model copy per lane: lane stage ``lo + k`` holds the layers of
+partition piece ``k``. Every stage gets its own copy of its layers, so a weight
+shared by two layers (a tied embedding and head) or held by two lanes becomes
+several *replicas* of one logical parameter; their gradients are summed at
+step end (``replicas.py``) so they stay equal.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+from torch import nn
+
+from ..schedule import Schedule
+from .config import RunError
+
+
+def partition(num_layers: int, stages: int, split: Sequence[int] | None = None) -> tuple[range, ...]:
+    """Layer ranges of ``stages`` stages: even (earlier stages get the extra layers) or ``split`` counts."""
+    if stages > num_layers:
+        raise RunError(f"the model has {num_layers} layers but the schedule needs {stages} stages per model copy; "
+                       "each stage needs at least one layer (use more --layers, or fewer ranks or chunks)")
+    if split is None:
+        q, r = divmod(num_layers, stages)
+        split = [q + (k < r) for k in range(stages)]
+    split = list(split)
+    if len(split) != stages:
+        raise RunError(f"--split has {len(split)} counts; the schedule has {stages} stages per model copy")
+    if any(c < 1 for c in split):
+        raise RunError(f"--split {_csv(split)}: every stage needs at least one layer")
+    if sum(split) != num_layers:
+        what = "loses" if sum(split) < num_layers else "duplicates or invents"
+        raise RunError(f"--split {_csv(split)} covers {sum(split)} layers; the model has {num_layers}, so the split "
+                       f"{what} layers; the counts must add up to {num_layers}")
+    out, lo = [], 0
+    for c in split:
+        out.append(range(lo, lo + c))
+        lo += c
+    return tuple(out)
+
+
+def check_cover(ranges: Sequence[range], num_layers: int) -> None:
+    """Explicit layer ranges must cover 0..num_layers-1 once each, in order."""
+    where: dict[int, int] = {}
+    for s, rg in enumerate(ranges):
+        if len(rg) == 0:
+            raise RunError(f"stage {s} holds no layer")
+        for layer in rg:
+            if layer in where:
+                raise RunError(f"layer {layer} is in stages {where[layer]} and {s}; a split must not duplicate a layer")
+            if not 0 <= layer < num_layers:
+                raise RunError(f"stage {s} names layer {layer}; the model has layers 0..{num_layers - 1}")
+            where[layer] = s
+    lost = [k for k in range(num_layers) if k not in where]
+    if lost:
+        raise RunError(f"layer {lost[0]} is in no stage; a split must not lose a layer")
+    if [layer for rg in ranges for layer in rg] != list(range(num_layers)):
+        raise RunError("stages must hold the layers in model order")
+
+
+class Holder(NamedTuple):
+    """One copy of a parameter: layer ``layer``'s parameter ``name`` inside stage ``stage``."""
+
+    stage: int
+    layer: int
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replica:
+    """A logical parameter held several times (tied or duplicated); kept equal across ``ranks``."""
+
+    name: str  #: "layer.param" of its first occurrence in the model
+    holders: tuple[Holder, ...]
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Layers of every stage and the parameters that have several copies."""
+
+    ranges: tuple[range, ...]  #: per stage of the schedule
+    params: dict  #: logical name -> tuple of Holders (every parameter, one or more copies)
+    replicas: tuple[Replica, ...]  #: the logical parameters with more than one copy
+
+
+def layout(schedule: Schedule, layers: Sequence[nn.Module], split: Sequence[int] | None = None) -> Layout:
+    """Layer ranges per stage and the holders of each logical parameter."""
+    lanes = schedule.lanes
+    sizes = {lane.stage_hi - lane.stage_lo for lane in lanes}
+    if len(sizes) != 1:
+        raise RunError(f"lanes of unequal length {sorted(sizes)}; every lane must hold one whole model copy")
+    pieces = partition(len(layers), sizes.pop(), split)
+    ranges = [range(0)] * schedule.stages
+    for lane in lanes:
+        for k, s in enumerate(lane.stages):
+            ranges[s] = pieces[k]
+    uses = logical_names(layers)
+    params: dict[str, list[Holder]] = {}
+    for s, rg in enumerate(ranges):
+        for layer in rg:
+            for name, logical in uses[layer]:
+                params.setdefault(logical, []).append(Holder(s, layer, name))
+    replicas = tuple(
+        Replica(name=n, holders=tuple(h), ranks=tuple(sorted({schedule.placement[x.stage] for x in h})))
+        for n, h in params.items() if len(h) > 1
+    )
+    return Layout(ranges=tuple(ranges), params={n: tuple(h) for n, h in params.items()}, replicas=replicas)
+
+
+def logical_names(layers: Sequence[nn.Module]) -> list[list[tuple[str, str]]]:
+    """Per layer, (parameter name, logical name); a weight shared by layers has one logical name."""
+    first: dict[int, str] = {}
+    out = []
+    for i, layer in enumerate(layers):
+        out.append([(name, first.setdefault(id(p), f"{i}.{name}")) for name, p in layer.named_parameters()])
+    return out
+
+
+class Stage(nn.Module):
+    """The layers of one stage, run in order on one tensor."""
+
+    def __init__(self, index: int, layers: Sequence[nn.Module], first_layer: int):
+        super().__init__()
+        self.index = index
+        self.first_layer = first_layer
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def param(self, holder: Holder) -> nn.Parameter:
+        return self.layers[holder.layer - self.first_layer].get_parameter(holder.name)
+
+
+def build_stages(schedule: Schedule, lay: Layout, layers: Sequence[nn.Module], rank: int, device) -> dict[int, Stage]:
+    """This rank's stages, each with its own copy of its layers (ties become replicas)."""
+    return {
+        s: Stage(s, [copy.deepcopy(layers[i]) for i in lay.ranges[s]], lay.ranges[s].start).to(device)
+        for s in schedule.stages_of_rank(rank)
+    }
+
+
+def _csv(xs) -> str:
+    return ",".join(map(str, xs))
