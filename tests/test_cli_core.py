@@ -8,24 +8,12 @@ import sys
 
 import pytest
 
-from stagewise.cli import main
+from cli_helpers import fails, run
 from stagewise.schedules import names
 
 
-def run(capsys, *argv: str):
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:  # argparse's own errors and --help
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
-def fails(capsys, *argv: str) -> str:
-    rc, out, err = run(capsys, *argv)
-    assert rc == 2, (argv, out, err)
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 # --- results ------------------------------------------------------------------------------------

@@ -7,14 +7,10 @@ import pytest
 from render_helpers import families
 
 from stagewise import torch_csv
-from stagewise.cli import main
+from cli_helpers import run
 from stagewise.schedules import generate
 
 
-def run(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.mark.parametrize("suffix,magic", [(".png", b"\x89PNG"), (".svg", b"<"), (".json", b"{"),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stagewise import torch_csv
-from stagewise.cli import main
+from cli_helpers import fails, run
 from stagewise.schedules import generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -23,20 +23,8 @@ KEYS = {"schedule", "ranks", "microbatches", "losses", "step_time_s", "measured_
         "predicted_bubble_fraction"}
 
 
-def run(capsys, *argv: str):
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
-def fails(capsys, *argv: str) -> str:
-    rc, out, err = run(capsys, *argv)
-    assert rc == 2, (argv, out, err)
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 @pytest.fixture(scope="module")
