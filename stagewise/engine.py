@@ -42,18 +42,8 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     checks of ``validate.check_structure`` passed.
     """
     m = schedule.microbatches
-    S = schedule.stages
-    n_keys = S * m
-    placement = schedule.placement
-    first = [0] * S
-    last = [0] * S
-    for lane in schedule.lanes:
-        for s in lane.stages:
-            first[s], last[s] = lane.stage_lo, lane.stage_hi - 1
-    # link time into stage s from s-1 (forward) and from s+1 (backward gradient)
-    msg = costs.message
-    fwd_link = [msg[s - 1] if s > first[s] and placement[s - 1] != placement[s] else 0.0 for s in range(S)]
-    bwd_link = [msg[s] if s < last[s] and placement[s + 1] != placement[s] else 0.0 for s in range(S)]
+    n_keys = schedule.stages * m
+    first, last, fwd_link, bwd_link = _routes(schedule, costs)
     dur = {"F": costs.f, "B": costs.b, "I": costs.i, "W": costs.w}
     fb = costs.fb
 
@@ -140,6 +130,19 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     if any(pos[r] < len(programs[r]) for r in range(R)):
         raise Stuck(_blocked(schedule, pos, waiting, n_keys))
     return starts, ends
+
+
+def _routes(schedule: Schedule, costs: StageCosts):
+    """First and last stage of each stage's lane, and the link time into each stage
+    from its predecessor (forward) and from its successor (gradient); 0 on one rank."""
+    S, placement, msg = schedule.stages, schedule.placement, costs.message
+    first, last = [0] * S, [0] * S
+    for lane in schedule.lanes:
+        for s in lane.stages:
+            first[s], last[s] = lane.stage_lo, lane.stage_hi - 1
+    fwd_link = [msg[s - 1] if s > first[s] and placement[s - 1] != placement[s] else 0.0 for s in range(S)]
+    bwd_link = [msg[s] if s < last[s] and placement[s + 1] != placement[s] else 0.0 for s in range(S)]
+    return first, last, fwd_link, bwd_link
 
 
 def _blocked(schedule: Schedule, pos: list[int], waiting: dict[int, list[int]], n_keys: int) -> list[Blocked]:
