@@ -172,5 +172,5 @@ def _demo_pictures(entries, costs, out: Path) -> None:
     figure = write_comparison([tl for _, tl in entries], out / ("compare.png" if has_matplotlib() else "compare.svg"))
     print(f"wrote {figure}")
     page = out / "report.html"
-    page.write_text(report_html(entries, costs), encoding="utf-8")
+    page.write_text(report_html(entries, costs, costs_per="rank"), encoding="utf-8")
     print(f"wrote {page}")

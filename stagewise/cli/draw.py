@@ -91,7 +91,7 @@ def cmd_report(args) -> int:
         entries = compare_entries(args)
         if not entries:
             raise UsageError(f"no schedule family accepts -p {args.ranks} -m {args.microbatches}")
-        path.write_text(report_html(entries, costs_from(args)), encoding="utf-8")
+        path.write_text(report_html(entries, costs_from(args), costs_per=args.costs_per), encoding="utf-8")
     except OutputError as e:
         raise UsageError(f"-o {e}") from None
     except OSError as e:

@@ -46,8 +46,12 @@ COLUMNS = (
 
 
 def report_html(results_with_timelines: Sequence[tuple[dict, Timeline]], costs: Costs, *,
-                title: str | None = None) -> str:
-    """The page for ``(result, timeline)`` pairs (``report.result`` dicts) simulated under ``costs``."""
+                title: str | None = None, costs_per: str = "stage") -> str:
+    """The page for ``(result, timeline)`` pairs (``report.result`` dicts) simulated under ``costs``.
+
+    ``costs_per="rank"``: the costs are one rank's share of the model (each chunk of a
+    v-chunk schedule costs and keeps 1/v of them), as ``--costs-per rank`` simulated them.
+    """
     results = [r for r, _ in results_with_timelines]
     timelines = [tl for _, tl in results_with_timelines]
     head = results[0] if results else {"ranks": "?", "microbatches": "?"}
@@ -60,9 +64,15 @@ def report_html(results_with_timelines: Sequence[tuple[dict, Timeline]], costs: 
         f"<h1>{escape(title)}</h1>",
         f'<p class="note">{len(results)} schedules, {escape(timelines[0].source if timelines else "simulated")}; '
         f"times in {escape(unit)}; bubble = 1 - busy / (ranks x makespan); peak activations in "
-        "chunk-units (one micro-batch's activations of one stage).</p>",
+        + ("one rank's share of the model's activations per micro-batch.</p>" if costs_per == "rank" else
+           "chunk-units (one micro-batch's activations of one stage).</p>"),
         "<h2>Summary</h2>", _summary(results),
-        "<h2>Cost assumptions</h2>", _costs(costs),
+        "<h2>Cost assumptions</h2>",
+        '<p class="note">' + ("Durations and activations below are one rank's share of the model (--costs-per "
+                              "rank): a chunk of a v-chunk schedule costs and keeps 1/v of them, so every "
+                              "family runs the same model." if costs_per == "rank" else
+                              "Durations and activations below are per stage (--costs-per stage).") + "</p>",
+        _costs(costs),
     ]
     if timelines:
         parts += ["<h2>All schedules on one time axis</h2>",
