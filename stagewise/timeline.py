@@ -96,6 +96,8 @@ def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]
                     peak = live
             else:
                 live -= _freed(kind, size[s], free_at_i)
+                if live > peak:  # I grows what it keeps when free_at_i < 0
+                    peak = live
         peaks.append(peak)
     return peaks
 

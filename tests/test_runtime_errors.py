@@ -79,8 +79,8 @@ def test_the_receiver_checks_every_header_against_the_learned_shape():
 
 
 @pytest.mark.parametrize("how, needle", [
-    ("raise", "rank 1: RuntimeError: boom on purpose"),
-    ("exit", "rank 1: exited with code 3 without a message"),
+    ("raise", "rank 1 at 1F0 (step 2): RuntimeError: boom on purpose"),  # the op, from its flight recorder
+    ("exit", "rank 1 at 1F0 (step 2): exited with code 3 without a message"),
 ])
 def test_a_failing_rank_stops_all_ranks_at_once(how, needle):
     model = InsertedLayer(**vars(TINY), extra=how, where=7, at=5)  # in stage 1 (rank 1), step 2
@@ -93,7 +93,7 @@ def test_a_failing_rank_stops_all_ranks_at_once(how, needle):
 def test_a_stalled_peer_times_out_with_the_message_it_waited_for():
     model = InsertedLayer(**vars(TINY), extra="sleep", where=1, at=1)  # stage 0 stalls before its first send
     err, seconds = fails(dataclasses.replace(BASE, model=model, timeout=2))
-    assert "rank 1: CommTimeout: timed out after 2 s waiting for the activation of micro-batch 0 from stage 0 " \
-           "to stage 1 (rank 0)" in str(err)
+    assert "rank 1 at 1F0 (step 1): CommTimeout: timed out after 2 s waiting for the activation of micro-batch 0 " \
+           "from stage 0 to stage 1 (rank 0); rank 0 stalled at 0F0 (step 1)" in str(err)
     assert seconds < 15
     no_rank_left()

@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import train_safety, train_scale
 from .common import UsageError, positive_int, print_json
 
 
@@ -47,8 +48,11 @@ def register(sub) -> None:
     g.add_argument("--lr", type=float, default=1e-3, help="learning rate, default 1e-3")
     g.add_argument("--optimizer", default="adamw", help="a torch.optim class, default adamw")
     g.add_argument("--clip", type=float, default=None, help="clip the global gradient norm to this value")
-    g.add_argument("--timeout", type=float, default=120.0, help="seconds a rank waits for a peer, default 120")
+    g.add_argument("--timeout", type=float, default=30.0, help="seconds a rank waits for a peer, default 30: a "
+                   "stalled rank is noticed after this (one that dies or raises stops the run within a second)")
     g.add_argument("--threads", type=positive_int, default=None, help="torch threads per rank (default cores/p)")
+    train_safety.add_args(p)
+    train_scale.add_args(p)
     g = p.add_argument_group("output")
     g.add_argument("--trace", metavar="FILE", default=None,
                    help="write the last step's measured timeline: .json Chrome trace, or .png .svg .html .txt")
@@ -70,7 +74,7 @@ def config_from(args):
     from ..runtime.launch import is_torchrun
 
     ranks = args.ranks or (int(os.environ["WORLD_SIZE"]) if is_torchrun() else 4)
-    reference = name == "none" or (ranks == 1 and not args.csv)
+    reference = name == "none" or (ranks == 1 and args.dp == 1 and not args.csv)
     m = args.microbatches
     batch = args.batch or m * -(-8 // m)  # the same default batch for the reference as for a pipelined -m
     vocab = args.vocab or (256 if args.data else 64)
@@ -93,7 +97,7 @@ def cmd_train(args) -> int:
     if args.trace:
         _check_trace(args.trace)
     try:
-        cfg = config_from(args)
+        cfg = train_scale.apply(train_safety.apply(config_from(args), args), args)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
@@ -103,6 +107,8 @@ def cmd_train(args) -> int:
         if e.user:
             raise UsageError(str(e)) from None
         sys.stderr.write(f"stagewise train: error: {e}\n")
+        if e.flight:
+            sys.stderr.write(e.flight + "\n")
         return 1
     if speaks:
         _output(args, res)
@@ -118,9 +124,11 @@ def _output(args, res: dict) -> None:
     if args.json:
         keys = ("schedule", "ranks", "microbatches", "losses", "step_time_s", "measured_bubble_fraction",
                 "predicted_bubble_fraction")
-        print_json({k: res[k] for k in keys})
+        print_json({**{k: res[k] for k in keys}, **train_safety.json_extras(res), **train_scale.json_extras(res)})
         return
     print(summary(res))
+    for line in train_safety.lines(res) + train_scale.lines(res):
+        print(line)
     if args.draw and last is not None:
         from ..render.ascii import draw_text
 

@@ -55,14 +55,15 @@ def _val(x) -> str:
 
 
 def train_command(best: Candidate, profile: Profile, csv_path: str | None, global_batch: int) -> str:
-    """The `stagewise train` line that runs the winner (one replica when dp > 1)."""
+    """The `stagewise train` line that runs the winner."""
     c = best.config
     gpt = profile.meta.get("gpt")
     if csv_path is not None:
         args = ["stagewise", "train", "--csv", csv_path, "-p", str(c.p), "-m", str(c.m)]
     else:
         args = ["stagewise", "train", "--schedule", c.family, "-p", str(c.p), "-m", str(c.m), "-v", str(c.v)]
-    args += ["--batch", str(c.m * c.mbs), "--split", ",".join(map(str, best.counts))]
+    args += ["--batch", str(c.m * c.mbs * c.dp), "--split", ",".join(map(str, best.counts))]
+    args += (["--dp", str(c.dp)] if c.dp > 1 else []) + (["--recompute"] if c.recompute else [])
     if gpt:
         for key, opt in (("layers_n", "--layers"), ("d_model", "--d-model"), ("heads", "--heads"), ("seq", "--seq"),
                          ("vocab", "--vocab"), ("dtype", "--dtype")):
@@ -73,10 +74,6 @@ def train_command(best: Candidate, profile: Profile, csv_path: str | None, globa
         args += ["--threads", str(threads)]
     line = shlex.join(args)
     notes = []
-    if c.dp > 1:
-        notes.append(f"one of {c.dp} data-parallel replicas (the runtime runs one pipeline)")
-    if c.recompute:
-        notes.append("the plan assumes recomputation, which the runtime does not do")
     if not gpt:
         notes.append("a user model: pass the same split to stagewise.runtime.train(RunConfig(..., model=...))")
     return line + (f"   # {'; '.join(notes)}" if notes else "")

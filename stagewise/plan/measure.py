@@ -7,7 +7,8 @@ layer is timed alone on the input it sees in the model, the median of
 backward (stagewise.runtime.split_backward), so they are the same work the
 runtime does. Activation bytes are what autograd saves in the layer's forward
 (counted once per storage, parameters excluded): what a stage keeps from F to
-its backward. Layers with the same structure (class and parameter shapes) are
+its backward (the runtime's own ``SavedBytes``, so the runtime's measured peaks
+count the same way). Layers with the same structure (class and parameter shapes) are
 measured once and share the numbers, unless ``each_layer``.
 """
 
@@ -21,67 +22,9 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from ..runtime.activation_memory import SavedBytes
 from ..runtime.split_backward import Splitter, input_grad, weight_grad
 from .profile import LayerProfile, Profile
-
-
-@dataclass(kw_only=True)
-class SavedBytes:
-    """Live bytes autograd holds for backward, and their peak. Mutable: a running count."""
-
-    live: int = 0
-    peak: int = 0
-    _refs: dict = field(default_factory=dict)
-
-    def hooks(self, module: nn.Module | None = None):
-        """A ``saved_tensors_hooks`` context that counts each saved storage once until it is freed.
-
-        Storages of ``module``'s parameters are not activations (autograd saves views of
-        weights, such as the transposed matrix of a Linear) and are not counted.
-        """
-        params = {p.untyped_storage().data_ptr() for p in module.parameters()} if module is not None else set()
-        return torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, params), _unpack)
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
-
-    def _pack(self, t: torch.Tensor, params: set):
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if isinstance(t, nn.Parameter) or key in params:
-            return t
-        n, size = self._refs.get(key, (0, storage.nbytes()))
-        if n == 0:
-            self.live += size
-            self.peak = max(self.peak, self.live)
-        self._refs[key] = (n + 1, size)
-        # detached: holding the tensor itself would hold its grad_fn, which holds this object
-        # (an output saved for its own backward): a cycle autograd never frees
-        return _Held(t.detach(), key, self)
-
-    def _release(self, key: int) -> None:
-        n, size = self._refs[key]
-        if n == 1:
-            del self._refs[key]
-            self.live -= size
-        else:
-            self._refs[key] = (n - 1, size)
-
-
-class _Held:
-    """A saved tensor; its release (when autograd drops it) lowers the live count."""
-
-    __slots__ = ("t", "key", "owner")
-
-    def __init__(self, t, key, owner):
-        self.t, self.key, self.owner = t, key, owner
-
-    def __del__(self):
-        self.owner._release(self.key)
-
-
-def _unpack(x):
-    return x.t if isinstance(x, _Held) else x
 
 
 @dataclass(frozen=True, kw_only=True)

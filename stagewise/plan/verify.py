@@ -1,9 +1,9 @@
 """`plan --verify`: run the top configurations for real and set measured beside predicted.
 
 Runs on the runtime (stagewise.runtime.train_many, local gloo ranks) with the
-built-in GPT the profile was made from. Only what the runtime can run is
-verified: one pipeline (dp = 1) without recomputation; the others are skipped
-and named. Measured step time is the median over the steps after the first
+built-in GPT the profile was made from. Every configuration that fits runs,
+data parallel ones on p x dp local ranks and recomputation included; one that
+does not fit is skipped and named. Measured step time is the median over the steps after the first
 (warm-up). Measured peak activations come from counting, on each rank, the
 bytes autograd saves for backward (the profiler's own count, so both sides
 measure the same thing); the fixed bytes (weights, gradients, optimizer state)
@@ -87,18 +87,9 @@ def _write_peak(folder: str) -> None:
     Path(folder, f"rank{rank}.txt").write_text(str(_counter().peak))
 
 
-def runnable(c: Candidate) -> str | None:
-    """Why the runtime cannot run ``c`` as planned (None if it can)."""
-    if c.config.dp != 1:
-        return f"dp={c.config.dp} (the runtime runs one pipeline)"
-    if c.config.recompute:
-        return "recomputation (the runtime does not recompute)"
-    return None
-
-
 def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, rounds: int = 2,
            log: Callable[[str], None] | None = print) -> list[dict]:
-    """Run the top ``k`` runnable configurations; one row each of predicted and measured figures.
+    """Run the top ``k`` configurations that fit; one row each of predicted and measured figures.
 
     Configurations with the same ranks run in one launch, in ``rounds`` alternating rounds of
     ``steps`` steps, so load from elsewhere on the machine falls on all of them alike.
@@ -118,18 +109,17 @@ def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, 
     for c in cands:
         if len(picked) == k:
             break
-        why = runnable(c) if c.fits else "does not fit"
+        why = None if c.fits else "does not fit"
         (skipped.append((c, why)) if why else picked.append(c))
     if log and skipped:
         log("verify skips: " + "; ".join(f"{c.config.label()}: {w}" for c, w in skipped[:5]))
     if not picked:
-        raise PlanError("--verify: none of the top configurations is runnable here (dp = 1, no recomputation); "
-                        "plan with --devices equal to the ranks to run and --recompute off")
+        raise PlanError("--verify: none of the top configurations fits in --memory")
     gpt = GPTConfig(**gpt_args)
     rows: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="stagewise-verify-") as tmp:
-        for p in sorted({c.config.p for c in picked}):
-            group = [(n, c) for n, c in enumerate(picked) if c.config.p == p]
+        for p in sorted({c.config.p * c.config.dp for c in picked}):  # one launch per number of ranks
+            group = [(n, c) for n, c in enumerate(picked) if c.config.p * c.config.dp == p]
             if log:
                 log(f"verify: {len(group)} configuration(s) on {p} local ranks, {rounds} round(s) of {steps} steps")
             cfgs = [_run_config(c, gpt, profile, steps, Path(tmp, str(n))) for n, c in group]
@@ -152,7 +142,8 @@ def _run_config(c: Candidate, gpt, profile: Profile, steps: int, folder: Path):
         path = str(folder / "schedule.csv")
         torch_csv.dump(c.schedule, path)
         sched = dict(schedule=None, csv=path)
-    return RunConfig(**sched, ranks=g.p, microbatches=g.m, steps=steps, batch=g.m * g.mbs,
+    return RunConfig(**sched, ranks=g.p, dp=g.dp, recompute=g.recompute, microbatches=g.m, steps=steps,
+                     batch=g.m * g.mbs * g.dp,
                      model=MeasuredGPT(gpt=gpt, peaks_dir=str(folder)), split=c.counts,
                      threads=profile.meta.get("threads"), optimizer=profile.meta.get("optimizer", "adamw"))
 

@@ -8,11 +8,19 @@ Needs torch (``pip install stagewise[torch]``). The pieces, each one job:
 - ``comm``: point-to-point messages derived from the programs;
 - ``split_backward``: the ``I`` / ``W`` halves of a backward;
 - ``executor``: walk one rank's program, op by op (no per-schedule code);
+- ``dp``: data x pipeline parallel (p x dp ranks, per-stage gradient all_reduce);
+- ``recompute``: F keeps only the stage input, the backward replays the forward;
+- ``activation_memory``: the bytes held for in-flight micro-batches, and the
+  simulator's prediction of their peak per rank;
 - ``replicas``: tied and duplicated parameters, loss and global-norm clipping;
 - ``timing``: measured timeline and the simulator's prediction from it;
 - ``worker`` / ``launch``: one rank's run; local spawn or torchrun;
 - ``memory``: host allocator settings for CPU ranks;
-- ``reference``: the unpipelined single-process run (the oracle).
+- ``reference``: the unpipelined single-process run (the oracle);
+- ``resilience``: what keeps a long run safe, attached to each rank's trainer:
+  ``flight`` (each rank's last events, readable after a crash), ``nonfinite``
+  (a NaN/inf loss stops or skips the step), ``checkpoint`` / ``checkpoint_files``
+  (layer-keyed, atomic saves and resumes), ``faults`` (failures on purpose, for tests).
 """
 
 from .config import RunConfig, RunError

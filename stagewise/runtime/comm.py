@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ..actions import actions_of
 from ..schedule import Schedule
+from .flight import FLUSH, GOT, NO_FLIGHT, POST, SEND, WAIT
 
 ACT, GRAD = 0, 1
 _WHAT = ("activation", "gradient")
@@ -100,10 +101,13 @@ def message_plan(schedule: Schedule) -> MessagePlan:
 class P2P:
     """One rank's messages. Mutable: posted receives, pending sends, learned shapes, channel positions."""
 
-    def __init__(self, plan: MessagePlan, rank: int, device: torch.device, timeout_s: float, tags: bool = True):
+    def __init__(self, plan: MessagePlan, rank: int, device: torch.device, timeout_s: float, tags: bool = True,
+                 base: int = 0):
         self.plan, self.rank, self.device = plan, rank, device
+        self.base = base  # global rank of pipeline rank 0 (data parallel replicas: stagewise.runtime.dp)
         self.timeout = timedelta(seconds=timeout_s)
         self.tags = tags
+        self.flight = NO_FLIGHT  # the rank's flight.Recorder: posts, waits and sends (set by the trainer)
         self.learning = True  # the first step carries headers
         self._shape: dict[tuple[int, int], tuple] = {}  # (direction, stage) -> (shape, dtype, mb it came with)
         self._pos: dict[int, int] = defaultdict(int)  # sender rank -> next route index to post
@@ -119,10 +123,11 @@ class P2P:
             self._local[route] = tensor
             return
         tensor = tensor.detach().contiguous()
+        self.flight.event(SEND, _brief(route, self.base + dst))
         if self.learning:
             hdr = _encode(tensor, route).to(self.device)
-            self._sends.append((dist.isend(hdr, dst, tag=self._tag(route, True)), hdr))
-        self._sends.append((dist.isend(tensor, dst, tag=self._tag(route)), tensor))
+            self._sends.append((dist.isend(hdr, self.base + dst, tag=self._tag(route, True)), hdr))
+        self._sends.append((dist.isend(tensor, self.base + dst, tag=self._tag(route)), tensor))
         self._sends = [s for s in self._sends if not s[0].is_completed()]
 
     def recv(self, route: Route) -> torch.Tensor:
@@ -139,11 +144,12 @@ class P2P:
             # keep the channel's next receive posted, so its transfer overlaps this op's compute
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
-        self._wait(work, route, src)
+        self._wait(work, route, self.base + src)
         return buf
 
     def finish_step(self) -> None:
         """Wait for this step's sends; the next step reuses the learned shapes."""
+        self.flight.event(FLUSH, f"{len(self._sends)} sends in flight")
         for work, _ in self._sends:
             work.wait(self.timeout)
         self._sends, self._pos = [], defaultdict(int)
@@ -156,12 +162,13 @@ class P2P:
         key = (route.direction, route.stage)
         if self.learning:
             hdr = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
-            self._wait(dist.irecv(hdr, src, tag=self._tag(route, True)), route, src)
+            self._wait(dist.irecv(hdr, self.base + src, tag=self._tag(route, True)), route, self.base + src)
             shape, dtype = _decode(hdr.cpu())
             self._check(route, shape, dtype, "receives")
         shape, dtype, _ = self._shape[key]
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        self._posted[route] = (dist.irecv(buf, src, tag=self._tag(route)), buf)
+        self._posted[route] = (dist.irecv(buf, self.base + src, tag=self._tag(route)), buf)
+        self.flight.event(POST, _brief(route, self.base + src))
 
     def _check(self, route: Route, shape: tuple, dtype, verb: str) -> None:
         key = (route.direction, route.stage)
@@ -174,6 +181,7 @@ class P2P:
                 "every micro-batch must have the same shape between stages")
 
     def _wait(self, work, route: Route, src: int) -> None:
+        self.flight.event(WAIT, _brief(route, src))
         try:
             work.wait(self.timeout)
         except RuntimeError as e:
@@ -181,9 +189,15 @@ class P2P:
                 raise CommTimeout(f"timed out after {self.timeout.total_seconds():g} s waiting for "
                                   f"{route.describe()} (rank {src})") from None
             raise
+        self.flight.event(GOT, _brief(route, src))
 
     def _tag(self, route: Route, header: bool = False) -> int:
         return self.plan.tag(route, header) if self.tags else 0
+
+
+def _brief(route: Route, peer: int) -> str:
+    """A route in a flight record: ``activation mb 3, stage 0->1 (rank 0)``."""
+    return f"{_WHAT[route.direction]} mb {route.mb}, stage {route.source}->{route.stage} (rank {peer})"
 
 
 def _encode(t: torch.Tensor, route: Route) -> torch.Tensor:

@@ -4,10 +4,14 @@ Generic: it knows the four action kinds and the overlapped pair, never a
 schedule family. What an op needs from other stages (an activation for F, a
 gradient for B or I) is received before its clock starts, so a measured op
 spans compute only and waiting shows up as idle time, as in the simulator.
+A stage that recomputes (recompute.py) keeps only its input from F and
+replays the forward at its B or I; the meter (activation_memory.py) counts
+what each (stage, mb) holds; ``after`` hears of each op as it ends (dp.py).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,7 +19,10 @@ import torch
 
 from ..actions import Action, actions_of
 from ..schedule import Schedule
+from .activation_memory import ActivationMeter
 from .comm import ACT, GRAD, P2P, MessagePlan, Route
+from .flight import NO_FLIGHT
+from .recompute import Recompute
 from .split_backward import Record, Splitter, input_grad, weight_grad
 from .stage import Stage
 
@@ -31,6 +38,10 @@ class RankContext:
     p2p: P2P
     loss: Callable  #: (output, target) -> mean loss of one micro-batch
     clock: object  #: timing.WallClock or timing.CudaClock
+    recompute: Recompute | None = None  #: stages whose F keeps only the input (recompute.py)
+    meter: ActivationMeter | None = None  #: counts activation bytes (activation_memory.py)
+    after: Callable | None = None  #: called with each op once it ran (data parallel starts reductions)
+    flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
 
 
 @dataclass(kw_only=True)
@@ -40,6 +51,8 @@ class Saved:
     x: torch.Tensor  #: the stage input (a leaf that collects its gradient, unless the lane's first stage)
     root: torch.Tensor | None  #: stage output, or the loss on the lane's last stage
     rec: Record | None = None  #: split backward: holder outputs and, after I, their gradients
+    rng: tuple | None = None  #: recomputation: the RNG state F started from (``root`` is None until the replay)
+    held: tuple = ()  #: meter tokens of what the executor keeps: input, output; after I, W's gradients
 
 
 @dataclass(kw_only=True)
@@ -48,6 +61,7 @@ class StepOutcome:
 
     marks: list = field(default_factory=list)  #: (start, end) mark per op
     loss: float = 0.0  #: sum of the micro-batch losses computed on this rank
+    mb_losses: dict = field(default_factory=dict)  #: F action -> its loss tensor (names a non-finite one)
 
 
 class Executor:
@@ -67,16 +81,25 @@ class Executor:
         self.inputs, self.targets = inputs, targets
         out = StepOutcome()
         losses = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
-        clock = self.ctx.clock
+        clock, meter, after = self.ctx.clock, self.ctx.meter, self.ctx.after
+        if meter is not None:
+            meter.start_step()
         for op in self.program:
+            self.ctx.flight.start(op)
             got = [self._receive(a) for a in actions_of(op)]
             start = clock.mark()
             for a, g in zip(actions_of(op), got):
                 mb_loss = self._run(a, g)
                 if mb_loss is not None:
                     losses.append(mb_loss)
+                    out.mb_losses[a] = mb_loss
             out.marks.append((start, clock.mark()))
+            self.ctx.flight.end(op)
+            if after is not None:
+                after(op)
         self.ctx.p2p.finish_step()
+        if meter is not None:
+            meter.end_step()
         if self.saved:
             raise RuntimeError(f"rank {self.ctx.rank}: (stage, mb) {next(iter(self.saved))} never finished its backward")
         out.loss = float(torch.stack(losses).sum()) if losses else 0.0
@@ -100,34 +123,60 @@ class Executor:
             weight_grad(self.saved.pop((s, mb)).rec)
             return None
         sv = self.saved[(s, mb)] if kind == "I" else self.saved.pop((s, mb))
-        if kind == "B":
-            torch.autograd.backward(sv.root, got)
-            dx = sv.x.grad if sv.x.requires_grad else None
-        else:
-            dx = input_grad(sv.root, got, sv.x, sv.rec)
-            sv.root = None  # the recorded holder outputs keep what W needs
+        if sv.rng is not None:
+            self._replay(s, mb, sv)
+        with self._measure(kind, s):
+            if kind == "B":
+                torch.autograd.backward(sv.root, got)
+                dx = sv.x.grad if sv.x.requires_grad else None
+            else:
+                dx = input_grad(sv.root, got, sv.x, sv.rec)
+                sv.root = None  # the recorded holder outputs keep what W needs
+                sv.held = sv.held[:1]  # the input's token stays, the output's goes (before W's gradients count)
+                sv.held += self._hold(*sv.rec.grads)
         if s != self.ctx.plan.first[s]:
             self.ctx.p2p.send(Route(GRAD, s - 1, mb), dx)
         return None
 
     def _forward(self, s: int, mb: int, got):
         plan = self.ctx.plan
-        if s == plan.first[s]:
-            x = self.inputs[mb]
-        else:
-            x = got.requires_grad_(got.is_floating_point())
-        splitter = self.splitters.get(s)
-        if splitter is not None:
-            with splitter.record((s, mb) in self.split) as rec:
-                out = self.ctx.stages[s](x)
-        else:
-            rec, out = None, self.ctx.stages[s](x)
-        loss = None
+        x = self.inputs[mb] if s == plan.first[s] else got.requires_grad_(got.is_floating_point())
+        recompute = self.ctx.recompute is not None and s in self.ctx.recompute
+        with self._measure("F", s):
+            if recompute:  # keep only the input and the RNG state; the backward replays the forward
+                rng = self.ctx.recompute.rng_state()
+                with torch.no_grad():
+                    out, root, _ = self._compute(s, mb, x)
+                self.saved[(s, mb)] = Saved(x=x.detach(), root=None, rng=rng, held=self._hold(x))
+            else:
+                out, root, rec = self._compute(s, mb, x)
+                self.saved[(s, mb)] = Saved(x=x, root=root, rec=rec, held=self._hold(x, root))
         if s == plan.last[s]:
-            loss = self.ctx.loss(out, self.targets[mb]) * self.scale
-            root = loss
-        else:
-            self.ctx.p2p.send(Route(ACT, s + 1, mb), out.detach())
-            root = out
-        self.saved[(s, mb)] = Saved(x=x, root=root, rec=rec)
-        return None if loss is None else loss.detach().double()
+            return root.detach().double()
+        self.ctx.p2p.send(Route(ACT, s + 1, mb), out.detach())
+        return None
+
+    def _compute(self, s: int, mb: int, x):
+        """The stage's forward: (output, what the backward differentiates: the output or the loss, Record)."""
+        splitter = self.splitters.get(s)
+        record = splitter.record((s, mb) in self.split) if splitter is not None else nullcontext()
+        with self._saving(), record as rec:
+            out = self.ctx.stages[s](x)
+            root = self.ctx.loss(out, self.targets[mb]) * self.scale if s == self.ctx.plan.last[s] else out
+        return out, root, rec
+
+    def _replay(self, s: int, mb: int, sv: Saved) -> None:
+        """Recomputation: run the forward again from the kept input and RNG state, with autograd on."""
+        x = sv.x.detach().requires_grad_(sv.x.is_floating_point() and s != self.ctx.plan.first[s])
+        with self._measure("R", s), self.ctx.recompute.replaying(sv.rng):
+            _, sv.root, sv.rec = self._compute(s, mb, x)
+            sv.x, sv.rng, sv.held = x, None, self._hold(x, sv.root)
+
+    def _measure(self, kind: str, s: int):
+        return self.ctx.meter.op(kind, s) if self.ctx.meter is not None else nullcontext()
+
+    def _saving(self):
+        return self.ctx.meter.saving() if self.ctx.meter is not None else nullcontext()
+
+    def _hold(self, *tensors) -> tuple:
+        return self.ctx.meter.hold(*tensors) if self.ctx.meter is not None else ()

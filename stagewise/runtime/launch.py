@@ -4,6 +4,15 @@
 environment, env:// rendezvous) this process is one rank. Otherwise it spawns
 the ranks itself and watches them: when one fails, the others are terminated at
 once and the error names the rank; nothing waits on a dead peer.
+
+The bound on a fault: a rank that raises or dies (local launch) stops every
+rank within about a second (the watchdog polls every 0.1 s and gives the
+others 0.5 s to report their own errors); the error names the failed rank and
+the op it was at, read from its flight recorder (flight.py), and carries every
+rank's last events. A rank that stalls alive is noticed by its peers after
+``--timeout`` seconds (default 30), each wait for a message or collective being
+bounded by it. Under torchrun the peers of a dead rank see its connection
+close (or time out after ``--timeout``), and torchrun stops the node's others.
 """
 
 from __future__ import annotations
@@ -12,12 +21,15 @@ import dataclasses
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import socket
+import tempfile
 import time
 import traceback
 from datetime import timedelta
 from typing import Callable, Sequence
 
+from . import flight
 from .config import RunConfig, RunError
 
 #: exceptions that are the user's input (one-line error, exit 2), by class name across processes
@@ -27,9 +39,11 @@ USER_ERRORS = ("RunError", "ScheduleError", "ScheduleArgError", "CostError", "Sh
 class RankFailure(RuntimeError):
     """A rank failed; the message names it. ``user`` when the cause is bad input."""
 
-    def __init__(self, message: str, user: bool = False):
+    def __init__(self, message: str, user: bool = False, ranks: tuple[int, ...] = (), flight: str = ""):
         super().__init__(message)
         self.user = user
+        self.ranks = ranks  #: the failed ranks
+        self.flight = flight  #: the flight recorders' last events (flight.dump), to print after the message
 
 
 def train(cfg: RunConfig, report: Callable | None = None) -> dict:
@@ -56,9 +70,9 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
         if preflight:
             from .worker import preflight as check
 
-            worlds.add(check(c).ranks)
+            worlds.add(check(c).ranks * c.dp)
         else:
-            worlds.add(c.ranks)
+            worlds.add(c.ranks * c.dp)
     if len(worlds) != 1:
         raise RunError(f"one launch runs one number of ranks; got {sorted(worlds)}")
     return spawn(cfgs, worlds.pop(), report)
@@ -70,14 +84,21 @@ def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None)
     q = ctx.Queue()
     port = free_port()
     timeout = max(c.timeout for c in cfgs)
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, list(cfgs), q, timeout), daemon=True,
+    box = tempfile.mkdtemp(prefix="stagewise-flight-")  # the ranks' flight recorders, readable after a crash
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, list(cfgs), q, timeout, box), daemon=True,
                          name=f"stagewise-rank{r}") for r in range(world)]
     for p in procs:
         p.start()
     try:
-        return _watch(procs, q, report)
+        return _watch(procs, q, report, box)
+    except RankFailure as e:
+        _stop(procs)  # the survivors' records are final once they are gone
+        if not e.user:
+            e.flight = flight.dump({r: flight.read(flight.rank_file(box, r)) for r in range(world)}, e.ranks)
+        raise
     finally:
         _stop(procs)
+        shutil.rmtree(box, ignore_errors=True)
 
 
 def _mp_context():
@@ -90,7 +111,7 @@ def _mp_context():
     return ctx
 
 
-def _watch(procs, q, report) -> list[dict]:
+def _watch(procs, q, report, box: str | None = None) -> list[dict]:
     """Collect results; on the first failure give the others a moment to report theirs, then fail."""
     done: dict[int, list] = {}
     errors: dict[int, tuple[str, str]] = {}
@@ -121,20 +142,27 @@ def _watch(procs, q, report) -> list[dict]:
         if errors:
             deadline = deadline or time.monotonic() + 0.5
             if time.monotonic() >= deadline:
-                raise _failure(errors, len(procs))
+                raise _failure(errors, len(procs), box)
     return _merge([done[r] for r in range(len(procs))])
 
 
-def _failure(errors: dict[int, tuple[str, str]], world: int) -> RankFailure:
-    """One message naming the failing rank(s): a cause before its echo (a peer's lost connection),
-    identical messages listed once."""
+def _failure(errors: dict[int, tuple[str, str]], world: int, box: str | None = None) -> RankFailure:
+    """One message naming the failing rank(s) and, from its flight recorder, the op it was at: a cause before
+    its echo (a peer's lost connection), identical messages listed once; a timeout names the stalled peer."""
     by_msg: dict[str, list[int]] = {}
     for r in sorted(errors):
         by_msg.setdefault(errors[r][1], []).append(r)
     msg, ranks = min(by_msg.items(), key=lambda kv: (_is_echo(kv[0]), kv[1][0]))
     who = "every rank" if len(ranks) == world and world > 1 else "rank " + ", ".join(map(str, ranks))
     user = errors[ranks[0]][0] in USER_ERRORS
-    return RankFailure(f"{who}: {msg}", user=user)
+    if box and not user:
+        records = {r: flight.read(flight.rank_file(box, r)) for r in range(world)}
+        at = flight.where(records[ranks[0]], waits=False) if len(ranks) == 1 else ""
+        who += f" {at}" if at else ""
+        if errors[ranks[0]][0] == "CommTimeout":
+            msg += "".join(f"; rank {r} stalled {flight.where(es)}" for r, es in records.items()
+                           if r not in errors and es and es[-1].kind in (flight.START, flight.GOT))
+    return RankFailure(f"{who}: {msg}", user=user, ranks=tuple(ranks))
 
 
 def _is_echo(message: str) -> bool:
@@ -169,15 +197,18 @@ def _stop(procs) -> None:
             p.join()
 
 
-def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeout: float) -> None:
-    """A spawned rank: gloo on loopback, run every job, report to the launcher."""
+def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeout: float,
+               box: str | None = None) -> None:
+    """A spawned rank: gloo on loopback, run every job, report to the launcher (flight recorder in ``box``)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         import torch.distributed as dist
 
         _set_threads(cfgs[0], world)
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
-        results = _run_jobs(rank, world, "gloo", cfgs, lambda *a: q.put(("step", rank, *a)))  # rank 0 reports
+        path = str(flight.rank_file(box, rank)) if box else None
+        results = _run_jobs(rank, world, "gloo", cfgs, lambda *a: q.put(("step", rank, *a)),  # rank 0 reports
+                            flight_path=path)
         q.put(("done", rank, results))
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
@@ -187,7 +218,8 @@ def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeo
         os._exit(1)  # skip interpreter teardown: peers may be gone
 
 
-def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: str | None = None) -> list[dict]:
+def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: str | None = None,
+              flight_path: str | None = None) -> list[dict]:
     import torch
 
     from .worker import Env, run_job
@@ -199,7 +231,8 @@ def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: st
         from .memory import keep_freed_memory
 
         keep_freed_memory()
-    env = Env(rank=rank, world=world, device=device, backend=backend, launched_by=launched_by)
+    env = Env(rank=rank, world=world, device=device, backend=backend, launched_by=launched_by,
+              flight_path=flight_path)
     return [run_job(env, c, _job_report(report, j)) for j, c in enumerate(cfgs)]
 
 
@@ -216,12 +249,20 @@ def _as_torchrun_rank(cfgs, report) -> list[dict]:
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
     _set_threads(cfgs[0], int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=max(c.timeout for c in cfgs)))
+    box = tempfile.mkdtemp(prefix="stagewise-flight-")
+    path = flight.rank_file(box, rank)
     try:
-        return _run_jobs(rank, world, backend, cfgs, report, f"WORLD_SIZE={world}")
-    except Exception as e:  # one line naming this rank; torchrun stops the others
-        raise RankFailure(f"rank {rank}: {_describe(e)}", user=type(e).__name__ in USER_ERRORS) from e
+        return _run_jobs(rank, world, backend, cfgs, report, f"WORLD_SIZE={world}", str(path))
+    except Exception as e:  # one line naming this rank and its op, then its last events; torchrun stops the others
+        user = type(e).__name__ in USER_ERRORS
+        records = {} if user else {rank: flight.read(path)}
+        # a lost connection: the message it waited for names the peer that failed
+        at = flight.where(records[rank], waits=_is_echo(str(e))) if records else ""
+        raise RankFailure(f"rank {rank}{' ' + at if at else ''}: {_describe(e)}", user=user, ranks=(rank,),
+                          flight=flight.dump(records, (rank,)) if records else "") from e
     finally:
         dist.destroy_process_group()
+        shutil.rmtree(box, ignore_errors=True)
 
 
 def _job_report(report, job: int):

@@ -5,6 +5,8 @@ held by both DualPipe lanes) gets the sum of all copies' gradients on every
 copy, like a tied weight in one process; identical values, gradients and
 optimizer updates then keep the copies equal. Process groups are made once per
 set of ranks that share copies (every rank makes every group, in one order).
+With dp pipeline replicas (dp.py) each replica has its own groups, and the
+global norm sums over one pipeline (the replicas' gradients are equal by then).
 """
 
 from __future__ import annotations
@@ -21,12 +23,22 @@ from .stage import Layout, Stage
 class Replicas:
     """Sums replica gradients. Mutable: owns the process groups it created."""
 
-    def __init__(self, lay: Layout, stages: dict[int, Stage], placement: tuple[int, ...], rank: int, device):
+    def __init__(self, lay: Layout, stages: dict[int, Stage], placement: tuple[int, ...], rank: int, device,
+                 topo=None):
+        """``rank``: in the pipeline; ``topo`` (a dp.Topology) places the pipeline among dp replicas."""
         self.rank, self.device = rank, device
         self.local = []  # (rank set, local copies) per replica held here
         sets = sorted({r.ranks for r in lay.replicas if len(r.ranks) > 1})
-        made = {ranks: dist.new_group(list(ranks)) for ranks in sets}  # every rank, same order
+        dp, here = (topo.dp, topo.replica) if topo is not None else (1, 0)
+
+        def glob(ranks, d: int) -> list[int]:
+            return [topo.global_rank(r, d) for r in ranks] if topo is not None else list(ranks)
+
+        # every rank makes every group (each replica's tie groups, then each replica's pipeline), same order
+        made = [{ranks: dist.new_group(glob(ranks, d)) for ranks in sets} for d in range(dp)][here]
         self.groups = {ranks: g for ranks, g in made.items() if rank in ranks}
+        pipes = [dist.new_group(glob(range(topo.p), d)) for d in range(dp)] if dp > 1 else [None]
+        self.pipeline = pipes[here]  # the global norm is a sum over one pipeline (None: all ranks)
         for rep in lay.replicas:
             copies = [stages[h.stage].param(h) for h in rep.holders if h.stage in stages]
             if copies:
@@ -62,7 +74,7 @@ class Replicas:
         for p in self.owned:
             if p.grad is not None:
                 sq += p.grad.detach().double().pow(2).sum()
-        dist.all_reduce(sq)
+        dist.all_reduce(sq, group=self.pipeline)
         norm = math.sqrt(float(sq))
         coef = min(1.0, max_norm / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
         for p in params:

@@ -15,10 +15,17 @@ import torch.distributed as dist
 
 from ..schedule import Schedule
 from ..schedules import generate
+from . import checkpoint_files
+from .activation_memory import ActivationMeter, merge_added, predicted_peaks
 from .comm import P2P, message_plan
 from .config import RunConfig, RunError
+from .dp import DataParallel, Topology
 from .executor import Executor, RankContext
+from .faults import check_fault, parse_fault
+from .flight import SYNC
+from .recompute import Recompute, recompute_stages
 from .replicas import Replicas, all_sum
+from .resilience import Resilience
 from .stage import build_stages, layout, partition
 from .timing import CudaClock, WallClock, bubbles, measured_timeline
 
@@ -32,6 +39,7 @@ class Env:
     device: torch.device
     backend: str
     launched_by: str | None = None  #: what set the world size, for messages ("WORLD_SIZE=4" under torchrun)
+    flight_path: str | None = None  #: this rank's flight-recorder file (flight.py); None keeps it in memory
 
 
 def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None = None) -> Schedule:
@@ -46,18 +54,29 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
         sched = torch_csv.load(cfg.csv)
     else:
         sched = generate(cfg.schedule, cfg.ranks, cfg.microbatches, cfg.chunks)
-    world = cfg.ranks if world is None else world
-    if sched.ranks != world:
+    world = cfg.ranks * cfg.dp if world is None else world
+    launched_by = launched_by or f"-p {world // cfg.dp}" + (f" x --dp {cfg.dp}" if cfg.dp > 1 else "")
+    if world % cfg.dp:
+        raise RunError(f"--dp {cfg.dp} does not divide the {world} ranks launched ({launched_by}); launch p x dp "
+                       "ranks")
+    if sched.ranks != world // cfg.dp:
         src = f"--csv {cfg.csv}" if cfg.csv else f"{sched.name}"
         top = max(range(sched.stages), key=lambda s: sched.placement[s])
+        per = f" per replica (--dp {cfg.dp})" if cfg.dp > 1 else ""
         raise RunError(f"{src}: the schedule's placement needs {sched.ranks} ranks (stage {top} is on rank "
-                       f"{sched.placement[top]}); {world} were launched ({launched_by or f'-p {world}'})")
-    if cfg.batch % sched.microbatches:
-        raise RunError(f"--batch {cfg.batch} does not split into {sched.microbatches} equal micro-batches; use a "
-                       f"--batch that is a multiple of {sched.microbatches}")
+                       f"{sched.placement[top]}); {world // cfg.dp} were launched{per} ({launched_by})")
+    if cfg.batch % (sched.microbatches * cfg.dp):
+        share = sched.microbatches * cfg.dp
+        raise RunError(f"--batch {cfg.batch} does not split into {sched.microbatches} equal micro-batches"
+                       f"{f' on each of --dp {cfg.dp} replicas' if cfg.dp > 1 else ''}; use a --batch that is a "
+                       f"multiple of {share}")
+    recompute_stages(cfg.recompute, sched.stages)
     lane = sched.lanes[0]
     partition(cfg.model.num_layers, lane.stage_hi - lane.stage_lo, cfg.split)
     optimizer_class(cfg.optimizer)
+    if cfg.fault:
+        check_fault(parse_fault(cfg.fault), sched, cfg.dp)
+    checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
     return sched
 
 
@@ -78,42 +97,61 @@ def optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimiz
 class RankTrainer:
     """One rank's training of one config, a step at a time. Mutable: weights, optimizer, results so far.
 
-    Later features (data parallelism, recomputation, checkpoints) extend this object, not the executor.
+    Later features extend this object: data parallelism (``dp``), recomputation and the activation meter
+    reach the executor through its context only.
     """
 
     def __init__(self, env: Env, cfg: RunConfig):
         self.env, self.cfg = env, cfg
         self.schedule = sched = preflight(cfg, env.world, env.launched_by)
+        self.topo = topo = Topology(p=sched.ranks, dp=cfg.dp, rank=env.rank)
         layers = cfg.model.layers()
         self.layout = layout(sched, layers, cfg.split)
-        self.stages = build_stages(sched, self.layout, layers, env.rank, env.device)
+        self.stages = build_stages(sched, self.layout, layers, topo.pipe, env.device)
         plan = message_plan(sched)
-        p2p = P2P(plan, env.rank, env.device, cfg.timeout, tags=env.backend == "gloo")
+        p2p = P2P(plan, topo.pipe, env.device, cfg.timeout, tags=env.backend == "gloo", base=topo.base)
         self.clock = CudaClock(env.device) if env.device.type == "cuda" else WallClock()
-        ctx = RankContext(rank=env.rank, schedule=sched, plan=plan, stages=self.stages, p2p=p2p,
-                          loss=cfg.model.loss, clock=self.clock)
+        self.recompute = recompute_stages(cfg.recompute, sched.stages)
+        self.meter = ActivationMeter(self.stages)
+        self.replicas = Replicas(self.layout, self.stages, sched.placement, topo.pipe, env.device, topo)
+        self.dp = DataParallel(topo, sched, self.stages, cfg.timeout) if cfg.dp > 1 else None
+        ctx = RankContext(rank=topo.pipe, schedule=sched, plan=plan, stages=self.stages, p2p=p2p,
+                          loss=self._loss, clock=self.clock, recompute=Recompute(self.recompute, env.device),
+                          meter=self.meter, after=self.dp.after if self.dp else None)
         self.executor = Executor(ctx)
-        self.replicas = Replicas(self.layout, self.stages, sched.placement, env.rank, env.device)
+        self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
         self.params = [p for st in self.stages.values() for p in st.parameters()]
         self.optimizer = optimizer(cfg, self.params)
         self.out = {"losses": [], "step_time_s": [], "timelines": [], "grads": None}
+        self.safety = Resilience(self)  # flight recorder, non-finite guard, checkpoints (resumes here)
 
     def step(self, k: int) -> tuple[float, float]:
         """Step ``k``: the program, replica and loss collectives, clipping, the optimizer. (loss, seconds)."""
         env, cfg, clock, out = self.env, self.cfg, self.clock, self.out
         m = self.schedule.microbatches
-        inputs, targets = (t.to(env.device) for t in cfg.model.batch(k, cfg.batch))
+        inputs, targets = (self.topo.share(t.to(env.device)) for t in cfg.model.batch(k, cfg.batch))
+        self.safety.flight.step(k)
         dist.barrier()
+        if env.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(env.device)
         clock.start()
         t0 = clock.mark()
-        done = self.executor.step(list(inputs.chunk(m)), list(targets.chunk(m)))
+        # a storage per micro-batch, so the meter counts each micro-batch's tokens apart
+        done = self.executor.step([c.clone() for c in inputs.chunk(m)], [c.clone() for c in targets.chunk(m)])
+        if env.device.type == "cuda":
+            self.device_peak = max(self.device_peak, torch.cuda.max_memory_allocated(env.device))
+        self.safety.flight.event(SYNC, "gradients and loss")
+        if self.dp is not None:
+            self.dp.finish()
         self.replicas.sync_grads()
         loss = all_sum(done.loss, env.device)
-        if cfg.clip is not None:
+        update = self.safety.update(k, loss, done.mb_losses)  # every rank alike: the loss is all-reduced
+        if cfg.clip is not None and update:
             self.replicas.clip(self.params, cfg.clip)
         if k == 0 and "grads" in cfg.collect:
             out["grads"] = self.copies(lambda p: p.grad)
-        self.optimizer.step()
+        if update:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         t1 = clock.mark()
         marks = clock.seconds(done.marks + [(t0, t1)])
@@ -122,8 +160,13 @@ class RankTrainer:
         out["losses"].append(loss)
         out["step_time_s"].append(marks[-1][1] - marks[-1][0])
         if env.rank == 0:
-            out["timelines"].append(measured_timeline(self.schedule, gathered))
+            out["timelines"].append(measured_timeline(self.schedule, gathered[:self.topo.p]))  # replica 0
         return loss, out["step_time_s"][-1]
+
+    def _loss(self, output, target):
+        """The model's loss, divided by dp: summed over every replica it is the whole batch's mean."""
+        loss = self.cfg.model.loss(output, target)
+        return loss / self.cfg.dp if self.cfg.dp > 1 else loss
 
     def result(self) -> dict:
         """Losses, step times; on rank 0 also the timelines and measured vs predicted bubble."""
@@ -135,7 +178,23 @@ class RankTrainer:
             out["measured_bubble_fraction"], out["predicted_bubble_fraction"] = bubbles(timed)
         out["schedule"] = self.schedule.name
         out["ranks"], out["microbatches"] = self.schedule.ranks, self.schedule.microbatches
+        out.update(self._memory())
+        out.update(self.safety.result())
         return out
+
+    def _memory(self) -> dict:
+        """Measured peak activation bytes per rank and the simulator's prediction (on rank 0; a collective)."""
+        mine = {**self.meter.report(), "device": self.device_peak or None}
+        gathered = [None] * self.env.world if self.env.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if self.env.rank != 0:
+            return {}
+        added = merge_added(gathered[:self.topo.p])
+        predicted = predicted_peaks(self.schedule, added, self.recompute)
+        return {"dp": self.cfg.dp, "recompute": sorted(self.recompute), "stage_activation_bytes": added,
+                "peak_activation_bytes": [r["peak"] for r in gathered],
+                "predicted_peak_activation_bytes": predicted * self.cfg.dp,
+                "peak_memory_allocated_bytes": [r["device"] for r in gathered] if gathered[0]["device"] else None}
 
     def copies(self, get) -> dict:
         """logical name -> this rank's copies (as numpy), for tests that compare with the reference."""
@@ -151,8 +210,9 @@ class RankTrainer:
 def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> dict:
     """Train ``cfg`` on this rank; rank 0's result holds the losses, step times and timelines."""
     trainer = RankTrainer(env, cfg)
-    for k in range(cfg.steps):
+    for k in range(trainer.safety.first_step, cfg.steps):  # a resumed run starts after its checkpoint's step
         loss, seconds = trainer.step(k)
         if report and env.rank == 0:
             report(k, loss, seconds)
+        trainer.safety.after_step(k)
     return trainer.result()

@@ -1,0 +1,56 @@
+"""`stagewise train`'s checkpoint and fault options, and what the run says about them.
+
+Not a subcommand: ``train.py`` adds these options and prints these lines.
+The test-only fault (``stagewise.runtime.faults``) comes from the
+``STAGEWISE_FAULT`` environment variable, deliberately not an option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from .common import positive_int
+
+FAULT_ENV = "STAGEWISE_FAULT"  # stagewise.runtime.faults.ENV, without importing the runtime
+
+
+def add_args(p) -> None:
+    g = p.add_argument_group("checkpoints and faults")
+    g.add_argument("--save", metavar="DIR", default=None,
+                   help="write a checkpoint to DIR/step-NNNNNNNN at the end (and every --save-every steps): "
+                   "parameters and optimizer state per model layer, RNG states, the step; atomic")
+    g.add_argument("--save-every", metavar="N", type=positive_int, default=None,
+                   help="also save after every N steps")
+    g.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue from a checkpoint: a --save DIR (its newest complete step) or one step folder; "
+                   "any schedule or -p; --steps counts from the start")
+    g.add_argument("--skip-nonfinite", action="store_true",
+                   help="on a nan/inf loss skip that step's update on every rank and go on (default: stop)")
+
+
+def apply(cfg, args):
+    """``cfg`` with the options above (and the test fault from the environment)."""
+    return dataclasses.replace(cfg, save=args.save, save_every=args.save_every, resume=args.resume,
+                               skip_nonfinite=args.skip_nonfinite, fault=os.environ.get(FAULT_ENV) or None)
+
+
+def json_extras(res: dict) -> dict:
+    """The result's checkpoint and skipped-step sections, when the run has them."""
+    return {k: res[k] for k in ("checkpoint", "skipped_steps") if k in res}
+
+
+def lines(res: dict) -> list[str]:
+    """What the run did with checkpoints and non-finite steps, one line each."""
+    out = []
+    ck = res.get("checkpoint", {})
+    out += [f"note: --resume passed over {s}" for s in ck.get("skipped", [])]
+    if "resumed_from" in ck:
+        rng = "" if ck["rng_restored"] else " (another layout: RNG states not restored)"
+        out.append(f"resumed from {ck['resumed_from']} after step {ck['resumed_step']}{rng}")
+    for folder, seconds in zip(ck.get("saved", []), ck.get("save_s", [])):
+        out.append(f"saved {folder} ({seconds * 1e3:.0f} ms)")
+    for s in res.get("skipped_steps", []):
+        at = f" at {s['where']}" if s["where"] else ""
+        out.append(f"skipped the update of step {s['step']}: loss {s['loss']}{at}")
+    return out

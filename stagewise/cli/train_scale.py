@@ -1,0 +1,76 @@
+"""`stagewise train`'s data-parallel and recomputation options, and the memory it reports.
+
+Not a subcommand: ``train.py`` adds these options and prints these lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from .common import UsageError, positive_int
+
+#: result keys that go to --json when the run has them
+JSON_KEYS = ("dp", "recompute", "peak_activation_bytes", "predicted_peak_activation_bytes",
+             "peak_memory_allocated_bytes")
+
+
+def add_args(p) -> None:
+    g = p.add_argument_group("data parallelism and memory")
+    g.add_argument("--dp", type=positive_int, default=1,
+                   help="pipeline replicas (data parallel), default 1: p x dp ranks, each replica on its share of "
+                   "the batch, gradients summed per stage over the replicas (under torchrun -p defaults to "
+                   "WORLD_SIZE / dp)")
+    g.add_argument("--recompute", action="store_true",
+                   help="activation recomputation on every stage: F keeps only the stage input, the backward "
+                   "redoes the forward first")
+    g.add_argument("--recompute-stages", metavar="S,S,..", default=None,
+                   help="recompute these stages only (schedule stage numbers, e.g. 0,2)")
+
+
+def apply(cfg, args):
+    """``cfg`` with the options above."""
+    from ..runtime.launch import is_torchrun
+
+    if args.recompute and args.recompute_stages:
+        raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")
+    cfg = dataclasses.replace(cfg, dp=args.dp, recompute=True if args.recompute else _stages(args.recompute_stages))
+    if is_torchrun() and args.ranks is None and cfg.pipelined and cfg.dp > 1:
+        world = int(os.environ["WORLD_SIZE"])
+        cfg = dataclasses.replace(cfg, ranks=world // cfg.dp if world % cfg.dp == 0 else world)  # else preflight
+    if args.batch is None and cfg.pipelined:  # the default batch: at least 8, whole micro-batches on each replica
+        share = cfg.microbatches * cfg.dp
+        cfg = dataclasses.replace(cfg, batch=share * -(-8 // share))
+    return cfg
+
+
+def json_extras(res: dict) -> dict:
+    return {k: res[k] for k in JSON_KEYS if k in res}
+
+
+def lines(res: dict) -> list[str]:
+    """Measured against predicted peak activation memory, one line."""
+    if "peak_activation_bytes" not in res:
+        return []
+    from ..plan.cluster import fmt_bytes
+
+    pairs = ", ".join(f"{fmt_bytes(m)} / {fmt_bytes(p)}"
+                      for m, p in zip(res["peak_activation_bytes"], res["predicted_peak_activation_bytes"]))
+    out = []
+    if res.get("dp", 1) > 1:
+        out.append(f"data parallel: {res['dp']} replicas of the {res['ranks']}-rank pipeline "
+                   f"({res['ranks'] * res['dp']} ranks), gradients summed per stage over the replicas")
+    out.append(f"peak activation memory per rank, measured / predicted by the simulator: {pairs}")
+    if res.get("peak_memory_allocated_bytes"):
+        out.append("torch.cuda.max_memory_allocated per rank: "
+                   + ", ".join(fmt_bytes(x) for x in res["peak_memory_allocated_bytes"]))
+    return out
+
+
+def _stages(text: str | None):
+    if text is None:
+        return False
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--recompute-stages {text}: expected stage numbers like 0,2") from None

@@ -1,0 +1,214 @@
+"""Checkpoints: a resume continues with the uninterrupted run's losses; any layout resumes; broken ones never load.
+
+Four launches in all: the uninterrupted run and the saving run together, then
+every resume at p=2 together (same layout, two other schedules, and a
+fallback past an incomplete newer save), the resumes at p=4, and a corrupt file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from stagewise.cli import main
+from stagewise.runtime import RunConfig, RunError
+from stagewise.runtime import checkpoint_files as files
+from stagewise.runtime.checkpoint import rng_state, set_rng_state
+from stagewise.runtime.launch import RankFailure, train, train_many
+from runtime_helpers import TINY
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+BASE = RunConfig(schedule="1f1b", ranks=2, microbatches=4, batch=4, steps=4, model=TINY, timeout=30,
+                 collect=("params",))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(the uninterrupted 4-step run, a --save folder holding steps 1 and 2 of the same run): one launch."""
+    root = tmp_path_factory.mktemp("ckpt") / "run"
+    full, part = train_many([BASE, dataclasses.replace(BASE, steps=2, save=str(root), save_every=1)])
+    assert part["losses"] == full["losses"][:2]
+    assert part["checkpoint"]["saved"] == [str(root / "step-00000001"), str(root / "step-00000002")]
+    return full, root
+
+
+def copy_of(root: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(root, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def resumed_p2(saved, tmp_path_factory):
+    """Resumes at p=2, one launch: the saving layout, zb-h1, dualpipe (two model copies), and a fallback."""
+    _, root = saved
+    partial = copy_of(root, tmp_path_factory.mktemp("partial"))
+    (partial / "step-00000002" / files.MANIFEST).unlink()  # a save of step 2 that did not finish
+    cfgs = [dataclasses.replace(BASE, resume=str(root)),
+            dataclasses.replace(BASE, resume=str(root), schedule="zb-h1"),
+            dataclasses.replace(BASE, resume=str(root), schedule="dualpipe"),
+            dataclasses.replace(BASE, resume=str(partial))]
+    return dict(zip(("same", "zb-h1", "dualpipe", "fallback"), train_many(cfgs)))
+
+
+def test_a_resume_gives_exactly_the_losses_and_weights_of_the_uninterrupted_run(saved, resumed_p2):
+    full, root = saved
+    res = resumed_p2["same"]
+    assert res["losses"] == full["losses"][2:]  # bit for bit: weights, AdamW moments and step count restored
+    for name, copies in res["params"].items():
+        for c, ref in zip(copies, full["params"][name]):
+            assert np.array_equal(c, ref), name
+    ck = res["checkpoint"]
+    assert (ck["resumed_from"], ck["resumed_step"], ck["rng_restored"]) == (str(root / "step-00000002"), 2, True)
+
+
+@pytest.mark.parametrize("key", ["zb-h1", "dualpipe"])
+def test_another_schedule_resumes_the_same_training(saved, resumed_p2, key):
+    full, _ = saved
+    res = resumed_p2[key]
+    assert res["schedule"] == key and len(res["losses"]) == 2
+    np.testing.assert_allclose(res["losses"], full["losses"][2:], rtol=1e-5)
+    assert res["checkpoint"]["rng_restored"] is False  # another layout draws differently anyway
+
+
+def test_an_incomplete_newest_save_falls_back_to_the_previous_complete_one(saved, resumed_p2):
+    full, _ = saved
+    res = resumed_p2["fallback"]
+    assert res["checkpoint"]["resumed_step"] == 1 and res["losses"] == full["losses"][1:]
+    assert res["checkpoint"]["skipped"] == ["step-00000002 has no manifest.json (its save did not finish)"]
+
+
+def test_another_number_of_ranks_resumes_the_same_training(saved):
+    full, root = saved
+    cfgs = [dataclasses.replace(BASE, resume=str(root), ranks=4),
+            dataclasses.replace(BASE, resume=str(root), ranks=4, schedule="interleaved-1f1b")]  # 8 stages
+    for res in train_many(cfgs):
+        np.testing.assert_allclose(res["losses"], full["losses"][2:], rtol=1e-5, err_msg=res["schedule"])
+
+
+def test_the_folder_holds_each_layer_once_and_a_manifest_of_every_file(saved):
+    _, root = saved
+    folder = root / "step-00000002"
+    manifest = json.loads((folder / files.MANIFEST).read_text())
+    layers = [files.layer_file(i) for i in range(TINY.num_layers)]
+    assert sorted(manifest["files"]) == sorted(layers + [files.rng_file(0), files.rng_file(1)])
+    assert manifest["step"] == 2 and manifest["data"] == {"next_step": 2, "batch": 4, "sequences": 8}
+    assert manifest["optimizer"] == "AdamW" and manifest["layers"] == TINY.num_layers
+    # the head's weight is the embedding's (tied): stored once, with layer 0
+    assert manifest["params"]["0.tok.weight"]["layer"] == 0
+    assert not any(n.startswith(f"{TINY.num_layers - 1}.weight") for n in manifest["params"])
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]  # no temporary left behind
+    payload = torch.load(folder / files.layer_file(1), weights_only=True)
+    assert set(payload["optim"]["1.fc.weight"]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert float(payload["optim"]["1.fc.weight"]["step"]) == 2.0
+
+
+def test_a_corrupt_file_is_refused_by_the_rank_that_reads_it(saved, tmp_path):
+    _, root = saved
+    bad = copy_of(root, tmp_path)
+    path = bad / "step-00000002" / files.layer_file(5)  # stage 1's layer: read by rank 1
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the hash can tell
+    path.write_bytes(bytes(data))
+    with pytest.raises(RankFailure) as info:
+        train(dataclasses.replace(BASE, resume=str(bad)))
+    assert info.value.user
+    assert f"rank 1: --resume {bad / 'step-00000002'}: layer-00005.pt is corrupt" in str(info.value)
+
+
+def test_a_truncated_file_or_a_missing_manifest_is_refused_before_any_rank_starts(saved, tmp_path):
+    _, root = saved
+    bad = copy_of(root, tmp_path)
+    step2 = bad / "step-00000002"
+    with open(step2 / files.layer_file(0), "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(RunError, match=r"step-00000002: step-00000002/layer-00000.pt has 100 bytes, the manifest "
+                       r"says \d+; refusing to load it \(the newest complete one is .*step-00000001; or resume "):
+        train(dataclasses.replace(BASE, resume=str(step2)))
+    (bad / "step-00000001" / files.MANIFEST).unlink()
+    with pytest.raises(RunError, match=r"no complete checkpoint \(step-00000002/layer-00000.pt has 100 bytes.*; "
+                       r"step-00000001 has no manifest.json \(its save did not finish\)\)"):
+        train(dataclasses.replace(BASE, resume=str(bad)))
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "f.pt"
+    entry = files.atomic_write(path, b"old")
+    assert entry["bytes"] == 3 and path.read_bytes() == b"old"
+
+    def crash(*_):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        files.atomic_write(path, b"new contents")
+    assert path.read_bytes() == b"old"
+
+
+def test_rng_states_round_trip_through_a_weights_only_file():
+    import numpy  # noqa: F401 - imported, so its state is saved too
+
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)
+    buf = io.BytesIO()
+    torch.save(rng_state(torch.device("cpu")), buf)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(2), random.seed(2), np.random.seed(2)
+    set_rng_state(torch.load(io.BytesIO(buf.getvalue()), weights_only=True), torch.device("cpu"))
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+def run_cli(capsys, *argv: str):
+    try:
+        rc = main(["train", *argv])
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_bad_checkpoint_options_exit_2_before_any_rank_starts(capsys, tmp_path, saved):
+    _, root = saved
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    tiny = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--layers", "6", "--d-model", "32", "--seq", "16"]
+    cases = [
+        (["--resume", str(tmp_path / "nope")], f"--resume {tmp_path / 'nope'}: no such directory"),
+        (["--resume", str(tmp_path)], "no checkpoint there (expected step-NNNNNNNN folders written by --save)"),
+        (["--save", str(a_file / "sub")], f"--save {a_file / 'sub'}: cannot write there"),
+        (["--save", str(a_file)], "exists and is not a directory"),
+        (["--save-every", "2"], "--save-every 2 needs --save DIR"),
+        (["--resume", str(root), "--steps", "2"], "the checkpoint is at step 2 and --steps is 2"),
+        (["--resume", str(root), "--steps", "3", "--optimizer", "sgd"],
+         "it holds AdamW state; --optimizer is SGD (give --optimizer adamw)"),
+        (["--resume", str(root), "--steps", "3", "--layers", "4"], "saved from a model of 8 layers; this one has 6"),
+    ]
+    for extra, needle in cases:
+        rc, _, err = run_cli(capsys, *tiny, *extra)
+        assert rc == 2 and err.count("\n") == 1 and needle in err, (extra, err)
+    rc, _, err = run_cli(capsys, "--schedule", "none", "--save", str(tmp_path / "s"))
+    assert rc == 2 and "--save needs a pipeline" in err
+
+
+def test_data_parallel_replicas_save_one_copy_that_a_single_pipeline_resumes(tmp_path):
+    root = tmp_path / "dp"
+    base = dataclasses.replace(BASE, batch=8, collect=())
+    (part,) = train_many([dataclasses.replace(base, dp=2, steps=2, save=str(root))])  # 2 pipelines x 2 ranks
+    manifest = json.loads((root / "step-00000002" / files.MANIFEST).read_text())
+    assert manifest["world"] == 4 and manifest["layout"]["replicas"] == 2
+    assert sorted(manifest["files"]) == sorted([files.layer_file(i) for i in range(TINY.num_layers)]
+                                               + [files.rng_file(r) for r in range(4)])
+    full, res = train_many([base, dataclasses.replace(base, resume=str(root))])  # one pipeline, the whole batch
+    np.testing.assert_allclose(part["losses"], full["losses"][:2], rtol=1e-5)
+    np.testing.assert_allclose(res["losses"], full["losses"][2:], rtol=1e-5)
+    assert res["checkpoint"]["rng_restored"] is False

@@ -1,0 +1,65 @@
+"""torchrun multi-node, on one machine: two "nodes" on loopback train together like one node, and fail together.
+
+Each node is a ``python -m torch.distributed.run --nnodes 2 --nproc-per-node 1``
+process with a c10d rendezvous on 127.0.0.1 (node 0 hosts the store). One
+thread per rank in both runs, so the losses are bit for bit those of the local
+launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stagewise.runtime.launch import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+TRAIN = ["-m", "stagewise", "train", "--schedule", "1f1b", "-m", "4", "--layers", "2", "--d-model", "32", "--seq",
+         "16", "--steps", "3", "--threads", "1"]
+
+
+def two_nodes(tmp_path, *extra: str, env: dict | None = None) -> tuple[list[subprocess.CompletedProcess], float]:
+    """Start node 0 and node 1 as two torchrun processes; wait for both."""
+    port = free_port()
+    procs = []
+    t = time.monotonic()
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}",
+               "--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", "127.0.0.1", *TRAIN, *extra]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}))
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=100)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done, time.monotonic() - t
+
+
+def test_two_nodes_give_the_losses_of_one_node(tmp_path):
+    local = subprocess.run([sys.executable, *TRAIN, "-p", "2", "--json"], capture_output=True, text=True, check=True,
+                           cwd=tmp_path)
+    nodes, _ = two_nodes(tmp_path, "--json")
+    assert [n.returncode for n in nodes] == [0, 0], [n.stderr[-2000:] for n in nodes]
+    printed = [n.stdout for n in nodes if n.stdout.strip()]
+    assert len(printed) == 1  # global rank 0 alone prints, on whichever node the rendezvous put it
+    res = json.loads(printed[0])
+    assert (res["schedule"], res["ranks"]) == ("1f1b", 2)
+    assert res["losses"] == json.loads(local.stdout)["losses"]
+
+
+def test_a_rank_that_dies_on_one_node_ends_both_nodes(tmp_path):
+    nodes, seconds = two_nodes(tmp_path, env={"STAGEWISE_FAULT": "exit:rank=1:action=1F2:step=2"})
+    assert all(n.returncode != 0 for n in nodes), [n.returncode for n in nodes]
+    assert seconds < 60
+    err = "\n".join(n.stderr for n in nodes)
+    assert "exitcode  : 3" in err  # torchrun's own report of the dead rank 1
+    # its peer names the op it was at and the message from rank 1 it waited for, then prints its last events
+    assert "stagewise train: error: rank 0 at 0B" in err and "(rank 1): " in err
+    assert "flight recorder, rank 0 (failed): last 12 events" in err
