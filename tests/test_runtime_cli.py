@@ -102,7 +102,7 @@ def test_a_text_file_as_data(capsys, tmp_path):
                     reason="torchrun not installed")
 def test_the_same_entry_point_runs_under_torchrun(tmp_path, reference_losses):
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "stagewise", "train", "--schedule",
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "stagewise", "train", "--schedule",
                            "dualpipe", "-m", "4", *TINY, "--json"], capture_output=True, text=True, timeout=150,
                           cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -30,9 +30,11 @@ def two_nodes(tmp_path, *extra: str, env: dict | None = None) -> tuple[list[subp
     procs = []
     t = time.monotonic()
     for node in (0, 1):
+        # static rendezvous (node 0 hosts the store): c10d's keep-alive makes a node that finishes
+        # after the host fail with RendezvousConnectionError on one machine, now and then
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}",
-               "--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", "127.0.0.1", *TRAIN, *extra]
+               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+               "--local-addr", "127.0.0.1", *TRAIN, *extra]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                                       env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}))
     done = []
