@@ -95,8 +95,9 @@ def compare(rank, world, name, cls_name, model, args) -> dict:
     from stagewise.runtime.config import RunConfig
     from stagewise.runtime.worker import Env, RankTrainer
 
+    # torch counts no activation bytes: neither does stagewise here unless --measure-memory
     cfg = RunConfig(schedule=name, ranks=world, microbatches=args.m, batch=args.batch, steps=args.steps,
-                    model=model, lr=1e-3)
+                    model=model, lr=1e-3, measure_memory=args.measure_memory)
     ours = RankTrainer(Env(rank=rank, world=world, device=torch.device("cpu"), backend="gloo"), cfg)
     theirs = TorchPipe(rank, world, name, cls_name, model, args)
     rec = {"torch": [], "stagewise": [], "ratio": [], "loss_diff": 0.0}
@@ -147,6 +148,7 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=13, help="steps of each runtime per schedule (the first warms up)")
+    ap.add_argument("--measure-memory", action="store_true", help="count activation bytes in stagewise too")
     ap.add_argument("--schedules", default=None, help="comma-separated subset of " + ",".join(n for n, _ in PAIRS))
     args = ap.parse_args()
     from stagewise.runtime.launch import free_port

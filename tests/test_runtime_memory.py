@@ -114,3 +114,14 @@ def test_without_split_backward_the_prediction_is_exact_and_i_grows_what_zero_bu
     for name in ("zb-h2", "zb-v"):  # W's gradients outweigh the output I lets go, on every stage
         added = by[name]["stage_activation_bytes"]
         assert all(added["I"][s] > 0 for s in added["F"]), name
+
+
+def test_no_memory_counts_nothing_and_reports_no_bytes(capsys):
+    import json
+
+    from cli_helpers import run
+
+    rc, out, _ = run(capsys, "train", "--schedule", "1f1b", "-p", "2", "-m", "2", "--layers", "2", "--d-model", "16",
+                     "--seq", "8", "--steps", "1", "--no-memory", "--json")
+    res = json.loads(out)
+    assert rc == 0 and "peak_activation_bytes" not in res and res["losses"]

@@ -27,6 +27,7 @@ class RunConfig:
     microbatches: int = 8  #: m
     chunks: int | None = None  #: v (family default when None)
     dp: int = 1  #: pipeline replicas (data parallel); p x dp ranks in all
+    measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
     steps: int = 1  #: optimizer steps
     batch: int = 8  #: sequences per step (split into m micro-batches)

@@ -233,7 +233,13 @@ def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: st
         keep_freed_memory()
     env = Env(rank=rank, world=world, device=device, backend=backend, launched_by=launched_by,
               flight_path=flight_path)
-    return [run_job(env, c, _job_report(report, j)) for j, c in enumerate(cfgs)]
+    results = [run_job(env, c, _job_report(report, j)) for j, c in enumerate(cfgs)]
+    # nobody tears its process group down while a peer still talks to it (gloo aborts the
+    # process with "terminate called without an active exception" otherwise)
+    import torch.distributed as dist
+
+    dist.barrier()
+    return results
 
 
 def _as_torchrun_rank(cfgs, report) -> list[dict]:

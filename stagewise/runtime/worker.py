@@ -112,7 +112,7 @@ class RankTrainer:
         p2p = P2P(plan, topo.pipe, env.device, cfg.timeout, tags=env.backend == "gloo", base=topo.base)
         self.clock = CudaClock(env.device) if env.device.type == "cuda" else WallClock()
         self.recompute = recompute_stages(cfg.recompute, sched.stages)
-        self.meter = ActivationMeter(self.stages)
+        self.meter = ActivationMeter(self.stages) if cfg.measure_memory else None
         self.replicas = Replicas(self.layout, self.stages, sched.placement, topo.pipe, env.device, topo)
         self.dp = DataParallel(topo, sched, self.stages, cfg.timeout) if cfg.dp > 1 else None
         ctx = RankContext(rank=topo.pipe, schedule=sched, plan=plan, stages=self.stages, p2p=p2p,
@@ -184,6 +184,8 @@ class RankTrainer:
 
     def _memory(self) -> dict:
         """Measured peak activation bytes per rank and the simulator's prediction (on rank 0; a collective)."""
+        if self.meter is None:  # --no-memory: every rank skips the gather alike
+            return {"dp": self.cfg.dp, "recompute": sorted(self.recompute)} if self.env.rank == 0 else {}
         mine = {**self.meter.report(), "device": self.device_peak or None}
         gathered = [None] * self.env.world if self.env.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
