@@ -145,7 +145,8 @@ def _run_config(c: Candidate, gpt, profile: Profile, steps: int, folder: Path):
     return RunConfig(**sched, ranks=g.p, dp=g.dp, recompute=g.recompute, microbatches=g.m, steps=steps,
                      batch=g.m * g.mbs * g.dp,
                      model=MeasuredGPT(gpt=gpt, peaks_dir=str(folder)), split=c.counts,
-                     threads=profile.meta.get("threads"), optimizer=profile.meta.get("optimizer", "adamw"))
+                     threads=profile.meta.get("threads"), optimizer=profile.meta.get("optimizer", "adamw"),
+                     measure_memory=False)  # MeasuredGPT counts activations: no second meter in the timing
 
 
 def _row(c: Candidate, times: list[float], folder: Path) -> dict:
