@@ -90,6 +90,21 @@ def test_where_a_rank_stopped():
     assert flight.where(rec.entries()) == "in the step-end collectives of step 2"
 
 
+def test_a_rank_that_dies_after_its_result_still_fails_the_local_launch():
+    from stagewise.runtime.launch import _reap
+
+    class Exited:  # a rank process that has exited with ``exitcode``
+        def __init__(self, exitcode):
+            self.exitcode = exitcode
+
+        def join(self, timeout=None):
+            pass
+
+    _reap([Exited(0), Exited(0)])
+    with pytest.raises(RankFailure, match=r"^rank 1: exited with code -6 \(SIGABRT\) after reporting its result$"):
+        _reap([Exited(0), Exited(-6)])
+
+
 # ---- real ranks
 
 @pytest.mark.slow

@@ -65,3 +65,32 @@ def test_a_rank_that_dies_on_one_node_ends_both_nodes(tmp_path):
     # its peer names the op it was at and the message from rank 1 it waited for, then prints its last events
     assert "stagewise train: error: rank 0 at 0B" in err and "(rank 1): " in err
     assert "flight recorder, rank 0 (failed): last 12 events" in err
+
+
+# after train(), each rank writes the names of its threads that belong to gloo (Linux: /proc/self/task/*/comm)
+GLOO_THREADS_LEFT = """
+import os
+from stagewise.runtime import RunConfig, train
+from stagewise.runtime.models import GPTConfig
+
+train(RunConfig(schedule="dualpipe", ranks=2, microbatches=4, batch=8, steps=2, threads=1,
+                model=GPTConfig(layers_n=2, d_model=32, heads=4, seq=16, vocab=64)))
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+with open(f"rank-{os.environ['RANK']}.txt", "w") as f:
+    f.write(" ".join(sorted(n for n in names if "gloo" in n)))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the rank's threads from /proc")
+def test_a_rank_joins_its_gloo_threads_before_the_interpreter_exits(tmp_path):
+    """A gloo worker still alive at interpreter exit may be freeing a finished collective's tensors, which takes
+    the GIL: the rank then aborts after printing its result ("terminate called without an active exception"),
+    now and then. Deterministic form: once train() returns, every group (default and dualpipe's tied-weight
+    groups) is freed and its threads joined."""
+    script = tmp_path / "probe.py"
+    script.write_text(GLOO_THREADS_LEFT)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=100, cwd=tmp_path, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [(tmp_path / f"rank-{r}.txt").read_text() for r in (0, 1)] == ["", ""]  # no gloo thread left

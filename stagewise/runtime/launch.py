@@ -18,10 +18,12 @@ close (or time out after ``--timeout``), and torchrun stops the node's others.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import multiprocessing as mp
 import os
 import queue
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -90,7 +92,9 @@ def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None)
     for p in procs:
         p.start()
     try:
-        return _watch(procs, q, report, box)
+        results = _watch(procs, q, report, box)
+        _reap(procs)
+        return results
     except RankFailure as e:
         _stop(procs)  # the survivors' records are final once they are gone
         if not e.user:
@@ -186,6 +190,25 @@ def _merge(per_rank: list[list[dict]]) -> list[dict]:
     return out
 
 
+def _reap(procs, grace: float = 10.0) -> None:
+    """Every rank reported its result: wait for them to exit. One that dies on the way out (a signal, a
+    non-zero code) fails the run, as torchrun would; one still running after ``grace`` seconds is stopped."""
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    bad = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode not in (0, None)}
+    if bad:
+        raise _failure({r: ("RuntimeError", f"exited with code {c}{_signal_name(c)} after reporting its result")
+                        for r, c in bad.items()}, len(procs))
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return f" ({signal.Signals(-code).name})" if code < 0 else ""
+    except ValueError:
+        return ""
+
+
 def _stop(procs) -> None:
     for p in procs:
         if p.is_alive():
@@ -202,15 +225,13 @@ def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeo
     """A spawned rank: gloo on loopback, run every job, report to the launcher (flight recorder in ``box``)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
-        import torch.distributed as dist
-
         _set_threads(cfgs[0], world)
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        _init_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
         path = str(flight.rank_file(box, rank)) if box else None
         results = _run_jobs(rank, world, "gloo", cfgs, lambda *a: q.put(("step", rank, *a)),  # rank 0 reports
                             flight_path=path)
         q.put(("done", rank, results))
-        dist.destroy_process_group()
+        _close_groups()
     except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
         q.put(("error", rank, type(e).__name__, _describe(e)))
         q.close()
@@ -234,8 +255,7 @@ def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: st
     env = Env(rank=rank, world=world, device=device, backend=backend, launched_by=launched_by,
               flight_path=flight_path)
     results = [run_job(env, c, _job_report(report, j)) for j, c in enumerate(cfgs)]
-    # nobody tears its process group down while a peer still talks to it (gloo aborts the
-    # process with "terminate called without an active exception" otherwise)
+    # every rank is past its last collective before any closes its connections (_close_groups)
     import torch.distributed as dist
 
     dist.barrier()
@@ -245,7 +265,6 @@ def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: st
 def _as_torchrun_rank(cfgs, report) -> list[dict]:
     """This process is one rank of a torchrun launch (env:// rendezvous)."""
     import torch
-    import torch.distributed as dist
 
     from .worker import preflight as check
 
@@ -254,7 +273,7 @@ def _as_torchrun_rank(cfgs, report) -> list[dict]:
         check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
     _set_threads(cfgs[0], int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=max(c.timeout for c in cfgs)))
+    _init_group(backend, init_method="env://", timeout=timedelta(seconds=max(c.timeout for c in cfgs)))
     box = tempfile.mkdtemp(prefix="stagewise-flight-")
     path = flight.rank_file(box, rank)
     try:
@@ -267,8 +286,40 @@ def _as_torchrun_rank(cfgs, report) -> list[dict]:
         raise RankFailure(f"rank {rank}{' ' + at if at else ''}: {_describe(e)}", user=user, ranks=(rank,),
                           flight=flight.dump(records, (rank,)) if records else "") from e
     finally:
-        dist.destroy_process_group()
+        _close_groups()
         shutil.rmtree(box, ignore_errors=True)
+
+
+def _init_group(backend: str, **kwargs) -> None:
+    """``init_process_group``, after the import that would otherwise keep its default group alive for good.
+
+    torch.distributed.nn.functional binds ``group.WORLD`` as default arguments when it is imported, and
+    torch._dynamo imports it (the first torch.optim constructor imports torch._dynamo). Imported after
+    ``init_process_group``, it holds the default group past ``destroy_process_group`` (see ``_close_groups``);
+    imported before, those defaults are None. (The local launcher's forkserver preloads it anyway.)
+    """
+    import torch._dynamo  # noqa: F401
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, **kwargs)
+
+
+def _close_groups() -> None:
+    """Destroy every process group and free it now, while the interpreter is fully alive.
+
+    A gloo group's worker thread drops each finished Work a moment after its waiter has returned; when the
+    Work holds a tensor whose Python object is gone (gather_object's buffers, or the earlier work a barrier
+    keeps a reference to), freeing it takes the GIL. If the interpreter is finalizing by then, that thread
+    exits inside a destructor: "terminate called without an active exception", SIGABRT, after a run that
+    printed its result. Freeing a group joins its threads (the GIL released) first, so none is left at exit.
+    ``destroy_process_group`` frees only the groups nothing else holds: the trainer's reference cycles hold
+    its sub-groups (replicas.py, dp.py) until the next collection, hence ``gc.collect()``.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def _job_report(report, job: int):
