@@ -44,6 +44,26 @@ def per_stage_value(text: str):
     return parts[0] if len(parts) == 1 else parts
 
 
+def int_list(option: str, text: str | None, example: str):
+    """'3,2,2,3' -> (3, 2, 2, 3) for ``option``; None stays None."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"{option} {text}: expected {example}") from None
+
+
+def check_timeline_output(option: str, path: str) -> None:
+    """Fail on a bad output path (suffix, folder, permissions) before any work is done."""
+    from ..render.files import TIMELINE_SUFFIXES, OutputError, check_path
+
+    try:
+        check_path(path, TIMELINE_SUFFIXES)
+    except OutputError as e:
+        raise UsageError(f"{option} {e}") from None
+
+
 def add_schedule_args(p: argparse.ArgumentParser, *, csv: bool = True, name_required: bool = False) -> None:
     """NAME -p P -m M [-v V] and, optionally, --csv FILE instead of NAME."""
     p.add_argument("name", nargs=None if name_required else "?", metavar="NAME",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..report import table
-from .common import UsageError, add_cost_args, add_schedule_args, costs_from, schedule_from
+from .common import UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, schedule_from
 
 
 def register(sub) -> None:
@@ -42,7 +42,7 @@ def cmd_draw(args) -> int:
     if args.width is not None and args.width < 20:
         raise UsageError(f"--width must be >= 20 columns; got {args.width}")
     if args.output:
-        _precheck(args.output)
+        check_timeline_output("-o", args.output)  # before simulating: a big schedule takes a while
     schedule = schedule_from(args)
     timeline = simulate(schedule, costs_from(args, schedule))
     if not args.output:
@@ -56,16 +56,6 @@ def cmd_draw(args) -> int:
         raise UsageError(f"-o {e}") from None
     print(f"wrote {path}")
     return 0
-
-
-def _precheck(output: str) -> None:
-    """Fail on a bad -o before simulating (a big schedule takes a while)."""
-    from ..render.files import TIMELINE_SUFFIXES, OutputError, check_path
-
-    try:
-        check_path(output, TIMELINE_SUFFIXES)
-    except OutputError as e:
-        raise UsageError(f"-o {e}") from None
 
 
 def report_path(output: str) -> Path:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from . import train_safety, train_scale
-from .common import UsageError, positive_int, print_json
+from .common import UsageError, check_timeline_output, int_list, positive_int, print_json
 
 
 def register(sub) -> None:
@@ -82,7 +82,7 @@ def config_from(args):
                       dtype=args.dtype, data=args.data, seed=args.seed)
     return RunConfig(schedule=None if reference else name, csv=args.csv, ranks=1 if reference else ranks,
                      microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
-                     model=model, split=_split(args.split), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
+                     model=model, split=int_list("--split", args.split, "layer counts like 3,2,2,3"), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
                      timeout=args.timeout, threads=args.threads)
 
 
@@ -95,7 +95,7 @@ def cmd_train(args) -> int:
     from ..runtime.launch import is_torchrun
 
     if args.trace:
-        _check_trace(args.trace)
+        check_timeline_output("--trace", args.trace)
     try:
         cfg = train_scale.apply(train_safety.apply(config_from(args), args), args)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
@@ -181,24 +181,6 @@ class _progress:
         if self.bar is not None:
             self.bar.stop()
         return False
-
-
-def _split(text: str | None):
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise UsageError(f"--split {text}: expected layer counts like 3,2,2,3") from None
-
-
-def _check_trace(path: str) -> None:
-    from ..render.files import TIMELINE_SUFFIXES, OutputError, check_path
-
-    try:
-        check_path(path, TIMELINE_SUFFIXES)
-    except OutputError as e:
-        raise UsageError(f"--trace {e}") from None
 
 
 def _sec(x: float) -> str:

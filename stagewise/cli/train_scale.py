@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .common import UsageError, positive_int
+from .common import UsageError, int_list, positive_int
 
 #: result keys that go to --json when the run has them
 JSON_KEYS = ("dp", "recompute", "peak_activation_bytes", "predicted_peak_activation_bytes",
@@ -71,9 +71,5 @@ def lines(res: dict) -> list[str]:
 
 
 def _stages(text: str | None):
-    if text is None:
-        return False
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise UsageError(f"--recompute-stages {text}: expected stage numbers like 0,2") from None
+    """--recompute-stages 0,2 -> (0, 2); none given: False (no stage recomputes)."""
+    return int_list("--recompute-stages", text, "stage numbers like 0,2") or False
