@@ -9,10 +9,6 @@ from .simulate import simulate
 from .timeline import Metrics, Timeline, metrics
 
 
-def family_name(schedule: Schedule) -> str:
-    return schedule.name
-
-
 def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -> dict:
     """Simulate (unless a timeline is given) and return the JSON result object."""
     tl = timeline or simulate(schedule, costs, check=True)

@@ -75,12 +75,6 @@ class Schedule:
         """Plain actions, counting both halves of an overlapped pair."""
         return self.num_actions + sum(1 for prog in self.programs for op in prog if type(op) is Pair)
 
-    def lane_of_mb(self, mb: int) -> Lane:
-        for lane in self.lanes:
-            if lane.mb_lo <= mb < lane.mb_hi:
-                return lane
-        raise IndexError(mb)
-
     def lane_of_stage(self, stage: int) -> Lane:
         for lane in self.lanes:
             if lane.stage_lo <= stage < lane.stage_hi:
