@@ -92,7 +92,7 @@ def cmd_train(args) -> int:
     except ImportError:
         raise UsageError("stagewise train needs torch: pip install 'stagewise[torch]'") from None
     from ..runtime import RankFailure, RunError, train
-    from ..runtime.launch import is_torchrun
+    from ..runtime.launch import Stopped, is_torchrun
 
     if args.trace:
         check_timeline_output("--trace", args.trace)
@@ -103,6 +103,9 @@ def cmd_train(args) -> int:
             res = train(cfg, report)
     except RunError as e:
         raise UsageError(str(e)) from None
+    except Stopped as e:  # SIGTERM/SIGHUP: every rank is stopped; the conventional status
+        sys.stderr.write(f"stagewise train: stopped by {e.name}; every rank stopped\n")
+        return e.code
     except RankFailure as e:
         if e.user:
             raise UsageError(str(e)) from None

@@ -13,6 +13,16 @@ rank's last events. A rank that stalls alive is noticed by its peers after
 ``--timeout`` seconds (default 30), each wait for a message or collective being
 bounded by it. Under torchrun the peers of a dead rank see its connection
 close (or time out after ``--timeout``), and torchrun stops the node's others.
+
+The launcher owns its ranks: they never outlive it, whatever ends it. Each
+rank watches a pipe whose write end only the launcher holds (its end of file
+means the launcher is gone, even by SIGKILL) and also has the kernel's
+parent-death signal (Linux). The forkserver and multiprocessing's resource
+tracker exit by themselves once no rank holds their pipes. SIGTERM and SIGHUP
+stop every rank first, then exit with the conventional status 128 + signal
+(``Stopped``); Ctrl-C (SIGINT) stops them the same way. Under torchrun,
+torchrun's own handling applies (it forwards SIGTERM to its workers);
+its workers also get the parent-death signal, so a SIGKILLed torchrun orphans none.
 """
 
 from __future__ import annotations
@@ -25,7 +35,9 @@ import queue
 import shutil
 import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -46,6 +58,15 @@ class RankFailure(RuntimeError):
         self.user = user
         self.ranks = ranks  #: the failed ranks
         self.flight = flight  #: the flight recorders' last events (flight.dump), to print after the message
+
+
+class Stopped(SystemExit):
+    """The launcher was told to stop by ``signum`` (SIGTERM, SIGHUP): its ranks are stopped; exit 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
 
 
 def train(cfg: RunConfig, report: Callable | None = None) -> dict:
@@ -81,28 +102,62 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
 
 
 def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None) -> list[dict]:
-    """Start ``world`` ranks, stream their progress, and stop them all at the first failure."""
+    """Start ``world`` ranks, stream their progress, and stop them all at the first failure.
+
+    The ranks end with this process however it ends (module docstring); SIGTERM or SIGHUP raises ``Stopped``
+    once every rank is stopped.
+    """
     ctx = _mp_context()
     q = ctx.Queue()
     port = free_port()
     timeout = max(c.timeout for c in cfgs)
     box = tempfile.mkdtemp(prefix="stagewise-flight-")  # the ranks' flight recorders, readable after a crash
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, list(cfgs), q, timeout, box), daemon=True,
-                         name=f"stagewise-rank{r}") for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        results = _watch(procs, q, report, box)
-        _reap(procs)
-        return results
-    except RankFailure as e:
-        _stop(procs)  # the survivors' records are final once they are gone
-        if not e.user:
-            e.flight = flight.dump({r: flight.read(flight.rank_file(box, r)) for r in range(world)}, e.ranks)
-        raise
-    finally:
-        _stop(procs)
-        shutil.rmtree(box, ignore_errors=True)
+    lifeline, held = ctx.Pipe(duplex=False)  # each rank gets the read end; the write end never leaves here
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, list(cfgs), q, timeout, box, lifeline),
+                         daemon=True, name=f"stagewise-rank{r}") for r in range(world)]
+    with _stop_on_signals():
+        try:
+            for p in procs:
+                p.start()
+            results = _watch(procs, q, report, box)
+            _reap(procs)
+            return results
+        except RankFailure as e:
+            _stop(procs)  # the survivors' records are final once they are gone
+            if not e.user:
+                e.flight = flight.dump({r: flight.read(flight.rank_file(box, r)) for r in range(world)}, e.ranks)
+            raise
+        finally:
+            _stop(procs)
+            held.close()
+            lifeline.close()
+            shutil.rmtree(box, ignore_errors=True)
+
+
+class _stop_on_signals:
+    """Turn SIGTERM and SIGHUP into ``Stopped`` while ranks run, so the launcher stops them before it exits.
+
+    A second signal while stopping is ignored (the stop is bounded: ``_stop`` kills after 5 s). Outside the
+    main thread Python cannot set handlers; the ranks then still end with this process (their lifeline).
+    """
+
+    SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+    def __enter__(self):
+        self.old = {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self._raise) for s in self.SIGNALS}
+        return self
+
+    def _raise(self, signum, frame):
+        for s in self.SIGNALS:
+            signal.signal(s, lambda *_: None)
+        raise Stopped(signum)
+
+    def __exit__(self, *exc):
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
+        return False
 
 
 def _mp_context():
@@ -221,8 +276,10 @@ def _stop(procs) -> None:
 
 
 def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeout: float,
-               box: str | None = None) -> None:
+               box: str | None = None, lifeline=None) -> None:
     """A spawned rank: gloo on loopback, run every job, report to the launcher (flight recorder in ``box``)."""
+    if lifeline is not None:
+        die_with_launcher(lifeline)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         _set_threads(cfgs[0], world)
@@ -237,6 +294,44 @@ def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeo
         q.close()
         q.join_thread()
         os._exit(1)  # skip interpreter teardown: peers may be gone
+
+
+def die_with_launcher(lifeline) -> None:
+    """End this process the moment the launcher is gone: its end of ``lifeline`` (a pipe's read end) sees end of
+    file when the launcher's process ends, however it ends. A thread waits on it, then SIGKILLs this process:
+    nobody is left to read a result. The parent-death signal is the kernel's own guard for the parent process
+    (the forkserver, or the launcher under the spawn start method)."""
+    parent_death_signal(signal.SIGKILL)
+
+    def watch():
+        try:
+            lifeline.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="stagewise-lifeline", daemon=True).start()
+
+
+def parent_death_signal(signum: int) -> bool:
+    """Ask Linux to send ``signum`` to this process when its parent exits (prctl PR_SET_PDEATHSIG).
+
+    False where that does not exist (not Linux). A parent that is gone already is treated as its death.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signum), 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # orphaned before the request took effect
+        os.kill(os.getpid(), signum)
+    return True
 
 
 def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: str | None = None,
@@ -269,6 +364,7 @@ def _as_torchrun_rank(cfgs, report) -> list[dict]:
     from .worker import preflight as check
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    parent_death_signal(signal.SIGKILL)  # torchrun forwards SIGTERM itself; a SIGKILLed torchrun would orphan us
     for c in cfgs:
         check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
@@ -358,4 +454,4 @@ def is_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-__all__ = ["train", "train_many", "spawn", "RankFailure", "is_torchrun"]
+__all__ = ["train", "train_many", "spawn", "RankFailure", "Stopped", "is_torchrun"]
