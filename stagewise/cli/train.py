@@ -73,17 +73,27 @@ def config_from(args):
         raise UsageError(f"give either --schedule ({name}) or --csv, not both")
     from ..runtime.launch import is_torchrun
 
-    ranks = args.ranks or (int(os.environ["WORLD_SIZE"]) if is_torchrun() else 4)
+    _check_sizes(args)
+    ranks = args.ranks if args.ranks is not None else (int(os.environ["WORLD_SIZE"]) if is_torchrun() else 4)
     reference = name == "none" or (ranks == 1 and args.dp == 1 and not args.csv)
     m = args.microbatches
-    batch = args.batch or m * -(-8 // m)  # the same default batch for the reference as for a pipelined -m
-    vocab = args.vocab or (256 if args.data else 64)
+    # the same default batch for the reference as for a pipelined -m; 0 or less is an error, never "default"
+    batch = args.batch if args.batch is not None else m * -(-8 // m)
+    vocab = args.vocab if args.vocab is not None else (256 if args.data else 64)
     model = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=vocab,
                       dtype=args.dtype, data=args.data, seed=args.seed)
     return RunConfig(schedule=None if reference else name, csv=args.csv, ranks=1 if reference else ranks,
                      microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
                      model=model, split=int_list("--split", args.split, "layer counts like 3,2,2,3"), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
                      timeout=args.timeout, threads=args.threads)
+
+
+def _check_sizes(args) -> None:
+    """Sizes that the defaults are computed from: >= 1 when given (zero never means "default")."""
+    for option, value in (("-p", args.ranks), ("-m", args.microbatches), ("-v", args.chunks), ("--dp", args.dp),
+                          ("--batch", args.batch), ("--vocab", args.vocab), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise UsageError(f"{option} must be >= 1; got {value}")
 
 
 def cmd_train(args) -> int:

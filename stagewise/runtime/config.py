@@ -5,6 +5,7 @@ No torch here, so options are checked before any process starts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,31 @@ class RunError(ValueError):
 
 #: the ``collect`` items a run can return besides losses and timings (tests use them)
 COLLECT = ("grads", "params")
+
+# Limits of a run, checked before any rank starts or anything is allocated (README, "Limits of train").
+MAX_RANKS = 1024  #: -p (pipeline ranks)
+MAX_LOCAL_RANKS = 256  #: p x dp processes the local launcher starts on one machine (more: use torchrun)
+MAX_MICROBATCHES = 16384  #: -m
+MAX_CHUNKS = 64  #: -v
+MAX_BATCH = 1 << 20  #: --batch, sequences per step
+MAX_TOKENS = 1 << 24  #: --batch x --seq, tokens per step (the step's batch is made whole on every rank)
+MAX_TIMEOUT = 86400.0  #: --timeout, seconds (one day)
+
+
+def check_range(option: str, value, low, high=None) -> None:
+    """``low <= value <= high`` (``high`` None: no upper limit), else ``RunError`` naming the option and rule."""
+    if value < low:
+        raise RunError(f"{option} must be >= {low}; got {value}")
+    if high is not None and value > high:
+        raise RunError(f"{option} {value}: over the limit of {high:,}")
+
+
+def check_positive_number(option: str, value: float, high: float | None = None) -> None:
+    """A finite number > 0 (and <= ``high``): nan and inf are refused, naming the option."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise RunError(f"{option} must be a finite number > 0; got {value}")
+    if high is not None and value > high:
+        raise RunError(f"{option} {value}: over the limit of {high:,}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,21 +78,26 @@ class RunConfig:
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""
-        for name, value, low in (("--steps", self.steps, 1), ("--batch", self.batch, 1),
-                                 ("-p", self.ranks, 1), ("-m", self.microbatches, 1)):
-            if value < low:
-                raise RunError(f"{name} must be >= {low}; got {value}")
+        for name, value, high in (("--steps", self.steps, None), ("--batch", self.batch, MAX_BATCH),
+                                  ("-p", self.ranks, MAX_RANKS), ("-m", self.microbatches, MAX_MICROBATCHES)):
+            check_range(name, value, 1, high)
+        if self.chunks is not None:
+            check_range("-v", self.chunks, 1, MAX_CHUNKS)
+        if self.threads is not None:
+            check_range("--threads", self.threads, 1, 4096)
+        seq = getattr(self.model, "seq", 1)
+        if isinstance(seq, int) and seq >= 1 and self.batch * seq > MAX_TOKENS:
+            raise RunError(f"--batch {self.batch} x --seq {seq} = {self.batch * seq:,} tokens per step: over the "
+                           f"limit of {MAX_TOKENS:,}")
         if self.pipelined and self.batch % self.microbatches:
             raise RunError(f"--batch {self.batch} does not split into -m {self.microbatches} equal micro-batches; "
                            f"use a --batch that is a multiple of {self.microbatches}")
         self._check_scale()
         self._check_resilience()
-        if self.lr <= 0:
-            raise RunError(f"--lr must be > 0; got {self.lr}")
-        if self.clip is not None and not self.clip > 0:
-            raise RunError(f"--clip must be > 0; got {self.clip}")
-        if self.timeout <= 0:
-            raise RunError(f"--timeout must be > 0 seconds; got {self.timeout}")
+        check_positive_number("--lr", self.lr)
+        if self.clip is not None:
+            check_positive_number("--clip", self.clip)
+        check_positive_number("--timeout", self.timeout, MAX_TIMEOUT)
         bad = [c for c in self.collect if c not in COLLECT]
         if bad:
             raise RunError(f"collect {bad[0]!r} is not one of {', '.join(COLLECT)}")

@@ -44,7 +44,7 @@ from datetime import timedelta
 from typing import Callable, Sequence
 
 from . import flight
-from .config import RunConfig, RunError
+from .config import MAX_LOCAL_RANKS, RunConfig, RunError
 
 #: exceptions that are the user's input (one-line error, exit 2), by class name across processes
 USER_ERRORS = ("RunError", "ScheduleError", "ScheduleArgError", "CostError", "ShapeError")
@@ -98,7 +98,11 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
             worlds.add(c.ranks * c.dp)
     if len(worlds) != 1:
         raise RunError(f"one launch runs one number of ranks; got {sorted(worlds)}")
-    return spawn(cfgs, worlds.pop(), report)
+    world = worlds.pop()
+    if world > MAX_LOCAL_RANKS:
+        raise RunError(f"-p {cfgs[0].ranks} x --dp {cfgs[0].dp} = {world} local ranks: over the limit of "
+                       f"{MAX_LOCAL_RANKS} processes on one machine (launch with torchrun across machines)")
+    return spawn(cfgs, world, report)
 
 
 def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None) -> list[dict]:

@@ -10,6 +10,8 @@ reference build identical ones. Any model config with these methods runs too.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +19,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import RunError
+from .config import RunError, check_range
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+# Limits of the built-in GPT, checked before anything is allocated (every rank builds the whole layer list).
+MAX_LAYERS = 4096  #: --layers
+MAX_D_MODEL = 65536  #: --d-model
+MAX_VOCAB = 1 << 20  #: --vocab
+MAX_PARAMS = 1 << 30  #: parameters in all (4 GiB of float32 on every rank)
+SYNTHETIC_TOKENS = 1 << 16  #: length of the synthetic stream: --seq + 1 tokens must fit in it
+MAX_DATA_BYTES = 256 << 20  #: --data is read whole on every rank, 8 bytes per token
+MAX_SEED = (1 << 32) - 1  #: --seed
 
 
 class Embedding(nn.Module):
@@ -90,20 +101,35 @@ class GPTConfig:
         return ["embedding"] + [f"block{i}" for i in range(self.layers_n)] + ["head"]
 
     def check(self) -> None:
-        for name, value in (("--layers", self.layers_n), ("--d-model", self.d_model), ("--heads", self.heads),
-                            ("--seq", self.seq), ("--vocab", self.vocab)):
-            if value < 1:
-                raise RunError(f"{name} must be >= 1; got {value}")
+        """Every option against its rule and limit (``RunError`` naming it), before anything is allocated."""
+        for name, value, high in (("--layers", self.layers_n, MAX_LAYERS), ("--d-model", self.d_model, MAX_D_MODEL),
+                                  ("--heads", self.heads, None), ("--seq", self.seq, None),
+                                  ("--vocab", self.vocab, MAX_VOCAB)):
+            check_range(name, value, 1, high)
+        check_range("--seed", self.seed, 0, MAX_SEED)
         if self.d_model % self.heads:
             raise RunError(f"--d-model {self.d_model} must be a multiple of --heads {self.heads}")
         if self.dtype not in DTYPES:
             raise RunError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype}")
-        if self.data is not None:
-            size = _file_size(self.data)
-            if size < self.seq + 1:
-                raise RunError(f"--data {self.data}: {size} bytes; needs at least --seq + 1 = {self.seq + 1}")
-            if self.vocab != 256:
-                raise RunError(f"--data reads byte tokens and needs --vocab 256; got {self.vocab}")
+        if self.parameters() > MAX_PARAMS:
+            raise RunError(f"--layers {self.layers_n} --d-model {self.d_model} --vocab {self.vocab}: "
+                           f"{self.parameters():,} parameters, over the built-in GPT's limit of {MAX_PARAMS:,}")
+        if self.data is None:
+            if self.seq >= SYNTHETIC_TOKENS:
+                raise RunError(f"--seq {self.seq}: over the limit of {SYNTHETIC_TOKENS - 1:,} (the synthetic stream "
+                               f"has {SYNTHETIC_TOKENS:,} tokens; give --data FILE for longer sequences)")
+            return
+        size = _file_size(self.data)
+        if size < self.seq + 1:
+            raise RunError(f"--data {self.data}: {size} bytes; needs at least --seq + 1 = {self.seq + 1}")
+        if self.vocab != 256:
+            raise RunError(f"--data reads byte tokens and needs --vocab 256; got {self.vocab}")
+
+    def parameters(self) -> int:
+        """The parameter count (the head's weight is the embedding's), without building the model."""
+        d = self.d_model
+        block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+        return self.vocab * d + self.seq * d + self.layers_n * block + 2 * d
 
     def layers(self) -> list[nn.Module]:
         """The layer sequence, initialised from ``torch.manual_seed(seed)``."""
@@ -167,7 +193,17 @@ def synthetic_stream(vocab: int, seed: int, length: int = 1 << 16) -> torch.Tens
 
 
 def _file_size(path: str) -> int:
+    """The size of --data, a regular readable file within ``MAX_DATA_BYTES`` (a folder or FIFO is refused
+    before anything opens it: opening a FIFO would block)."""
     try:
-        return Path(path).stat().st_size
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise RunError(f"--data {path}: not a regular file")
+        with open(path, "rb"):
+            pass
     except OSError as e:
         raise RunError(f"--data {path}: cannot read: {e.strerror}") from None
+    if st.st_size > MAX_DATA_BYTES:
+        raise RunError(f"--data {path}: {st.st_size:,} bytes, over the limit of {MAX_DATA_BYTES:,} (it is read whole "
+                       "on every rank)")
+    return st.st_size

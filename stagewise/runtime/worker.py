@@ -7,6 +7,7 @@ it once before spawning anything.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -81,12 +82,28 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
 
 
 def optimizer_class(name: str) -> type:
-    """A torch.optim optimizer class by name, case-insensitive (``adamw``, ``sgd``, ``Adam``...)."""
+    """A torch.optim optimizer class by name, case-insensitive (``adamw``, ``sgd``, ``Adam``...).
+
+    Checked before any rank starts: it must step without a closure (LBFGS re-evaluates the loss, which a
+    pipeline step cannot), and step dense weights and biases (a trial step on a matrix and a vector).
+    """
     table = {n.lower(): c for n, c in vars(torch.optim).items()
              if isinstance(c, type) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer}
     cls = table.get(name.lower())
     if cls is None:
         raise RunError(f"--optimizer {name}: not a torch.optim optimizer; choose e.g. adamw, sgd, adam")
+    closure = inspect.signature(cls.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise RunError(f"--optimizer {name}: {cls.__name__} needs a closure (it re-evaluates the loss), which a "
+                       "pipeline step cannot give; choose e.g. adamw, sgd, adam")
+    params = [torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    try:
+        cls(params).step()
+    except Exception as e:  # noqa: BLE001 - whatever it is, the optimizer cannot train this model
+        raise RunError(f"--optimizer {name}: {cls.__name__} cannot step this model's dense weights and biases "
+                       f"({e})") from None
     return cls
 
 

@@ -1,0 +1,113 @@
+"""Every `stagewise train` option is checked before any rank starts: exit 2, one line naming the option, fast.
+
+Each case runs the CLI in-process with the launcher's ``spawn`` and the
+reference's run replaced by a tripwire, so a check that is missing (or comes
+too late) fails the test instead of starting ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import stagewise.runtime.launch as launch
+import stagewise.runtime.reference as reference
+from cli_helpers import fails
+from stagewise.runtime import RunConfig, RunError
+from stagewise.runtime.models import GPTConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Starting ranks (or the in-process reference) fails the test."""
+    def tripwire(*_, **__):
+        raise AssertionError("ranks started: the option was not checked before the launch")
+
+    monkeypatch.setattr(launch, "spawn", tripwire)
+    monkeypatch.setattr(reference, "run_reference", tripwire)
+
+
+CASES = [
+    # zero or negative sizes never mean "default"
+    (["-p", "0"], "-p must be >= 1; got 0"),
+    (["-m", "0"], "-m must be >= 1; got 0"),
+    (["-v", "0"], "-v must be >= 1; got 0"),
+    (["--dp", "0"], "--dp must be >= 1; got 0"),
+    (["--vocab", "0"], "--vocab must be >= 1; got 0"),
+    (["--batch", "0"], "--batch must be >= 1; got 0"),
+    (["--batch", "-8"], "--batch must be >= 1; got -8"),
+    (["--threads", "0"], "--threads must be >= 1; got 0"),
+    (["--heads", "0"], "--heads must be >= 1; got 0"),
+    (["--seed", "-1"], "--seed must be >= 0; got -1"),
+    # documented limits, before anything is allocated
+    (["--layers", "1000000"], "--layers 1000000: over the limit of 4,096"),
+    (["--batch", "1000000000"], "--batch 1000000000: over the limit of 1,048,576"),
+    (["--batch", "65536", "--seq", "1024"], "= 67,108,864 tokens per step: over the limit of 16,777,216"),
+    (["--seq", "100000"], "--seq 100000: over the limit of 65,535 (the synthetic stream has 65,536 tokens"),
+    (["--d-model", "100000"], "--d-model 100000: over the limit of 65,536"),
+    (["--layers", "4000", "--d-model", "4096"], "parameters, over the built-in GPT's limit of 1,073,741,824"),
+    (["-p", "100000"], "-p 100000: over the limit of 1,024"),
+    (["-p", "300", "--layers", "400", "-m", "300", "--batch", "300"], "300 local ranks: over the limit of 256"),
+    (["-m", "20000", "--batch", "20000"], "-m 20000: over the limit of 16,384"),
+    (["-v", "100"], "-v 100: over the limit of 64"),
+    # numbers: finite and positive
+    (["--lr", "nan"], "--lr must be a finite number > 0; got nan"),
+    (["--lr", "inf"], "--lr must be a finite number > 0; got inf"),
+    (["--lr", "0"], "--lr must be a finite number > 0; got 0.0"),
+    (["--timeout", "nan"], "--timeout must be a finite number > 0; got nan"),
+    (["--timeout", "1e400"], "--timeout must be a finite number > 0; got inf"),
+    (["--timeout", "1e9"], "--timeout 1000000000.0: over the limit of 86,400"),
+    (["--clip", "nan"], "--clip must be a finite number > 0; got nan"),
+    (["--clip", "-1"], "--clip must be a finite number > 0; got -1.0"),
+    # the optimizer must exist, step without a closure, and step this model's parameters
+    (["--optimizer", "lbfgs"], "--optimizer lbfgs: LBFGS needs a closure"),
+    (["--optimizer", "sparseadam"], "--optimizer sparseadam: SparseAdam cannot step this model's dense weights"),
+    (["--optimizer", "nope"], "--optimizer nope: not a torch.optim optimizer"),
+]
+
+
+@pytest.mark.parametrize("argv, needle", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_a_bad_option_exits_2_naming_it_before_any_rank_starts(capsys, no_ranks, argv, needle):
+    t = time.monotonic()
+    err = fails(capsys, "train", "--schedule", "1f1b", *argv)
+    assert needle in err, err
+    assert time.monotonic() - t < 10
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "none"])
+def test_an_optimizer_needing_a_closure_is_refused_for_the_reference_too(capsys, no_ranks, monkeypatch, schedule):
+    monkeypatch.undo()  # the reference runs in-process: the check must come before its first step
+    err = fails(capsys, "train", "--schedule", schedule, "-p", "2", "--optimizer", "lbfgs", "--layers", "2")
+    assert "--optimizer lbfgs: LBFGS needs a closure" in err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a FIFO")
+def test_data_must_be_a_regular_readable_file(capsys, no_ranks, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it would block forever: it is refused from its stat alone
+    for path in (tmp_path, fifo):
+        assert f"--data {path}: not a regular file" in fails(capsys, "train", "--schedule", "1f1b", "--data",
+                                                             str(path))
+    small = tmp_path / "small.txt"
+    small.write_text("abc")
+    assert "3 bytes; needs at least --seq + 1 = 33" in fails(capsys, "train", "--schedule", "1f1b", "--data",
+                                                             str(small))
+
+
+def test_the_checks_hold_for_the_library_too():
+    """RunConfig.check and GPTConfig.check are what the CLI relies on: a config built in code meets them too."""
+    for cfg, needle in [(RunConfig(lr=float("nan")), "--lr"), (RunConfig(threads=0), "--threads"),
+                        (RunConfig(model=GPTConfig(seq=70000)), "--seq 70000"),
+                        (RunConfig(timeout=float("inf")), "--timeout")]:
+        with pytest.raises(RunError, match=needle):
+            cfg.check()
+
+
+def test_the_parameter_count_is_the_built_models():
+    cfg = GPTConfig(layers_n=3, d_model=64, heads=4, seq=20, vocab=100)
+    built = {id(p): p.numel() for layer in cfg.layers() for p in layer.parameters()}  # the tied weight once
+    assert cfg.parameters() == sum(built.values())
