@@ -191,7 +191,8 @@ def test_bad_checkpoint_options_exit_2_before_any_rank_starts(capsys, tmp_path, 
         (["--resume", str(root), "--steps", "2"], "the checkpoint is at step 2 and --steps is 2"),
         (["--resume", str(root), "--steps", "3", "--optimizer", "sgd"],
          "it holds AdamW state; --optimizer is SGD (give --optimizer adamw)"),
-        (["--resume", str(root), "--steps", "3", "--layers", "4"], "saved from a model of 8 layers; this one has 6"),
+        (["--resume", str(root), "--steps", "3", "--layers", "4"],
+         "a checkpoint of another model or data (--layers 6 there, 4 here); give the options of the run"),
     ]
     for extra, needle in cases:
         rc, _, err = run_cli(capsys, *tiny, *extra)
@@ -212,3 +213,136 @@ def test_data_parallel_replicas_save_one_copy_that_a_single_pipeline_resumes(tmp
     np.testing.assert_allclose(part["losses"], full["losses"][:2], rtol=1e-5)
     np.testing.assert_allclose(res["losses"], full["losses"][2:], rtol=1e-5)
     assert res["checkpoint"]["rng_restored"] is False
+
+
+TINY_ARGS = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--batch", "4", "--layers", "6", "--d-model", "32", "--seq",
+             "16"]  # BASE through the CLI
+
+
+def manifests_of(root: Path) -> dict:
+    return {d.name: (d / files.MANIFEST).read_bytes() for d in sorted(root.glob("step-*"))}
+
+
+def test_another_runs_folder_is_refused_before_any_rank_starts_and_left_as_it_was(capsys, tmp_path, saved,
+                                                                                   monkeypatch):
+    _, root = saved
+    mine = copy_of(root, tmp_path)
+    before = manifests_of(mine)
+    import stagewise.runtime.launch as launch
+
+    monkeypatch.setattr(launch, "spawn", lambda *a, **k: pytest.fail("ranks started"))
+    for extra in ([], ["--resume", str(tmp_path / "other")]):  # a fresh run; a resume of another run
+        if extra:
+            other = copy_of(root, tmp_path / "o")
+            shutil.move(other, tmp_path / "other")
+            m = json.loads((tmp_path / "other" / "step-00000002" / files.MANIFEST).read_text())
+            m["run"]["id"] = "0" * 32  # the same model, but another run's lineage
+            files.write_manifest(tmp_path / "other" / "step-00000002", m)
+        rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--save", str(mine), *extra)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert (f"--save {mine}: holds checkpoints of another run (step-00000002 and 1 more, run "
+                f"{json.loads(before['step-00000002'])['run']['id'][:8]}") in err
+        assert "give --overwrite to replace them, or another --save folder" in err
+    assert manifests_of(mine) == before
+
+
+def test_overwrite_replaces_another_run_and_a_resume_saves_into_its_own_run(capsys, tmp_path, saved):
+    full, root = saved
+    mine = copy_of(root, tmp_path)
+    stray = mine / "step-00000001" / ".layer-00000.pt.tmp-99999"  # left by a save that crashed
+    stray.write_bytes(b"partial")
+    # the run that saved `mine` goes on saving there: same run id, step 3 beside steps 1 and 2
+    rc, out, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--resume", str(mine), "--save", str(mine), "--json")
+    assert rc == 0, err
+    assert json.loads(out)["losses"] == pytest.approx(full["losses"][2:3], rel=1e-6)
+    ids = {json.loads(m)["run"]["id"] for m in manifests_of(mine).values()}
+    assert len(ids) == 1 and sorted(manifests_of(mine)) == [f"step-0000000{i}" for i in (1, 2, 3)]
+    assert not stray.exists()
+    # another run, told to --overwrite: every step of the old run goes, so no resume can mix the two
+    rc, out, err = run_cli(capsys, *TINY_ARGS, "--steps", "1", "--save", str(mine), "--overwrite", "--seed", "5")
+    assert rc == 0, err
+    assert "--save: deleted step-00000001, step-00000002, step-00000003" in out
+    after = manifests_of(mine)
+    assert sorted(after) == ["step-00000001"] and json.loads(after["step-00000001"])["run"]["id"] not in ids
+
+
+def test_a_checkpoint_of_another_model_seed_or_data_is_refused_saying_what_differs(capsys, tmp_path, saved):
+    _, root = saved
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 4)
+    cases = [
+        (["--d-model", "64"], "(--d-model 32 there, 64 here)"),
+        (["--heads", "2", "--vocab", "128"], "(--heads 4 there, 2 here; --vocab 64 there, 128 here)"),
+        (["--dtype", "float64"], "(--dtype float32 there, float64 here)"),
+        (["--seed", "1"], "(--seed 0 there, 1 here)"),
+        (["--data", str(text), "--vocab", "256"], f"--data synthetic there, {text} (1024 bytes, SHA-256"),
+    ]
+    for extra, needle in cases:
+        rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--resume", str(root), *extra)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert f"--resume {root / 'step-00000002'}: a checkpoint of another model or data " in err and needle in err, err
+    # the schedule, p and the batch may differ: those resume (test_another_schedule_resumes_the_same_training)
+    assert files.preflight(dataclasses.replace(BASE, resume=str(root), schedule="zb-v", ranks=4, batch=16)) is not None
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda m: [], "is malformed: not a JSON object"),
+    (lambda m: {**m, "step": -5}, "is malformed: step must be an integer >= 1; got -5"),
+    (lambda m: {**m, "step": "2"}, "is malformed: step must be an integer >= 1; got '2'"),
+    (lambda m: {**m, "step": 3}, "is malformed: step 3 in a folder named step-00000002"),
+    (lambda m: {k: v for k, v in m.items() if k != "files"}, "is malformed: files is missing"),
+    (lambda m: {**m, "files": []}, "is malformed: files must be a JSON object; got []"),
+    (lambda m: {**m, "files": {"../../etc/passwd": {"bytes": 1, "sha256": "0" * 64}}},
+     "is malformed: files: '../../etc/passwd' is not a checkpoint file name"),
+    (lambda m: {**m, "files": {**m["files"], "layer-00000.pt": {"bytes": 1.5, "sha256": "x"}}},
+     "is malformed: files['layer-00000.pt'].bytes must be an integer >= 0; got 1.5"),
+    (lambda m: {**m, "run": {**m["run"], "id": None}}, "is malformed: run.id must be a run id (32 hex); got None"),
+    (lambda m: {**m, "params": {"0.tok.weight": {"layer": 0, "shape": [-1], "dtype": "f"}}},
+     "is malformed: params['0.tok.weight'].shape must be a list of sizes; got [-1]"),
+    (lambda m: {**m, "format": "stagewise-checkpoint/1"},
+     "is malformed: not a stagewise-checkpoint/2 manifest (format 'stagewise-checkpoint/1')"),
+])
+def test_a_manifest_of_the_wrong_shape_is_refused_in_one_line(capsys, tmp_path, saved, edit, needle):
+    _, root = saved
+    bad = copy_of(root, tmp_path)
+    step2 = bad / "step-00000002"
+    m = json.loads((step2 / files.MANIFEST).read_text())
+    (step2 / files.MANIFEST).write_text(json.dumps(edit(m)))
+    rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--resume", str(step2))
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"--resume {step2}: step-00000002/manifest.json {needle}; refusing to load it" in err, err
+    found = files.find(str(bad))  # the folder's newest good checkpoint is taken instead, saying why
+    assert found.folder.name == "step-00000001" and needle in found.skipped[0]
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe not utf-8", b"[" * 100_000, b'{"step": 1e999999}', b""])
+def test_a_manifest_that_is_not_json_is_refused(capsys, tmp_path, saved, raw):
+    _, root = saved
+    bad = copy_of(root, tmp_path)
+    (bad / "step-00000002" / files.MANIFEST).write_bytes(raw)
+    rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--resume", str(bad / "step-00000002"))
+    assert rc == 2 and err.count("\n") == 1 and "manifest.json is " in err, err
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    target = tmp_path / "step-00000001" / files.layer_file(3)
+    target.parent.mkdir()
+    with pytest.raises(OSError) as info:
+        files.atomic_write(target, b"weights")
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value) == f"[Errno 28] cannot write checkpoint file {target}: No space left on device"
+    assert list(target.parent.iterdir()) == []
+
+
+def test_a_concurrent_run_that_saved_since_the_launch_is_refused_at_the_first_save(tmp_path, saved):
+    _, root = saved
+    mine = copy_of(root, tmp_path)
+    with pytest.raises(RunError, match="holds checkpoints of another run"):
+        files.prepare_save(str(mine), "f" * 32, overwrite=False)
+    assert files.prepare_save(str(mine), "f" * 32, overwrite=True) == ["step-00000001", "step-00000002"]

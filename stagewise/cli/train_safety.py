@@ -20,6 +20,9 @@ def add_args(p) -> None:
     g.add_argument("--save", metavar="DIR", default=None,
                    help="write a checkpoint to DIR/step-NNNNNNNN at the end (and every --save-every steps): "
                    "parameters and optimizer state per model layer, RNG states, the step; atomic")
+    g.add_argument("--overwrite", action="store_true",
+                   help="let --save replace another run's checkpoints in DIR (deleted at the first save); "
+                   "without it such a folder is refused (a resumed run saves into its own run's folder freely)")
     g.add_argument("--save-every", metavar="N", type=positive_int, default=None,
                    help="also save after every N steps")
     g.add_argument("--resume", metavar="DIR", default=None,
@@ -32,6 +35,7 @@ def add_args(p) -> None:
 def apply(cfg, args):
     """``cfg`` with the options above (and the test fault from the environment)."""
     return dataclasses.replace(cfg, save=args.save, save_every=args.save_every, resume=args.resume,
+                               overwrite=args.overwrite,
                                skip_nonfinite=args.skip_nonfinite, fault=os.environ.get(FAULT_ENV) or None)
 
 
@@ -45,6 +49,10 @@ def lines(res: dict) -> list[str]:
     out = []
     ck = res.get("checkpoint", {})
     out += [f"note: --resume passed over {s}" for s in ck.get("skipped", [])]
+    if ck.get("removed"):
+        gone = ck["removed"]
+        out.append(f"--save: deleted {', '.join(gone[:4])}{f' and {len(gone) - 4} more' if len(gone) > 4 else ''} "
+                   "(another run's or unfinished checkpoints with --overwrite; temporaries of a crashed save)")
     if "resumed_from" in ck:
         rng = "" if ck["rng_restored"] else " (another layout: RNG states not restored)"
         out.append(f"resumed from {ck['resumed_from']} after step {ck['resumed_step']}{rng}")

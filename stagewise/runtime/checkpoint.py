@@ -7,8 +7,9 @@ once, with the embedding), written by one rank only: the lowest pipeline rank
 holding the layer, in data-parallel replica 0 (copies of a parameter are equal
 on every rank that holds one, so any copy is the value). Per rank, its RNG
 states (torch, CUDA, Python, NumPy). Per checkpoint, the step (the data
-position: step ``k``'s batch is a function of ``k``) and the layout it was
-saved under.
+position: step ``k``'s batch is a function of ``k``), the layout it was
+saved under, and the run it belongs to (``checkpoint_manifest``: model, seed,
+data, a run id that every resume of the run keeps).
 
 Resuming loads every local copy of each logical parameter from its layer's
 file and hands the optimizer its state per parameter through
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
+from . import checkpoint_manifest as manifests
 from . import flight
 from .config import RunError
 
@@ -55,6 +57,8 @@ class Checkpoints:
         self.layout_key = {"schedule": schedule.name, "ranks": schedule.ranks, "replicas": replicas,
                            "microbatches": schedule.microbatches, "stages": schedule.stages}
         self.info: dict = {}
+        self.run_id = manifests.new_run_id()  # a resume takes its checkpoint's (restore)
+        self.prepared = False  # rank 0 checks and tidies the --save folder before the first save
 
     # ---- resume
 
@@ -63,6 +67,7 @@ class Checkpoints:
         found = files.find(self.cfg.resume)
         folder, m = found.folder, found.manifest
         self._check_compatible(folder, m)
+        self.run_id = m["run"]["id"]
         payloads: dict[int, dict] = {}
         for name, copies in self.local.items():
             layer = home_layer(name)
@@ -121,6 +126,11 @@ class Checkpoints:
         folder = files.step_dir(self.cfg.save, done)
         self.recorder.event(flight.SAVE, str(folder))
         if self.rank == 0:
+            if not self.prepared:
+                removed = files.prepare_save(self.cfg.save, self.run_id, getattr(self.cfg, "overwrite", False))
+                if removed:
+                    self.info["removed"] = removed
+                self.prepared = True
             folder.mkdir(parents=True, exist_ok=True)
             files.drop_manifest(folder)  # an older save of this step is incomplete from now on
         dist.barrier()
@@ -150,10 +160,11 @@ class Checkpoints:
         for written, params in parts:
             all_files.update(written)
             all_params.update(params)
-        cfg = self.cfg
+        cfg, optimizer = self.cfg, type(self.optimizer).__name__
         return {"format": files.FORMAT, "step": done, "world": self.world, "layout": self.layout_key,
                 "data": {"next_step": done, "batch": cfg.batch, "sequences": done * cfg.batch},
-                "optimizer": type(self.optimizer).__name__,
+                "run": manifests.run_section(cfg, self.run_id, all_params, optimizer),
+                "optimizer": optimizer,
                 "layers": len({i for rg in self.layout.ranges for i in rg}),
                 "params": all_params, "files": all_files, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 

@@ -11,6 +11,13 @@ from its entry is corrupt: neither ever loads. ``--resume DIR`` takes the
 newest complete step folder under DIR (saying which incomplete ones it
 skipped), or exactly the step folder it is given.
 
+Every manifest is checked against its schema before it is trusted
+(``checkpoint_manifest``), and names the run it belongs to: ``--save`` into a
+folder holding another run's checkpoints is refused unless ``--overwrite``
+(which deletes them at the first save), and ``--resume`` refuses another
+model's checkpoint saying what differs. Temporary files left by a crash are
+deleted at the next save. A failed write (a full disk) names the file.
+
 No torch here: the launcher runs these checks before any rank starts.
 """
 
@@ -20,14 +27,18 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import checkpoint_manifest as manifests
+from .checkpoint_manifest import FORMAT
 from .config import RunError
 
-FORMAT = "stagewise-checkpoint/1"
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  #: a manifest larger than this is not one of ours (read whole)
 _STEP_DIR = re.compile(r"step-(\d{8})")
+_TEMPORARY = re.compile(r"\..+\.tmp-\d+")  #: atomic_write's temporary names
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:
@@ -49,11 +60,18 @@ def atomic_write(path: Path, data: bytes) -> dict:
     Returns the manifest entry of the file: its size and SHA-256.
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk, a quota, a vanished folder: name the file, leave no temporary behind
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise OSError(e.errno, f"cannot write checkpoint file {path}: {e.strerror or e}") from None
     fsync_dir(path.parent)
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -141,10 +159,11 @@ def incomplete(folder: Path) -> str:
         manifest = _manifest(folder)
     except FileNotFoundError:
         return f"{folder.name} has no {MANIFEST} (its save did not finish)"
-    except (OSError, ValueError) as e:
-        return f"{folder.name}/{MANIFEST} is unreadable ({e})"
-    if manifest.get("format") != FORMAT:
-        return f"{folder.name}/{MANIFEST} is not a {FORMAT} manifest"
+    except (OSError, ValueError, RecursionError) as e:
+        return f"{folder.name}/{MANIFEST} is unreadable ({type(e).__name__}: {e})"
+    why = manifests.problem(manifest, folder.name)
+    if why:
+        return f"{folder.name}/{MANIFEST} is malformed: {why}"
     for name, entry in sorted(manifest["files"].items()):
         try:
             size = (folder / name).stat().st_size
@@ -170,18 +189,28 @@ def check_save_dir(path: str) -> None:
 
 
 def preflight(cfg, optimizer: str | None = None, layers: int | None = None) -> Found | None:
-    """Checks of --save, --save-every and --resume that need no torch; the checkpoint a resume will load.
+    """Checks of --save, --save-every, --overwrite and --resume that need no torch; the checkpoint a resume
+    will load.
 
-    ``optimizer`` (a torch.optim class name) and ``layers`` (the model's) must be the checkpoint's.
+    ``optimizer`` (a torch.optim class name) and ``layers`` (the model's) must be the checkpoint's, and so must
+    the model, seed and data (``checkpoint_manifest.differences``).
     """
     if cfg.save_every is not None and cfg.save is None:
         raise RunError(f"--save-every {cfg.save_every} needs --save DIR")
+    if getattr(cfg, "overwrite", False) and cfg.save is None:
+        raise RunError("--overwrite needs --save DIR (it lets --save replace another run's checkpoints)")
+    found = None if cfg.resume is None else find(cfg.resume)
     if cfg.save is not None:
         check_save_dir(cfg.save)
-    if cfg.resume is None:
+        if not getattr(cfg, "overwrite", False):
+            check_not_another_run(cfg.save, found.manifest["run"]["id"] if found else None)
+    if found is None:
         return None
-    found = find(cfg.resume)
     m, step = found.manifest, found.manifest["step"]
+    differ = manifests.differences(m["run"], cfg)
+    if differ:
+        raise RunError(f"--resume {found.folder}: a checkpoint of another model or data ({'; '.join(differ)}); "
+                       "give the options of the run that saved it")
     if layers is not None and m["layers"] != layers:
         raise RunError(f"--resume {found.folder}: saved from a model of {m['layers']} layers; this one has {layers} "
                        "(give the model options of the run that saved it)")
@@ -194,8 +223,61 @@ def preflight(cfg, optimizer: str | None = None, layers: int | None = None) -> F
     return found
 
 
+def other_runs(root: str | os.PathLike, run_id: str | None) -> list[tuple[Path, dict]]:
+    """The complete checkpoints under ``root`` that belong to another run than ``run_id`` (None: any run)."""
+    out = []
+    for d in _step_dirs(Path(root)):
+        if not incomplete(d):
+            m = _manifest(d)
+            if m["run"]["id"] != run_id:
+                out.append((d, m))
+    return out
+
+
+def check_not_another_run(path: str, run_id: str | None) -> None:
+    """``RunError`` when --save ``path`` holds another run's checkpoints (a resume saves into its own run's)."""
+    others = other_runs(path, run_id)
+    if others:
+        d, m = others[-1]
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise RunError(f"--save {path}: holds checkpoints of another run ({d.name}{more}, run {m['run']['id'][:8]}, "
+                       f"saved {m['saved_at']}); give --overwrite to replace them, or another --save folder")
+
+
+def prepare_save(path: str, run_id: str, overwrite: bool) -> list[str]:
+    """Before a run's first save (rank 0): refuse another run's checkpoints that appeared since the launch
+    (a concurrent run), or with ``overwrite`` delete them and every incomplete step folder; delete the
+    temporary files a crashed save left. Returns what was deleted."""
+    root = Path(path)
+    if not overwrite:
+        check_not_another_run(path, run_id)
+    deleted = []
+    if overwrite:
+        for d in _step_dirs(root):
+            if incomplete(d) or _manifest(d)["run"]["id"] != run_id:
+                shutil.rmtree(d, ignore_errors=True)
+                deleted.append(d.name)
+    for d in [root, *_step_dirs(root)]:
+        for f in d.iterdir():
+            if _TEMPORARY.fullmatch(f.name) and f.is_file():
+                f.unlink(missing_ok=True)
+                deleted.append(f"{d.name}/{f.name}")
+    if deleted:
+        fsync_dir(root)
+    return deleted
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.iterdir() if d.is_dir() and _STEP_DIR.fullmatch(d.name))
+
+
 def _manifest(folder: Path) -> dict:
-    return json.loads((folder / MANIFEST).read_text())
+    path = folder / MANIFEST
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise ValueError(f"over {MAX_MANIFEST_BYTES:,} bytes")
+    return json.loads(path.read_bytes().decode())
 
 
 def _hint_older(root: Path, name: str) -> str:

@@ -68,6 +68,7 @@ class RunConfig:
     save: str | None = None  #: checkpoint folder: a step-NNNNNNNN folder every save_every steps and at the end
     save_every: int | None = None  #: steps between checkpoints (None: at the end only)
     resume: str | None = None  #: continue from this checkpoint (a --save folder: its newest complete one)
+    overwrite: bool = False  #: let ``save`` replace another run's checkpoints (deleted at the first save)
     skip_nonfinite: bool = False  #: a nan/inf loss skips that step's update on every rank instead of stopping
     fault: str | None = None  #: tests only: a rank fails on purpose, e.g. "exit:rank=1:action=1F3" (faults.py)
 

@@ -125,6 +125,11 @@ class GPTConfig:
         if self.vocab != 256:
             raise RunError(f"--data reads byte tokens and needs --vocab 256; got {self.vocab}")
 
+    def identity(self) -> dict:
+        """The model's options, as a checkpoint records them (seed and data are the run's: checkpoint_manifest)."""
+        return {"--layers": self.layers_n, "--d-model": self.d_model, "--heads": self.heads, "--seq": self.seq,
+                "--vocab": self.vocab, "--dtype": self.dtype}
+
     def parameters(self) -> int:
         """The parameter count (the head's weight is the embedding's), without building the model."""
         d = self.d_model
