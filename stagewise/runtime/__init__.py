@@ -14,13 +14,14 @@ Needs torch (``pip install stagewise[torch]``). The pieces, each one job:
   simulator's prediction of their peak per rank;
 - ``replicas``: tied and duplicated parameters, loss and global-norm clipping;
 - ``timing``: measured timeline and the simulator's prediction from it;
-- ``worker`` / ``launch``: one rank's run; local spawn or torchrun;
+- ``worker`` / ``launch``: one rank's run; local spawn (ranks that die with the launcher) or torchrun;
 - ``memory``: host allocator settings for CPU ranks;
 - ``reference``: the unpipelined single-process run (the oracle);
 - ``resilience``: what keeps a long run safe, attached to each rank's trainer:
   ``flight`` (each rank's last events, readable after a crash), ``nonfinite``
-  (a NaN/inf loss stops or skips the step), ``checkpoint`` / ``checkpoint_files``
-  (layer-keyed, atomic saves and resumes), ``faults`` (failures on purpose, for tests).
+  (a NaN/inf loss stops or skips the step), ``checkpoint`` / ``checkpoint_files`` /
+  ``checkpoint_manifest`` (layer-keyed, atomic saves and resumes; the manifest's schema and
+  the run it names), ``faults`` (failures on purpose, for tests).
 """
 
 from .config import RunConfig, RunError
