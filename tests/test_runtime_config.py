@@ -65,7 +65,6 @@ CASES = [
     (["--clip", "-1"], "--clip must be a finite number > 0; got -1.0"),
     # the optimizer must exist, step without a closure, and step this model's parameters
     (["--optimizer", "lbfgs"], "--optimizer lbfgs: LBFGS needs a closure"),
-    (["--optimizer", "sparseadam"], "--optimizer sparseadam: SparseAdam cannot step this model's dense weights"),
     (["--optimizer", "nope"], "--optimizer nope: not a torch.optim optimizer"),
 ]
 
@@ -83,6 +82,15 @@ def test_an_optimizer_needing_a_closure_is_refused_for_the_reference_too(capsys,
     monkeypatch.undo()  # the reference runs in-process: the check must come before its first step
     err = fails(capsys, "train", "--schedule", schedule, "-p", "2", "--optimizer", "lbfgs", "--layers", "2")
     assert "--optimizer lbfgs: LBFGS needs a closure" in err
+
+
+@pytest.mark.slow
+def test_an_optimizer_that_cannot_step_dense_parameters_fails_as_the_option_on_every_rank(capsys):
+    """Its trial step runs where the optimizer is built (the first construction imports torch._dynamo, which
+    the ranks have preloaded and the launcher does not need): one line naming the option, exit 2."""
+    err = fails(capsys, "train", "--schedule", "1f1b", "-p", "2", "-m", "2", "--layers", "2", "--optimizer",
+                "sparseadam")
+    assert "every rank: --optimizer sparseadam: SparseAdam cannot step this model's dense weights" in err
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a FIFO")

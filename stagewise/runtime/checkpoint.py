@@ -59,6 +59,7 @@ class Checkpoints:
         self.info: dict = {}
         self.run_id = manifests.new_run_id()  # a resume takes its checkpoint's (restore)
         self.prepared = False  # rank 0 checks and tidies the --save folder before the first save
+        self.run: dict | None = None  # the manifest's run section (rank 0, from the first save on)
 
     # ---- resume
 
@@ -163,10 +164,16 @@ class Checkpoints:
         cfg, optimizer = self.cfg, type(self.optimizer).__name__
         return {"format": files.FORMAT, "step": done, "world": self.world, "layout": self.layout_key,
                 "data": {"next_step": done, "batch": cfg.batch, "sequences": done * cfg.batch},
-                "run": manifests.run_section(cfg, self.run_id, all_params, optimizer),
+                "run": self._run_section(all_params, optimizer),
                 "optimizer": optimizer,
                 "layers": len({i for rg in self.layout.ranges for i in rg}),
                 "params": all_params, "files": all_files, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def _run_section(self, params: dict, optimizer: str) -> dict:
+        """The manifest's ``run``, made at the first save (it hashes a --data file) and kept."""
+        if self.run is None:
+            self.run = manifests.run_section(self.cfg, self.run_id, params, optimizer)
+        return self.run
 
 
 def home_layer(logical: str) -> int:

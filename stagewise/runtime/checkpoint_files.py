@@ -179,6 +179,9 @@ def check_save_dir(path: str) -> None:
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise RunError(f"--save {path}: exists and is not a directory")
+    if _STEP_DIR.fullmatch(root.name) or (root / MANIFEST).exists():
+        raise RunError(f"--save {path}: is one checkpoint's step folder; give the folder that holds the "
+                       f"step-NNNNNNNN folders ({root.parent})")
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".probe-{os.getpid()}"

@@ -85,7 +85,7 @@ def optimizer_class(name: str) -> type:
     """A torch.optim optimizer class by name, case-insensitive (``adamw``, ``sgd``, ``Adam``...).
 
     Checked before any rank starts: it must step without a closure (LBFGS re-evaluates the loss, which a
-    pipeline step cannot), and step dense weights and biases (a trial step on a matrix and a vector).
+    pipeline step cannot). Whether it can step this model's parameters is ``optimizer``'s trial step.
     """
     table = {n.lower(): c for n, c in vars(torch.optim).items()
              if isinstance(c, type) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer}
@@ -96,19 +96,23 @@ def optimizer_class(name: str) -> type:
     if closure is not None and closure.default is inspect.Parameter.empty:
         raise RunError(f"--optimizer {name}: {cls.__name__} needs a closure (it re-evaluates the loss), which a "
                        "pipeline step cannot give; choose e.g. adamw, sgd, adam")
-    params = [torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))]
-    for p in params:
-        p.grad = torch.ones_like(p)
-    try:
-        cls(params).step()
-    except Exception as e:  # noqa: BLE001 - whatever it is, the optimizer cannot train this model
-        raise RunError(f"--optimizer {name}: {cls.__name__} cannot step this model's dense weights and biases "
-                       f"({e})") from None
     return cls
 
 
 def optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    return optimizer_class(cfg.optimizer)(params, lr=cfg.lr)
+    """The optimizer of ``params``, after a trial step on a dense matrix and vector (SparseAdam, or Muon with
+    its 2-D parameters only, fail here as --optimizer, not in the first step). Not in the launcher's
+    preflight: the first optimizer constructed in a process imports torch._dynamo (seconds); ranks have it."""
+    cls = optimizer_class(cfg.optimizer)
+    trial = [torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))]
+    for p in trial:
+        p.grad = torch.ones_like(p)
+    try:
+        cls(trial, lr=cfg.lr).step()
+    except Exception as e:  # noqa: BLE001 - whatever it is, the optimizer cannot train this model
+        raise RunError(f"--optimizer {cfg.optimizer}: {cls.__name__} cannot step this model's dense weights and "
+                       f"biases ({e})") from None
+    return cls(params, lr=cfg.lr)
 
 
 class RankTrainer:
