@@ -119,3 +119,42 @@ def test_the_parameter_count_is_the_built_models():
     cfg = GPTConfig(layers_n=3, d_model=64, heads=4, seq=20, vocab=100)
     built = {id(p): p.numel() for layer in cfg.layers() for p in layer.parameters()}  # the tied weight once
     assert cfg.parameters() == sum(built.values())
+
+
+BIG = [["--layers", "1000000"], ["--batch", "1000000000"], ["--seq", "100000"], ["--d-model", "65536"],
+       ["-p", "100000"], ["--vocab", "1000000000"], ["-m", "1000000000", "--batch", "1000000000"]]
+UNDER_A_CAP = """
+import contextlib, io, json, sys
+from stagewise.cli import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["train", "--schedule", "1f1b", *argv])
+    out.append([rc, err.getvalue()])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="sets a memory limit on a child process")
+def test_huge_sizes_are_refused_within_a_1_gib_address_space(tmp_path):
+    """Each size is refused before anything of its size is allocated: under RLIMIT_AS of 1 GiB, in seconds."""
+    import json
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import stagewise
+
+    cap = 1 << 30
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", UNDER_A_CAP, json.dumps(BIG)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(stagewise.__file__)
+                                                                                            .parents[1])},
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for argv, (rc, err) in zip(BIG, json.loads(proc.stdout)):
+        assert rc == 2 and err.count("\n") == 1 and argv[0] in err and "limit of" in err, (argv, err)
+    assert time.monotonic() - t < 60
