@@ -79,8 +79,8 @@ class RunConfig:
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""
-        for name, value, high in (("--steps", self.steps, None), ("--batch", self.batch, MAX_BATCH),
-                                  ("-p", self.ranks, MAX_RANKS), ("-m", self.microbatches, MAX_MICROBATCHES)):
+        for name, value, high in (("-p", self.ranks, MAX_RANKS), ("-m", self.microbatches, MAX_MICROBATCHES),
+                                  ("--batch", self.batch, MAX_BATCH), ("--steps", self.steps, None)):
             check_range(name, value, 1, high)
         if self.chunks is not None:
             check_range("-v", self.chunks, 1, MAX_CHUNKS)
