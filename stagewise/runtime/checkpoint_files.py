@@ -38,7 +38,7 @@ from .config import RunError
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20  #: a manifest larger than this is not one of ours (read whole)
 _STEP_DIR = re.compile(r"step-(\d{8})")
-_TEMPORARY = re.compile(r"\..+\.tmp-\d+")  #: atomic_write's temporary names
+_TEMPORARY = re.compile(r"\..+\.tmp-\d+|\.probe-\d+")  #: atomic_write's temporaries, check_save_dir's probe
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:
