@@ -138,9 +138,12 @@ def data_identity(model) -> dict:
     if not isinstance(path, (str, os.PathLike)):
         return {"source": type(path).__name__}
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:  # the model's own check names an unreadable file; here it is only not the same data
+        return {"source": "file", "path": os.path.abspath(path)}
     return {"source": "file", "path": os.path.abspath(path), "bytes": os.path.getsize(path),
             "sha256": digest.hexdigest()}
 

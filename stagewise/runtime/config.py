@@ -17,7 +17,7 @@ class RunError(ValueError):
 #: the ``collect`` items a run can return besides losses and timings (tests use them)
 COLLECT = ("grads", "params")
 
-# Limits of a run, checked before any rank starts or anything is allocated (README, "Limits of train").
+# Limits of a run, checked before any rank starts or anything is allocated (README, "At scale": options checked).
 MAX_RANKS = 1024  #: -p (pipeline ranks)
 MAX_LOCAL_RANKS = 256  #: p x dp processes the local launcher starts on one machine (more: use torchrun)
 MAX_MICROBATCHES = 16384  #: -m
@@ -25,6 +25,7 @@ MAX_CHUNKS = 64  #: -v
 MAX_BATCH = 1 << 20  #: --batch, sequences per step
 MAX_TOKENS = 1 << 24  #: --batch x --seq, tokens per step (the step's batch is made whole on every rank)
 MAX_TIMEOUT = 86400.0  #: --timeout, seconds (one day)
+MAX_THREADS = 4096  #: --threads per rank
 
 
 def check_range(option: str, value, low, high=None) -> None:
@@ -85,7 +86,7 @@ class RunConfig:
         if self.chunks is not None:
             check_range("-v", self.chunks, 1, MAX_CHUNKS)
         if self.threads is not None:
-            check_range("--threads", self.threads, 1, 4096)
+            check_range("--threads", self.threads, 1, MAX_THREADS)
         seq = getattr(self.model, "seq", 1)
         if isinstance(seq, int) and seq >= 1 and self.batch * seq > MAX_TOKENS:
             raise RunError(f"--batch {self.batch} x --seq {seq} = {self.batch * seq:,} tokens per step: over the "
