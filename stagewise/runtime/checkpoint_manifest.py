@@ -23,6 +23,7 @@ import hashlib
 import math
 import os
 import re
+import stat
 import uuid
 from typing import Any, Callable, NamedTuple
 
@@ -139,6 +140,8 @@ def data_identity(model) -> dict:
         return {"source": type(path).__name__}
     digest = hashlib.sha256()
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
+            raise OSError("not a regular file")
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
