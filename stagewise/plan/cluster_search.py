@@ -306,8 +306,9 @@ def check_job(job: Job) -> None:
                         f"sequence length {seq} (whole sequences per step)")
     if not tensor_degrees(job):
         node = job.hardware.gpus_per_node
-        raise PlanError(f"--gpus {job.gpus}: no tensor-parallel degree t divides both the GPU count and a node of "
-                        f"{node} GPUs while splitting {job.spec.heads} heads; use a multiple of a divisor of {node}")
+        tried = f" with --tensor {','.join(map(str, job.tensor))}" if job.tensor else ""
+        raise PlanError(f"--gpus {job.gpus}{tried}: no tensor-parallel degree divides both the GPU count and a node "
+                        f"of {node} GPUs while splitting {job.spec.heads} heads and {job.spec.kv_heads} KV heads")
 
 
 def _nothing_to_search(job: Job, skipped: dict) -> str:

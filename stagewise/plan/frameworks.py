@@ -58,12 +58,12 @@ def _megatron_split(counts, blocks) -> tuple[list[str] | None, str]:
     each, or uneven first and last stages around even middle ones."""
     if len(set(blocks)) == 1:
         return [], ""
-    if len(set(counts)) == 1:
-        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"], ""
     middle = set(blocks[1:-1])
     if len(middle) <= 1 and min(blocks[0], blocks[-1]) >= 1:
         return ["--decoder-first-pipeline-num-layers", str(blocks[0]),
                 "--decoder-last-pipeline-num-layers", str(blocks[-1])], ""
+    if len(set(counts)) == 1:
+        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"], ""
     return None, f"Megatron-LM splits evenly or with uneven first and last stages; this split is {blocks}"
 
 
