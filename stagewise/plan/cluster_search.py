@@ -25,6 +25,7 @@ from .cluster import Cluster
 from .data_parallel import exposed_reduction, reduce_scatter_time
 from .errors import PlanError
 from .hardware import Hardware
+from .layout import format_layout
 from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
 from .partition import evaluate as evaluate_split
 from .profile import Link
@@ -178,7 +179,8 @@ class ClusterSearcher(Searcher):
                                     dp_link(cl, c.p, c.dp), all_reduce=not self.job.zero)
         step = makespan + exposed + pre.step_end
         tokens = self.global_batch * self.job.spec.seq
-        cand = Candidate(config=c, counts=pre.counts, layout="", step_time=step, makespan=makespan,
+        cand = Candidate(config=c, counts=pre.counts, layout=format_layout(prof.symbols, pre.counts),
+                         step_time=step, makespan=makespan,
                          allreduce=step - makespan - pre.optimizer, optimizer=pre.optimizer,
                          throughput=self.global_batch / step, bubble=bubble, memory=pre.memory,
                          activations=pre.activations, fits=pre.fits, schedule=sched)
