@@ -93,3 +93,21 @@ def test_nothing_fits_reports_the_least_memory():
     assert not res.ranking and res.too_big == res.configurations and max(res.least_memory.memory) > 19e9
     with pytest.raises(PlanError, match="weights, gradients and optimizer state alone exceed the GPU's memory"):
         cluster_search(replace(small, hardware=replace(H100, memory=1e9)))
+
+
+def test_pipeline_messages_cross_nodes_where_stages_do():
+    from stagewise.plan.cluster_search import searchers
+
+    found = {(s.t, s.cluster.pipeline): s.cluster for s in searchers(job(gpus=64), {})}
+    t8 = found[(8, 2)]  # a t=8 group fills a node: every pipeline boundary crosses nodes
+    assert t8.per_node == 1 and t8.link(2, 4, 0, 1) is H100.inter
+    t1 = found[(1, 8)]  # eight t=1 ranks of one pipeline share a node
+    assert t1.per_node == 8 and t1.link(8, 8, 0, 7) is H100.intra
+
+
+def test_schedules_megatron_cannot_run_go_to_torchtitan_only():
+    res = cluster_search(job(space=Space(families=("zb-v",)), tensor=(8,), pipeline=(2,)), keep=1)
+    best = res.ranking[0]
+    mega, note = megatron_options(best, job())
+    assert mega is None and "not zb-v" in note
+    assert "--parallelism.pipeline_parallel_schedule_csv x.csv" in torchtitan_options(best, job(), "x.csv")
