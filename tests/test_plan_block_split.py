@@ -43,3 +43,15 @@ def test_heavy_ends_get_fewer_blocks():
     counts = block_split(lc, holding(generate("1f1b", 4, 8, 1)), None)
     blocks = [counts[0] - 1, *counts[1:-1], counts[-1] - 1]
     assert blocks == [3, 4, 4, 3]
+
+
+def test_dualpipe_pieces_on_two_ranks_are_split_within_the_limit():
+    lc = layer_costs(gpt_profile(blocks=12, head=0.6), 1, False, 4.0)
+    h = holding(generate("dualpipe", 4, 8, 2))
+    free = block_split(lc, h, None)
+    assert sum(free) == len(lc.time) and len(free) == h.pieces
+    exact = best_split(lc, h, None)
+    assert evaluate(lc, h, free).bottleneck <= evaluate(lc, h, exact).bottleneck * 1.15
+    need = max(evaluate(lc, h, free).rank_memory)
+    tight = block_split(lc, h, need)
+    assert tight is not None and evaluate(lc, h, tight, need).fits

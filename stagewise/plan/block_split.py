@@ -5,9 +5,10 @@ piece. Water-filling hands the next block to the least loaded rank (and, within
 it, to its lightest piece) unless that breaks the rank's memory limit. With one
 piece per rank this is exact: the pieces' memory grows with their own blocks
 only, and equal increments make the greedy min-max optimal (the same argument
-as ``partition._waterfill``). With several pieces per rank it is a feasible
-greedy, not a proven optimum. The embedding and the head start their pieces'
-loads, so the first and last stage get fewer blocks when they are heavier.
+as ``partition._waterfill``). With several pieces per rank, or a piece on two
+ranks (DualPipe), it is a feasible greedy, not a proven optimum. The embedding
+and the head start their pieces' loads, so the first and last stage get fewer
+blocks when they are heavier.
 """
 
 from __future__ import annotations
@@ -37,9 +38,6 @@ def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, .
     for s, k in enumerate(h.stage_piece):
         piece_ranks.setdefault(k, set()).add(h.stage_rank[s])
         share[k] += h.stage_share[s]
-    if any(len(r) > 1 for r in piece_ranks.values()):
-        return None  # a piece on two ranks (DualPipe): leave it to the exact partitioner
-    rank_of = {k: next(iter(r)) for k, r in piece_ranks.items()}
     ends = [(lc.time[0] if k == 0 else 0.0) + (lc.time[-1] if k == S - 1 else 0.0) for k in range(S)]
     low = [0 if k in (0, S - 1) else 1 for k in range(S)]
     if S == 1:
@@ -47,6 +45,9 @@ def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, .
     n = list(low)
     if sum(n) > blocks:
         return None
+    if any(len(r) > 1 for r in piece_ranks.values()):  # a piece on two ranks (DualPipe's two lanes)
+        return _shared(sums, h, n, blocks, ends, t, limit)
+    rank_of = {k: next(iter(r)) for k, r in piece_ranks.items()}
     pieces_of: dict[int, list[int]] = {}
     for k in range(S):
         pieces_of.setdefault(rank_of[k], []).append(k)
@@ -68,6 +69,36 @@ def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, .
             if k is not None:
                 heapq.heappush(heap, (load(r), r))
                 break
+        else:
+            return None
+    return tuple(n[k] + (k == 0) + (k == S - 1) for k in range(S))
+
+
+def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) -> tuple[int, ...] | None:
+    """Greedy for pieces held by several ranks: each block goes to the piece whose busiest holder stays
+    least loaded (and within the memory limit). Feasible, not proven optimal."""
+    S = len(n)
+    held = [[(h.stage_rank[s], h.stage_share[s]) for s in range(len(h.stage_piece)) if h.stage_piece[s] == k]
+            for k in range(S)]
+    load = [0.0] * h.ranks
+    for k in range(S):
+        for r, share in held[k]:
+            load[r] += share * (ends[k] + t * n[k])
+
+    def fits(k: int) -> bool:
+        return limit is None or all(
+            _rank_memory(sums, h, r, [_span(n, h.stage_piece[s]) for s in h.rank_stages[r]]) <= limit * (1 + _EPS)
+            for r, _ in held[k])
+
+    for _ in range(blocks - sum(n)):
+        order = sorted(range(S), key=lambda k: (max(load[r] + share * t for r, share in held[k]), k))
+        for k in order:
+            n[k] += 1
+            if fits(k):
+                for r, share in held[k]:
+                    load[r] += share * t
+                break
+            n[k] -= 1
         else:
             return None
     return tuple(n[k] + (k == 0) + (k == S - 1) for k in range(S))
