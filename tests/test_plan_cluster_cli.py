@@ -64,6 +64,7 @@ def test_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
     assert "needs --gpus" in fails(capsys, "plan", "--model", "llama3-8b", "--hardware", "h100",
                                    "--global-batch-tokens", "2M")
     assert "--verify belongs to planning from a measured profile" in fails(capsys, *BASE, "--verify")
+    assert "--memory belongs to planning from a measured profile" in fails(capsys, *BASE, "--memory", "40GiB")
     assert "plan needs --profile" in fails(capsys, "plan")
 
 

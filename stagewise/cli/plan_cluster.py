@@ -86,9 +86,13 @@ def _job(args):
         raise UsageError(f"cluster planning needs {', '.join(missing)} as well (with --model, --hardware, --gpus "
                          "and --global-batch-tokens together)")
     for opt, given in (("--profile", args.profile), ("--devices", args.devices), ("--global-batch", args.global_batch),
-                       ("--verify", args.verify), ("--layout", args.layout)):
+                       ("--verify", args.verify), ("--layout", args.layout), ("--memory", args.memory),
+                       ("--per-node", args.per_node), ("--intra-bandwidth", args.intra_bandwidth),
+                       ("--inter-bandwidth", args.inter_bandwidth), ("--intra-latency", args.intra_latency),
+                       ("--inter-latency", args.inter_latency)):
         if given is not None:
-            raise UsageError(f"{opt} belongs to planning from a measured profile; it cannot be combined with --model")
+            raise UsageError(f"{opt} belongs to planning from a measured profile; with --model the --hardware file "
+                             "gives memory and links")
     if args.auto:
         raise UsageError("--auto belongs to planning from a measured profile; it cannot be combined with --model")
     if args.gpus < 1:
