@@ -4,17 +4,17 @@ For each tensor-parallel degree t the model gets an analytic profile (one GPU of
 a t-group); the rest is the ordinary search: the same schedules, a split of
 identical blocks (``block_split``: the first and last stage get fewer blocks
 when the embedding, the head or the warm-up activations make them heavier) and
-the one simulator. What this module adds is the cluster around the pipeline: ZeRO-1
-memory over dp, the data-parallel gradient reduction overlapped with the
-remaining backward (``data_parallel``), and the global batch fixed in tokens,
-so m x micro-batch size x dp = global batch / sequence length.
+the one simulator. What this module adds is the cluster around the pipeline:
+ZeRO-1 memory over dp and the data-parallel gradient reduction overlapped with
+the remaining backward (``data_parallel``); the job and its rules are in
+``cluster_job``.
 """
 
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from functools import lru_cache
-from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Callable, NamedTuple
 
@@ -22,48 +22,18 @@ from ..simulate import simulate
 from .analytic import TensorParallel, analytic_profile
 from .block_split import block_split, is_block_model
 from .cluster import Cluster
+from .cluster_job import Job, _nothing_to_search, check_job, state_factor, tensor_degrees
 from .data_parallel import exposed_reduction, reduce_scatter_time
 from .errors import PlanError
-from .hardware import Hardware
 from .layout import format_layout
-from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
+from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
+                    step_sync_time)
 from .partition import evaluate as evaluate_split
 from .profile import Link
-from .search import Candidate, Config, Searcher, Space, peak_activation_bytes, timing
-from .transformer import TransformerSpec
+from .search import Candidate, Config, Searcher, peak_activation_bytes, timing
 
-def state_factor(dp: int, zero: bool) -> float:
-    """Bytes per bf16 parameter byte held on a GPU: weights (1) + fp32 gradients (2) + fp32 master
-    weights and Adam's two moments (6), sharded over the dp replicas with ZeRO-1."""
-    return 1 + 2 + 6 / (dp if zero else 1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Job:
-    """What to lay out and on what.
-
-    Example:
-        >>> job = Job(spec=TransformerSpec.load("llama3-8b"), hardware=Hardware.load("h100"), gpus=64,
-        ...           global_batch_tokens=4 * 2**20)
-        >>> job.global_batch
-        512
-    """
-
-    spec: TransformerSpec
-    hardware: Hardware
-    gpus: int
-    global_batch_tokens: int
-    sequence_parallel: bool = True
-    zero: bool = True  #: ZeRO-1: optimizer state sharded over dp (False: replicated, gradients all-reduced)
-    tensor: tuple[int, ...] | None = None  #: t tried; None = every divisor of a node that the heads allow
-    pipeline: tuple[int, ...] | None = None  #: p tried; None = every p that divides gpus / t
-    micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
-    space: Space = field(default_factory=lambda: Space(chunks=(2, 4, 8)))
-
-    @property
-    def global_batch(self) -> int:
-        """Sequences per step."""
-        return self.global_batch_tokens // self.spec.seq
+__all__ = ["ClusterCandidate", "ClusterSearcher", "Job", "Result", "check_job", "cluster_search", "searchers",
+           "state_factor", "tensor_degrees"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,14 +169,6 @@ def _piece_layer_bytes(prof, counts) -> list[list[float]]:
     return [[prof.layers[i].param_bytes for i in range(bounds[k], bounds[k + 1])] for k in range(len(counts))]
 
 
-def tensor_degrees(job: Job) -> list[int]:
-    """t that divide a node and the GPU count, and split the heads (and the KV heads, or replicate them)."""
-    spec, node = job.spec, job.hardware.gpus_per_node
-    cands = job.tensor or tuple(t for t in range(1, node + 1) if node % t == 0)
-    return [t for t in cands if job.gpus % t == 0 and t <= node and spec.heads % t == 0
-            and (spec.kv_heads % t == 0 or t % spec.kv_heads == 0)]
-
-
 def searchers(job: Job, skipped: dict) -> list[ClusterSearcher]:
     """One searcher per (t, p) that could fit; ``skipped`` collects why others were dropped."""
     spec, hw = job.spec, job.hardware
@@ -296,28 +258,3 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
 
 def _without_rc(c: Config) -> Config:
     return Config(family=c.family, p=c.p, dp=c.dp, v=c.v, m=c.m, mbs=c.mbs, recompute=False)
-
-
-def check_job(job: Job) -> None:
-    """The rules a job must meet before anything is searched; each message names the value and the rule."""
-    seq = job.spec.seq
-    if job.gpus < 1:
-        raise PlanError(f"--gpus must be >= 1; got {job.gpus}")
-    if job.global_batch_tokens % seq:
-        raise PlanError(f"--global-batch-tokens {job.global_batch_tokens} must be a multiple of the model's "
-                        f"sequence length {seq} (whole sequences per step)")
-    if not tensor_degrees(job):
-        node = job.hardware.gpus_per_node
-        tried = f" with --tensor {','.join(map(str, job.tensor))}" if job.tensor else ""
-        raise PlanError(f"--gpus {job.gpus}{tried}: no tensor-parallel degree divides both the GPU count and a node "
-                        f"of {node} GPUs while splitting {job.spec.heads} heads and {job.spec.kv_heads} KV heads")
-
-
-def _nothing_to_search(job: Job, skipped: dict) -> str:
-    B, N = job.global_batch, job.gpus
-    why = "; ".join(f"{k} ({n}x)" for k, n in skipped.items())
-    sizes = "/".join(map(str, job.micro_batch_sizes))
-    return (f"no configuration: --global-batch-tokens {job.global_batch_tokens} is {B} sequences of "
-            f"{job.spec.seq}, and no t x p x dp = --gpus {N} with dp x micro-batch size ({sizes}) dividing {B} "
-            f"fits and meets the schedules' rules (e.g. m >= p)" + (f"; skipped: {why}" if why else "")
-            + "; give a larger batch (a multiple of the data-parallel degree) or fewer GPUs")
