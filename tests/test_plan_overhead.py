@@ -22,6 +22,8 @@ def test_fit_is_fixed_plus_per_action():
     assert fit["fixed_s"] == pytest.approx(0.010) and fit["per_action_s"] == pytest.approx(0.002)
     flat = fit_overhead([(4, 0.03), (16, 0.01)])  # a residual that falls with more actions: no negative terms
     assert flat["per_action_s"] == 0.0 and flat["fixed_s"] == pytest.approx(0.02)
+    origin = fit_overhead([(4, -0.004), (8, 0.004)])  # the line would start below zero: through the origin
+    assert origin["fixed_s"] == 0.0 and origin["per_action_s"] == pytest.approx((8 * 0.004 - 4 * 0.004) / 80)
 
 
 def test_plan_adds_the_measured_overhead():
@@ -46,3 +48,21 @@ def test_measuring_uses_the_runtime_launcher():
     assert run_on_ranks(operator.add, 2) == 2  # rank 0 returns 0 + world
     with pytest.raises(RankFailure, match="rank 0"):
         run_on_ranks(math.log, 2)  # log(0, 2) fails on rank 0 only
+
+
+@pytest.mark.slow
+def test_profile_measures_the_overhead_on_the_runtime():
+    """Two short 1F1B runs on 2 local ranks; the fit explains what the layers alone do not."""
+    from stagewise.plan.link import measure_link
+    from stagewise.plan.measure import gpt_model, profile_model
+    from stagewise.plan.overhead import measure_overhead
+    from stagewise.runtime.models import GPTConfig
+
+    prof = profile_model(gpt_model(GPTConfig(layers_n=2, d_model=32, seq=8)), (1,), repeats=3, threads=1)
+    prof = replace(prof, link=measure_link(sizes=(1 << 10, 1 << 16), repeats=3))
+    fit = measure_overhead(prof, (2, 4), steps=3, rounds=1)
+    assert fit["fixed_s"] >= 0 and fit["per_action_s"] >= 0
+    assert [n for n, _ in fit["samples"]] == [4, 8]  # 1F1B on 2 ranks: 2m actions on each
+    worst = max(abs(r) for _, r in fit["samples"])
+    for n, _ in fit["samples"]:  # a least-squares line through two points stays within what was measured
+        assert step_overhead(replace(prof, meta={KEY: fit}), n) <= worst + 1e-9

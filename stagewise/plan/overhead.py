@@ -25,11 +25,18 @@ def step_overhead(profile, actions: int) -> float:
 
 
 def fit_overhead(samples: Sequence[tuple[int, float]]) -> dict:
-    """``fixed + per_action x actions`` through (actions, residual seconds) samples, both terms >= 0."""
-    (n0, r0), (n1, r1) = min(samples), max(samples)
-    per = max(0.0, (r1 - r0) / (n1 - n0)) if n1 > n0 else 0.0
-    fixed = max(0.0, sum(r - per * n for n, r in samples) / len(samples))
-    return {"fixed_s": fixed, "per_action_s": per, "samples": [list(s) for s in samples]}
+    """Least squares ``fixed + per_action x actions`` through (actions, residual seconds), both terms >= 0."""
+    ns, rs = [float(n) for n, _ in samples], [r for _, r in samples]
+    k = len(samples)
+    mean_n, mean_r = sum(ns) / k, sum(rs) / k
+    var = sum((n - mean_n) ** 2 for n in ns)
+    per = sum((n - mean_n) * (r - mean_r) for n, r in zip(ns, rs)) / var if var else 0.0
+    fixed = mean_r - per * mean_n
+    if per < 0:  # a residual that falls with more actions: a constant is the best non-negative fit
+        per, fixed = 0.0, mean_r
+    elif fixed < 0:  # through the origin instead
+        per, fixed = max(0.0, sum(n * r for n, r in zip(ns, rs)) / sum(n * n for n in ns)), 0.0
+    return {"fixed_s": max(0.0, fixed), "per_action_s": per, "samples": [list(s) for s in samples]}
 
 
 def measure_overhead(profile, microbatches: Sequence[int] = (2, 8), *, steps: int = 6, rounds: int = 2,
