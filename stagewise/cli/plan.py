@@ -55,7 +55,6 @@ def register(sub) -> None:
 
 def cmd_plan(args) -> int:
     from ..plan.errors import PlanError
-
     from . import plan_cluster
 
     try:
@@ -94,8 +93,8 @@ def _plan(args) -> int:
         prof.size_index(b)
     rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
     counts = parse_layout(args.layout, prof.symbols) if args.layout else None
-    space = Space(families=fams, chunks=tuple(_int_list(args.chunks or "2,4", "--chunks")), micro_batch_sizes=sizes,
-                  recompute=rc, counts=counts)
+    chunks = tuple(_int_list(args.chunks or "2,4", "--chunks"))
+    space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts)
     searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
     t0 = time.perf_counter()
     with _Bar(enabled=not args.json) as bar:

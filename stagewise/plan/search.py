@@ -21,9 +21,9 @@ from .cluster import Cluster
 from .errors import PlanError
 from .holding import Holding, holding
 from .layout import format_layout
-from .overhead import step_overhead
 from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
                     step_sync_time)
+from .overhead import step_overhead
 from .partition import Partition, best_split, evaluate
 from .profile import Profile
 
