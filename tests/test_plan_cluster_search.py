@@ -111,3 +111,23 @@ def test_schedules_megatron_cannot_run_go_to_torchtitan_only():
     mega, note = megatron_options(best, job())
     assert mega is None and "not zb-v" in note
     assert "--parallelism.pipeline_parallel_schedule_csv x.csv" in torchtitan_options(best, job(), "x.csv")
+
+
+@pytest.mark.parametrize("family, v", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe", 2),
+                                       ("gpipe", 1), ("looped-bfs", 2)])
+def test_pipeline_bound_never_exceeds_the_simulation(family, v):
+    from stagewise.costs import Costs
+    from stagewise.plan.cluster_search import pipeline_bound
+    from stagewise.schedules import FAMILIES, generate
+    from stagewise.simulate import simulate
+
+    sched = generate(family, 4, 8, v)
+    costs = Costs(t_f=[1.0 + 0.1 * s for s in range(sched.stages)], t_b=[2.0] * sched.stages, latency=0.3,
+                  bandwidth=1.0, boundary_bytes=0.2)
+    tl = simulate(sched, costs)
+    bound = pipeline_bound(sched, costs.resolve(sched.stages), FAMILIES[family].split_backward)
+    span = max(max(e) for e in tl.ends) - min(min(s) for s in tl.starts)
+    assert 0 < bound <= span + 1e-9
+    if family == "1f1b":  # fill + steady work + drain: exact for 1F1B on even costs without links
+        even = Costs(t_f=1.0, t_b=2.0)
+        assert pipeline_bound(sched, even.resolve(4), False) == pytest.approx(3 * 1 + 8 * 3 + 3 * 2)

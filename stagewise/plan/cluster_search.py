@@ -18,6 +18,8 @@ from functools import lru_cache
 from itertools import accumulate
 from typing import Callable, NamedTuple
 
+from ..costs import Costs
+from ..schedules import FAMILIES
 from ..simulate import simulate
 from .analytic import TensorParallel, analytic_profile
 from .block_split import block_split, is_block_model
@@ -93,9 +95,10 @@ class Prepared(NamedTuple):
     memory: tuple[float, ...]
     activations: tuple[float, ...]
     fits: bool
-    bound: float  #: m x the busiest rank's work + the step-end terms: no simulation beats it
+    bound: float  #: fill + the busiest rank's work + drain + the step-end terms: no simulation beats it
     step_end: float  #: weight all-gather + tied-weight and loss sums + optimizer step
     optimizer: float
+    costs: Costs  #: what the simulator plays
 
 
 @dataclass(kw_only=True)
@@ -113,7 +116,8 @@ class ClusterSearcher(Searcher):
         lc = layer_costs(prof, c.mbs, c.recompute, cl.state_factor)
         part = evaluate_split(lc, h, counts, cl.memory)
         costs = stage_costs(prof, counts, h, c.mbs, c.recompute, cl, c.p, c.dp)
-        acts = peak_activation_bytes(h, costs.resolve(sched.stages).activation_bytes)
+        resolved = costs.resolve(sched.stages)
+        acts = peak_activation_bytes(h, resolved.activation_bytes)
         fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor)
         transient = rank_transient_bytes(prof, counts, h, c.mbs, c.recompute)
         memory = tuple(f + a + x for f, a, x in zip(fixed, acts, transient))
@@ -121,9 +125,11 @@ class ClusterSearcher(Searcher):
         gather = reduce_scatter_time(max(fixed) / cl.state_factor, c.dp, dp_link(cl, c.p, c.dp)) if zero else 0.0
         opt = max(rank_optimizer_time(prof, counts, h)) / (c.dp if zero else 1)
         end = gather + step_sync_time(prof, counts, h, cl, c.p, c.dp) + opt
+        split = FAMILIES[c.family].split_backward if c.family in FAMILIES else True
+        bound = max(c.m * part.bottleneck, pipeline_bound(sched, resolved, split)) + end
         return Prepared(config=c, counts=counts, memory=memory, activations=acts,
-                        fits=max(memory) <= cl.memory * (1 + 1e-9), bound=c.m * part.bottleneck + end,
-                        step_end=end, optimizer=opt)
+                        fits=max(memory) <= cl.memory * (1 + 1e-9), bound=bound, step_end=end, optimizer=opt,
+                        costs=costs)
 
     def _split(self, h, c: Config) -> tuple[int, ...]:
         """The block water-fill where it applies (cached per holding), else the exact partitioner."""
@@ -142,8 +148,7 @@ class ClusterSearcher(Searcher):
         c = pre.config
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl, hw = self.profile, self.cluster, self.job.hardware
-        costs = stage_costs(prof, pre.counts, h, c.mbs, c.recompute, cl, c.p, c.dp)
-        tl = simulate(sched, costs, check=False)
+        tl = simulate(sched, pre.costs, check=False)
         makespan, bubble = timing(tl)
         exposed = exposed_reduction(tl, _piece_layer_bytes(prof, pre.counts), h.stage_piece, c.dp,
                                     dp_link(cl, c.p, c.dp), all_reduce=not self.job.zero)
@@ -157,6 +162,32 @@ class ClusterSearcher(Searcher):
         mfu = self.job.spec.model_flops_per_token() * tokens / (step * self.job.gpus * hw.peak_flops)
         return ClusterCandidate(t=self.t, candidate=cand, exposed_dp=exposed, mfu=mfu,
                                 tokens_per_second=tokens / step)
+
+
+def pipeline_bound(sched, sc, split_backward: bool) -> float:
+    """A lower bound on the makespan, per rank: its earliest start + its work + its latest drain.
+
+    A rank's first op is a forward, which waits for the forwards of the stages before it in its lane
+    (one micro-batch's chain); its last op, without a split backward, is a backward, after which the
+    backwards of the stages before it must run. Links only add to both, so the bound holds for any order.
+    """
+    if sc.fb is not None:  # an overlapped pair may cost less than its halves: no per-op sum is safe
+        return 0.0
+    before_f, before_b = [0.0] * sched.stages, [0.0] * sched.stages
+    share = [0] * sched.stages
+    for lane in sched.lanes:
+        f = b = 0.0
+        for st in lane.stages:
+            before_f[st], before_b[st], share[st] = f, b, lane.mb_hi - lane.mb_lo
+            f, b = f + sc.f[st], b + sc.b[st]
+    best = 0.0
+    for r in range(sched.ranks):
+        stages = sched.stages_of_rank(r)
+        back = [sc.i[st] + sc.w[st] if split_backward else sc.b[st] for st in stages]
+        work = sum(share[st] * (sc.f[st] + bk) for st, bk in zip(stages, back))
+        drain = 0.0 if split_backward else min(before_b[st] for st in stages)
+        best = max(best, min(before_f[st] for st in stages) + work + drain)
+    return best
 
 
 def dp_link(cl: Cluster, p: int, dp: int) -> Link:
