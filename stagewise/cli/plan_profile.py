@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--each-layer", action="store_true", help="time every layer, not one per distinct structure")
     p.add_argument("--no-link", action="store_true", help="skip the point-to-point measurement")
     p.add_argument("--no-overhead", action="store_true",
-                   help="skip measuring the per-step work outside the layers (two short runs on 2 local ranks)")
+                   help="skip measuring the per-step work outside the layers (two short runs on 2 local CPU ranks; "
+                   "measured only with --device cpu and the link)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON too")
     p.set_defaults(func=cmd_profile)
 
@@ -64,7 +65,7 @@ def cmd_profile(args) -> int:
         except RuntimeError as e:
             raise UsageError(f"{e}; rerun with --no-link to skip the link (plan then takes --intra-bandwidth)") \
                 from None
-    if not args.no_overhead and prof.link is not None:
+    if not args.no_overhead and prof.link is not None and args.device == "cpu":  # the check runs on gloo CPU ranks
         from ..plan.overhead import KEY, measure_overhead
 
         fit = measure_overhead(prof, log=None if args.json else print)
