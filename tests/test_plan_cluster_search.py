@@ -91,7 +91,8 @@ def test_nothing_fits_reports_the_least_memory():
                 global_batch_tokens=2**18, tensor=(8,), space=Space(families=("1f1b",), recompute=(False,)))
     res = cluster_search(small)
     assert not res.ranking and res.too_big == res.configurations and max(res.least_memory.memory) > 19e9
-    with pytest.raises(PlanError, match="weights, gradients and optimizer state alone exceed the GPU's memory"):
+    with pytest.raises(PlanError, match="--gpus 8: llama3-8b's weights, fp32 gradients and optimizer state need "
+                                        "at least 16.8 GiB per GPU split over all 8 GPUs, more than the 954 MiB"):
         cluster_search(replace(small, hardware=replace(H100, memory=1e9)))
 
 

@@ -246,7 +246,10 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
     (with ``per_layout``, also than the best of its own t x p, so every layout's best is exact)."""
     check_job(job)
     skipped: dict = {}
-    work = [(s, c) for s in searchers(job, skipped) for c in s.configs()]
+    found = searchers(job, skipped)
+    if not found:
+        raise PlanError(_weights_do_not_fit(job))
+    work = [(s, c) for s in found for c in s.configs()]
     if not work:
         raise PlanError(_nothing_to_search(job, skipped))
     total = 2 * len(work)
@@ -285,6 +288,15 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
     out.sort(key=lambda g: (g.step_time, max(g.candidate.memory)))
     return Result(ranking=out, configurations=len(work), simulated=len(out),
                   pruned=len(fitting) - len(out) + dominated, too_big=len(prepared) - len(fitting) - dominated)
+
+
+def _weights_do_not_fit(job: Job) -> str:
+    from .cluster import fmt_bytes
+
+    need = 2 * job.spec.params() * state_factor(1, job.zero) / job.gpus
+    return (f"--gpus {job.gpus}: {job.spec.name}'s weights, fp32 gradients and optimizer state need at least "
+            f"{fmt_bytes(need)} per GPU split over all {job.gpus} GPUs, more than the {fmt_bytes(job.hardware.memory)} "
+            f"of --hardware {job.hardware.name}; give more --gpus or a GPU with more memory")
 
 
 def _without_rc(c: Config) -> Config:
