@@ -13,7 +13,7 @@ from .common import UsageError, positive_int, print_json
 
 
 def register(sub) -> None:
-    from . import plan_auto, plan_profile
+    from . import plan_auto, plan_cluster, plan_profile
 
     plan_profile.register(sub)
     p = sub.add_parser(
@@ -21,9 +21,9 @@ def register(sub) -> None:
         description="Given a profile, N devices, a global batch and a memory limit, simulate every configuration "
         "(p x dp = N, schedule family, v, micro-batch size, recomputation on/off, the exact best split of layers) "
         "and rank them. Writes the winner as torch's compute-only CSV and prints the `stagewise train` command.")
-    p.add_argument("--profile", required=True, metavar="FILE", help="a profile from `stagewise profile`")
-    p.add_argument("-N", "--devices", type=positive_int, required=True, help="devices in all (p x dp)")
-    p.add_argument("-G", "--global-batch", type=positive_int, required=True, help="samples per optimizer step")
+    p.add_argument("--profile", metavar="FILE", help="a profile from `stagewise profile`")
+    p.add_argument("-N", "--devices", type=positive_int, help="devices in all (p x dp)")
+    p.add_argument("-G", "--global-batch", type=positive_int, help="samples per optimizer step")
     p.add_argument("--memory", default=None, metavar="SIZE", help="memory per device, e.g. 80GiB (default: no limit)")
     p.add_argument("--per-node", type=positive_int, default=None, help="devices per node (default: all in one)")
     p.add_argument("--intra-bandwidth", default=None, metavar="BYTES/S",
@@ -34,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--state-factor", type=float, default=4.0,
                    help="bytes held per parameter byte: weights, gradients, optimizer (default 4: fp32 Adam)")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all)")
-    p.add_argument("--chunks", default="2,4", help="v tried for families that take any v, default 2,4")
+    p.add_argument("--chunks", default=None, help="v tried for families that take any v, default 2,4 (with "
+                   "--model: 2,4,8)")
     p.add_argument("--micro-batch-sizes", default=None, help="subset of the profiled sizes (default: all)")
     p.add_argument("--recompute", choices=("both", "on", "off"), default="both", help="default both")
     p.add_argument("--layout", default=None, help="a fixed split such as 'E+t*3 | t*4 | t*4 | t*5+H'")
@@ -47,14 +48,23 @@ def register(sub) -> None:
     p.add_argument("--rounds", type=positive_int, default=2,
                    help="verified runs alternate in this many rounds, default 2")
     p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    plan_cluster.add_options(p)
     p.set_defaults(func=cmd_plan)
     plan_auto.register(sub)
 
 
 def cmd_plan(args) -> int:
     from ..plan.errors import PlanError
+    from . import plan_cluster
 
     try:
+        if plan_cluster.wants_cluster(args):
+            return plan_cluster.run(args)
+        missing = [o for o, v in (("--profile", args.profile), ("-N/--devices", args.devices),
+                                  ("-G/--global-batch", args.global_batch)) if v is None]
+        if missing:
+            raise UsageError(f"plan needs {', '.join(missing)} (or --model, --hardware, --gpus and "
+                             "--global-batch-tokens to plan a cluster from model and hardware files)")
         return _plan(args)
     except PlanError as e:
         raise UsageError(str(e)) from None
@@ -83,8 +93,8 @@ def _plan(args) -> int:
         prof.size_index(b)
     rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
     counts = parse_layout(args.layout, prof.symbols) if args.layout else None
-    space = Space(families=fams, chunks=tuple(_int_list(args.chunks, "--chunks")), micro_batch_sizes=sizes,
-                  recompute=rc, counts=counts)
+    chunks = tuple(_int_list(args.chunks or "2,4", "--chunks"))
+    space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts)
     searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
     t0 = time.perf_counter()
     with _Bar(enabled=not args.json) as bar:

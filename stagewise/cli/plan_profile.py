@@ -30,6 +30,9 @@ def register(sub) -> None:
     p.add_argument("--repeats", type=positive_int, default=7, help="timed runs per layer (median), default 7")
     p.add_argument("--each-layer", action="store_true", help="time every layer, not one per distinct structure")
     p.add_argument("--no-link", action="store_true", help="skip the point-to-point measurement")
+    p.add_argument("--no-overhead", action="store_true",
+                   help="skip measuring the per-step work outside the layers (two short runs on 2 local CPU ranks; "
+                   "measured only with --device cpu and the link)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON too")
     p.set_defaults(func=cmd_profile)
 
@@ -54,14 +57,19 @@ def cmd_profile(args) -> int:
     t0 = time.perf_counter()
     prof = profile_model(gpt_model(cfg), sizes, repeats=args.repeats, device=args.device, threads=args.threads,
                          each_layer=args.each_layer)
-    if not args.no_link:
-        from dataclasses import replace
+    from dataclasses import replace
 
+    if not args.no_link:
         try:
             prof = replace(prof, link=measure_link())
         except RuntimeError as e:
             raise UsageError(f"{e}; rerun with --no-link to skip the link (plan then takes --intra-bandwidth)") \
                 from None
+    if not args.no_overhead and prof.link is not None and args.device == "cpu":  # the check runs on gloo CPU ranks
+        from ..plan.overhead import KEY, measure_overhead
+
+        fit = measure_overhead(prof, log=None if args.json else print)
+        prof = replace(prof, meta={**prof.meta, KEY: fit})
     prof = _with_command(prof)
     try:
         prof.save(args.output)
@@ -105,4 +113,8 @@ def _profile_text(prof) -> str:
     if prof.link:
         lines.append(f"link (gloo, 2 local ranks): {fmt_seconds(prof.link.latency)} + bytes / "
                      f"{prof.link.bandwidth / 1e9:.3g} GB/s")
+    fit = prof.meta.get("step_overhead")
+    if fit:
+        lines.append(f"per step outside the layers: {fmt_seconds(fit['fixed_s'])} + {fmt_seconds(fit['per_action_s'])}"
+                     " per action of the busiest rank (1F1B on 2 local ranks, measured minus predicted)")
     return "\n".join(lines)

@@ -4,32 +4,23 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 from typing import Sequence
 
 from .profile import Link
 
 
 def measure_link(sizes: Sequence[int] = (1 << 10, 1 << 16, 1 << 20, 1 << 22), repeats: int = 10) -> Link:
-    """Point-to-point time between two local ranks (gloo on loopback), fitted to latency + bytes / bandwidth."""
-    import multiprocessing as mp
+    """Point-to-point time between two local ranks (gloo on loopback), fitted to latency + bytes / bandwidth.
 
-    from ..runtime.launch import free_port
+    The ranks are started by the runtime's own launcher (``runtime.launch.run_on_ranks``).
+    """
+    from ..runtime.launch import RankFailure, run_on_ranks
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_link_rank, args=(r, port, tuple(sizes), repeats, q), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
     try:
-        samples = q.get(timeout=120)
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-    if isinstance(samples, str):
-        raise RuntimeError(f"link measurement failed: {samples}")
+        samples = run_on_ranks(partial(_ping_pong, tuple(sizes), repeats), 2, timeout=120)
+    except RankFailure as e:
+        raise RuntimeError(f"link measurement failed: {e}") from None
     latency, bandwidth = fit_link(samples)
     return Link(latency=latency, bandwidth=bandwidth, samples=tuple(samples), backend="gloo")
 
@@ -47,36 +38,25 @@ def fit_link(samples) -> tuple[float, float]:
     return latency, bandwidth
 
 
-def _link_rank(rank: int, port: int, sizes, repeats: int, q) -> None:
-    """Ping-pong between ranks 0 and 1; rank 0 reports (bytes, one-way seconds) medians."""
-    import os
-    from datetime import timedelta
-
+def _ping_pong(sizes, repeats: int, rank: int, world: int) -> list[tuple[float, float]]:
+    """Ping-pong between ranks 0 and 1: (bytes, one-way seconds) medians."""
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-        out = []
-        for size in sizes:
-            t = torch.zeros(max(1, size // 4), dtype=torch.float32)
-            times = []
-            for k in range(repeats + 2):
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(t, 1)
-                    dist.recv(t, 1)
-                else:
-                    dist.recv(t, 0)
-                    dist.send(t, 0)
-                if k >= 2:
-                    times.append((time.perf_counter() - t0) / 2)
-            out.append((float(t.numel() * 4), statistics.median(times)))
-        if rank == 0:
-            q.put(out)
-        dist.destroy_process_group()
-    except Exception as e:  # noqa: BLE001 - reported to the parent
-        if rank == 0:
-            q.put(f"{type(e).__name__}: {e}")
+    torch.set_num_threads(1)
+    out = []
+    for size in sizes:
+        t = torch.zeros(max(1, size // 4), dtype=torch.float32)
+        times = []
+        for k in range(repeats + 2):
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(t, 1)
+                dist.recv(t, 1)
+            else:
+                dist.recv(t, 0)
+                dist.send(t, 0)
+            if k >= 2:
+                times.append((time.perf_counter() - t0) / 2)
+        out.append((float(t.numel() * 4), statistics.median(times)))
+    return out

@@ -23,6 +23,7 @@ from .holding import Holding, holding
 from .layout import format_layout
 from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
                     step_sync_time)
+from .overhead import step_overhead
 from .partition import Partition, best_split, evaluate
 from .profile import Profile
 
@@ -51,7 +52,7 @@ class Candidate:
     config: Config
     counts: tuple[int, ...]  #: layers per piece (model order)
     layout: str
-    step_time: float  #: seconds: pipeline makespan + step-end collectives + optimizer step
+    step_time: float  #: seconds: pipeline makespan + step-end collectives + optimizer step + overhead
     makespan: float
     allreduce: float  #: step-end collectives: data-parallel gradients, tied weights, the loss
     optimizer: float
@@ -61,13 +62,14 @@ class Candidate:
     activations: tuple[float, ...]  #: of which activations (the simulated peak per rank)
     fits: bool
     schedule: Schedule = field(compare=False, repr=False)
+    overhead: float = 0.0  #: per-step work outside the profiled layers (the profile's measured fit)
 
     def to_dict(self) -> dict:
         c = self.config
         return {"family": c.family, "p": c.p, "dp": c.dp, "v": c.v, "m": c.m, "micro_batch_size": c.mbs,
                 "recompute": c.recompute, "layout": self.layout, "counts": list(self.counts),
                 "step_time": self.step_time, "makespan": self.makespan, "allreduce": self.allreduce,
-                "optimizer": self.optimizer,
+                "optimizer": self.optimizer, "overhead": self.overhead,
                 "throughput": self.throughput, "bubble": self.bubble, "peak_memory": list(self.memory),
                 "fits": self.fits}
 
@@ -150,11 +152,12 @@ class Searcher:
         grads = max(fixed) / cl.state_factor
         allreduce = cl.allreduce(c.p, c.dp, grads) + step_sync_time(prof, part.counts, h, cl, c.p, c.dp)
         opt = max(rank_optimizer_time(prof, part.counts, h))
-        step = makespan + allreduce + opt
+        over = step_overhead(prof, max(len(p) for p in sched.programs))
+        step = makespan + allreduce + opt + over
         return Candidate(config=c, counts=part.counts, layout=format_layout(prof.symbols, part.counts),
                          step_time=step, makespan=makespan, allreduce=allreduce, optimizer=opt,
                          throughput=self.global_batch / step if step > 0 else float("inf"),
-                         bubble=bubble, memory=memory, activations=acts,
+                         bubble=bubble, memory=memory, activations=acts, overhead=over,
                          fits=cl.memory is None or max(memory) <= cl.memory * (1 + 1e-9), schedule=sched)
 
     def _partition(self, h: Holding, c: Config) -> Partition:

@@ -458,4 +458,40 @@ def is_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-__all__ = ["train", "train_many", "spawn", "RankFailure", "Stopped", "is_torchrun"]
+def run_on_ranks(fn: Callable[[int, int], object], world: int, timeout: float = 60.0) -> object:
+    """Run ``fn(rank, world)`` on ``world`` local gloo ranks under this launcher's watchdog (a failing rank
+    stops the others and is named); returns rank 0's value. ``fn`` must be picklable (measuring: the link)."""
+    ctx = _mp_context()
+    q = ctx.Queue()
+    port = free_port()
+    lifeline, held = ctx.Pipe(duplex=False)  # as in spawn: the ranks end with this process
+    procs = [ctx.Process(target=_fn_rank_main, args=(r, world, port, fn, q, timeout, lifeline), daemon=True,
+                         name=f"stagewise-rank{r}") for r in range(world)]
+    with _stop_on_signals():
+        try:
+            for p in procs:
+                p.start()
+            got = _watch(procs, q, None)
+            _reap(procs)
+            return got[0]["value"]
+        finally:
+            _stop(procs)
+            held.close()
+            lifeline.close()
+
+
+def _fn_rank_main(rank: int, world: int, port: int, fn, q, timeout: float, lifeline) -> None:
+    die_with_launcher(lifeline)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        _init_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        q.put(("done", rank, [{"value": fn(rank, world)}]))
+        _close_groups()
+    except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
+        q.put(("error", rank, type(e).__name__, _describe(e)))
+        q.close()
+        q.join_thread()
+        os._exit(1)
+
+
+__all__ = ["train", "train_many", "spawn", "run_on_ranks", "RankFailure", "Stopped", "is_torchrun"]

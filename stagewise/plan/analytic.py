@@ -1,0 +1,140 @@
+"""An analytic profile: per-layer F, I, W times and bytes of a transformer on a GPU type, no measuring.
+
+The result is an ordinary ``Profile`` (layers ``E``, ``t`` x L, ``H``), so the
+partitioner, the schedules and the simulator treat it like a measured one.
+Per GPU of a tensor-parallel group of ``t``:
+
+- time of a matrix multiply = FLOPs / t / (peak x efficiency); I redoes the
+  forward's multiplies on the input side and attention's two products twice,
+  W redoes them on the weight side (Narayanan et al. 2021: backward = 2 x forward);
+- element-wise work (norms, activations, softmax, dropout) is bound by HBM: the
+  forward writes the bytes it keeps for the backward, the backward reads them and
+  writes gradients of the same size (2x);
+- tensor parallel puts two all-reduces of the block's output (2 s b h bytes) on
+  the forward's critical path and two on the backward's (all-gather +
+  reduce-scatter with sequence parallel: the same bytes), over the node's link;
+- activation bytes follow Korthikanti et al. 2022 (arXiv:2205.05198, Sec. 4):
+  34 s b h + 5 a s^2 b per block at t = 1 for GPT, generalised term by term to
+  grouped-query attention, SwiGLU, no dropout and flash attention; with tensor
+  parallel the norms' and dropouts' 10 s b h stay whole unless sequence parallel
+  splits them too; a recomputed block keeps only its input (2 s b h);
+- parameters are bf16 (2 bytes); the optimizer step streams fp32 master weights,
+  Adam's two moments and the fp32 gradient through HBM (``OPT_BYTES`` per
+  parameter), sharded over data parallel by the cluster search (ZeRO-1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import Hardware
+from .profile import LayerProfile, Link, Profile
+from .transformer import TransformerSpec
+
+BF16 = 2
+#: bytes per parameter the optimizer step moves: fp32 master r/w (8), two fp32 moments r/w (16),
+#: fp32 gradient read (4), bf16 weight written (2)
+OPT_BYTES = 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorParallel:
+    """How a block is cut across the GPUs of one node."""
+
+    t: int = 1  #: tensor-parallel degree
+    sequence_parallel: bool = True  #: norms and dropouts split along the sequence (Korthikanti et al. 2022)
+
+
+def block_activation_bytes(spec: TransformerSpec, b: int, tp: TensorParallel) -> float:
+    """Bytes one block keeps per micro-batch of ``b`` sequences on one GPU (no recomputation).
+
+    At t = 1 for GPT (gelu, dropout, no flash) this is 34 s b h + 5 a s^2 b.
+    """
+    s, h, f, a, t = spec.seq, spec.hidden, spec.ffn, spec.heads, tp.t
+    sbh = s * b * h
+    # kept whole under tensor parallel: two norms' inputs, the QKV and MLP inputs, two dropout masks
+    whole = 4 * sbh + 2 * sbh + 2 * sbh + (2 * sbh if spec.dropout else 0)
+    # cut by t: Q, K, V, the output projection's input, the MLP's hidden tensors, the attention scores
+    qkv = 2 * sbh + 4 * s * b * spec.kv_dim + 2 * sbh
+    mlp = (6 if spec.mlp == "swiglu" else 4) * s * b * f
+    scores = 0 if spec.flash_attention else (2 + (3 if spec.dropout else 0)) * a * s * s * b
+    split = qkv + mlp + scores
+    return (whole + split) / t if tp.sequence_parallel else whole + split / t
+
+
+def boundary_bytes(spec: TransformerSpec, b: int, tp: TensorParallel) -> float:
+    """Bytes of a block's output per GPU: what a stage sends on (Megatron scatters it over the t GPUs)."""
+    return BF16 * spec.seq * b * spec.hidden / tp.t
+
+
+def tp_allreduce_time(nbytes: float, t: int, link: Link) -> float:
+    """Ring all-reduce of ``nbytes`` among ``t`` GPUs of a node."""
+    if t == 1:
+        return 0.0
+    return 2 * (t - 1) * link.latency + 2 * (t - 1) / t * nbytes / link.bandwidth
+
+
+def analytic_profile(spec: TransformerSpec, hw: Hardware, tp: TensorParallel,
+                     micro_batch_sizes: tuple[int, ...] = (1, 2, 4)) -> Profile:
+    """The ``Profile`` of ``spec`` on one GPU of a ``tp.t``-way tensor-parallel group of ``hw``.
+
+    Example:
+        >>> from stagewise.plan.hardware import Hardware
+        >>> p = analytic_profile(TransformerSpec.load("llama3-8b"), Hardware.load("h100"), TensorParallel(t=2))
+        >>> len(p.layers), p.symbols[:2]
+        (34, ('E', 't'))
+    """
+    per = {b: _per_size(spec, hw, tp, b) for b in micro_batch_sizes}
+    kinds = ("E",) + ("t",) * spec.layers + ("H",)
+    layers = []
+    for k, sym in enumerate(kinds):
+        vals = {name: tuple(per[b][sym][name] for b in micro_batch_sizes) for name in per[micro_batch_sizes[0]][sym]}
+        params = _params(spec, sym) / tp.t
+        layers.append(LayerProfile(name="embedding" if sym == "E" else "head" if sym == "H" else f"block{k - 1}",
+                                   symbol=sym, param_bytes=BF16 * params,
+                                   t_opt=OPT_BYTES * params / hw.memory_bandwidth, **vals))
+    tied = (((0, len(kinds) - 1), BF16 * spec.vocab * spec.hidden / tp.t),) if spec.tied_embeddings else ()
+    return Profile(model=spec.name, device=hw.name, micro_batch_sizes=tuple(micro_batch_sizes), layers=tuple(layers),
+                   link=hw.intra, tied=tied,
+                   meta={"analytic": True, "t": tp.t, "sequence_parallel": tp.sequence_parallel,
+                         "efficiency": hw.efficiency, "seq": spec.seq})
+
+
+def _params(spec: TransformerSpec, sym: str) -> int:
+    emb = spec.vocab * spec.hidden
+    if sym == "E":
+        return emb
+    if sym == "H":  # the final norm and the output matrix (a tied copy is held too, and summed)
+        return spec.hidden + emb
+    return spec.block_params()
+
+
+def _per_size(spec: TransformerSpec, hw: Hardware, tp: TensorParallel, b: int) -> dict:
+    """Per-size values of the three kinds of layer for micro-batch size ``b``."""
+    t, tokens, hbm = tp.t, spec.seq * b, hw.memory_bandwidth
+    out_b = boundary_bytes(spec, b, tp)
+    whole_out = BF16 * tokens * spec.hidden
+    kept_input = out_b if tp.sequence_parallel else whole_out  # a recomputed block keeps its input
+    # block: attention's two products are causal with flash attention (half the square computed)
+    mm = spec.block_matmul_flops(tokens) / t / hw.rate
+    att = spec.attention_flops(tokens) * (0.5 if spec.flash_attention else 1.0) / t / hw.rate
+    act = block_activation_bytes(spec, b, tp)
+    comm = 2 * tp_allreduce_time(whole_out, t, hw.intra)
+    block = _times(f=mm + att + act / hbm + comm, i=mm + 2 * att + 2 * act / hbm + comm, w=mm,
+                   act=act, inp=kept_input, out=out_b)
+    # embedding: a gather forward, a scatter-add backward (memory-bound, tiny)
+    e_act = out_b + (tokens * spec.hidden / (t if tp.sequence_parallel else 1) if spec.dropout else 0)
+    emb = _times(f=e_act / hbm, i=0.0, w=2 * out_b / hbm, act=e_act, inp=0.0, out=out_b)
+    # head: final norm, the vocabulary-parallel output matrix and the cross-entropy over fp32 logits
+    h_mm = spec.head_flops(tokens) / t / hw.rate
+    logits = 4 * tokens * spec.vocab / t
+    h_act = kept_input + whole_out / (t if tp.sequence_parallel else 1) + logits
+    head = _times(f=h_mm + h_act / hbm + tp_allreduce_time(whole_out, t, hw.intra),
+                  i=h_mm + 2 * h_act / hbm + tp_allreduce_time(whole_out, t, hw.intra), w=h_mm,
+                  act=h_act, inp=kept_input, out=0.0)
+    return {"E": emb, "t": block, "H": head}
+
+
+def _times(*, f: float, i: float, w: float, act: float, inp: float, out: float) -> dict:
+    return {"t_f": f, "t_b": i + w, "t_i": i, "t_w": w, "activation_bytes": act, "input_bytes": inp,
+            "output_bytes": out}

@@ -1,0 +1,126 @@
+"""A fast split for models made of identical blocks between an embedding and a head (E, t*n, H).
+
+At cluster scale every block costs the same, so a split is a number of blocks per
+piece. Water-filling hands the next block to the least loaded rank (and, within
+it, to its lightest piece) unless that breaks the rank's memory limit. With one
+piece per rank this is exact: the pieces' memory grows with their own blocks
+only, and equal increments make the greedy min-max optimal (the same argument
+as ``partition._waterfill``). With several pieces per rank, or a piece on two
+ranks (DualPipe), it is a feasible greedy, not a proven optimum. The embedding
+and the head start their pieces' loads, so the first and last stage get fewer
+blocks when they are heavier.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .holding import Holding
+from .partition import LayerCosts, _rank_memory, _Sums, runs_of
+
+_EPS = 1e-9
+
+
+def is_block_model(lc: LayerCosts) -> bool:
+    """The shape E, t*n, H: identical layers between a distinct first and last one."""
+    runs = runs_of(lc)
+    return len(runs) == 3 and runs[0] == (0, 1) and runs[2] == (len(lc.time) - 1, len(lc.time))
+
+
+def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, ...] | None:
+    """Layers per piece, or None when the greedy finds no split within ``limit`` bytes per rank."""
+    S, L = h.pieces, len(lc.time)
+    blocks, t = L - 2, lc.time[1]
+    sums = _Sums(lc)
+    n = [0] * S  # blocks per piece
+    piece_ranks: dict[int, set[int]] = {}
+    share = [0.0] * S
+    for s, k in enumerate(h.stage_piece):
+        piece_ranks.setdefault(k, set()).add(h.stage_rank[s])
+        share[k] += h.stage_share[s]
+    ends = [(lc.time[0] if k == 0 else 0.0) + (lc.time[-1] if k == S - 1 else 0.0) for k in range(S)]
+    low = [0 if k in (0, S - 1) else 1 for k in range(S)]
+    if S == 1:
+        low = [0]
+    n = list(low)
+    if sum(n) > blocks:
+        return None
+    if any(len(r) > 1 for r in piece_ranks.values()):  # a piece on two ranks (DualPipe's two lanes)
+        return _shared(sums, h, n, blocks, ends, t, limit)
+    rank_of = {k: next(iter(r)) for k, r in piece_ranks.items()}
+    pieces_of: dict[int, list[int]] = {}
+    for k in range(S):
+        pieces_of.setdefault(rank_of[k], []).append(k)
+
+    def load(r: int) -> float:
+        return sum(share[k] * (ends[k] + t * n[k]) for k in pieces_of[r])
+
+    def memory(r: int) -> float:
+        return _rank_memory(sums, h, r, [_span(n, k) for k in _stages_order(h, r)])
+
+    if limit is not None and any(memory(r) > limit * (1 + _EPS) for r in pieces_of):
+        return None
+    heap = [(load(r), r) for r in pieces_of]
+    heapq.heapify(heap)
+    for _ in range(blocks - sum(n)):
+        while heap:
+            _, r = heapq.heappop(heap)
+            k = _place(r, pieces_of[r], n, ends, share, t, limit, memory)
+            if k is not None:
+                heapq.heappush(heap, (load(r), r))
+                break
+        else:
+            return None
+    return tuple(n[k] + (k == 0) + (k == S - 1) for k in range(S))
+
+
+def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) -> tuple[int, ...] | None:
+    """Greedy for pieces held by several ranks: each block goes to the piece whose busiest holder stays
+    least loaded (and within the memory limit). Feasible, not proven optimal."""
+    S = len(n)
+    held = [[(h.stage_rank[s], h.stage_share[s]) for s in range(len(h.stage_piece)) if h.stage_piece[s] == k]
+            for k in range(S)]
+    load = [0.0] * h.ranks
+    for k in range(S):
+        for r, share in held[k]:
+            load[r] += share * (ends[k] + t * n[k])
+
+    def fits(k: int) -> bool:
+        return limit is None or all(
+            _rank_memory(sums, h, r, [_span(n, h.stage_piece[s]) for s in h.rank_stages[r]]) <= limit * (1 + _EPS)
+            for r, _ in held[k])
+
+    for _ in range(blocks - sum(n)):
+        order = sorted(range(S), key=lambda k: (max(load[r] + share * t for r, share in held[k]), k))
+        for k in order:
+            n[k] += 1
+            if fits(k):
+                for r, share in held[k]:
+                    load[r] += share * t
+                break
+            n[k] -= 1
+        else:
+            return None
+    return tuple(n[k] + (k == 0) + (k == S - 1) for k in range(S))
+
+
+def _place(r, pieces, n, ends, share, t, limit, memory) -> int | None:
+    """Give rank r's lightest piece that still fits one more block; None if none fits."""
+    for _, k in sorted((share[k] * (ends[k] + t * n[k]), k) for k in pieces):
+        n[k] += 1
+        if limit is None or memory(r) <= limit * (1 + _EPS):
+            return k
+        n[k] -= 1
+    return None
+
+
+def _stages_order(h: Holding, r: int) -> list[int]:
+    """Pieces of rank r's stages, in the order ``Holding.live`` counts them."""
+    return [h.stage_piece[s] for s in h.rank_stages[r]]
+
+
+def _span(n: list[int], k: int) -> tuple[int, int]:
+    """[start, end) layers of piece k (E is layer 0, H the last)."""
+    S = len(n)
+    lo = sum(n[:k]) + (1 if k > 0 else 0)
+    return lo, lo + n[k] + (k == 0) + (k == S - 1)

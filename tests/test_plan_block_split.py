@@ -1,0 +1,57 @@
+"""The block water-fill equals the exact partitioner where it claims to, and respects memory elsewhere."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from stagewise.plan.block_split import block_split, is_block_model
+from stagewise.plan.holding import holding
+from stagewise.plan.model import layer_costs
+from stagewise.plan.partition import best_split, evaluate
+from stagewise.schedules import generate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from plan_fixtures import gpt_profile  # noqa: E402
+
+
+@pytest.mark.parametrize("blocks, head, p, m", [(8, 3.0, 4, 8), (12, 0.6, 4, 4), (9, 0.01, 3, 6), (6, 2.0, 1, 2)])
+@pytest.mark.parametrize("limit", [None, 9e6, 7e6])
+def test_one_stage_per_rank_matches_the_exact_split(blocks, head, p, m, limit):
+    lc = layer_costs(gpt_profile(blocks=blocks, head=head), 1, False, 4.0)
+    assert is_block_model(lc)
+    h = holding(generate("1f1b", p, m, 1))
+    fast, exact = block_split(lc, h, limit), best_split(lc, h, limit)
+    assert (fast is None) == (exact is None)
+    if exact is not None:
+        assert evaluate(lc, h, fast).bottleneck == pytest.approx(evaluate(lc, h, exact).bottleneck)
+        assert evaluate(lc, h, fast, limit).fits
+
+
+def test_several_pieces_per_rank_fit_the_limit():
+    lc = layer_costs(gpt_profile(blocks=16, head=0.6), 1, False, 4.0)
+    h = holding(generate("interleaved-1f1b", 4, 8, 2))
+    free = block_split(lc, h, None)
+    assert free == best_split(lc, h, None)  # no limit: the water-fill is exact
+    need = max(evaluate(lc, h, free).rank_memory)
+    tight = block_split(lc, h, need * 0.95)
+    assert tight is not None and evaluate(lc, h, tight, need * 0.95).fits
+
+
+def test_heavy_ends_get_fewer_blocks():
+    lc = layer_costs(gpt_profile(blocks=14, embed=0.5, head=0.6), 1, False, 4.0)
+    counts = block_split(lc, holding(generate("1f1b", 4, 8, 1)), None)
+    blocks = [counts[0] - 1, *counts[1:-1], counts[-1] - 1]
+    assert blocks == [3, 4, 4, 3]
+
+
+def test_dualpipe_pieces_on_two_ranks_are_split_within_the_limit():
+    lc = layer_costs(gpt_profile(blocks=12, head=0.6), 1, False, 4.0)
+    h = holding(generate("dualpipe", 4, 8, 2))
+    free = block_split(lc, h, None)
+    assert sum(free) == len(lc.time) and len(free) == h.pieces
+    exact = best_split(lc, h, None)
+    assert evaluate(lc, h, free).bottleneck <= evaluate(lc, h, exact).bottleneck * 1.15
+    need = max(evaluate(lc, h, free).rank_memory)
+    tight = block_split(lc, h, need)
+    assert tight is not None and evaluate(lc, h, tight, need).fits

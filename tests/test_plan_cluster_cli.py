@@ -1,0 +1,87 @@
+"""`stagewise plan --model --hardware --gpus --global-batch-tokens` as a user meets it, and its torch-free core."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stagewise import torch_csv
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cli_helpers import fails, run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ("plan", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "64", "--global-batch-tokens", "2M",
+        "--schedules", "1f1b,interleaved-1f1b", "--chunks", "2")
+
+
+def test_plan_a_cluster_prints_table_frameworks_and_csv(tmp_path, capsys):
+    csv = tmp_path / "plan.csv"
+    rc, out, err = run(capsys, *BASE, "-o", str(csv), "--top", "3")
+    assert rc == 0, err
+    assert "llama3-8b on 64 x h100" in out and "256 sequences of 8192" in out
+    assert "MFU" in out and "mem/GPU" in out and "bubble" in out
+    assert "Megatron-LM: --tensor-model-parallel-size" in out
+    assert "torchtitan:  --parallelism.tensor_parallel_degree" in out and str(csv) in out
+    sched = torch_csv.load(csv)
+    assert sched.ranks >= 1
+
+
+def test_plan_a_cluster_json(tmp_path, capsys):
+    rc, out, _ = run(capsys, *BASE, "-o", str(tmp_path / "p.csv"), "--json", "--top", "2")
+    data = json.loads(out)
+    assert rc == 0 and data["global_batch"] == 256 and len(data["ranking"]) == 2
+    best = data["best"]
+    assert best["t"] * best["p"] * best["dp"] == 64 and best["m"] * best["micro_batch_size"] * best["dp"] == 256
+    assert data["ranking"][0]["step_time"] <= data["ranking"][1]["step_time"]
+
+
+def write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
+    args = dict(zip(BASE[1::2], BASE[2::2]))
+
+    def bad(**change):
+        merged = {**args, **change}
+        return fails(capsys, "plan", *[x for kv in merged.items() for x in kv])
+
+    model = json.loads((ROOT / "stagewise/plan/data/models/llama3-8b.json").read_text())
+    assert "--model" in bad(**{"--model": "nope.json"})
+    assert "heads (33)" in bad(**{"--model": write(tmp_path, "m.json", {**model, "heads": 33})})
+    assert "peak_flops must be > 0" in bad(**{"--hardware": write(tmp_path, "h.json", {
+        **json.loads((ROOT / "stagewise/plan/data/hardware/h100.json").read_text()), "peak_flops": 0})})
+    assert "no such file and not a shipped name" in bad(**{"--hardware": "h900"})
+    assert "must be a multiple of the model's sequence length 8192" in bad(**{"--global-batch-tokens": "1000"})
+    assert "--global-batch-tokens 'lots'" in bad(**{"--global-batch-tokens": "lots"})
+    assert "no t x p x dp = --gpus 37" in bad(**{"--gpus": "37"})
+    assert "no configuration" in bad(**{"--gpus": "4096", "--global-batch-tokens": "64K"})
+    assert "needs --gpus" in fails(capsys, "plan", "--model", "llama3-8b", "--hardware", "h100",
+                                   "--global-batch-tokens", "2M")
+    assert "--verify belongs to planning from a measured profile" in fails(capsys, *BASE, "--verify")
+    assert "--memory belongs to planning from a measured profile" in fails(capsys, *BASE, "--memory", "40GiB")
+    assert "plan needs --profile" in fails(capsys, "plan")
+
+
+def test_planning_core_imports_neither_torch_nor_the_runtime(tmp_path):
+    """Searching and costing run with torch made unimportable; the runtime is never loaded."""
+    code = f"""
+import sys
+sys.modules['torch'] = None  # any 'import torch' now raises ImportError
+from stagewise.cli import main
+rc = main(['plan', '--model', 'llama3-8b', '--hardware', 'h100', '--gpus', '16', '--global-batch-tokens', '1M',
+           '--schedules', '1f1b', '-o', {str(tmp_path / 'p.csv')!r}, '--json'])
+assert rc == 0, rc
+import stagewise.plan.search, stagewise.plan.partition, stagewise.plan.auto, stagewise.plan.profile
+bad = sorted(m for m, mod in sys.modules.items() if mod is not None
+             and (m.startswith('stagewise.runtime') or m.split('.')[0] == 'torch'))
+assert not bad, bad
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,0 +1,134 @@
+"""Cluster-scale search: the batch in tokens, ZeRO-1, the overlapped data-parallel reduction, exact pruning."""
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from stagewise.plan.cluster_search import Job, cluster_search, state_factor
+from stagewise.plan.data_parallel import exposed_reduction
+from stagewise.plan.errors import PlanError
+from stagewise.plan.frameworks import block_counts, megatron_options, torchtitan_options
+from stagewise.plan.hardware import Hardware
+from stagewise.plan.search import Space
+from stagewise.plan.transformer import TransformerSpec
+
+H100 = Hardware.load("h100")
+SMALL = Space(families=("1f1b", "interleaved-1f1b", "zb-h1"), chunks=(2,))
+
+
+def job(model="llama3-8b", gpus=64, tokens=2**21, **kw):
+    return Job(spec=TransformerSpec.load(model), hardware=H100, gpus=gpus, global_batch_tokens=tokens, **kw)
+
+
+def test_batch_is_tied_to_m_mbs_and_dp():
+    res = cluster_search(job(space=SMALL), keep=5)
+    assert res.ranking and res.simulated + res.pruned + res.too_big == res.configurations
+    for c in res.ranking:
+        g = c.config
+        assert g.m * g.mbs * g.dp == 256 and c.t * g.p * g.dp == 64
+        assert max(c.candidate.memory) <= H100.memory
+        assert 0 < c.mfu < 1
+
+
+def test_pruning_keeps_the_exact_top():
+    pruned = cluster_search(job(space=SMALL), keep=3)
+    full = cluster_search(job(space=SMALL), keep=10**6)
+    assert pruned.simulated < full.simulated
+    assert [c.step_time for c in pruned.ranking[:3]] == [c.step_time for c in full.ranking[:3]]
+
+
+def test_zero1_shards_the_optimizer_state():
+    assert state_factor(1, True) == state_factor(8, False) == 9
+    assert state_factor(64, True) == pytest.approx(3 + 6 / 64)
+    z = cluster_search(job(space=SMALL, tensor=(8,), pipeline=(2,)), keep=1).ranking[0]
+    r = cluster_search(job(space=SMALL, tensor=(8,), pipeline=(2,), zero=False), keep=1).ranking[0]
+    assert max(z.candidate.memory) < max(r.candidate.memory)
+
+
+def test_llama3_405b_first_and_last_stages_get_fewer_blocks():
+    res = cluster_search(Job(spec=TransformerSpec.load("llama3-405b"), hardware=H100, gpus=16384,
+                             global_batch_tokens=16 * 2**20, tensor=(8,), pipeline=(16,),
+                             space=Space(families=("1f1b",), recompute=(True,))), keep=1)
+    best = res.ranking[0]
+    blocks = block_counts(best.candidate.counts)
+    assert blocks == [7] + [8] * 14 + [7]  # Llama 3's own split (Sec. 3.3.2)
+    mega, _ = megatron_options(best, Job(spec=TransformerSpec.load("llama3-405b"), hardware=H100, gpus=16384,
+                                         global_batch_tokens=16 * 2**20))
+    assert "--decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7" in mega
+    assert "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16" in mega
+    titan = torchtitan_options(best, job(), "plan.csv")
+    assert "layers.7,layers.15," in titan and "--parallelism.pipeline_parallel_schedule_csv plan.csv" in titan
+
+
+def test_llama3_405b_on_16384_gpus_is_searched_fast():
+    t0 = time.perf_counter()
+    res = cluster_search(Job(spec=TransformerSpec.load("llama3-405b"), hardware=H100, gpus=16384,
+                             global_batch_tokens=16 * 2**20))
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 30  # under 10 s on an idle machine (README); generous under a loaded test run
+    assert res.configurations > 500 and res.ranking[0].t == 8
+    layouts = list(dict.fromkeys((c.t, c.config.p) for c in res.ranking))
+    assert (8, 16) in layouts[:5]  # Llama 3's t x p among the top five layouts
+    blocks = block_counts(res.ranking[0].candidate.counts)
+    assert blocks[0] < max(blocks) and blocks[-1] < max(blocks)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(tokens=2**21 + 1), "--global-batch-tokens 2097153 must be a multiple of the model's sequence length 8192"),
+    (dict(gpus=64, tensor=(16,)), "--gpus 64 with --tensor 16: no tensor-parallel degree divides both the GPU"),
+    (dict(gpus=37), "no t x p x dp = --gpus 37 with dp x micro-batch size (1/2/4) dividing 256"),
+    (dict(gpus=4096, tokens=8192 * 8), "no configuration: --global-batch-tokens 65536 is 8 sequences of 8192"),
+])
+def test_impossible_jobs_name_value_and_rule(kw, words):
+    with pytest.raises(PlanError) as e:
+        cluster_search(job(space=SMALL, **kw))
+    assert words in str(e.value)
+
+
+def test_nothing_fits_reports_the_least_memory():
+    small = Job(spec=TransformerSpec.load("llama3-8b"), hardware=replace(H100, memory=19e9), gpus=8,
+                global_batch_tokens=2**18, tensor=(8,), space=Space(families=("1f1b",), recompute=(False,)))
+    res = cluster_search(small)
+    assert not res.ranking and res.too_big == res.configurations and max(res.least_memory.memory) > 19e9
+    with pytest.raises(PlanError, match="--gpus 8: llama3-8b's weights, fp32 gradients and optimizer state need "
+                                        "at least 16.8 GiB per GPU split over all 8 GPUs, more than the 954 MiB"):
+        cluster_search(replace(small, hardware=replace(H100, memory=1e9)))
+
+
+def test_pipeline_messages_cross_nodes_where_stages_do():
+    from stagewise.plan.cluster_search import searchers
+
+    found = {(s.t, s.cluster.pipeline): s.cluster for s in searchers(job(gpus=64), {})}
+    t8 = found[(8, 2)]  # a t=8 group fills a node: every pipeline boundary crosses nodes
+    assert t8.per_node == 1 and t8.link(2, 4, 0, 1) is H100.inter
+    t1 = found[(1, 8)]  # eight t=1 ranks of one pipeline share a node
+    assert t1.per_node == 8 and t1.link(8, 8, 0, 7) is H100.intra
+
+
+def test_schedules_megatron_cannot_run_go_to_torchtitan_only():
+    res = cluster_search(job(space=Space(families=("zb-v",)), tensor=(8,), pipeline=(2,)), keep=1)
+    best = res.ranking[0]
+    mega, note = megatron_options(best, job())
+    assert mega is None and "not zb-v" in note
+    assert "--parallelism.pipeline_parallel_schedule_csv x.csv" in torchtitan_options(best, job(), "x.csv")
+
+
+@pytest.mark.parametrize("family, v", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe", 2),
+                                       ("gpipe", 1), ("looped-bfs", 2)])
+def test_pipeline_bound_never_exceeds_the_simulation(family, v):
+    from stagewise.costs import Costs
+    from stagewise.plan.cluster_search import pipeline_bound
+    from stagewise.schedules import FAMILIES, generate
+    from stagewise.simulate import simulate
+
+    sched = generate(family, 4, 8, v)
+    costs = Costs(t_f=[1.0 + 0.1 * s for s in range(sched.stages)], t_b=[2.0] * sched.stages, latency=0.3,
+                  bandwidth=1.0, boundary_bytes=0.2)
+    tl = simulate(sched, costs)
+    bound = pipeline_bound(sched, costs.resolve(sched.stages), FAMILIES[family].split_backward)
+    span = max(max(e) for e in tl.ends) - min(min(s) for s in tl.starts)
+    assert 0 < bound <= span + 1e-9
+    if family == "1f1b":  # fill + steady work + drain: exact for 1F1B on even costs without links
+        even = Costs(t_f=1.0, t_b=2.0)
+        assert pipeline_bound(sched, even.resolve(4), False) == pytest.approx(3 * 1 + 8 * 3 + 3 * 2)

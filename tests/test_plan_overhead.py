@@ -1,0 +1,68 @@
+"""The per-step work outside the layers: its fit, and the planner adding it to every prediction."""
+
+import math
+import operator
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from stagewise.plan.cluster import Cluster
+from stagewise.plan.overhead import KEY, fit_overhead, step_overhead
+from stagewise.plan.profile import Profile
+from stagewise.plan.search import Searcher, Space, search
+
+sys.path.insert(0, str(Path(__file__).parent))
+from plan_fixtures import gpt_profile  # noqa: E402
+
+
+def test_fit_is_fixed_plus_per_action():
+    fit = fit_overhead([(4, 0.010 + 4 * 0.002), (16, 0.010 + 16 * 0.002)])
+    assert fit["fixed_s"] == pytest.approx(0.010) and fit["per_action_s"] == pytest.approx(0.002)
+    flat = fit_overhead([(4, 0.03), (16, 0.01)])  # a residual that falls with more actions: no negative terms
+    assert flat["per_action_s"] == 0.0 and flat["fixed_s"] == pytest.approx(0.02)
+    origin = fit_overhead([(4, -0.004), (8, 0.004)])  # the line would start below zero: through the origin
+    assert origin["fixed_s"] == 0.0 and origin["per_action_s"] == pytest.approx((8 * 0.004 - 4 * 0.004) / 80)
+
+
+def test_plan_adds_the_measured_overhead():
+    prof = gpt_profile(blocks=8)
+    cl = Cluster(devices=2, per_node=2, memory=None, intra=prof.link, inter=prof.link)
+    space = Space(families=("1f1b",), recompute=(False,), micro_batch_sizes=(1,))
+    plain = search(Searcher(profile=prof, cluster=cl, global_batch=8, space=space))
+    fit = {"fixed_s": 0.5, "per_action_s": 0.25, "samples": []}
+    timed = search(Searcher(profile=replace(prof, meta={KEY: fit}), cluster=cl, global_batch=8, space=space))
+    for a, b in zip(plain, timed):
+        ops = max(len(p) for p in b.schedule.programs)
+        assert b.overhead == step_overhead(replace(prof, meta={KEY: fit}), ops) == 0.5 + 0.25 * ops
+        assert b.step_time == pytest.approx(a.step_time + b.overhead)
+    back = Profile.loads(__import__("json").dumps(replace(prof, meta={KEY: fit}).to_json()))
+    assert back.meta[KEY]["per_action_s"] == 0.25  # the profile file keeps the fit
+
+
+@pytest.mark.slow
+def test_measuring_uses_the_runtime_launcher():
+    from stagewise.runtime.launch import RankFailure, run_on_ranks
+
+    assert run_on_ranks(operator.add, 2) == 2  # rank 0 returns 0 + world
+    with pytest.raises(RankFailure, match="rank 0"):
+        run_on_ranks(math.log, 2)  # log(0, 2) fails on rank 0 only
+
+
+@pytest.mark.slow
+def test_profile_measures_the_overhead_on_the_runtime():
+    """Two short 1F1B runs on 2 local ranks; the fit explains what the layers alone do not."""
+    from stagewise.plan.link import measure_link
+    from stagewise.plan.measure import gpt_model, profile_model
+    from stagewise.plan.overhead import measure_overhead
+    from stagewise.runtime.models import GPTConfig
+
+    prof = profile_model(gpt_model(GPTConfig(layers_n=2, d_model=32, seq=8)), (1,), repeats=3, threads=1)
+    prof = replace(prof, link=measure_link(sizes=(1 << 10, 1 << 16), repeats=3))
+    fit = measure_overhead(prof, (2, 4), steps=3, rounds=1)
+    assert fit["fixed_s"] >= 0 and fit["per_action_s"] >= 0
+    assert [n for n, _ in fit["samples"]] == [4, 8]  # 1F1B on 2 ranks: 2m actions on each
+    worst = max(abs(r) for _, r in fit["samples"])
+    for n, _ in fit["samples"]:  # a least-squares line through two points stays within what was measured
+        assert step_overhead(replace(prof, meta={KEY: fit}), n) <= worst + 1e-9

@@ -1,0 +1,28 @@
+"""The published rows the analytic planner is calibrated against (benchmarks/bench_published.py): every
+configuration of Megatron-LM SC21 Table 1 and Llama 3 Table 4 predicted within 15%, one row per GPU calibrated."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from stagewise.plan.hardware import Hardware
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_published", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_published.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_one_calibration_row_per_gpu_type():
+    cal = [r.hardware for r in bench.ROWS if r.calibration]
+    assert sorted(cal) == sorted(set(cal)) == ["a100", "h100"]
+
+
+@pytest.mark.parametrize("row", bench.ROWS, ids=lambda r: f"{r.model}-{r.gpus}")
+def test_published_throughput_within_15_percent(row):
+    got, best = bench.predict(row, Hardware.load(row.hardware))
+    assert best.t == row.t and best.config.p == row.p and best.config.dp * row.t * row.p == row.gpus
+    assert got == pytest.approx(row.published, rel=0.15)
+    if row.calibration:  # the shipped efficiency reproduces its calibration row
+        assert got == pytest.approx(row.published, rel=0.01)
