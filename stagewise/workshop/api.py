@@ -1,6 +1,6 @@
 """The workshop's JSON API: settings in, simulated timelines out.
 
-It runs the very code the CLI runs (``generate``, ``Costs``, ``simulate``,
+It runs the very code the CLI runs (``compare.schedules_for``, ``Costs``, ``compare.simulate_all``,
 ``report.result``), so a setting the CLI rejects gets the CLI's message here,
 tagged with the page control (``field``) that caused it.
 """
@@ -15,13 +15,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
 from ..actions import KINDS, Pair
+from ..compare import schedules_for, simulate_all
 from ..costs import CostError, Costs, rank_share_weights, scaled
 from ..render import palette
 from ..render.cells import chunk_of_stage, memory_steps, origin
-from ..report import result
 from ..schedule import Schedule
 from ..schedules import FAMILIES, ScheduleArgError, generate
-from ..simulate import simulate
 from ..timeline import Timeline
 from ..validate import ScheduleError
 
@@ -175,15 +174,13 @@ def schedules_of(s: Settings) -> list[Schedule]:
     if not s.schedules:
         raise SettingError("choose at least one schedule", "schedules")
     have = available()
-    out = []
     for name in s.schedules:
-        fam = FAMILIES.get(name)
-        if fam is None or name not in have:
+        if name not in have:
             raise SettingError(f"unknown schedule {name!r}; choose one of: {', '.join(have)}", "schedules")
-        v = s.v
-        if len(s.schedules) > 1 and v is not None and fam.chunks is not None and v not in fam.chunks:
-            v = None
-        out.append(generate(name, s.p, s.m, v))
+    if len(s.schedules) == 1:  # one family: a v it does not take is an error, not a default
+        out = [generate(s.schedules[0], s.p, s.m, s.v)]
+    else:
+        out = schedules_for(s.schedules, s.p, s.m, s.v)
     total = sum(sched.num_actions for sched in out)
     if total > MAX_ACTIONS:
         raise SettingError(f"these settings make {total} actions; the page draws at most {MAX_ACTIONS}: lower "
@@ -194,12 +191,7 @@ def schedules_of(s: Settings) -> list[Schedule]:
 def simulate_settings(s: Settings) -> list[tuple[Timeline, dict]]:
     """(timeline, result) per schedule; raises SettingError naming the control at fault."""
     try:
-        out = []
-        for sched in schedules_of(s):
-            costs = costs_for(s, sched)
-            tl = simulate(sched, costs)
-            out.append((tl, result(sched, costs, tl)))
-        return out
+        return [tuple(e) for e in simulate_all(schedules_of(s), lambda sched: costs_for(s, sched))]
     except (ScheduleArgError, CostError) as e:
         raise SettingError(str(e), field_of(str(e))) from None
     except ScheduleError as e:
