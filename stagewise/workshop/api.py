@@ -31,7 +31,7 @@ OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
 #: a page is for exploring: keep one request about a second at worst
 LIMITS = {"p": 64, "m": 256, "v": 8}
-MAX_ACTIONS = 40_000  #: all schedules of one view together (9 families at p=16, m=64 make 31,280)
+MAX_ACTIONS = 48_000  #: all schedules of one view together (11 families at p=16, m=64 make 41,443)
 
 
 class SettingError(ValueError):
