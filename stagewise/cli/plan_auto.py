@@ -14,8 +14,6 @@ def register(sub) -> None:
         "(p <= 4, m <= 8) a mixed-integer program proves the fastest order and each family's distance from it.")
     p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks = stages (one per rank), default 4")
     p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches, default 8")
-    p.add_argument("--cap", default=None, metavar="N[,N..]",
-                   help="most live activations (micro-batches) per rank, one number or one per rank")
     add_cost_args(p)
     p.add_argument("--optimum", action="store_true", help="also solve for the proven optimum (p <= 4, m <= 8)")
     p.add_argument("--time-limit", type=float, default=120.0, help="seconds for the optimum, default 120")
@@ -32,14 +30,9 @@ def cmd_auto(args) -> int:
 
     p, m = args.ranks, args.microbatches
     costs = costs_from(args)
-    cap = None
-    if args.cap:
-        cap = _int_list(args.cap, "--cap")
-        cap = cap * p if len(cap) == 1 else cap
-        if len(cap) != p:
-            raise UsageError(f"--cap has {len(cap)} values; -p is {p}")
+    cap = costs.cap.per_rank(p) if costs.cap is not None else None
     try:
-        res = auto_schedule(p, m, costs, cap)
+        res = auto_schedule(p, m, costs, cap, unit_bytes=costs.cap is not None and costs.cap.unit == "bytes")
     except ValueError as e:
         raise UsageError(f"--cap {args.cap}: {e}") from None
     rows = [result(generate_one(name, p, m), costs) for name in res.families]

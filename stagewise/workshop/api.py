@@ -16,7 +16,7 @@ from typing import Mapping
 
 from ..actions import KINDS, Pair
 from ..compare import schedules_for, simulate_all
-from ..costs import CostError, Costs, rank_share_weights, scaled
+from ..costs import CostError, Costs, MemoryCap, rank_share_weights, scaled
 from ..render import palette
 from ..render.cells import chunk_of_stage, memory_steps, origin
 from ..schedule import Schedule
@@ -27,7 +27,7 @@ from ..validate import ScheduleError
 #: page control -> the CLI option that means the same (messages name the CLI option)
 OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v": "--chunks", "tf": "--tf",
            "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "latency": "--latency", "skew": "skew",
-           "per": "per"}
+           "per": "per", "free_at_i": "--free-at-i", "cap": "--cap"}
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
 #: a page is for exploring: keep one request about a second at worst
 LIMITS = {"p": 64, "m": 256, "v": 8}
@@ -60,6 +60,8 @@ class Settings:
     #: "rank": t_f etc. are one rank's share of the model, so a stage of a v-chunk schedule costs 1/v of it
     #: (schedules compare on the same model); "stage": per stage, as the CLI reads them
     per: str = "rank"
+    free_at_i: float = 0.0  #: share of an activation freed at I (the rest at W)
+    cap: float | None = None  #: most activation per rank (chunk-units; rank shares with per="rank")
 
     def to_query(self) -> dict[str, str]:
         """The non-default settings as strings (the page's URL state)."""
@@ -163,7 +165,9 @@ def costs_for(s: Settings, schedule: Schedule) -> Costs:
     """The cost model of the settings; uneven weights make each duration a per-stage list."""
     if s.skew <= 0:
         raise SettingError(f"skew (cost factor of the first and last stage) must be > 0; got {s.skew:g}", "skew")
-    base = Costs(t_f=s.tf, t_b=s.tb, t_i=s.ti, t_w=s.tw, t_fb=s.tfb, latency=s.latency)
+    cap = MemoryCap(values=(s.cap,)) if s.cap is not None else None
+    base = Costs(t_f=s.tf, t_b=s.tb, t_i=s.ti, t_w=s.tw, t_fb=s.tfb, latency=s.latency, free_at_i=s.free_at_i,
+                 cap=cap)
     timed = scaled(base, stage_weights(schedule, s.skew, s.per), activation=False)
     # a chunk holding 1/v of a rank's layers also keeps 1/v of its activations (the skew is compute only)
     return scaled(timed, stage_weights(schedule, 1.0, s.per), durations=False)
