@@ -96,6 +96,8 @@ def auto_schedule(p: int, m: int, costs: Costs, cap: Sequence[float] | None = No
             break
         search.policy(pol)
     search.local()
+    if progress is not None:
+        progress(search.planned, search.planned)
     if search.best is None:
         raise CapError(f"no order keeps every rank within its memory cap {_fmt(cap)}")
     value, source, sched, mk = search.best
@@ -143,7 +145,7 @@ class _Search:
         self.objective, self.deadline, self.progress, self.planned = objective, deadline, progress, planned
         self.best: tuple[float, str, Schedule, float] | None = None
         self.tried = 0
-        self.best_policy: Policy | None = None
+        self.best_policy: tuple[float, Policy] | None = None
 
     def score(self, sched: Schedule, source: str, makespan: float | None = None, span: float | None = None
               ) -> float:
@@ -180,18 +182,16 @@ class _Search:
         out = greedy(self.p, self.m, self.sc, self.size, self.cap, pol)
         if out is None:
             return None
-        before = self.best
         value = self.score(out.schedule, source or f"greedy {pol.describe()}", out.makespan, out.span)
-        if self.best is not before:
-            self.best_policy = pol
+        if self.best_policy is None or value < self.best_policy[0]:
+            self.best_policy = (value, pol)  # the local search starts from the best greedy, family or not
         return value
 
     def local(self) -> None:
         """Hill-climb the best greedy policy's warm-up limits, one rank by one step at a time, until the deadline."""
-        pol = self.best_policy
-        if pol is None:
+        if self.best_policy is None:
             return
-        current = self.best[0]
+        current, pol = self.best_policy
         improved = True
         while improved and time.perf_counter() < self.deadline:
             improved = False
@@ -202,8 +202,6 @@ class _Search:
                     value = self.policy(cand, f"local search {cand.describe()}")
                     if value is not None and value < current - _EPS * abs(current):
                         pol, current, improved = cand, value, True
-        if self.progress is not None:
-            self.progress(self.planned, self.planned)
 
 
 def _neighbours(pol: Policy, r: int, m: int) -> list[Policy]:
