@@ -145,7 +145,7 @@ class _Search:
         self.objective, self.deadline, self.progress, self.planned = objective, deadline, progress, planned
         self.best: tuple[float, str, Schedule, float] | None = None
         self.tried = 0
-        self.best_policy: tuple[float, Policy] | None = None
+        self.greedy_values: list[tuple[float, int, Policy]] = []  #: the local search starts from the best
 
     def score(self, sched: Schedule, source: str, makespan: float | None = None, span: float | None = None
               ) -> float:
@@ -183,15 +183,23 @@ class _Search:
         if out is None:
             return None
         value = self.score(out.schedule, source or f"greedy {pol.describe()}", out.makespan, out.span)
-        if self.best_policy is None or value < self.best_policy[0]:
-            self.best_policy = (value, pol)  # the local search starts from the best greedy, family or not
+        if source is None:
+            self.greedy_values.append((value, len(self.greedy_values), pol))
         return value
 
     def local(self) -> None:
-        """Hill-climb the best greedy policy's warm-up limits, one rank by one step at a time, until the deadline."""
-        if self.best_policy is None:
-            return
-        current, pol = self.best_policy
+        """Hill-climb from the best greedy policy of each kind (hold or not, fill rule), best first, until the
+        deadline: the kinds end in different local optima."""
+        starts: dict = {}
+        for value, i, pol in sorted(self.greedy_values):
+            starts.setdefault((pol.hold, pol.fill), (value, i, pol))
+        for value, _, pol in sorted(starts.values()):
+            if time.perf_counter() >= self.deadline:
+                return
+            self.climb(value, pol)
+
+    def climb(self, current: float, pol: Policy) -> None:
+        """Move one rank's warm-up limit by one, or flip its fill rule, while that helps."""
         improved = True
         while improved and time.perf_counter() < self.deadline:
             improved = False
