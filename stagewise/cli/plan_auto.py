@@ -151,11 +151,11 @@ def _write(args, schedule, costs) -> None:
 
 
 def _auto_table(rows, objective: str) -> str:
-    head = f"{'schedule':<18}{'makespan':>11}{'span':>11}{'bubble':>8}{'span bubble':>12}  peak activations per rank"
+    head = f"{'schedule':<18}{'makespan':>13}{'span':>13}{'bubble':>8}{'span bubble':>12}  peak activations per rank"
     lines = [head, "-" * len(head)]
     for r in map(_with_span, rows):
         peaks = " ".join(f"{x:.3g}" for x in r["peak_activations"])
-        lines.append(f"{r['schedule']:<18}{r['makespan']:>11.6g}{r['span']:>11.6g}{r['bubble_fraction']:>8.2%}"
+        lines.append(f"{r['schedule']:<18}{r['makespan']:>13.7g}{r['span']:>13.7g}{r['bubble_fraction']:>8.2%}"
                      f"{r['span_bubble_rate']:>12.2%}  {peaks}")
     lines.append(f"(objective: {'the shared step end, makespan' if objective == 'step' else 'the longest span'})")
     return "\n".join(lines)
