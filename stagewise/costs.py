@@ -145,8 +145,8 @@ class MemoryCap:
         if len(vals) != ranks:
             raise CostError(f"{self.option} has {len(vals)} values; give one, or one per rank ({ranks})")
         for r, x in enumerate(vals):
-            if not x > 0:  # also NaN
-                raise CostError(f"{self.option} must be > 0 (no order runs a forward without memory); "
+            if not 0 < x < float("inf"):  # also NaN
+                raise CostError(f"{self.option} must be > 0 and finite (no order runs a forward without memory); "
                                 f"got {x:g} for rank {r}")
         return vals
 

@@ -40,7 +40,9 @@ def test_the_peak_in_bytes_counts_what_w_still_holds():
 
 
 @pytest.mark.parametrize("cap, words", [
-    (MemoryCap(values=(0,)), "--cap must be > 0 (no order runs a forward without memory); got 0 for rank 0"),
+    (MemoryCap(values=(0,)), "--cap must be > 0 and finite (no order runs a forward without memory); got 0 for "
+                             "rank 0"),
+    (MemoryCap(values=(float("inf"),)), "got inf for rank 0"),
     (MemoryCap(values=(2, -1, 2, 2)), "got -1 for rank 1"),
     (MemoryCap(values=(2, 2)), "--cap has 2 values; give one, or one per rank (4)"),
     (MemoryCap(values=(1e9,), unit="bytes"), "--cap-bytes needs the activation sizes in bytes"),
@@ -79,6 +81,7 @@ def test_the_picture_says_the_cap(capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--cap", "0"], "--cap must be > 0"),
+    (["--cap", "nan"], "--cap must be > 0 and finite"),
     (["--cap", "two"], "--cap two: expected a number"),
     (["--cap", "2", "--cap-bytes", "9"], "give either --cap (chunk-units) or --cap-bytes, not both"),
     (["--hidden-size", "1024"], "--hidden-size needs --hidden-size, --heads and --seq-length together"),

@@ -88,3 +88,18 @@ def test_a_byte_cap_below_one_activation_names_m_b(capsys):
     err = fails(capsys, "auto", "--hidden-size", "1024", "--heads", "16", "--seq-length", "1024",
                 "--cap-bytes", "1e6")
     assert f"the smallest cap that works is {(34 * 1024 + 5 * 16 * 1024) * 1024:.6g}" in err
+
+
+def test_the_progress_bar_shows_only_after_a_second(monkeypatch):
+    from stagewise.cli import plan_auto
+
+    bar = plan_auto._LateBar(after=3600.0)
+    bar.enabled = True
+    with bar:
+        bar.update(1, 10)
+    assert bar.bar is None  # a quick search draws nothing
+    bar = plan_auto._LateBar(after=0.0)
+    bar.enabled = True
+    with bar:
+        bar.update(5, 10)
+        assert bar.bar is not None and bar.bar.tasks[0].completed == 5
