@@ -39,6 +39,7 @@ from .greedy import Policy, greedy
 
 _EPS = 1e-9
 OBJECTIVES = ("step", "span")
+FILLS = ("any", "gap", "budget")  #: the greedy's rules for filling a wait with a W
 #: called with (candidates tried, candidates planned) as the search goes
 Progress = Callable[[int, int], None]
 
@@ -134,7 +135,7 @@ def policies(p: int, m: int) -> list[Policy]:
     for num in (1, 2):  # extra warm-up growing towards the first stage, as in ZB-H2 (and 2(p - r))
         shapes.add(tuple(min(m, p - r + (num * (p - r - 1) + num - 1) // 2) for r in range(p)))
     return [Policy(warmup=w, fill=(f,) * p, hold=h) for w in sorted(shapes, reverse=True)
-            for h in (True, False) for f in ("any", "gap")]
+            for h in (True, False) for f in FILLS]
 
 
 class _Search:
@@ -220,9 +221,11 @@ def _neighbours(pol: Policy, r: int, m: int) -> list[Policy]:
         w[r] += step
         if 1 <= w[r] <= m:
             out.append(Policy(warmup=tuple(w), fill=pol.fill, hold=pol.hold))
-    fill = list(pol.fill)
-    fill[r] = "gap" if fill[r] == "any" else "any"
-    out.append(Policy(warmup=pol.warmup, fill=tuple(fill), hold=pol.hold))
+    for rule in FILLS:
+        if rule != pol.fill[r]:
+            fill = list(pol.fill)
+            fill[r] = rule
+            out.append(Policy(warmup=pol.warmup, fill=tuple(fill), hold=pol.hold))
     return out
 
 

@@ -29,7 +29,8 @@ class Policy:
     """One greedy variant."""
 
     warmup: tuple[int, ...]  #: per rank: most forwards ahead of its input-gradient backwards
-    #: per rank, "any": a W whenever nothing else is ready; "gap": only if it ends before the next ready F/I
+    #: per rank, "any": a W whenever nothing else is ready; "gap": only if it ends before the next ready F/I;
+    #: "budget": only once waiting would make the rank the idlest so far
     fill: tuple[str, ...]
     #: before its first I, a rank starts no forward that would end after that I could start at the earliest
     #: (the paper's "bubble before the first B": a short wait rather than a late gradient down the chain)
@@ -91,6 +92,7 @@ class _State:
         self.pending: list[list[int]] = [[] for _ in range(p)]
         self.next_w = [0] * p  #: index into pending of the next W (W's run in I order)
         self.clock, self.live, self.first = [0.0] * p, [0.0] * p, [0.0] * p
+        self.idle = [0.0] * p  #: idle time inside each rank's span so far
         self.programs: list[list[Action]] = [[] for _ in range(p)]
         self.first_i = _earliest_first_i(p, sc)
 
@@ -107,11 +109,22 @@ class _State:
         ti = max(t, self.i_ready(r))
         nxt = min(ti, tf)
         owed = self.next_w[r] < len(self.pending[r])
-        if owed and nxt > t and (pol.fill[r] == "any" or t + self.sc.w[r] <= nxt + _EPS):
+        if owed and nxt > t and self.fills(r, t, nxt):
             return t, "W"  # fill what would be idle time
         if nxt == INF:
             return (t, "W") if owed else None
         return (ti, "I") if ti <= tf else (tf, "F")
+
+    def fills(self, r: int, t: float, nxt: float) -> bool:
+        """Whether rank r fills the wait from t to nxt with a W, by its fill rule."""
+        rule = self.pol.fill[r]
+        if rule == "any":
+            return True
+        if rule == "gap":
+            return t + self.sc.w[r] <= nxt + _EPS
+        # "budget" (the paper's no-bubble greedy): keep the W for later while this wait leaves the rank
+        # no idler than the idlest rank so far
+        return nxt == INF or self.idle[r] + (nxt - t) > max(self.idle) + _EPS
 
     def f_ready(self, r: int) -> float:
         if self.nf[r] >= self.m:
@@ -128,6 +141,8 @@ class _State:
 
     def run(self, r: int, kind: str, start: float) -> None:
         sc, size = self.sc, self.size[r]
+        if self.done[r]:
+            self.idle[r] += start - self.clock[r]
         if kind == "F":
             j = self.nf[r]
             self.nf[r] += 1
