@@ -42,7 +42,8 @@ def test_a_cap_in_bytes_bounds_the_peak_in_bytes():
     costs = Costs(t_f=1, t_b=2, activation_bytes=[4e6, 3e6, 2e6, 1e6], free_at_i=0.4)
     res = auto_schedule(4, 8, costs, [8e6] * 4, unit_bytes=True)
     assert max(metrics(simulate(res.schedule, costs)).peak_activation_bytes) <= 8e6 * (1 + 1e-9)
-    with pytest.raises(CapError, match="the smallest cap that works is 4e.06,3e.06,2e.06,1e.06"):
+    with pytest.raises(CapError, match="rank 0's cap of 1e.06 bytes is below what any order needs.*"
+                                       "the smallest cap that works is 4e.06,3e.06,2e.06,1e.06"):
         auto_schedule(4, 8, costs, [1e6] * 4, unit_bytes=True)
 
 
@@ -77,10 +78,11 @@ def test_auto_cli_writes_the_order_the_picture_and_says_whether_it_is_optimal(ca
     assert "cap 2 chunk-units: within" in (tmp_path / "a.txt").read_text()
 
 
-@pytest.mark.parametrize("cap, shown", [("0", "0"), ("-1", "-1"), ("0.5", "0.5")])
+@pytest.mark.parametrize("cap, shown", [("0", "0"), ("-1", "-1"), ("0.5", "0.5"), ("nan", "nan"), ("2,2,0,2", "0")])
 def test_a_cap_no_order_can_meet_names_the_smallest_that_works(capsys, cap, shown):
     err = fails(capsys, "auto", "-p", "4", "-m", "8", "--cap", cap)
-    assert f"--cap {shown} (rank 0) is below what any order needs" in err
+    assert err.startswith(f"stagewise auto: error: --cap {cap}: rank ")
+    assert f"cap of {shown} chunk-units is below what any order needs" in err
     assert "the smallest cap that works is 1" in err
 
 

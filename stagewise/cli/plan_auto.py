@@ -49,7 +49,8 @@ def cmd_auto(args) -> int:
             res = auto_schedule(p, m, costs, cap, unit_bytes=unit_bytes, objective=args.objective,
                                 time_limit=args.time_limit, progress=bar.update)
     except CapError as e:
-        raise UsageError(f"{costs.cap.option if costs.cap else '--cap'}: {e}") from None
+        text = ",".join(f"{x:g}" for x in costs.cap.values) if costs.cap else ""
+        raise UsageError(f"{costs.cap.option if costs.cap else '--cap'} {text}: {e}") from None
     rows = [result(_generate(name, p, m), costs) for name in res.families]
     rows.append(result(res.schedule, costs))
     opt = None
@@ -86,27 +87,14 @@ def cmd_auto(args) -> int:
 
 
 def _cap(costs, p: int):
-    """The cap per rank (None without one), checked against what any order needs."""
-    from ..costs import CostError
-    from ..plan.auto import smallest_cap
-
+    """(cap per rank or None, whether in bytes); `auto` itself refuses a cap below what any order needs."""
     if costs.cap is None:
         return None, False
-    unit_bytes = costs.cap.unit == "bytes"
-    sc = costs.resolve(p)
-    need = smallest_cap(p, sc, unit_bytes)
     vals = [float(x) for x in costs.cap.values]
     vals = vals * p if len(vals) == 1 else vals
-    low = [r for r, (x, n) in enumerate(zip(vals, need)) if len(vals) == p and not x >= n * (1 - 1e-9)]
-    if low:
-        r = low[0]
-        smallest = f"{max(need):.6g}" if len(set(need)) == 1 else ",".join(f"{x:.6g}" for x in need)
-        raise UsageError(f"{costs.cap.option} {vals[r]:g} (rank {r}) is below what any order needs, one "
-                         f"micro-batch's activation of its stage; the smallest cap that works is {smallest}")
-    try:
-        return costs.cap.per_rank(p), unit_bytes
-    except CostError as e:
-        raise UsageError(str(e)) from None
+    if len(vals) != p:
+        raise UsageError(f"{costs.cap.option} has {len(vals)} values; give one, or one per rank ({p})")
+    return vals, costs.cap.unit == "bytes"
 
 
 def _generate(name: str, p: int, m: int):

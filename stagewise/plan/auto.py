@@ -116,7 +116,7 @@ def _checked_cap(p: int, sc: StageCosts, cap, unit_bytes: bool) -> list[float]:
     if short:
         r = short[0]
         unit = "bytes" if unit_bytes else "chunk-units"
-        raise CapError(f"a cap of {cap[r]:.6g} {unit} on rank {r} is below what any order needs: one micro-batch's "
+        raise CapError(f"rank {r}'s cap of {cap[r]:.6g} {unit} is below what any order needs, one micro-batch's "
                        f"activation of its stage; the smallest cap that works is {_fmt(need)}")
     return cap
 
