@@ -83,7 +83,7 @@ def search(row: Row, limit_factor: int, time_limit: float) -> tuple[float, float
     return bubble_rate(res.schedule, costs, row), seconds, res.source
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--time-limit", type=float, default=20.0, help="seconds per search (default 20)")
     ap.add_argument("--rows", default=None, help="comma-separated row indices (default: all)")
@@ -106,7 +106,8 @@ def main() -> None:
           "each search under 30 s")
     if misses:
         print("misses: " + "; ".join(misses))
+    return 1 if misses else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
