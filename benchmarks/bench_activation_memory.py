@@ -1,7 +1,7 @@
 """Peak activation memory per rank: measured on real ranks against the simulator's prediction.
 
 The built-in GPT (6 blocks, d_model 64, seq 32), p=4, m=8, batch 16, on local
-gloo ranks: 1f1b, gpipe, zb-h2 and zb-v (v=2) in one launch. Each rank counts
+gloo ranks: 1f1b, gpipe, zb-h2, zb-v, v-half and v-min (v=2) in one launch. Each rank counts
 the bytes it holds for in-flight micro-batches (autograd's saved tensors, the
 stage inputs and outputs, and W's gradients from I to W; once per storage,
 weights excluded); the prediction is the simulator's peak for the same
@@ -25,7 +25,7 @@ import argparse
 import dataclasses
 import sys
 
-SCHEDULES = ("1f1b", "gpipe", "zb-h2", "zb-v")
+SCHEDULES = ("1f1b", "gpipe", "zb-h2", "zb-v", "v-half", "v-min")
 TOLERANCE = 0.15
 
 

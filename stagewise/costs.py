@@ -5,12 +5,19 @@ Durations are per action (one stage, one micro-batch). The seed convention is
 overlapped pair ``t_fb`` to the sum of its halves (no overlap gain unless
 given). Any duration may be one number or one number per stage, which is how
 uneven layers (a heavy embedding or head) reach the simulator.
+
+Memory, as the Zero Bubble paper models it: F allocates a stage's activation
+(M_B); I frees ``free_at_i`` of it; W frees the rest (M_W, what the weight
+gradient still needs); a full B frees it all (``freed``). Sizes are per stage
+in chunk-units (one micro-batch's activations of one stage) and, when known,
+bytes (``transformer_activation`` gives the paper's M_B and M_W of a GPT
+layer). A ``MemoryCap`` bounds each rank's peak in either unit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import NamedTuple, Sequence, Union
 
 Num = Union[float, int]
 PerStage = Union[Num, Sequence[Num], None]
@@ -39,6 +46,7 @@ class Costs:
     free_at_i: float = 0.0
     recompute: Union[bool, Sequence[bool]] = False  #: stages that keep only their input and redo F in B
     recompute_keep: PerStage = 0.0  #: activation (chunk-units) kept by a recomputed stage
+    cap: "MemoryCap | None" = None  #: most activation each rank may hold (reported; `auto` searches under it)
 
     def resolve(self, stages: int) -> "StageCosts":
         """Per-stage lists for a schedule with ``stages`` stages."""
@@ -67,6 +75,8 @@ class Costs:
         if not self.free_at_i <= 1.0:  # also rejects NaN
             raise CostError(f"--free-at-i must be <= 1; got {self.free_at_i}")
         msg = [self.latency + (x / self.bandwidth if self.bandwidth else 0.0) for x in link]
+        if self.cap is not None and self.cap.unit == "bytes" and act_b is None:
+            raise CostError("--cap-bytes needs the activation sizes in bytes (--activation-bytes or --hidden-size)")
         return StageCosts(f=f, b=b, i=i, w=w, fb=fb, message=msg, activation=act,
                           activation_bytes=act_b, free_at_i=self.free_at_i)
 
@@ -87,6 +97,94 @@ class StageCosts:
 
     def duration(self, kind: str, stage: int) -> float:
         return {"F": self.f, "B": self.b, "I": self.i, "W": self.w}[kind][stage]
+
+    def sizes(self, unit_bytes: bool = False) -> list[float]:
+        """Activation of one micro-batch per stage, in chunk-units or bytes."""
+        return self.activation_bytes if unit_bytes and self.activation_bytes else self.activation
+
+    def allocated(self, kind: str, stage: int, unit_bytes: bool = False) -> float:
+        """What an action of ``kind`` on ``stage`` adds to its rank's live activations (negative: frees)."""
+        size = self.sizes(unit_bytes)[stage]
+        return size if kind == "F" else -freed(kind, size, self.free_at_i)
+
+
+def freed(kind: str, size: float, free_at_i: float) -> float:
+    """What a backward action frees of an activation of ``size``: all at B, ``free_at_i`` at I, the rest at W."""
+    if kind == "B":
+        return size
+    if kind == "I":
+        return size * free_at_i
+    return size * (1.0 - free_at_i)
+
+
+UNITS = ("chunks", "bytes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryCap:
+    """The most activation each rank may hold: one value for all ranks or one per rank.
+
+    >>> MemoryCap(values=(4.0,)).per_rank(3)
+    [4.0, 4.0, 4.0]
+    """
+
+    values: tuple[float, ...]
+    unit: str = "chunks"  #: "chunks" (micro-batches of one stage) or "bytes"
+
+    @property
+    def option(self) -> str:
+        return "--cap" if self.unit == "chunks" else "--cap-bytes"
+
+    def per_rank(self, ranks: int) -> list[float]:
+        """One cap per rank; raises ``CostError`` for a count that is not 1 or ``ranks``, or a value <= 0."""
+        if self.unit not in UNITS:
+            raise CostError(f"cap unit must be one of {', '.join(UNITS)}; got {self.unit!r}")
+        vals = [float(x) for x in self.values]
+        if len(vals) == 1:
+            vals = vals * ranks
+        if len(vals) != ranks:
+            raise CostError(f"{self.option} has {len(vals)} values; give one, or one per rank ({ranks})")
+        for r, x in enumerate(vals):
+            if not 0 < x < float("inf"):  # also NaN
+                raise CostError(f"{self.option} must be > 0 and finite (no order runs a forward without memory); "
+                                f"got {x:g} for rank {r}")
+        return vals
+
+
+class Activation(NamedTuple):
+    """One micro-batch's activation memory of a stage, in bytes (Qi et al. 2024, Table 1)."""
+
+    m_b: float  #: allocated by F (M_B)
+    m_w: float  #: still held after I, until W (M_W)
+
+    @property
+    def free_at_i(self) -> float:
+        return 1.0 - self.m_w / self.m_b
+
+
+def transformer_activation(hidden: int, heads: int, seq_length: int, micro_batch_size: int = 1,
+                           layers: float = 1) -> Activation:
+    """M_B = (34h + 5as) sb and M_W = 32h sb bytes per GPT layer with 16-bit activations (Korthikanti et
+    al. 2022, as the Zero Bubble paper uses them), times ``layers``.
+
+    >>> transformer_activation(4096, 32, 2048).free_at_i  # what I frees: the attention scores mostly
+    0.719...
+    """
+    for name, x in (("hidden-size", hidden), ("heads", heads), ("seq-length", seq_length),
+                    ("micro-batch-size", micro_batch_size)):
+        if not (isinstance(x, int) and x >= 1):
+            raise CostError(f"--{name} must be a whole number >= 1; got {x}")
+    if not layers > 0:
+        raise CostError(f"--layers-per-stage must be > 0; got {layers}")
+    sb = seq_length * micro_batch_size
+    return Activation(m_b=(34 * hidden + 5 * heads * seq_length) * sb * layers, m_w=32 * hidden * sb * layers)
+
+
+def with_transformer_memory(costs: Costs, act: Activation) -> Costs:
+    """``costs`` whose activation bytes per stage and ``free_at_i`` are the transformer's (M_B, M_W)."""
+    from dataclasses import replace
+
+    return replace(costs, activation_bytes=act.m_b, free_at_i=act.free_at_i)
 
 
 def per_stage(name: str, value: PerStage, stages: int, default: list[float] | None = None) -> list[float]:

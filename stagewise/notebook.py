@@ -110,12 +110,7 @@ class Comparison:
 def compare(names: Sequence[str], ranks: int, microbatches: int, chunks: int | None = None,
             costs: Costs | None = None) -> Comparison:
     """Simulate each named family at the same p, m (and v where the family takes it) and costs."""
-    from .schedules import FAMILIES, generate
+    from .compare import compare as compare_families
 
-    costs = costs or Costs()
-    out = []
-    for name in names:
-        fam = FAMILIES.get(name)
-        v = chunks if fam is not None and (fam.chunks is None or chunks in fam.chunks) else None
-        out.append(simulate(generate(name, ranks, microbatches, v), costs))
-    return Comparison(timelines=tuple(out))
+    entries = compare_families(names, ranks, microbatches, chunks, costs)
+    return Comparison(timelines=tuple(e.timeline for e in entries))

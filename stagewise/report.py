@@ -24,7 +24,30 @@ def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -
         "formula_bubble_fraction": formula,
         **mt.to_dict(),
         "parameter_copies": [x * schedule.ranks for x in mt.param_share],
+        "memory_model": memory_model(costs, schedule.stages),
     }
+
+
+def memory_model(costs: Costs, stages: int) -> dict:
+    """What each action kind adds to its rank's live activations, per stage (negative: frees)."""
+    sc = costs.resolve(stages)
+    units = {"chunks": False, "bytes": True} if sc.activation_bytes else {"chunks": False}
+    out = {u: {k: [sc.allocated(k, s, b) for s in range(stages)] for k in "FBIW"} for u, b in units.items()}
+    return {"free_at_i": sc.free_at_i, **out}
+
+
+def memory_line(res: dict) -> str | None:
+    """One line on peak memory against the cap (None without a cap)."""
+    if res.get("memory_cap") is None:
+        return None
+    unit = res["cap_unit"]
+    peaks = res["peak_activation_bytes"] if unit == "bytes" else res["peak_activations"]
+    over = [r for r, (x, c) in enumerate(zip(peaks, res["memory_cap"])) if x > c * (1 + 1e-9)]
+    verdict = "within the cap" if not over else f"over the cap on rank{'s' if len(over) > 1 else ''} " + \
+        ", ".join(map(str, over))
+    fmt = (lambda x: f"{x:.4g}") if unit == "bytes" else (lambda x: f"{x:g}")
+    return (f"{res['schedule']}: peak {'bytes' if unit == 'bytes' else 'chunk-units'} per rank {' '.join(map(fmt, peaks))}; cap "
+            f"{' '.join(map(fmt, res['memory_cap']))}: {verdict}")
 
 
 def table(results: list[dict]) -> str:
@@ -38,4 +61,5 @@ def table(results: list[dict]) -> str:
             f"{r['schedule']:<18} {r['ranks']:>3} {r['microbatches']:>4} {r['chunks']:>2} "
             f"{r['makespan']:>9.4g} {r['bubble_fraction']:>7.1%} {formula:>7}  {peaks}"
         )
-    return "\n".join(lines)
+    caps = [line for r in results if (line := memory_line(r))]
+    return "\n".join(lines + ([""] + caps if caps else []))

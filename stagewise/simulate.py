@@ -29,6 +29,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = Tr
         activation=tuple(sc.activation),
         activation_bytes=tuple(sc.activation_bytes) if sc.activation_bytes else None,
         free_at_i=sc.free_at_i,
+        cap=tuple(costs.cap.per_rank(schedule.ranks)) if costs.cap is not None else None,
+        cap_unit=costs.cap.unit if costs.cap is not None else "chunks",
         meta={"costs": costs},
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .actions import Pair, actions_of
+from .costs import freed
 from .schedule import Schedule
 
 
@@ -25,6 +26,8 @@ class Timeline:
     activation: tuple[float, ...] = ()  #: chunk-units kept per micro-batch, per stage
     activation_bytes: tuple[float, ...] | None = None
     free_at_i: float = 0.0
+    cap: tuple[float, ...] | None = None  #: most activation each rank may hold (None: no cap)
+    cap_unit: str = "chunks"  #: "chunks" (compared with peak_activations) or "bytes"
     meta: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -64,17 +67,9 @@ class Timeline:
                     out.append((start, live))
             for a in actions_of(op):
                 if a.kind != "F":
-                    live -= _freed(a.kind, size[a.stage], self.free_at_i)
+                    live -= freed(a.kind, size[a.stage], self.free_at_i)
                     out.append((end, live))
         return out
-
-
-def _freed(kind: str, size: float, free_at_i: float) -> float:
-    if kind == "B":
-        return size
-    if kind == "I":
-        return size * free_at_i
-    return size * (1.0 - free_at_i)
 
 
 def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]:
@@ -87,7 +82,7 @@ def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]
                 fa, ba = op
                 live += size[fa.stage]
                 peak = live if live > peak else peak
-                live -= _freed(ba.kind, size[ba.stage], free_at_i)
+                live -= freed(ba.kind, size[ba.stage], free_at_i)
                 continue
             kind, s, _ = op
             if kind == "F":
@@ -95,7 +90,7 @@ def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]
                 if live > peak:
                     peak = live
             else:
-                live -= _freed(kind, size[s], free_at_i)
+                live -= freed(kind, size[s], free_at_i)
                 if live > peak:  # I grows what it keeps when free_at_i < 0
                     peak = live
         peaks.append(peak)
@@ -116,6 +111,20 @@ class Metrics:
     #: idle inside each rank's own span (first start to last end): the bubble the Zero
     #: Bubble paper counts once the step-end synchronisation is removed
     span_idle: tuple[float, ...] = ()
+    memory_cap: tuple[float, ...] | None = None  #: per rank, in ``cap_unit``
+    cap_unit: str | None = None  #: "chunks" or "bytes"
+
+    @property
+    def peak_in_cap_unit(self) -> tuple[float, ...]:
+        return self.peak_activation_bytes if self.cap_unit == "bytes" and self.peak_activation_bytes else \
+            self.peak_activations
+
+    @property
+    def within_cap(self) -> bool | None:
+        """Every rank's peak at most its cap (None: no cap)."""
+        if self.memory_cap is None:
+            return None
+        return all(x <= c * (1 + 1e-9) for x, c in zip(self.peak_in_cap_unit, self.memory_cap))
 
     def to_dict(self) -> dict:
         return {
@@ -127,6 +136,9 @@ class Metrics:
             "peak_activation_bytes": list(self.peak_activation_bytes) if self.peak_activation_bytes else None,
             "param_share": list(self.param_share),
             "span_idle": list(self.span_idle),
+            "memory_cap": list(self.memory_cap) if self.memory_cap is not None else None,
+            "cap_unit": self.cap_unit,
+            "within_cap": self.within_cap,
         }
 
 
@@ -152,4 +164,6 @@ def metrics(tl: Timeline) -> Metrics:
         span_idle=tuple(
             (max(en) - min(st) - b) if st else 0.0 for st, en, b in zip(tl.starts, tl.ends, busy)
         ),
+        memory_cap=tl.cap,
+        cap_unit=tl.cap_unit if tl.cap is not None else None,
     )

@@ -89,3 +89,45 @@ def test_dualpipe_busy_counts_m_visits_per_rank_not_m_times_v():
 def test_no_closed_form(name, p, m, costs):
     assert idle_per_rank(name, p, m, 1, costs) is None
     assert bubble_fraction(name, p, m, 1, costs) is None
+
+
+# --- family knowledge lives with the family -------------------------------------------------------
+
+@pytest.mark.parametrize("name", names())
+def test_parameter_copies_in_the_registry_are_what_the_placement_holds(name):
+    fam = FAMILIES[name]
+    sched = generate(name, 4, max(8, fam.min_microbatches(4, fam.default_chunks)))
+    assert sum(sched.param_share()) == pytest.approx(fam.param_copies)
+
+
+@pytest.mark.parametrize("name", [n for n in names() if FAMILIES[n].memory is not None])
+@pytest.mark.parametrize("p", [1, 2, 4, 7, 16])
+def test_memory_forms_are_the_simulated_peak_in_rank_shares(name, p):
+    from stagewise.costs import rank_share_weights, scaled
+
+    fam = FAMILIES[name]
+    p += p % 2 if fam.even_ranks else 0
+    for m in sorted({max(1, fam.min_microbatches(p, fam.default_chunks)), p, 2 * p + 1, 2 * p + 2}):
+        if m < fam.min_microbatches(p, fam.default_chunks) or (fam.even_microbatches and m % 2):
+            continue
+        sched = generate(name, p, m)
+        costs = scaled(Costs(), rank_share_weights(sched), durations=False)  # a chunk keeps 1/v of a rank's share
+        peak = max(metrics(simulate(sched, costs)).peak_activations)
+        assert peak == pytest.approx(fam.memory(p, m, sched.chunks)), (p, m)
+
+
+def test_dualpipe_pairs_come_from_the_generators_own_step_lengths():
+    from stagewise.actions import Pair
+
+    for name, p, m in [("dualpipe", 6, 14), ("dualpipe-v", 5, 12)]:
+        sched = generate(name, p, m)
+        counted = [sum(type(op) is Pair for op in prog) for prog in sched.programs]
+        assert FAMILIES[name].pairs(p, m) == counted
+
+
+def test_formulas_do_not_know_family_names():
+    import inspect
+
+    import stagewise.formulas as f
+
+    assert not any(n in inspect.getsource(f) for n in ('"1f1b"', '"dualpipe"', '"zb-h1"'))

@@ -99,13 +99,13 @@ def test_auto_command_with_optimum(capsys, tmp_path):
                  "--csv", str(tmp_path / "auto.csv")])
     out = capsys.readouterr().out
     assert code == 0
-    assert "vs optimum" in out and "proven optimum" in out and "auto" in out
+    assert "optimum" in out and "optimal: yes, proven by the MILP" in out and "auto" in out
     assert torch_csv.load(tmp_path / "auto.csv").ranks == 3
 
 
 def test_auto_command_errors(capsys):
     assert main(["auto", "-p", "3", "--cap", "1,2"]) == 2
-    assert "--cap has 2 values; -p is 3" in capsys.readouterr().err
+    assert "--cap has 2 values; give one, or one per rank (3)" in capsys.readouterr().err
     assert main(["auto", "-p", "5", "--optimum"]) == 2
     assert "p <= 4 and m <= 8" in capsys.readouterr().err
 

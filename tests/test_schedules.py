@@ -181,6 +181,32 @@ def test_zb_h2_and_zb_v_idle_less_than_zb_h1_from_m_2p(p, m):
     assert max(metrics(h2).idle) == pytest.approx(max(metrics(h1).idle)) == pytest.approx(p - 1)
 
 
+# --- V-Half and V-Min (controllable memory) ----------------------------------------------------
+
+V_SHAPES = [("v-half", 1 / 2, lambda p: (p + 2) // 2), ("v-min", 2 / 3, lambda p: (p + 4) // 3)]
+
+
+@pytest.mark.parametrize("name, fraction, paper_peak", V_SHAPES)
+@pytest.mark.parametrize("p", range(4, 17))
+def test_v_shapes_hold_the_papers_peak_and_bubble_for_equal_f_i_w(name, fraction, paper_peak, p):
+    # Qi et al. 2024: peak (p+2)//2 and (p+4)//3 micro-batches of a stage (V-ZB and 1F1B: p), bubble rate
+    # ~p/2m and ~2p/3m (1F1B's (p-1)/(m+p-1) times 1/2 and 2/3, plus the warm-up V-Min pays), F = I = W
+    for m in (2 * p, 4 * p):
+        assert _peak(name, p, m) == paper_peak(p) < _peak("zb-v", p, m) == p
+        bubble = metrics(_idle(name, p, m)).bubble_fraction
+        one_f_one_b = (p - 1) / (m + p - 1)
+        assert bubble <= fraction * p / m
+        assert bubble <= (0.6 if name == "v-half" else 0.74) * one_f_one_b
+
+
+@pytest.mark.parametrize("name", ["v-half", "v-min"])
+def test_v_shapes_never_exceed_their_peak_for_few_micro_batches(name):
+    fam = FAMILIES[name]
+    for p in (3, 6, 9):
+        for m in range(1, 2 * p + 1):
+            assert _peak(name, p, m) == fam.memory(p, m, 2) == min(m, fam.memory(p, 10 * p, 2))
+
+
 # --- DualPipe -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 20), (8, 16), (6, 24)])

@@ -174,6 +174,8 @@ def test_an_unexecutable_schedule_is_reported_on_the_schedule_control(monkeypatc
     def stuck(schedule, costs):
         raise ScheduleError("deadlock: wait cycle: rank 0 position 1 (0B0) waits for 1B0 at rank 1 position 0")
 
-    monkeypatch.setattr(api, "simulate", stuck)
+    import stagewise.compare
+
+    monkeypatch.setattr(stagewise.compare, "simulate", stuck)
     e = error(schedules="1f1b")
     assert e.field == "schedules" and str(e).startswith("deadlock: wait cycle")

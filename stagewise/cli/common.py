@@ -93,11 +93,16 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="'stage' (default): durations and activations are per stage; 'rank': they are one "
                         "rank's share of the model, so a chunk of a v-chunk schedule costs 1/v (same-model "
                         "comparison across families)")
+    from .memory import add_memory_args
+
+    add_memory_args(p)
 
 
 def costs_from(args: argparse.Namespace, schedule=None) -> Costs:
     """The cost options; with ``--costs-per rank`` and a schedule, scaled to its stages' shares."""
-    costs = _base_costs(args)
+    from .memory import memory_costs
+
+    costs = memory_costs(args, _base_costs(args))
     if schedule is not None and getattr(args, "costs_per", "stage") == "rank":
         return scaled(costs, rank_share_weights(schedule))
     return costs

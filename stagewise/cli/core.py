@@ -78,25 +78,14 @@ def compare_results(args) -> list[dict]:
 
 def compare_entries(args) -> list[tuple[dict, Timeline]]:
     """(result, timeline) of each family in --schedules (default: all that accept p, m)."""
-    from ..simulate import simulate
+    from ..compare import compare
 
-    names = args.schedules.split(",") if args.schedules else None
-    out = []
-    for name in names or FAMILIES:
-        fam = FAMILIES.get(name.strip())
-        if fam is None:
-            raise UsageError(f"--schedules: unknown schedule {name!r}; choose from {', '.join(FAMILIES)}")
-        v = args.chunks if args.chunks and (fam.chunks is None or args.chunks in fam.chunks) else None
-        try:
-            sched = generate(fam.name, args.ranks, args.microbatches, v)
-        except (ValueError, ModuleNotFoundError):
-            if names:
-                raise
-            continue  # with no explicit list, skip families that do not accept p, m (or are not built)
-        costs = costs_from(args, sched)
-        timeline = simulate(sched, costs)
-        out.append((result(sched, costs, timeline), timeline))
-    return out
+    names = [n.strip() for n in args.schedules.split(",")] if args.schedules else None
+    unknown = [n for n in names or () if n not in FAMILIES]
+    if unknown:
+        raise UsageError(f"--schedules: unknown schedule {unknown[0]!r}; choose from {', '.join(FAMILIES)}")
+    entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched))
+    return [(e.result, e.timeline) for e in entries]
 
 
 def cmd_compare(args) -> int:

@@ -1,90 +1,180 @@
-"""`stagewise auto`: an order faster than every family for uneven stage costs, and the proven optimum."""
+"""`stagewise auto`: the best order under a memory cap per rank, for the shared step end or each rank's span."""
 
 from __future__ import annotations
 
+import sys
+import time
+
 from .common import UsageError, add_cost_args, costs_from, positive_int, print_json
-from .plan import _int_list
 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "auto", help="find an order faster than every family for uneven stage costs (and the proven optimum)",
-        description="Greedy list scheduling with split backward (W fills the bubbles) under a memory cap, tried "
-        "with several warm-up limits; the fastest of those and of every named family is `auto`. With --optimum "
-        "(p <= 4, m <= 8) a mixed-integer program proves the fastest order and each family's distance from it.")
+        "auto", help="find the best order under a memory cap (zero-bubble search), and the proven optimum",
+        description="Greedy list scheduling with split backward (W fills the bubbles) under a memory cap per rank "
+        "(--cap in chunk-units, --cap-bytes in bytes; --free-at-i or the model shape say what I frees), tried "
+        "with several warm-up limits and a local search; the best of those and of every named family is `auto`. "
+        "--objective step minimises the shared step end, span each rank's own span (the Zero Bubble paper's "
+        "measure). With --optimum (p <= 4, m <= 8) a mixed-integer program proves the best order.")
     p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks = stages (one per rank), default 4")
     p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches, default 8")
-    p.add_argument("--cap", default=None, metavar="N[,N..]",
-                   help="most live activations (micro-batches) per rank, one number or one per rank")
+    p.add_argument("--objective", choices=("step", "span"), default="step",
+                   help="'step' (default): the shared step end; 'span': the longest rank's own span")
     add_cost_args(p)
     p.add_argument("--optimum", action="store_true", help="also solve for the proven optimum (p <= 4, m <= 8)")
-    p.add_argument("--time-limit", type=float, default=120.0, help="seconds for the optimum, default 120")
+    p.add_argument("--time-limit", type=float, default=20.0,
+                   help="seconds for the search (and again for the optimum), default 20")
     p.add_argument("--csv", default=None, metavar="FILE", help="write the auto order as torch CSV")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="draw the auto timeline (.png .svg .txt ...)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=cmd_auto)
 
 
 def cmd_auto(args) -> int:
-    from .. import torch_csv
-    from ..plan.auto import auto_schedule
+    from ..plan.auto import CapError, auto_schedule
     from ..plan.errors import PlanError
     from ..report import result
 
     p, m = args.ranks, args.microbatches
+    if not args.time_limit > 0:
+        raise UsageError(f"--time-limit must be > 0 seconds; got {args.time_limit}")
+    if args.output:
+        from .common import check_timeline_output
+
+        check_timeline_output("-o", args.output)
     costs = costs_from(args)
-    cap = None
-    if args.cap:
-        cap = _int_list(args.cap, "--cap")
-        cap = cap * p if len(cap) == 1 else cap
-        if len(cap) != p:
-            raise UsageError(f"--cap has {len(cap)} values; -p is {p}")
+    cap, unit_bytes = _cap(costs, p)
     try:
-        res = auto_schedule(p, m, costs, cap)
-    except ValueError as e:
-        raise UsageError(f"--cap {args.cap}: {e}") from None
-    rows = [result(generate_one(name, p, m), costs) for name in res.families]
+        with _LateBar() as bar:
+            res = auto_schedule(p, m, costs, cap, unit_bytes=unit_bytes, objective=args.objective,
+                                time_limit=args.time_limit, progress=bar.update)
+    except CapError as e:
+        text = ",".join(f"{x:g}" for x in costs.cap.values) if costs.cap else ""
+        raise UsageError(f"{costs.cap.option if costs.cap else '--cap'} {text}: {e}") from None
+    rows = [result(_generate(name, p, m), costs) for name in res.families]
     rows.append(result(res.schedule, costs))
     opt = None
     if args.optimum:
         from ..plan.milp import optimum
 
         try:
-            opt = optimum(p, m, costs, cap, time_limit=args.time_limit, upper=res.makespan)
+            opt = optimum(p, m, costs, cap, time_limit=args.time_limit, upper=res.value, objective=args.objective,
+                          unit_bytes=unit_bytes)
         except PlanError as e:
             raise UsageError(str(e)) from None
         rows.append(result(opt.schedule, costs))
-    if args.csv:
-        try:
-            torch_csv.dump(res.schedule, args.csv)
-        except OSError as e:
-            raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror}") from None
+    _write(args, res.schedule, costs)
+    verdict = _verdict(res, opt)
     if args.json:
-        print_json({"auto": {"source": res.source, "makespan": res.makespan}, "rows": rows,
-                    "optimum": None if opt is None else {"makespan": opt.makespan, "bound": opt.bound,
+        print_json({"auto": {"source": res.source, "objective": args.objective, "value": res.value,
+                             "makespan": res.makespan, "seconds": res.seconds, "optimal": verdict[0]},
+                    "rows": [_with_span(r) for r in rows],
+                    "optimum": None if opt is None else {"value": opt.makespan, "bound": opt.bound,
                                                          "proven": opt.proven, "seconds": opt.seconds}})
         return 0
-    print(_auto_table(rows, opt))
-    print(f"\nauto = {res.source}")
-    if opt is not None:
-        word = "proven optimum" if opt.proven else f"best found in {args.time_limit:g} s (lower bound {opt.bound:.4g})"
-        print(f"optimum: {opt.makespan:.4g}, {word}, {opt.seconds:.1f} s")
-    if args.csv:
-        print(f"wrote {args.csv}")
+    print(_auto_table(rows, args.objective))
+    print(f"\nauto = {res.source} ({res.seconds:.1f} s)")
+    from ..report import memory_line
+
+    line = memory_line(rows[-2] if opt is not None else rows[-1])
+    if line:
+        print(line)
+    print(verdict[1])
+    for path in (args.csv, args.output):
+        if path:
+            print(f"wrote {path}")
     return 0
 
 
-def generate_one(name: str, p: int, m: int):
+def _cap(costs, p: int):
+    """(cap per rank or None, whether in bytes); `auto` itself refuses a cap below what any order needs."""
+    if costs.cap is None:
+        return None, False
+    vals = [float(x) for x in costs.cap.values]
+    vals = vals * p if len(vals) == 1 else vals
+    if len(vals) != p:
+        raise UsageError(f"{costs.cap.option} has {len(vals)} values; give one, or one per rank ({p})")
+    return vals, costs.cap.unit == "bytes"
+
+
+def _generate(name: str, p: int, m: int):
     from ..schedules import generate
 
     return generate(name, p, m, 1)
 
 
-def _auto_table(rows, opt) -> str:
-    ref = opt.makespan if opt is not None else None
-    head = f"{'schedule':<18}{'makespan':>10}{'bubble':>8}{'vs optimum':>12}  peak activations per rank"
+def _with_span(row: dict) -> dict:
+    """A result with the longest rank span and the Zero Bubble paper's bubble rate (1 - work / that span)."""
+    span = max(b + s for b, s in zip(row["busy"], row["span_idle"]))
+    return {**row, "span": span, "span_bubble_rate": 1 - max(row["busy"]) / span if span > 0 else 0.0}
+
+
+def _verdict(res, opt) -> tuple[bool | None, str]:
+    if opt is None:
+        return None, "optimal: not known (a heuristic; --optimum proves it for p <= 4, m <= 8)"
+    if opt.proven and res.value <= opt.makespan * (1 + 1e-6):
+        return True, f"optimal: yes, proven by the MILP ({opt.seconds:.1f} s)"
+    if opt.proven:
+        return False, f"optimal: no; the proven optimum is {opt.makespan:.6g} ({opt.seconds:.1f} s)"
+    return None, (f"optimal: not known; the MILP's best in {opt.seconds:.1f} s is {opt.makespan:.6g}, "
+                  f"its lower bound {opt.bound:.6g}")
+
+
+def _write(args, schedule, costs) -> None:
+    if args.csv:
+        from .. import torch_csv
+
+        try:
+            torch_csv.dump(schedule, args.csv)
+        except OSError as e:
+            raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror}") from None
+    if args.output:
+        from ..render.files import OutputError, write_timeline
+        from ..simulate import simulate
+
+        try:
+            write_timeline(simulate(schedule, costs), args.output)
+        except OutputError as e:
+            raise UsageError(f"-o {e}") from None
+
+
+def _auto_table(rows, objective: str) -> str:
+    head = f"{'schedule':<18}{'makespan':>13}{'span':>13}{'bubble':>8}{'span bubble':>12}  peak activations per rank"
     lines = [head, "-" * len(head)]
-    for r in rows:
-        gap = f"{r['makespan'] / ref - 1:+.1%}" if ref else "-"
-        peaks = " ".join(f"{x:g}" for x in r["peak_activations"])
-        lines.append(f"{r['schedule']:<18}{r['makespan']:>10.4g}{r['bubble_fraction']:>8.1%}{gap:>12}  {peaks}")
+    for r in map(_with_span, rows):
+        peaks = " ".join(f"{x:.3g}" for x in r["peak_activations"])
+        lines.append(f"{r['schedule']:<18}{r['makespan']:>13.7g}{r['span']:>13.7g}{r['bubble_fraction']:>8.2%}"
+                     f"{r['span_bubble_rate']:>12.2%}  {peaks}")
+    lines.append(f"(objective: {'the shared step end, makespan' if objective == 'step' else 'the longest span'})")
     return "\n".join(lines)
+
+
+class _LateBar:
+    """A rich progress bar on stderr (a terminal, rich installed) that shows only once a search passes a second."""
+
+    def __init__(self, after: float = 1.0):
+        self.after, self.t0, self.bar, self.task = after, time.perf_counter(), None, None
+        self.enabled = sys.stderr.isatty()
+
+    def __enter__(self):
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled or time.perf_counter() - self.t0 < self.after:
+            return
+        if self.bar is None:
+            try:
+                from rich.console import Console
+                from rich.progress import Progress
+            except ImportError:
+                self.enabled = False
+                return
+            self.bar = Progress(console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("searching orders", total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False

@@ -6,8 +6,10 @@ first) with big-M disjunctions. Dependencies and link times are DESIGN.md's.
 The optimum is over orders that run each stage's forwards, input-gradient and
 weight-gradient backwards in micro-batch order (every named family does; the
 micro-batches are identical, so this only removes relabelled copies). A memory
-cap bounds the live activations at every forward: the ones started minus the
-weight-gradients already finished.
+cap bounds the live activations at every forward: the ones started, less what
+the input- and weight-gradients finished before it freed (``free_at_i`` of an
+activation at I, the rest at W). The objective is the shared step end
+(``step``) or the longest rank's own span (``span``, the Zero Bubble paper's).
 
 Small means p <= 4 and m <= 8 (~300 binaries); larger cases are refused.
 """
@@ -37,11 +39,12 @@ class Optimum:
     seconds: float
 
 
-def optimum(p: int, m: int, costs: Costs, cap: Sequence[int] | None = None, *, time_limit: float = 60.0,
-            upper: float | None = None) -> Optimum:
-    """Minimum makespan over orders of F, I, W (stage r on rank r); ``cap[r]`` live activations at most.
+def optimum(p: int, m: int, costs: Costs, cap: Sequence[float] | None = None, *, time_limit: float = 60.0,
+            upper: float | None = None, objective: str = "step", unit_bytes: bool = False) -> Optimum:
+    """Minimum makespan (or longest rank span) over orders of F, I, W (stage r on rank r); ``cap[r]``: the most
+    activation rank r may hold (chunk-units, or bytes with ``unit_bytes``).
 
-    ``upper``: a known makespan (from a heuristic) that bounds the search.
+    ``upper``: a known value of the objective (from a heuristic) that bounds the search.
     """
     if p > LIMIT_P or m > LIMIT_M:
         raise PlanError(f"the proven optimum is for p <= {LIMIT_P} and m <= {LIMIT_M}; got p={p}, m={m}")
@@ -51,8 +54,8 @@ def optimum(p: int, m: int, costs: Costs, cap: Sequence[int] | None = None, *, t
     hs = quiet_highs(highspy)
     hs.setOptionValue("time_limit", float(time_limit))
     hs.setOptionValue("mip_rel_gap", 1e-6)
-    horizon = upper if upper is not None else sum((sc.f[r] + sc.i[r] + sc.w[r]) * m for r in range(p)) + \
-        2 * m * sum(sc.message)
+    loose = sum((sc.f[r] + sc.i[r] + sc.w[r]) * m for r in range(p)) + 2 * m * sum(sc.message)
+    horizon = loose if upper is None else upper if objective == "step" else upper + m * (sum(sc.f) + sum(sc.message))
     start = {(k, r, j): hs.addVariable(lb=0.0, ub=horizon) for k in "FIW" for r in range(p) for j in range(m)}
 
     def end(a):
@@ -60,6 +63,8 @@ def optimum(p: int, m: int, costs: Costs, cap: Sequence[int] | None = None, *, t
 
     C = hs.addVariable(lb=0.0, ub=horizon)
     for r in range(p):
+        if objective == "span":  # each rank's last action is its last W, its first its first F
+            hs.addConstr(C >= end(("W", r, m - 1)) - start["F", r, 0])
         for j in range(m):
             if r > 0:
                 hs.addConstr(start["F", r, j] >= end(("F", r - 1, j)) + sc.message[r - 1])
@@ -70,18 +75,14 @@ def optimum(p: int, m: int, costs: Costs, cap: Sequence[int] | None = None, *, t
             if j > 0:  # micro-batch order within each kind
                 for k in "FIW":
                     hs.addConstr(start[k, r, j] >= end((k, r, j - 1)))
-            hs.addConstr(C >= end(("W", r, j)))
+            if objective == "step":
+                hs.addConstr(C >= end(("W", r, j)))
         # a rank does all its work after its first forward starts: the bound that makes the LP tight
         work = m * (sc.f[r] + sc.i[r] + sc.w[r])
-        hs.addConstr(C >= start["F", r, 0] + work)
+        hs.addConstr(C >= (0.0 if objective == "span" else start["F", r, 0]) + work)
     before = _disjunctions(hs, start, end, p, m, horizon)
     if cap is not None:
-        if min(cap) < 1:
-            raise PlanError(f"a memory cap of {min(cap)} activations leaves no room for one forward")
-        for r in range(p):
-            for j in range(int(cap[r]), m):  # live at F(j): j + 1 started, minus the W's (k < j) done before it
-                freed = _lin(before[("W", r, k), ("F", r, j)] for k in range(j))
-                hs.addConstr(freed >= j + 1 - int(cap[r]))
+        _memory(hs, before, p, m, sc.sizes(unit_bytes), sc.free_at_i, cap)
     hs.minimize(C)
     info = hs.getInfo()
     status = hs.getModelStatus()
@@ -92,6 +93,23 @@ def optimum(p: int, m: int, costs: Costs, cap: Sequence[int] | None = None, *, t
     sched = _order(start, hs, p, m)
     return Optimum(schedule=sched, makespan=hs.val(C), bound=info.mip_dual_bound,
                    proven=status == highspy.HighsModelStatus.kOptimal, seconds=hs.getRunTime())
+
+
+def _memory(hs, before, p: int, m: int, size, free_at_i: float, cap) -> None:
+    """Live activation at each F(j) within the cap: j + 1 forwards, less what the I's and W's before it freed."""
+    if free_at_i < 0:
+        raise PlanError(f"the proven optimum models free_at_i >= 0; got {free_at_i:g}")
+    for r in range(p):
+        a = size[r]
+        if cap[r] < a * (1 - 1e-9):
+            raise PlanError(f"a memory cap of {cap[r]:g} leaves no room for one forward ({a:g})")
+        for j in range(m):
+            excess = (j + 1) * a - cap[r]
+            if excess <= 1e-9 * a:
+                continue
+            freed = _lin([a * free_at_i * before[("I", r, k), ("F", r, j)] for k in range(j)] +
+                         [a * (1 - free_at_i) * before[("W", r, k), ("F", r, j)] for k in range(j)])
+            hs.addConstr(freed >= excess)
 
 
 def _disjunctions(hs, start, end, p: int, m: int, M: float) -> dict:

@@ -83,6 +83,7 @@ class Summary:
     source: str
     kinds: tuple[str, ...]  #: action kinds present, in F B I W order
     pairs: bool  #: whether any op is an overlapped F&B pair
+    cap_note: str = ""  #: "cap 4 chunk-units: within" when a memory cap was given
 
     @property
     def peak_max(self) -> float:
@@ -99,7 +100,19 @@ class Summary:
             peaks = "peak per rank " + " ".join(f"{x:g}" for x in self.peak)
         else:  # too many ranks to list on one line
             peaks = f"peak per rank {min(self.peak):g} to {max(self.peak):g}"
-        return f"{self.source}; makespan {self.makespan:.4g} {self.unit}; {peaks}"
+        cap = f"; {self.cap_note}" if self.cap_note else ""
+        return f"{self.source}; makespan {self.makespan:.4g} {self.unit}; {peaks}{cap}"
+
+
+def cap_note(mt) -> str:
+    """"cap 4 chunk-units: within" (or "over on 2 ranks"); empty without a cap."""
+    if mt.memory_cap is None:
+        return ""
+    over = sum(x > c * (1 + 1e-9) for x, c in zip(mt.peak_in_cap_unit, mt.memory_cap))
+    unit = "B" if mt.cap_unit == "bytes" else "chunk-units"
+    caps = sorted(set(mt.memory_cap))
+    cap = f"{caps[0]:.4g}" if len(caps) == 1 else f"{caps[0]:.4g}..{caps[-1]:.4g}"
+    return f"cap {cap} {unit}: " + ("within" if not over else f"over on {over} rank{'s' if over > 1 else ''}")
 
 
 def summary(timeline: Timeline) -> Summary:
@@ -112,6 +125,7 @@ def summary(timeline: Timeline) -> Summary:
         unit=timeline.unit, source=timeline.source,
         kinds=tuple(k for k in "FBIW" if k in present),
         pairs=any(type(op) is Pair for prog in sched.programs for op in prog),
+        cap_note=cap_note(mt),
     )
 
 

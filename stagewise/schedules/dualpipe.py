@@ -16,6 +16,7 @@ run in the order their I's ran. DualPipeV runs the same steps on a V.
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 from ..actions import Action, Pair
 from ..schedule import Lane, Schedule, make
@@ -34,6 +35,37 @@ def dualpipe(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     placement = list(range(p)) + [p - 1 - s for s in range(p)]
     lanes = (Lane(stage_lo=0, stage_hi=p, mb_lo=0, mb_hi=half), Lane(stage_lo=p, stage_hi=2 * p, mb_lo=half, mb_hi=m))
     return make("dualpipe", programs, placement, m, lanes)
+
+
+class Steps(NamedTuple):
+    """How many times each of DualPipe's eight steps repeats on one rank (the paper's n of each step)."""
+
+    step_1: int  #: nF0
+    step_2: int  #: nF0F1
+    step_3: int  #: nI1W1F1
+    step_4: int  #: n(F0&B1)(F1&B0), the main step
+    step_5: int  #: nB1(F1&B0)
+    step_6: int  #: nB1B0
+    step_7: int  #: nWI0
+    step_8: int  #: nW
+
+
+def steps(h: int, H: int, n: int) -> Steps:
+    """Step lengths of the rank at distance ``h`` from its nearer end, of ``H``, with ``n`` micro-batches a phase."""
+    return Steps(step_1=2 * (H - h - 1), step_2=h + 1, step_3=H - h - 1, step_4=n - 2 * H + h + 1,
+                 step_5=H - h - 1, step_6=h + 1, step_7=H - h - 1, step_8=h + 1)
+
+
+def overlapped_pairs(h: int, H: int, n: int) -> int:
+    """F&B pairs one rank runs: two per main step (the middle rank's first is not overlapped), one per step 5."""
+    st = steps(h, H, n)
+    return 2 * st.step_4 - (h == H - 1) + st.step_5
+
+
+def pairs(ranks: int, microbatches: int) -> list[int]:
+    """DualPipe's F&B pairs per rank."""
+    H, n = ranks // 2, microbatches // 2
+    return [overlapped_pairs(min(r, ranks - 1 - r), H, n) for r in range(ranks)]
 
 
 class _Chunk:
@@ -65,6 +97,7 @@ def eight_steps(half_rank: int, half_ranks: int, chunks: int, phase0: tuple[int,
     phase is (stage, first micro-batch).
     """
     h, H, n = half_rank, half_ranks, chunks
+    st = steps(h, H, n)
     c0, c1 = _Chunk(*phase0), _Chunk(*phase1)
     middle = h == H - 1  # where the two directions meet
     prog: list = []
@@ -76,46 +109,38 @@ def eight_steps(half_rank: int, half_ranks: int, chunks: int, phase0: tuple[int,
         return i
 
     # Step 1: nF0
-    step_1 = 2 * (H - h - 1)
-    prog += [c0.forward() for _ in range(step_1)]
+    prog += [c0.forward() for _ in range(st.step_1)]
     # Step 2: nF0F1
-    step_2 = h + 1
-    for _ in range(step_2):
+    for _ in range(st.step_2):
         prog += (c0.forward(), c1.forward())
     # Step 3: nI1W1F1 (zero bubble)
-    step_3 = H - h - 1
-    for _ in range(step_3):
+    for _ in range(st.step_3):
         prog.append(split_backward(c1))
         prog += (pending_w.popleft(), c1.forward())
     # Step 4 (main step): n(F0&B1)(F1&B0)
-    step_4 = n - 2 * H + h + 1
-    for i in range(step_4):
+    for i in range(st.step_4):
         if i == 0 and middle:  # not overlapped: the other direction's B is what the F's wait for
             prog += (c0.forward(), c1.backward())
         else:
             prog.append(Pair(c0.forward(), c1.backward()))
         prog.append(Pair(c1.forward(), c0.backward()))
     # Step 5: nB1(F1&B0)
-    step_5 = H - h - 1
-    for _ in range(step_5):
+    for _ in range(st.step_5):
         prog += (c1.backward(), Pair(c1.forward(), c0.backward()))
     # Step 6: nB1B0, the second half with split backward
-    step_6 = h + 1
     split = False
-    for i in range(step_6):
-        if i == step_6 // 2 and h % 2 == 1:
+    for i in range(st.step_6):
+        if i == st.step_6 // 2 and h % 2 == 1:
             split = True
         prog.append(split_backward(c1) if split else c1.backward())
-        if i == step_6 // 2 and h % 2 == 0:
+        if i == st.step_6 // 2 and h % 2 == 0:
             split = True
         prog.append(split_backward(c0) if split else c0.backward())
     # Step 7: nWI0 (zero bubble)
-    step_7 = H - h - 1
-    for _ in range(step_7):
+    for _ in range(st.step_7):
         prog.append(pending_w.popleft())
         prog.append(split_backward(c0))
     # Step 8: nW
-    step_8 = h + 1
-    prog += [pending_w.popleft() for _ in range(step_8)]
+    prog += [pending_w.popleft() for _ in range(st.step_8)]
     assert not pending_w and c0.done(n) and c1.done(n), "every micro-batch forward and backward once"
     return prog

@@ -11,7 +11,7 @@ of the V (rank p-1) playing DualPipe's middle rank.
 from __future__ import annotations
 
 from ..schedule import Schedule, make
-from .dualpipe import eight_steps
+from .dualpipe import eight_steps, overlapped_pairs
 
 
 def dualpipe_v(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
@@ -19,3 +19,8 @@ def dualpipe_v(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     programs = [eight_steps(r, p, m, (r, 0), (2 * p - 1 - r, 0)) for r in range(p)]
     placement = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
     return make("dualpipe-v", programs, placement, m)
+
+
+def pairs(ranks: int, microbatches: int) -> list[int]:
+    """F&B pairs per rank: rank r plays DualPipe's rank at distance r of p, all m micro-batches a phase."""
+    return [overlapped_pairs(r, ranks, microbatches) for r in range(ranks)]

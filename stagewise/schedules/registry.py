@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..schedule import Schedule
+from . import forms
+from .forms import Uniform
 
 
 class ScheduleArgError(ValueError):
@@ -34,39 +36,67 @@ class Family:
     min_rule: str = ""
     even_microbatches: bool = False
     split_backward: bool = False
+    #: the papers' largest idle time of a rank, (p, m, v, Uniform) -> time or None where not exact
+    idle: Callable[[int, int, int, Uniform], float | None] | None = None
+    #: F&B pairs each rank runs (p, m) -> one count per rank; they cost F&B instead of F + B
+    pairs: Callable[[int, int], list[int]] | None = None
+    #: the papers' peak activations of the busiest rank, (p, m, v) -> micro-batches of one rank's share
+    memory: Callable[[int, int, int], float] | None = None
+    param_copies: int = 1  #: whole-model parameter copies the ranks hold together
 
     @property
     def generator(self) -> Callable[..., Schedule]:
-        module, func = self.target.split(":")
-        return getattr(importlib.import_module(f"{__package__}.{module}"), func)
+        return _lazy(self.target)
+
+
+def _lazy(target: str) -> Callable:
+    """The function ``module:function`` under stagewise.schedules, imported on first use."""
+    module, func = target.split(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), func)
 
 
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
-        Family(name="gpipe", target="gpipe:gpipe", summary="all forwards, then all backwards (GPipe)"),
+        Family(name="gpipe", target="gpipe:gpipe", summary="all forwards, then all backwards (GPipe)",
+               idle=forms.fill, memory=lambda p, m, v: m),
         Family(name="1f1b", target="one_f_one_b:one_f_one_b",
-               summary="one forward one backward, PipeDream-flush"),
+               summary="one forward one backward, PipeDream-flush",
+               idle=forms.fill, memory=forms.one_f_one_b_memory),
         Family(name="interleaved-1f1b", target="interleaved:interleaved_1f1b",
                summary="Megatron-LM virtual stages: v chunks per rank, round-robin",
                chunks=None, default_chunks=2,
-               min_microbatches=lambda p, v: p if v > 1 else 1, min_rule="--microbatches >= --ranks"),
+               min_microbatches=lambda p, v: p if v > 1 else 1, min_rule="--microbatches >= --ranks",
+               idle=forms.fill_from_p),
         Family(name="looped-bfs", target="looped_bfs:looped_bfs",
                summary="v chunks per rank, breadth-first: every micro-batch through a chunk before the next",
-               chunks=None, default_chunks=2),
+               chunks=None, default_chunks=2, idle=forms.fill_from_p),
         Family(name="zb-h1", target="zero_bubble:zb_h1", split_backward=True,
-               summary="Zero Bubble H1: split backward, W fills the cooldown, 1F1B memory"),
+               summary="Zero Bubble H1: split backward, W fills the cooldown, 1F1B memory",
+               idle=forms.zb_h1, memory=forms.one_f_one_b_memory),
         Family(name="zb-h2", target="zero_bubble:zb_h2", split_backward=True,
-               summary="Zero Bubble H2: extra warmup forwards, W fills the rest, ~2x 1F1B memory"),
+               summary="Zero Bubble H2: extra warmup forwards, W fills the rest, ~2x 1F1B memory",
+               memory=lambda p, m, v: min(2 * p - 1, m)),
         Family(name="zb-v", target="zb_v:zb_v", split_backward=True, chunks=(2,), default_chunks=2,
-               summary="Zero Bubble V: two chunks per rank in a V, 1F1B memory"),
+               summary="Zero Bubble V: two chunks per rank in a V, 1F1B memory",
+               memory=forms.one_f_one_b_memory),
+        Family(name="v-half", target="v_shape:v_half", split_backward=True, chunks=(2,), default_chunks=2,
+               summary="V-Half (controllable memory): V-shape building blocks, half of 1F1B's memory",
+               memory=lambda p, m, v: min(m, (p + 2) // 2)),
+        Family(name="v-min", target="v_shape:v_min", split_backward=True, chunks=(2,), default_chunks=2,
+               summary="V-Min (controllable memory): V-shape building blocks, a third of 1F1B's memory",
+               memory=lambda p, m, v: min(m, (p + 4) // 3)),
         Family(name="dualpipe", target="dualpipe:dualpipe", split_backward=True, chunks=(2,),
                default_chunks=2, even_ranks=True, even_microbatches=True,
                min_microbatches=lambda p, v: 2 * p, min_rule="--microbatches >= 2 * --ranks",
-               summary="DeepSeek-V3 DualPipe: micro-batches from both ends, two parameter copies"),
+               summary="DeepSeek-V3 DualPipe: micro-batches from both ends, two parameter copies",
+               idle=forms.dualpipe_idle(1), pairs=lambda p, m: _lazy("dualpipe:pairs")(p, m), param_copies=2,
+               memory=lambda p, m, v: p + 1),
         Family(name="dualpipe-v", target="dualpipe_v:dualpipe_v", split_backward=True, chunks=(2,),
                default_chunks=2, min_microbatches=lambda p, v: 2 * p, min_rule="--microbatches >= 2 * --ranks",
-               summary="DualPipeV: DualPipe cut in half, V-shape, one parameter copy"),
+               summary="DualPipeV: DualPipe cut in half, V-shape, one parameter copy",
+               idle=forms.dualpipe_idle(2), pairs=lambda p, m: _lazy("dualpipe_v:pairs")(p, m),
+               memory=lambda p, m, v: p + 0.5),
     ]
 }
 

@@ -1,6 +1,6 @@
 """The workshop's JSON API: settings in, simulated timelines out.
 
-It runs the very code the CLI runs (``generate``, ``Costs``, ``simulate``,
+It runs the very code the CLI runs (``compare.schedules_for``, ``Costs``, ``compare.simulate_all``,
 ``report.result``), so a setting the CLI rejects gets the CLI's message here,
 tagged with the page control (``field``) that caused it.
 """
@@ -15,24 +15,23 @@ from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
 from ..actions import KINDS, Pair
-from ..costs import CostError, Costs, rank_share_weights, scaled
+from ..compare import schedules_for, simulate_all
+from ..costs import CostError, Costs, MemoryCap, rank_share_weights, scaled
 from ..render import palette
 from ..render.cells import chunk_of_stage, memory_steps, origin
-from ..report import result
 from ..schedule import Schedule
 from ..schedules import FAMILIES, ScheduleArgError, generate
-from ..simulate import simulate
 from ..timeline import Timeline
 from ..validate import ScheduleError
 
 #: page control -> the CLI option that means the same (messages name the CLI option)
 OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v": "--chunks", "tf": "--tf",
            "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "latency": "--latency", "skew": "skew",
-           "per": "per"}
+           "per": "per", "free_at_i": "--free-at-i", "cap": "--cap"}
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
 #: a page is for exploring: keep one request about a second at worst
 LIMITS = {"p": 64, "m": 256, "v": 8}
-MAX_ACTIONS = 40_000  #: all schedules of one view together (9 families at p=16, m=64 make 31,280)
+MAX_ACTIONS = 48_000  #: all schedules of one view together (11 families at p=16, m=64 make 41,443)
 
 
 class SettingError(ValueError):
@@ -61,6 +60,8 @@ class Settings:
     #: "rank": t_f etc. are one rank's share of the model, so a stage of a v-chunk schedule costs 1/v of it
     #: (schedules compare on the same model); "stage": per stage, as the CLI reads them
     per: str = "rank"
+    free_at_i: float = 0.0  #: share of an activation freed at I (the rest at W)
+    cap: float | None = None  #: most activation per rank (chunk-units; rank shares with per="rank")
 
     def to_query(self) -> dict[str, str]:
         """The non-default settings as strings (the page's URL state)."""
@@ -164,7 +165,9 @@ def costs_for(s: Settings, schedule: Schedule) -> Costs:
     """The cost model of the settings; uneven weights make each duration a per-stage list."""
     if s.skew <= 0:
         raise SettingError(f"skew (cost factor of the first and last stage) must be > 0; got {s.skew:g}", "skew")
-    base = Costs(t_f=s.tf, t_b=s.tb, t_i=s.ti, t_w=s.tw, t_fb=s.tfb, latency=s.latency)
+    cap = MemoryCap(values=(s.cap,)) if s.cap is not None else None
+    base = Costs(t_f=s.tf, t_b=s.tb, t_i=s.ti, t_w=s.tw, t_fb=s.tfb, latency=s.latency, free_at_i=s.free_at_i,
+                 cap=cap)
     timed = scaled(base, stage_weights(schedule, s.skew, s.per), activation=False)
     # a chunk holding 1/v of a rank's layers also keeps 1/v of its activations (the skew is compute only)
     return scaled(timed, stage_weights(schedule, 1.0, s.per), durations=False)
@@ -175,15 +178,13 @@ def schedules_of(s: Settings) -> list[Schedule]:
     if not s.schedules:
         raise SettingError("choose at least one schedule", "schedules")
     have = available()
-    out = []
     for name in s.schedules:
-        fam = FAMILIES.get(name)
-        if fam is None or name not in have:
+        if name not in have:
             raise SettingError(f"unknown schedule {name!r}; choose one of: {', '.join(have)}", "schedules")
-        v = s.v
-        if len(s.schedules) > 1 and v is not None and fam.chunks is not None and v not in fam.chunks:
-            v = None
-        out.append(generate(name, s.p, s.m, v))
+    if len(s.schedules) == 1:  # one family: a v it does not take is an error, not a default
+        out = [generate(s.schedules[0], s.p, s.m, s.v)]
+    else:
+        out = schedules_for(s.schedules, s.p, s.m, s.v)
     total = sum(sched.num_actions for sched in out)
     if total > MAX_ACTIONS:
         raise SettingError(f"these settings make {total} actions; the page draws at most {MAX_ACTIONS}: lower "
@@ -194,12 +195,7 @@ def schedules_of(s: Settings) -> list[Schedule]:
 def simulate_settings(s: Settings) -> list[tuple[Timeline, dict]]:
     """(timeline, result) per schedule; raises SettingError naming the control at fault."""
     try:
-        out = []
-        for sched in schedules_of(s):
-            costs = costs_for(s, sched)
-            tl = simulate(sched, costs)
-            out.append((tl, result(sched, costs, tl)))
-        return out
+        return [tuple(e) for e in simulate_all(schedules_of(s), lambda sched: costs_for(s, sched))]
     except (ScheduleArgError, CostError) as e:
         raise SettingError(str(e), field_of(str(e))) from None
     except ScheduleError as e:

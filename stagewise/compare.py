@@ -1,0 +1,65 @@
+"""Several families at the same p, m (v where a family takes it) and costs: the one comparison.
+
+The CLI's ``compare`` and ``demo``, the notebook's ``compare`` and the
+workshop all call these, so a family is picked, generated and simulated the
+same way everywhere.
+
+>>> [e.result["schedule"] for e in compare(["1f1b", "zb-h1"], 4, 8)]
+['1f1b', 'zb-h1']
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence, Union
+
+from .costs import Costs
+from .report import result
+from .schedule import Schedule
+from .schedules.registry import FAMILIES, ScheduleArgError, family, generate
+from .simulate import simulate
+from .timeline import Timeline
+
+#: one cost model for all, or one per schedule (e.g. scaled to its stages' share of the model)
+CostsFor = Union[Costs, Callable[[Schedule], Costs], None]
+
+
+class Entry(NamedTuple):
+    """One family's simulated timeline and its JSON result (``report.result``)."""
+
+    timeline: Timeline
+    result: dict
+
+
+def schedules_for(names: Sequence[str] | None, ranks: int, microbatches: int, chunks: int | None = None
+                  ) -> list[Schedule]:
+    """The schedule of each named family; ``chunks`` only goes to the families that take it.
+
+    ``names=None`` means every family, skipping those that do not accept p and m; a named family that
+    does not raises ``ScheduleArgError`` naming the option and its rule.
+    """
+    out = []
+    for name in names if names is not None else FAMILIES:
+        fam = family(name.strip())
+        v = chunks if chunks and (fam.chunks is None or chunks in fam.chunks) else None
+        try:
+            out.append(generate(fam.name, ranks, microbatches, v))
+        except ScheduleArgError:
+            if names is not None:
+                raise
+    return out
+
+
+def simulate_all(schedules: Sequence[Schedule], costs: CostsFor = None) -> list[Entry]:
+    """Simulate each schedule under its costs."""
+    out = []
+    for sched in schedules:
+        c = costs(sched) if callable(costs) else costs or Costs()
+        tl = simulate(sched, c)
+        out.append(Entry(tl, result(sched, c, tl)))
+    return out
+
+
+def compare(names: Sequence[str] | None, ranks: int, microbatches: int, chunks: int | None = None,
+            costs: CostsFor = None) -> list[Entry]:
+    """Each named family (None: all that accept p, m) simulated at the same p, m and costs."""
+    return simulate_all(schedules_for(names, ranks, microbatches, chunks), costs)

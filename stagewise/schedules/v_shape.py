@@ -1,0 +1,167 @@
+"""V-Half and V-Min (Qi et al., "Pipeline Parallelism with Controllable Memory", NeurIPS 2024, arXiv:2405.15362).
+
+Like ZB-V, the model is cut into 2p stages in a V: rank r holds stage r (chunk
+0, on the way down) and stage 2p-1-r (chunk 1, on the way back up). The paper
+builds a schedule by repeating one *building block* per micro-batch every 6
+unit slots (F, F, I, I, W, W of the rank's two chunks); the block's offsets on
+each rank set its lifespan, and the lifespan sets the peak memory:
+
+- V-Half: peak (p+2)//2 micro-batches of a rank's share (half of 1F1B's p),
+  bubble about half of 1F1B's when F = I = W;
+- V-Min: peak (p+4)//3 (a third), bubble about 2/3 of 1F1B's.
+
+Three passes make the order, all on the slot grid: repeat the block; put each
+owed W in the first free slot after its I; *squeeze* the warm-up and the
+cool-down, moving each action to the earliest free slot after its
+dependencies that keeps the rank's peak. The W's are then placed again into
+the slots the squeeze freed. The program is each rank's slots in order; the
+simulator times it with real costs.
+"""
+
+from __future__ import annotations
+
+from ..actions import Action
+from ..schedule import Schedule, make
+
+CYCLE = 6  #: slots of one building block on a rank: F, F, I, I, W, W
+
+
+def v_half(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
+    return _v_schedule("v-half", ranks, microbatches, half_offsets)
+
+
+def v_min(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
+    return _v_schedule("v-min", ranks, microbatches, min_offsets)
+
+
+def half_offsets(p: int, r: int) -> tuple[int, int, int, int]:
+    """Block slots of rank r's F(down), F(up), I(up), I(down) for V-Half (the paper's Figure 4b)."""
+    gap = 3 if p % 2 == 0 else 0  # keeps the block's slots apart on an even number of ranks
+    return 2 * r, 3 * p - r - 2, 3 * p + gap + 2 * r - 1, 6 * p + gap - r - 2
+
+
+def min_offsets(p: int, r: int) -> tuple[int, int, int, int]:
+    """Block slots of rank r's F(down), F(up), I(up), I(down) for V-Min (the paper's Figure 4a)."""
+    gap = 2 if p % 3 == 0 else 0
+    return r, 2 * p - r - 1, 2 * p + gap + r, 4 * p + gap - r - 1
+
+
+def _v_schedule(name: str, p: int, m: int, offsets) -> Schedule:
+    grid = _Grid(p, m)
+    for r in range(p):
+        down, up = r, 2 * p - 1 - r
+        for (kind, stage), first in zip((("F", down), ("F", up), ("I", up), ("I", down)), offsets(p, r)):
+            for mb in range(m):
+                grid.put(r, Action(kind, stage, mb), first + CYCLE * mb)
+    grid.place_ws()
+    grid.squeeze(with_w=True)  # the warm-up and the cool-down, W's included
+    grid.drop_ws()
+    grid.squeeze(with_w=False)  # the cool-down again, now that the W's are out of the way
+    grid.place_ws()
+    placement = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
+    return make(name, grid.programs(), placement, m)
+
+
+class _Grid:
+    """Unit slots of each rank and the action in each. Mutable: the passes rewrite it in place."""
+
+    def __init__(self, p: int, m: int):
+        self.p, self.m = p, m
+        self.slots: list[dict[int, Action]] = [{} for _ in range(p)]
+        self.at: dict[Action, int] = {}
+
+    def rank_of(self, stage: int) -> int:
+        return stage if stage < self.p else 2 * self.p - 1 - stage
+
+    def put(self, r: int, a: Action, slot: int) -> None:
+        self.slots[r][slot] = a
+        self.at[a] = slot
+
+    def move(self, r: int, a: Action, slot: int) -> None:
+        del self.slots[r][self.at[a]]
+        self.put(r, a, slot)
+
+    def place_ws(self) -> None:
+        """Each free slot takes the oldest W owed (chunk 1's first, as its I's unblock the rank before)."""
+        for r in range(self.p):
+            up, down = 2 * self.p - 1 - r, r
+            owed: dict[int, list[int]] = {up: [], down: []}
+            slot, last = 0, max(self.slots[r])
+            while slot <= last or owed[up] or owed[down]:
+                a = self.slots[r].get(slot)
+                if a is not None and a.kind == "I":
+                    owed[a.stage].append(a.mb)
+                elif a is None:
+                    stage = up if owed[up] else down if owed[down] else None
+                    if stage is not None:
+                        self.put(r, Action("W", stage, owed[stage].pop(0)), slot)
+                slot += 1
+
+    def drop_ws(self) -> None:
+        for r in range(self.p):
+            for slot, a in list(self.slots[r].items()):
+                if a.kind == "W":
+                    del self.slots[r][slot], self.at[a]
+
+    def peak(self, r: int, with_w: bool) -> int:
+        """Live activations of rank r at its fullest: +1 at F, -1 at W (W's not in the grid yet take free slots)."""
+        live = peak = owed = 0
+        slots = self.slots[r]
+        for slot in range(max(slots) + 1):
+            a = slots.get(slot)
+            if a is None:
+                if not with_w and owed:
+                    live, owed = live - 1, owed - 1
+            elif a.kind == "F":
+                live += 1
+                peak = max(peak, live)
+            elif a.kind == "W":
+                live -= 1
+            elif not with_w:
+                owed += 1
+        return peak
+
+    def earliest(self, a: Action) -> int:
+        """The first slot after a's dependencies: the chain of its micro-batch and its own previous one."""
+        kind, s, mb = a
+        deps = []
+        if kind == "F" and s > 0:
+            deps.append(Action("F", s - 1, mb))
+        if kind == "I":
+            deps.append(Action("F", s, mb))
+            if s < 2 * self.p - 1:
+                deps.append(Action("I", s + 1, mb))
+        if kind == "W":
+            deps.append(Action("I", s, mb))
+        if mb > 0:
+            deps.append(Action(kind, s, mb - 1))
+        return max((self.at[d] + 1 for d in deps if d in self.at), default=0)
+
+    def squeeze(self, *, with_w: bool) -> None:
+        """Move each warm-up (only ``with_w``) and cool-down action to the earliest free slot that keeps the peak.
+
+        The warm-up ends when rank 0 first runs I of stage 0 (a micro-batch went down and up the V);
+        the cool-down starts after the first forward of the last micro-batch on stage 0.
+        """
+        limit = max(self.peak(r, with_w) for r in range(self.p))
+        order = sorted(self.at.items(), key=lambda x: (x[1], self.rank_of(x[0].stage), x[0].stage))
+        phase = 0
+        for a, slot in order:
+            if phase == 0 and a == Action("I", 0, 0):
+                phase = 1
+            if phase == 1:
+                if a == Action("F", 0, self.m - 1):
+                    phase = 2
+                continue
+            if phase == 0 and not with_w:
+                continue
+            r = self.rank_of(a.stage)
+            for t in range(self.earliest(a), slot):
+                if t not in self.slots[r]:
+                    self.move(r, a, t)
+                    if self.peak(r, with_w) <= limit:
+                        break
+                    self.move(r, a, slot)
+
+    def programs(self) -> list[list[Action]]:
+        return [[slots[t] for t in sorted(slots)] for slots in self.slots]
