@@ -9,6 +9,7 @@ uneven layers (a heavy embedding or head) reach the simulator.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -60,12 +61,12 @@ class Costs:
             ratio = [k / a if a else 0.0 for k, a in zip(keep, per_stage("activation", self.activation, stages))]
             act_b = [x * q if r else x for x, q, r in zip(act_b, ratio, rec)]
         link = per_stage("boundary_bytes", self.boundary_bytes, stages)
-        if self.latency < 0:
-            raise CostError(f"--latency must be >= 0; got {self.latency}")
-        if self.bandwidth is not None and self.bandwidth <= 0:
+        if not 0 <= self.latency < math.inf:  # also rejects NaN
+            raise CostError(f"--latency must be a finite number >= 0; got {self.latency}")
+        if self.bandwidth is not None and not self.bandwidth > 0:
             raise CostError(f"--bandwidth must be > 0; got {self.bandwidth}")
-        if not self.free_at_i <= 1.0:  # also rejects NaN
-            raise CostError(f"--free-at-i must be <= 1; got {self.free_at_i}")
+        if not -math.inf < self.free_at_i <= 1.0:
+            raise CostError(f"--free-at-i must be a finite number <= 1; got {self.free_at_i}")
         msg = [self.latency + (x / self.bandwidth if self.bandwidth else 0.0) for x in link]
         return StageCosts(f=f, b=b, i=i, w=w, fb=fb, message=msg, activation=act,
                           activation_bytes=act_b, free_at_i=self.free_at_i)
@@ -102,8 +103,8 @@ def per_stage(name: str, value: PerStage, stages: int, default: list[float] | No
         if len(vals) != stages:
             raise CostError(f"--{_opt(name)} has {len(vals)} per-stage values; the schedule has {stages} stages")
     for s, x in enumerate(vals):
-        if not x >= 0:  # also rejects NaN
-            raise CostError(f"--{_opt(name)} must be >= 0; got {x} (stage {s})")
+        if not 0 <= x < math.inf:  # also rejects NaN: every time and size must be a finite number
+            raise CostError(f"--{_opt(name)} must be a finite number >= 0; got {x} (stage {s})")
     return vals
 
 

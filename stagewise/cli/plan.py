@@ -6,10 +6,12 @@ the profile's JSON and simulates.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
-from .common import UsageError, positive_int, print_json
+from .. import limits
+from .common import UsageError, finite_float, positive_int, print_json
 
 
 def register(sub) -> None:
@@ -28,10 +30,12 @@ def register(sub) -> None:
     p.add_argument("--per-node", type=positive_int, default=None, help="devices per node (default: all in one)")
     p.add_argument("--intra-bandwidth", default=None, metavar="BYTES/S",
                    help="link inside a node, e.g. 300GB/s (default: the profile's measured link, else free)")
-    p.add_argument("--intra-latency", type=float, default=None, metavar="S", help="seconds per message in a node")
+    p.add_argument("--intra-latency", type=finite_float, default=None, metavar="S",
+                   help="seconds per message in a node")
     p.add_argument("--inter-bandwidth", default=None, metavar="BYTES/S", help="link between nodes (default: intra)")
-    p.add_argument("--inter-latency", type=float, default=None, metavar="S", help="seconds per message across nodes")
-    p.add_argument("--state-factor", type=float, default=4.0,
+    p.add_argument("--inter-latency", type=finite_float, default=None, metavar="S",
+                   help="seconds per message across nodes")
+    p.add_argument("--state-factor", type=finite_float, default=4.0,
                    help="bytes held per parameter byte: weights, gradients, optimizer (default 4: fp32 Adam)")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all)")
     p.add_argument("--chunks", default="2,4", help="v tried for families that take any v, default 2,4")
@@ -70,6 +74,7 @@ def _plan(args) -> int:
         raise UsageError(f"--global-batch must be >= 1; got {args.global_batch}")
     if args.verify is not None and args.verify < 1:
         raise UsageError(f"--verify K must be >= 1; got {args.verify}")
+    limits.RANKS.check(args.devices, "--devices")  # every p x dp = N is tried: N bounds the search
     prof = Profile.load(args.profile)
     cluster = _cluster(args, prof)
     fams = None
@@ -182,6 +187,10 @@ def _cluster(args, prof):
         if v < 0:
             raise UsageError(f"{name} must be >= 0; got {v}")
     memory = parse_bytes(args.memory, "--memory") if args.memory else None
+    for name, v in (("--memory", memory), ("--intra-bandwidth", intra.bandwidth if args.intra_bandwidth else 1.0),
+                    ("--inter-bandwidth", inter.bandwidth if args.inter_bandwidth else 1.0)):
+        if v is not None and not math.isfinite(v):
+            raise UsageError(f"{name} must be a finite size; got {v}")
     if args.state_factor < 1:
         raise UsageError(f"--state-factor must be >= 1 (the weights themselves); got {args.state_factor}")
     return Cluster(devices=args.devices, per_node=args.per_node or args.devices, memory=memory, intra=intra,

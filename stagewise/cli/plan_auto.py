@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .common import UsageError, add_cost_args, costs_from, positive_int, print_json
+from .. import limits
+from .common import UsageError, add_cost_args, costs_from, finite_float, positive_int, print_json
 from .plan import _int_list
 
 
@@ -18,7 +19,7 @@ def register(sub) -> None:
                    help="most live activations (micro-batches) per rank, one number or one per rank")
     add_cost_args(p)
     p.add_argument("--optimum", action="store_true", help="also solve for the proven optimum (p <= 4, m <= 8)")
-    p.add_argument("--time-limit", type=float, default=120.0, help="seconds for the optimum, default 120")
+    p.add_argument("--time-limit", type=finite_float, default=120.0, help="seconds for the optimum, default 120")
     p.add_argument("--csv", default=None, metavar="FILE", help="write the auto order as torch CSV")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=cmd_auto)
@@ -31,6 +32,9 @@ def cmd_auto(args) -> int:
     from ..report import result
 
     p, m = args.ranks, args.microbatches
+    if not args.time_limit > 0:
+        raise UsageError(f"--time-limit must be > 0 seconds; got {args.time_limit:g}")
+    limits.check_schedule_size(p, m, 1, 3, name="auto", actions=limits.AUTO_ACTIONS)
     costs = costs_from(args)
     cap = None
     if args.cap:

@@ -8,12 +8,12 @@ tagged with the page control (``field``) that caused it.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
+from .. import jsonout
 from ..actions import KINDS, Pair
 from ..costs import CostError, Costs, rank_share_weights, scaled
 from ..render import palette
@@ -250,7 +250,7 @@ def _t(x: float) -> float:
 
 
 def dumps(obj) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return jsonout.dumps(obj, separators=(",", ":")).encode()
 
 
 __all__ = ["Settings", "SettingError", "families", "parse_settings", "payload", "simulate_settings",
