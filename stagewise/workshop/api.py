@@ -123,22 +123,39 @@ def _names(raw) -> tuple[str, ...]:
     return names
 
 
+#: longest number the page sends (a control's text); longer is refused before it is converted
+MAX_NUMBER_TEXT = 32
+
+
 def _whole(name: str, raw) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not re.fullmatch(r"\s*-?\d+\s*", str(raw)):
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         raise SettingError(f"{OPTIONS[name]}: expected a whole number; got {raw!r}", name)
-    value = int(raw)
+    if isinstance(raw, int):
+        value = raw
+    elif re.fullmatch(r"\s*-?\d{1,9}\s*", raw):
+        value = int(raw)
+    else:
+        raise SettingError(f"{OPTIONS[name]}: expected a whole number of at most 9 digits; got {_short(raw)}", name)
     if value > LIMITS[name]:
-        raise SettingError(f"{OPTIONS[name]} must be <= {LIMITS[name]} in the workshop; got {value}", name)
+        raise SettingError(f"{OPTIONS[name]} must be <= {LIMITS[name]} in the workshop; got {_short(value)}", name)
     return value
 
 
+def _short(raw) -> str:
+    text = repr(raw)
+    return text if len(text) <= MAX_NUMBER_TEXT else f"{text[:MAX_NUMBER_TEXT]}... ({len(text)} characters)"
+
+
 def _number(name: str, raw) -> float:
+    if isinstance(raw, str) and len(raw) > MAX_NUMBER_TEXT:
+        raise SettingError(f"{OPTIONS[name]}: a number of at most {MAX_NUMBER_TEXT} characters; got {_short(raw)}",
+                           name)
     try:
         value = float(raw) if not isinstance(raw, bool) else math.nan
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         value = math.nan
     if not math.isfinite(value):
-        raise SettingError(f"{OPTIONS[name]}: expected a number; got {raw!r}", name)
+        raise SettingError(f"{OPTIONS[name]}: expected a finite number; got {_short(raw)}", name)
     return value
 
 
