@@ -134,8 +134,10 @@ def _whole(name: str, raw) -> int:
         value = raw
     elif re.fullmatch(r"\s*-?\d{1,9}\s*", raw):
         value = int(raw)
-    else:
+    elif re.fullmatch(r"\s*-?\d+\s*", raw):
         raise SettingError(f"{OPTIONS[name]}: expected a whole number of at most 9 digits; got {_short(raw)}", name)
+    else:
+        raise SettingError(f"{OPTIONS[name]}: expected a whole number; got {_short(raw)}", name)
     if value > LIMITS[name]:
         raise SettingError(f"{OPTIONS[name]} must be <= {LIMITS[name]} in the workshop; got {_short(value)}", name)
     return value
