@@ -1,6 +1,6 @@
 """Timelines too dense to draw action by action, as pixels.
 
-Past a few thousand actions narrower than a pixel, one SVG rect per action
+Past a few thousand actions narrower than two pixels, one SVG rect per action
 makes pages of tens of MB (zb-v at p=64, m=1024 has 393,216 actions) that no
 one can see apart anyway. Here each rank's row becomes pixel columns: a
 column's colour is the time-weighted mix of the action colours inside it and
@@ -33,8 +33,10 @@ from ..timeline import Timeline
 from . import palette
 from .cells import chunk_of_stage, origin
 
-#: at or past this many actions narrower than a pixel, a picture is drawn as pixels
+#: at or past this many actions narrower than ``NARROW_PX``, a picture is drawn as pixels
 DENSE_ACTIONS = 2000
+#: a cell this narrow is mostly its white outline: its number does not fit and neighbours blur together
+NARROW_PX = 2.0
 
 
 class Strip(NamedTuple):
@@ -44,19 +46,19 @@ class Strip(NamedTuple):
     bottom: bytes
 
 
-def subpixel_actions(timeline: Timeline, scale: float) -> int:
-    """Ops narrower than one pixel at ``scale`` pixels per time unit."""
+def narrow_actions(timeline: Timeline, scale: float) -> int:
+    """Ops narrower than ``NARROW_PX`` pixels at ``scale`` pixels per time unit."""
     if scale <= 0:
         return 0
-    limit = 1.0 / scale
+    limit = NARROW_PX / scale
     return sum(1 for st, en in zip(timeline.starts, timeline.ends) for s, e in zip(st, en) if e - s < limit)
 
 
 def is_dense(timeline: Timeline, scale: float) -> bool:
-    """Whether a picture at ``scale`` has too many sub-pixel actions to draw one by one."""
+    """Whether a picture at ``scale`` has too many narrow actions to draw one by one."""
     if timeline.schedule.num_actions < DENSE_ACTIONS:
         return False
-    return subpixel_actions(timeline, scale) >= DENSE_ACTIONS
+    return narrow_actions(timeline, scale) >= DENSE_ACTIONS
 
 
 def rank_strips(timeline: Timeline, *, columns: int, scale: float) -> list[Strip]:
