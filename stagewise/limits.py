@@ -63,12 +63,16 @@ ACTIONS = Limit(env="STAGEWISE_MAX_ACTIONS", default=2_000_000, what="actions pe
 #: `auto` searches many greedy orders (and memory grows with m): p=8, m=2000 takes about 20 s and 150 MB
 AUTO_ACTIONS = Limit(env="STAGEWISE_MAX_AUTO_ACTIONS", default=30_000, what="actions for `auto`")
 LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers")
+#: the built-in GPT (train, profile): one tensor, and all parameters (2**29 fp32 = 2 GiB)
+ELEMENTS = Limit(env="STAGEWISE_MAX_ELEMENTS", default=2**28, what="elements in one tensor")
+PARAMETERS = Limit(env="STAGEWISE_MAX_PARAMETERS", default=2**29, what="model parameters")
 FILE_BYTES = Limit(env="STAGEWISE_MAX_FILE_BYTES", default=256 * 2**20, what="bytes per input file")
 #: digits of one number read from a file or a request (Python refuses int() past 4,300)
 DIGITS = 30
 
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
-       "auto_actions": AUTO_ACTIONS, "layers": LAYERS, "file_bytes": FILE_BYTES}
+       "auto_actions": AUTO_ACTIONS, "layers": LAYERS, "elements": ELEMENTS, "parameters": PARAMETERS,
+       "file_bytes": FILE_BYTES}
 
 
 def check_schedule_size(ranks: int, microbatches: int, chunks: int, kinds: int, *, name: str = "",
@@ -80,6 +84,23 @@ def check_schedule_size(ranks: int, microbatches: int, chunks: int, kinds: int, 
     total = ranks * chunks * microbatches * kinds
     who = f" ({name})" if name else ""
     actions.check(total, "", detail=f"-p {ranks} -m {microbatches} -v {chunks}{who} make up to {total} actions")
+
+
+def check_gpt_size(*, layers: int, d_model: int, heads: int, seq: int, vocab: int, batch: int) -> None:
+    """The built-in GPT's sizes (``batch``: sequences in one micro-batch), before a tensor is made."""
+    LAYERS.check(layers, "--layers")
+    tensors = (
+        ("--d-model x 4 --d-model (one block's MLP weight)", 4 * d_model * d_model),
+        ("--vocab x --d-model (the embedding)", vocab * d_model),
+        ("sequences x --seq x 4 --d-model (a block's MLP activation)", batch * seq * 4 * d_model),
+        ("sequences x --heads x --seq^2 (attention scores)", batch * heads * seq * seq),
+        ("sequences x --seq x --vocab (the logits)", batch * seq * vocab),
+    )
+    for what, n in tensors:
+        ELEMENTS.check(n, "", detail=f"{what} = {n}")
+    params = layers * 12 * d_model * d_model + (vocab + seq) * d_model
+    PARAMETERS.check(params, "", detail=f"--layers {layers} --d-model {d_model} --vocab {vocab} make about "
+                     f"{params} parameters")
 
 
 def read_text(path: str | Path, option: str) -> str:

@@ -51,6 +51,12 @@ CASES = [
      ["--csv", "STAGEWISE_MAX_FILE_BYTES"]),
     ("limit", "env-lowered", ["simulate", "1f1b", "-p", "9"], {"STAGEWISE_MAX_RANKS": "8"}, ["--ranks 9", "of 8 ranks"]),
     ("limit", "env-not-a-number", ["simulate", "1f1b"], {"STAGEWISE_MAX_RANKS": "lots"}, ["STAGEWISE_MAX_RANKS='lots'"]),
+    ("limit", "profile-layers", ["profile", "--layers", "1000000"], {}, ["--layers 1000000", "STAGEWISE_MAX_LAYERS"]),
+    ("limit", "profile-seq", ["profile", "--seq", "100000"], {}, ["--seq", "STAGEWISE_MAX_ELEMENTS"]),
+    ("limit", "profile-batch", ["profile", "--micro-batch-sizes", "1,1000000000"], {}, ["STAGEWISE_MAX_ELEMENTS"]),
+    ("limit", "profile-params", ["profile", "--layers", "20000", "--d-model", "1024"], {},
+     ["STAGEWISE_MAX_PARAMETERS"]),
+    ("limit", "profile-repeats", ["profile", "--repeats", "1000000000"], {}, ["--repeats"]),
     ("limit", "draw-width", ["draw", "1f1b", "--width", "100000000"], {}, ["--width"]),
     # files that are not what they claim
     ("file", "csv-dev-zero", ["simulate", "--csv", "/dev/zero"], {}, ["--csv /dev/zero", "not a regular file"]),
