@@ -60,6 +60,9 @@ MICROBATCHES = Limit(env="STAGEWISE_MAX_MICROBATCHES", default=65536, what="micr
 CHUNKS = Limit(env="STAGEWISE_MAX_CHUNKS", default=64, what="chunks per rank")
 #: one schedule's actions: about 200 bytes each to generate and simulate, 2x that to draw
 ACTIONS = Limit(env="STAGEWISE_MAX_ACTIONS", default=2_000_000, what="actions per schedule")
+#: `compare` and `report` keep every family's timeline: all of them together
+COMPARE_ACTIONS = Limit(env="STAGEWISE_MAX_COMPARE_ACTIONS", default=4_000_000,
+                        what="actions of the schedules compared together")
 #: `auto` searches many greedy orders (and memory grows with m): p=8, m=2000 takes about 20 s and 150 MB
 AUTO_ACTIONS = Limit(env="STAGEWISE_MAX_AUTO_ACTIONS", default=30_000, what="actions for `auto`")
 LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers")
@@ -71,7 +74,7 @@ FILE_BYTES = Limit(env="STAGEWISE_MAX_FILE_BYTES", default=256 * 2**20, what="by
 DIGITS = 30
 
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
-       "auto_actions": AUTO_ACTIONS, "layers": LAYERS, "elements": ELEMENTS, "parameters": PARAMETERS,
+       "compare_actions": COMPARE_ACTIONS, "auto_actions": AUTO_ACTIONS, "layers": LAYERS, "elements": ELEMENTS, "parameters": PARAMETERS,
        "file_bytes": FILE_BYTES}
 
 

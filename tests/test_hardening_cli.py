@@ -30,6 +30,8 @@ CASES = [
     ("limit", "simulate-v", ["simulate", "interleaved-1f1b", "-v", "1000000"], {}, ["--chunks 1000000"]),
     ("limit", "simulate-actions", ["simulate", "zb-v", "-p", "1024", "-m", "4096"], {},
      ["-p 1024 -m 4096 -v 2 (zb-v)", "STAGEWISE_MAX_ACTIONS"]),
+    ("limit", "compare-total", ["compare", "-p", "64", "-m", "1024"], {"STAGEWISE_MAX_COMPARE_ACTIONS": "500000"},
+     ["-p 64 -m 1024: the first", "STAGEWISE_MAX_COMPARE_ACTIONS"]),
     ("limit", "compare-p", ["compare", "-p", "100000"], {}, ["--ranks 100000"]),
     ("limit", "report-p-m", ["report", "-p", "1000", "-m", "2000", "-o", "{tmp}"], {}, ["STAGEWISE_MAX_ACTIONS"]),
     ("limit", "draw-actions", ["draw", "gpipe", "-p", "64", "-m", "60000", "-o", "{tmp}/d.svg"], {},

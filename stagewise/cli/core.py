@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import jsonout, torch_csv
+from .. import jsonout, limits, torch_csv
+from ..limits import LimitError
 from ..report import result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
-from ..limits import LimitError
 from .common import UsageError, add_cost_args, add_schedule_args, costs_from, positive_int, print_json, schedule_from
 
 
@@ -81,7 +81,7 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
     from ..simulate import simulate
 
     names = args.schedules.split(",") if args.schedules else None
-    out = []
+    out, total = [], 0
     for name in names or FAMILIES:
         fam = FAMILIES.get(name.strip())
         if fam is None:
@@ -95,6 +95,9 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
             if names:
                 raise
             continue  # with no explicit list, skip families that do not accept p, m (or are not built)
+        total += sched.num_actions  # each timeline is kept: bound them together
+        limits.COMPARE_ACTIONS.check(total, "", detail=f"-p {args.ranks} -m {args.microbatches}: the first "
+                                     f"{len(out) + 1} families make {total} actions (compare fewer: --schedules)")
         costs = costs_from(args, sched)
         timeline = simulate(sched, costs)
         out.append((result(sched, costs, timeline), timeline))
