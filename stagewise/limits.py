@@ -70,12 +70,10 @@ LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers")
 ELEMENTS = Limit(env="STAGEWISE_MAX_ELEMENTS", default=2**28, what="elements in one tensor")
 PARAMETERS = Limit(env="STAGEWISE_MAX_PARAMETERS", default=2**29, what="model parameters")
 FILE_BYTES = Limit(env="STAGEWISE_MAX_FILE_BYTES", default=256 * 2**20, what="bytes per input file")
-#: digits of one number read from a file or a request (Python refuses int() past 4,300)
-DIGITS = 30
-
+#: every limit, for the docs and ``table()``
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
-       "compare_actions": COMPARE_ACTIONS, "auto_actions": AUTO_ACTIONS, "layers": LAYERS, "elements": ELEMENTS, "parameters": PARAMETERS,
-       "file_bytes": FILE_BYTES}
+       "compare_actions": COMPARE_ACTIONS, "auto_actions": AUTO_ACTIONS, "layers": LAYERS, "elements": ELEMENTS,
+       "parameters": PARAMETERS, "file_bytes": FILE_BYTES}
 
 
 def check_schedule_size(ranks: int, microbatches: int, chunks: int, kinds: int, *, name: str = "",

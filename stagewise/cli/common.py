@@ -65,7 +65,8 @@ def per_stage_value(text: str):
     try:
         parts = [float(x) for x in text.split(",") if len(x) <= 64]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or comma-separated numbers per stage; got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number or comma-separated numbers per stage; got {text!r}") from None
     if len(parts) != text.count(",") + 1:
         raise argparse.ArgumentTypeError("expected numbers of at most 64 characters each")
     bad = [x for x in parts if not math.isfinite(x)]
