@@ -60,3 +60,19 @@ def test_dense_pictures_are_one_image_to_scale(name, m):
     busy = [sum(row[3::4]) / 255 for row in rows[:11]]  # rank 0, top half: busy pixels' weight
     span = max(max(e) for e in tl.ends) - min(min(s) for s in tl.starts)
     assert busy[0] == pytest.approx(sum(e - s for s, e in zip(tl.starts[0], tl.ends[0])) * width / span, rel=0.02)
+
+
+def test_report_and_draw_of_zb_v_at_p64_m1024_stay_small(capsys, tmp_path):
+    """Issue 10's size: 393,216 actions; the page was 109 MB drawn action by action."""
+    import time
+
+    from cli_helpers import run
+
+    t0 = time.process_time()
+    rc, out, err = run(capsys, "report", "--schedules", "zb-v", "-p", "64", "-m", "1024", "-o", str(tmp_path))
+    assert rc == 0, err
+    assert (tmp_path / "report.html").stat().st_size < 5 * 2**20
+    rc, out, err = run(capsys, "draw", "zb-v", "-p", "64", "-m", "1024", "--memory", "-o", str(tmp_path / "z.html"))
+    assert rc == 0, err
+    assert (tmp_path / "z.html").stat().st_size < 5 * 2**20
+    assert time.process_time() - t0 < 20  # CPU seconds for both (about 5 here); wall time depends on load
