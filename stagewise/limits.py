@@ -69,7 +69,8 @@ LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers")
 #: the built-in GPT (train, profile): one tensor, and all parameters (2**29 fp32 = 2 GiB)
 ELEMENTS = Limit(env="STAGEWISE_MAX_ELEMENTS", default=2**28, what="elements in one tensor")
 PARAMETERS = Limit(env="STAGEWISE_MAX_PARAMETERS", default=2**29, what="model parameters")
-FILE_BYTES = Limit(env="STAGEWISE_MAX_FILE_BYTES", default=256 * 2**20, what="bytes per input file")
+#: a torch CSV of zb-v at p=64, m=1024 is 2.8 MB; the largest CSV of the ACTIONS limit about 20 MB
+FILE_BYTES = Limit(env="STAGEWISE_MAX_FILE_BYTES", default=64 * 2**20, what="bytes per input file")
 #: every limit, for the docs and ``table()``
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
        "compare_actions": COMPARE_ACTIONS, "auto_actions": AUTO_ACTIONS, "layers": LAYERS, "elements": ELEMENTS,

@@ -21,6 +21,8 @@ from .validate import ScheduleError, validate
 _TORCH_BOOKKEEPING = re.compile(r"\d+(UNSHARD|RESHARD|REDUCE_GRAD)")
 
 
+#: cells (idle slots included) allowed per action of the limit: torch's spaced CSVs have a few per action
+IDLE_CELLS = 8
 #: longest cell read as an action: '(123456F123456;123456B123456)OVERLAP_F_B' is 41 characters
 MAX_CELL = 64
 
@@ -49,8 +51,12 @@ def loads(text: str, name: str = "csv") -> Schedule:
 def _programs(text: str) -> list[tuple]:
     """One tuple of ops per row; each cell parsed strictly, sizes capped as they are read."""
     programs: list[tuple] = []
-    rows = csv.reader(io.StringIO(text))
     most, total = limits.ACTIONS.value, 0
+    cells = text.count(",") + text.count("\n") + 1
+    if cells > IDLE_CELLS * most:  # empty (idle) cells cost memory too: bounded before csv splits the rows
+        raise limits.LimitError(f"the CSV has {cells} cells, more than {IDLE_CELLS} x the limit of {most} "
+                                f"{limits.ACTIONS.what}; set {limits.ACTIONS.env}=N to raise it")
+    rows = csv.reader(io.StringIO(text))
     while True:
         r = len(programs)
         try:

@@ -49,6 +49,8 @@ CASES = [
      ["--microbatches"]),
     ("limit", "csv-13-bytes", ["simulate", "--csv", "{tmp}/huge_index.csv"], {},
      ["huge_index.csv", "STAGEWISE_MAX_ACTIONS"]),
+    ("limit", "csv-commas", ["simulate", "--csv", "{tmp}/commas.csv"], {"STAGEWISE_MAX_ACTIONS": "1000"},
+     ["commas.csv", "8001 cells", "STAGEWISE_MAX_ACTIONS"]),
     ("limit", "csv-many-ranks", ["validate", "--csv", "{tmp}/rows.csv"], {"STAGEWISE_MAX_RANKS": "8"},
      ["rows (ranks)", "STAGEWISE_MAX_RANKS"]),
     ("limit", "csv-file-size", ["validate", "--csv", "{tmp}/1f1b.csv"], {"STAGEWISE_MAX_FILE_BYTES": "16"},
@@ -110,6 +112,7 @@ def tmp(tmp_path_factory):
     """The bad files the cases read."""
     d = tmp_path_factory.mktemp("bad")
     (d / "huge_index.csv").write_text("1000000000F0")  # 13 bytes that used to exhaust memory
+    (d / "commas.csv").write_text("0F0" + "," * 8000)
     (d / "rows.csv").write_text("".join(f"{r}F0\n" for r in range(9)))
     (d / "1f1b.csv").write_text("0F0,0F1,0B0,0B1\n\n\n")  # 18 bytes
     (d / "latin1.csv").write_bytes("0F0,0B0 caf\xe9\n".encode("latin-1"))
