@@ -187,6 +187,7 @@ class Server(ThreadingHTTPServer):
     """A loopback HTTP server with the asset allow-list; connections are admitted by a ``Gate``."""
 
     daemon_threads = True
+    request_queue_size = 128  #: listen backlog: a burst of connections is accepted, not retried by the kernel
 
     def __init__(self, port: int = 0, *, verbose: bool = False, request_timeout: float = REQUEST_TIMEOUT,
                  max_threads: int = MAX_THREADS):
