@@ -62,13 +62,14 @@ def per_stage_value(text: str):
     """'2' -> 2.0; '1,1,2' -> [1.0, 1.0, 2.0] (one value per stage)."""
     if len(text) > 1_000_000:
         raise argparse.ArgumentTypeError(f"a list of at most 1,000,000 characters; got {len(text)}")
+    items = text.split(",")
+    if any(len(x) > 64 for x in items):
+        raise argparse.ArgumentTypeError("expected numbers of at most 64 characters each")
     try:
-        parts = [float(x) for x in text.split(",") if len(x) <= 64]
+        parts = [float(x) for x in items]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a number or comma-separated numbers per stage; got {text!r}") from None
-    if len(parts) != text.count(",") + 1:
-        raise argparse.ArgumentTypeError("expected numbers of at most 64 characters each")
     bad = [x for x in parts if not math.isfinite(x)]
     if bad:
         raise argparse.ArgumentTypeError(f"every value must be a finite number; got {bad[0]}")

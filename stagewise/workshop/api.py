@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
-from .. import jsonout
+from .. import jsonout, limits
 from ..actions import KINDS, Pair
 from ..costs import CostError, Costs, rank_share_weights, scaled
 from ..render import palette
@@ -32,7 +32,6 @@ OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
 #: a page is for exploring: keep one request about a second at worst
 LIMITS = {"p": 64, "m": 256, "v": 8}
-MAX_ACTIONS = 40_000  #: all schedules of one view together (9 families at p=16, m=64 make 31,280)
 
 
 class SettingError(ValueError):
@@ -203,10 +202,12 @@ def schedules_of(s: Settings) -> list[Schedule]:
         if len(s.schedules) > 1 and v is not None and fam.chunks is not None and v not in fam.chunks:
             v = None
         out.append(generate(name, s.p, s.m, v))
-    total = sum(sched.num_actions for sched in out)
-    if total > MAX_ACTIONS:
-        raise SettingError(f"these settings make {total} actions; the page draws at most {MAX_ACTIONS}: lower "
-                           "--microbatches or compare fewer schedules (`stagewise draw` takes any size)", "m")
+        total = sum(sched.num_actions for sched in out)  # checked as they come: stop at the first too many
+        most = limits.WORKSHOP_ACTIONS.value
+        if total > most:
+            raise SettingError(f"these settings make {total} actions; the page draws at most {most}: lower "
+                               "--microbatches or compare fewer schedules (`stagewise draw` takes any size; "
+                               f"{limits.WORKSHOP_ACTIONS.env} raises the page's limit)", "m")
     return out
 
 
