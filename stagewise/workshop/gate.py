@@ -115,9 +115,12 @@ class Gate:
     def _dispatch(self, sock: socket.socket) -> None:
         address, _ = self.waiting.pop(sock)
         self.selector.unregister(sock)
-        if not self.slots.acquire(timeout=self.timeout):  # every worker busy for a whole timeout
-            self.server.shutdown_request(sock)
-            return
+        # every worker busy: wait for one (each is freed within its request's deadline); new connections
+        # queue meanwhile, in the kernel or in ``incoming``
+        while not self.slots.acquire(timeout=0.25):
+            if self.closed:
+                self.server.shutdown_request(sock)
+                return
         threading.Thread(target=self._serve, args=(sock, address), name="workshop-request", daemon=True).start()
 
     def _serve(self, sock: socket.socket, address) -> None:
