@@ -123,6 +123,8 @@ def read_text(path: str | Path, option: str) -> str:
                 raise LimitError(f"{option} {path}: not a regular file ({_kind(st.st_mode)})")
             cap = FILE_BYTES.value
             data = fh.read(cap + 1)
+    except IsADirectoryError:
+        raise LimitError(f"{option} {path}: not a regular file (a folder)") from None
     except OSError as e:
         raise LimitError(f"{option} {path}: cannot read: {e.strerror or e}") from None
     if len(data) > cap:

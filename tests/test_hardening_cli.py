@@ -69,7 +69,7 @@ CASES = [
     # files that are not what they claim
     ("file", "csv-dev-zero", ["simulate", "--csv", "/dev/zero"], {}, ["--csv /dev/zero", "not a regular file"]),
     ("file", "csv-fifo", ["simulate", "--csv", "{tmp}/fifo"], {}, ["fifo", "FIFO"]),
-    ("file", "csv-folder", ["validate", "--csv", "{tmp}"], {}, ["--csv"]),
+    ("file", "csv-folder", ["validate", "--csv", "{tmp}"], {}, ["--csv", "(a folder)"]),
     ("file", "csv-not-utf8", ["simulate", "--csv", "{tmp}/latin1.csv"], {}, ["latin1.csv", "not UTF-8"]),
     ("file", "csv-huge-cell", ["simulate", "--csv", "{tmp}/cell.csv"], {}, ["row 1", "field larger than field limit"]),
     ("file", "csv-5000-digits", ["simulate", "--csv", "{tmp}/digits.csv"], {}, ["row 1 (rank 0) column 1"]),

@@ -37,7 +37,7 @@ def test_read_text_refuses_what_is_not_a_regular_file(tmp_path):
         limits.read_text(tmp_path / "fifo", "--csv")  # would block forever if opened for reading plainly
     with pytest.raises(LimitError, match="--csv /dev/zero: not a regular file \\(a device\\)"):
         limits.read_text("/dev/zero", "--csv")
-    with pytest.raises(LimitError, match="--csv .*: cannot read"):
+    with pytest.raises(LimitError, match="--csv .*: not a regular file \\(a folder\\)"):
         limits.read_text(tmp_path, "--csv")
     with pytest.raises(LimitError, match="--csv .*nope: cannot read: No such file"):
         limits.read_text(tmp_path / "nope", "--csv")
