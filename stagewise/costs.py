@@ -65,8 +65,10 @@ class Costs:
             raise CostError(f"--latency must be a finite number >= 0; got {self.latency}")
         if self.bandwidth is not None and not self.bandwidth > 0:
             raise CostError(f"--bandwidth must be > 0; got {self.bandwidth}")
-        if not -math.inf < self.free_at_i <= 1.0:
-            raise CostError(f"--free-at-i must be a finite number <= 1; got {self.free_at_i}")
+        if not math.isfinite(self.free_at_i):
+            raise CostError(f"--free-at-i must be a finite number; got {self.free_at_i}")
+        if self.free_at_i > 1.0:
+            raise CostError(f"--free-at-i must be <= 1; got {self.free_at_i}")
         msg = [self.latency + (x / self.bandwidth if self.bandwidth else 0.0) for x in link]
         return StageCosts(f=f, b=b, i=i, w=w, fb=fb, message=msg, activation=act,
                           activation_bytes=act_b, free_at_i=self.free_at_i)
