@@ -4,7 +4,7 @@
 sockets hold 100 threads. The gate instead waits for each connection's first
 byte in one selector thread; only then does the connection get one of
 ``max_threads`` worker threads. A connection that sends nothing within
-``timeout`` seconds is closed, and at most ``max_waiting`` wait at once (the
+``timeout`` seconds is closed, and at most ``max_waiting`` (256) wait at once (the
 oldest is dropped first). The worker's own deadline (``server.REQUEST_TIMEOUT``)
 bounds how long a slow client keeps its thread.
 
@@ -30,7 +30,7 @@ class Gate:
     Mutable: it owns sockets and a thread; ``close`` stops it.
     """
 
-    def __init__(self, server, *, max_threads: int, timeout: float, max_waiting: int = 1024):
+    def __init__(self, server, *, max_threads: int, timeout: float, max_waiting: int = 256):
         self.server = server
         self.timeout = timeout
         self.max_waiting = max_waiting
