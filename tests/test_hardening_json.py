@@ -41,3 +41,13 @@ def test_compare_auto_plan_and_trace_json_are_strict(capsys, tmp_path):
 def test_overflowing_costs_are_refused_not_printed_as_infinity(capsys):
     rc, out, err = run(capsys, "simulate", "gpipe", "--tf", "1e308", "--tb", "1e308", "--json")
     assert rc == 2 and out == "" and "--tf" in err and "overflow" in err
+
+
+@pytest.mark.parametrize("field,option", [("t_f", "--tf"), ("t_b", "--tb"), ("t_i", "--ti"), ("boundary_bytes",
+                                          "--boundary-bytes"), ("latency", "--latency"), ("free_at_i", "--free-at-i")])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_the_python_api_refuses_non_finite_costs_naming_the_option(field, option, value):
+    from stagewise.costs import CostError, Costs
+
+    with pytest.raises(CostError, match=f"^{option} must be a finite number"):
+        Costs(**{field: value}).resolve(4)
