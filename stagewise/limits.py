@@ -63,6 +63,9 @@ ACTIONS = Limit(env="STAGEWISE_MAX_ACTIONS", default=2_000_000, what="actions pe
 #: `compare` and `report` keep every family's timeline: all of them together
 COMPARE_ACTIONS = Limit(env="STAGEWISE_MAX_COMPARE_ACTIONS", default=4_000_000,
                         what="actions of the schedules compared together")
+#: `plan` keeps one schedule per (family, p, m, v) it searches: all of them together
+PLAN_ACTIONS = Limit(env="STAGEWISE_MAX_PLAN_ACTIONS", default=4_000_000,
+                     what="actions of the schedules a plan searches")
 #: `auto` searches many greedy orders (and memory grows with m): p=8, m=2000 takes about 20 s and 150 MB
 AUTO_ACTIONS = Limit(env="STAGEWISE_MAX_AUTO_ACTIONS", default=30_000, what="actions for `auto`")
 #: the workshop page redraws on every change: all schedules of one view together (9 families at p=16,
@@ -76,8 +79,9 @@ PARAMETERS = Limit(env="STAGEWISE_MAX_PARAMETERS", default=2**29, what="model pa
 FILE_BYTES = Limit(env="STAGEWISE_MAX_FILE_BYTES", default=64 * 2**20, what="bytes per input file")
 #: every limit, for the docs and ``table()``
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
-       "compare_actions": COMPARE_ACTIONS, "auto_actions": AUTO_ACTIONS, "workshop_actions": WORKSHOP_ACTIONS,
-       "layers": LAYERS, "elements": ELEMENTS, "parameters": PARAMETERS, "file_bytes": FILE_BYTES}
+       "compare_actions": COMPARE_ACTIONS, "plan_actions": PLAN_ACTIONS, "auto_actions": AUTO_ACTIONS,
+       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "elements": ELEMENTS, "parameters": PARAMETERS,
+       "file_bytes": FILE_BYTES}
 
 
 def check_schedule_size(ranks: int, microbatches: int, chunks: int, kinds: int, *, name: str = "",

@@ -90,6 +90,7 @@ def _plan(args) -> int:
     counts = parse_layout(args.layout, prof.symbols) if args.layout else None
     space = Space(families=fams, chunks=tuple(_int_list(args.chunks, "--chunks")), micro_batch_sizes=sizes,
                   recompute=rc, counts=counts)
+    _check_search_size(args, prof, cluster, space)
     searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
     t0 = time.perf_counter()
     with _Bar(enabled=not args.json) as bar:
@@ -138,6 +139,22 @@ def _report(args, prof, cluster, cands, elapsed, searcher) -> int:
 
         print("\n" + verify_table(verified))
     return 0
+
+
+def _check_search_size(args, prof, cluster, space) -> None:
+    """The actions of every schedule the search would make (an upper bound), before it makes any."""
+    from ..schedules import FAMILIES
+
+    layers, total = len(prof.layers), 0
+    for p, dp in cluster.layouts():
+        for b in space.micro_batch_sizes or prof.micro_batch_sizes:
+            if args.global_batch % (dp * b) == 0:
+                m = args.global_batch // (dp * b)
+                total += sum(p * v * m * (3 if fam.split_backward else 2)
+                             for fam in (FAMILIES[f] for f in space.families or FAMILIES)
+                             for v in fam.chunks or space.chunks if p * v <= layers)
+    limits.PLAN_ACTIONS.check(total, "", detail=f"-N {args.devices} -G {args.global_batch}: the schedules to search "
+                              f"make up to {total} actions (narrow it: --schedules, --micro-batch-sizes, -G)")
 
 
 def _nothing_fits(cands, cluster, args) -> str:
