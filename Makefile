@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# the CPU build tested in CI; installed first (pip takes it from the local wheel), so the project's
+# torch>=2.0 range is already met and nothing larger is downloaded
+TORCH  ?= torch==2.13.0
 
 .PHONY: demo test bench clean
 
@@ -10,6 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q '$(TORCH)'
 	$(BIN)/pip install -q -e '.[all,test]'
 	touch $@
 

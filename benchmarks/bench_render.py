@@ -1,6 +1,6 @@
 """Rendering large schedules: p = 32 ranks, m = 256 micro-batches.
 
-Run: .venv/bin/python benchmarks/bench_render.py [--repeats 3] [-p 32] [-m 256]
+Run: .venv/bin/python benchmarks/bench_render.py [--repeats 3] [-p 32] [-m 256] [--dense-only]
 
 Target (issue 3): the figure of p=32, m=256 renders in under 10 s to a file
 under 10 MB. For each family that exists, in one process, medians of the
@@ -15,13 +15,23 @@ excluded, done once beforehand):
 
 It prints seconds, file sizes, the share of the 10 s / 10 MB budgets and
 figure / baseline.
+
+Then pictures at scale (issue 10: zb-v at p=64, m=1024, 393,216 actions;
+target under 5 MB and 5 s): the whole `stagewise report` and `stagewise draw`
+processes (.html, .svg, .png), wall and CPU seconds and file size, and side
+by side in one process the HTML report drawn action by action (the old path,
+``raster.DENSE_ACTIONS`` set out of reach) and as pixel columns (the new one).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -95,6 +105,56 @@ def bench(name: str, p: int, m: int, repeats: int, baseline_repeats: int, folder
           f"{size_trace / mb:6.2f} MB   text {t_text:5.3f} s")
 
 
+DENSE = ("zb-v", 64, 1024)
+DENSE_COMMANDS = (
+    ["report", "--schedules", "zb-v", "-p", "64", "-m", "1024", "-o", "{out}/report.html"],
+    ["draw", "zb-v", "-p", "64", "-m", "1024", "--memory", "-o", "{out}/draw.html"],
+    ["draw", "zb-v", "-p", "64", "-m", "1024", "--memory", "-o", "{out}/draw.svg"],
+    ["draw", "zb-v", "-p", "64", "-m", "1024", "--memory", "-o", "{out}/draw.png"],
+)
+
+
+def cli_run(argv: list[str], repeats: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of a whole `stagewise` process (import, simulate, draw, write)."""
+    walls, cpus = [], []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "stagewise", *argv], check=True, env=env, stdout=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def bench_dense(repeats: int, folder: Path) -> None:
+    from stagewise.render import raster
+    from stagewise.render.html import report_html
+    from stagewise.report import result
+
+    name, p, m = DENSE
+    print(f"\npictures at scale: {name} p={p} m={m}; target < 5 s and < 5 MB (wall includes the machine's load)")
+    for argv in DENSE_COMMANDS:
+        argv = [a.format(out=folder) for a in argv]
+        wall, cpu = cli_run(argv, repeats)
+        size = Path(argv[-1]).stat().st_size / 2**20
+        shown = " ".join(argv[:-1]) + " " + Path(argv[-1]).name
+        print(f"  stagewise {shown:<66} {wall:6.2f} s wall {cpu:6.2f} s cpu {size:7.2f} MB")
+    tl = simulate(generate(name, p, m), Costs())
+    entries = [(result(tl.schedule, Costs(), tl), tl)]
+    t_new = timed(lambda: report_html(entries, Costs()), repeats)
+    size_new = len(report_html(entries, Costs()).encode()) / 2**20
+    saved, raster.DENSE_ACTIONS = raster.DENSE_ACTIONS, 10**12  # the old path: one rect per action
+    try:
+        t_old = timed(lambda: report_html(entries, Costs()), 1)
+        size_old = len(report_html(entries, Costs()).encode()) / 2**20
+    finally:
+        raster.DENSE_ACTIONS = saved
+    print(f"  report_html in process: per action {t_old:6.2f} s {size_old:7.1f} MB | pixel columns "
+          f"{t_new:6.2f} s {size_new:6.2f} MB: {size_old / size_new:.0f}x smaller, {t_old / t_new:.1f}x faster")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-p", type=int, default=32)
@@ -102,8 +162,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline-repeats", type=int, default=1, help="the baseline takes 30-50 s a run")
     ap.add_argument("--schedules", default=",".join(WANTED))
+    ap.add_argument("--dense-only", action="store_true", help="only the pictures at scale (p=64, m=1024)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        bench_dense(args.repeats, Path(tmp))
+        if args.dense_only:
+            return
         for name in args.schedules.split(","):
             if name not in FAMILIES:
                 continue

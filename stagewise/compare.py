@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Sequence, Union
 
 from .costs import Costs
+from .limits import COMPARE_ACTIONS, Limit
 from .report import result
 from .schedule import Schedule
 from .schedules.registry import FAMILIES, ScheduleArgError, family, generate
@@ -30,22 +31,29 @@ class Entry(NamedTuple):
     result: dict
 
 
-def schedules_for(names: Sequence[str] | None, ranks: int, microbatches: int, chunks: int | None = None
-                  ) -> list[Schedule]:
+def schedules_for(names: Sequence[str] | None, ranks: int, microbatches: int, chunks: int | None = None,
+                  limit: Limit | None = COMPARE_ACTIONS) -> list[Schedule]:
     """The schedule of each named family; ``chunks`` only goes to the families that take it.
 
     ``names=None`` means every family, skipping those that do not accept p and m; a named family that
-    does not raises ``ScheduleArgError`` naming the option and its rule.
+    does not raises ``ScheduleArgError`` naming the option and its rule. Every timeline is kept, so the
+    actions of all families together are bounded by ``limit`` (``LimitError`` at the first too many).
     """
-    out = []
+    out, total = [], 0
     for name in names if names is not None else FAMILIES:
         fam = family(name.strip())
         v = chunks if chunks and (fam.chunks is None or chunks in fam.chunks) else None
         try:
-            out.append(generate(fam.name, ranks, microbatches, v))
+            sched = generate(fam.name, ranks, microbatches, v)
         except ScheduleArgError:
             if names is not None:
                 raise
+            continue
+        total += sched.num_actions
+        if limit is not None:
+            limit.check(total, "", detail=f"-p {ranks} -m {microbatches}: the first {len(out) + 1} families "
+                        f"make {total} actions (compare fewer: --schedules)")
+        out.append(sched)
     return out
 
 

@@ -16,6 +16,7 @@ layer). A ``MemoryCap`` bounds each rank's peak in either unit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence, Union
 
@@ -68,11 +69,13 @@ class Costs:
             ratio = [k / a if a else 0.0 for k, a in zip(keep, per_stage("activation", self.activation, stages))]
             act_b = [x * q if r else x for x, q, r in zip(act_b, ratio, rec)]
         link = per_stage("boundary_bytes", self.boundary_bytes, stages)
-        if self.latency < 0:
-            raise CostError(f"--latency must be >= 0; got {self.latency}")
-        if self.bandwidth is not None and self.bandwidth <= 0:
+        if not 0 <= self.latency < math.inf:  # also rejects NaN
+            raise CostError(f"--latency must be a finite number >= 0; got {self.latency}")
+        if self.bandwidth is not None and not self.bandwidth > 0:
             raise CostError(f"--bandwidth must be > 0; got {self.bandwidth}")
-        if not self.free_at_i <= 1.0:  # also rejects NaN
+        if not math.isfinite(self.free_at_i):
+            raise CostError(f"--free-at-i must be a finite number; got {self.free_at_i}")
+        if self.free_at_i > 1.0:
             raise CostError(f"--free-at-i must be <= 1; got {self.free_at_i}")
         msg = [self.latency + (x / self.bandwidth if self.bandwidth else 0.0) for x in link]
         if self.cap is not None and self.cap.unit == "bytes" and act_b is None:
@@ -200,8 +203,8 @@ def per_stage(name: str, value: PerStage, stages: int, default: list[float] | No
         if len(vals) != stages:
             raise CostError(f"--{_opt(name)} has {len(vals)} per-stage values; the schedule has {stages} stages")
     for s, x in enumerate(vals):
-        if not x >= 0:  # also rejects NaN
-            raise CostError(f"--{_opt(name)} must be >= 0; got {x} (stage {s})")
+        if not 0 <= x < math.inf:  # also rejects NaN: every time and size must be a finite number
+            raise CostError(f"--{_opt(name)} must be a finite number >= 0; got {x} (stage {s})")
     return vals
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .costs import Costs
+import math
+
+from .costs import CostError, Costs
 from .formulas import bubble_fraction as formula_bubble
 from .schedule import Schedule
 from .simulate import simulate
@@ -13,6 +15,9 @@ def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -
     """Simulate (unless a timeline is given) and return the JSON result object."""
     tl = timeline or simulate(schedule, costs, check=True)
     mt: Metrics = metrics(tl)
+    if not math.isfinite(mt.makespan):  # finite costs whose sum overflows (--tf 1e308)
+        raise CostError(f"the costs overflow: the makespan is {mt.makespan}; give --tf, --tb and the other "
+                        "times in a larger unit (smaller numbers)")
     formula = formula_bubble(schedule.name, schedule.ranks, schedule.microbatches, schedule.chunks, costs)
     return {
         "schedule": schedule.name,

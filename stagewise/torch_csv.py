@@ -12,6 +12,7 @@ import io
 import re
 from pathlib import Path
 
+from . import limits
 from .actions import ParseError, actions_of, parse
 from .schedule import Lane, Schedule, infer_placement
 from .validate import ScheduleError, validate
@@ -20,23 +21,24 @@ from .validate import ScheduleError, validate
 _TORCH_BOOKKEEPING = re.compile(r"\d+(UNSHARD|RESHARD|REDUCE_GRAD)")
 
 
+#: cells (idle slots included) allowed per action of the limit: torch's spaced CSVs have a few per action
+IDLE_CELLS = 8
+#: longest cell read as an action: '(123456F123456;123456B123456)OVERLAP_F_B' is 41 characters
+MAX_CELL = 64
+
+
 def loads(text: str, name: str = "csv") -> Schedule:
-    """Parse CSV text into a validated Schedule."""
-    programs = []
-    for r, row in enumerate(csv.reader(io.StringIO(text))):
-        prog = []
-        for col, cell in enumerate(row):
-            if not cell.strip() or _TORCH_BOOKKEEPING.fullmatch(cell.strip()):
-                continue  # idle slot, or torch's parameter bookkeeping (no compute)
-            try:
-                prog.append(parse(cell))
-            except ParseError as e:
-                raise ScheduleError(f"row {r + 1} (rank {r}) column {col + 1}: {e}") from None
-        programs.append(tuple(prog))
+    """Parse CSV text into a validated Schedule.
+
+    Sizes are checked against ``stagewise.limits`` (ranks, micro-batches,
+    actions) before anything is allocated per stage or micro-batch.
+    """
+    programs = _programs(text)
     while programs and not programs[-1]:
         programs.pop()  # trailing blank lines
     if not programs:
         raise ScheduleError("the CSV has no actions")
+    _check_size(programs)
     try:
         placement = infer_placement(tuple(programs))
     except ValueError as e:
@@ -44,6 +46,51 @@ def loads(text: str, name: str = "csv") -> Schedule:
     lanes, mbs = infer_lanes(programs)
     sched = Schedule(name=name, programs=tuple(programs), placement=placement, microbatches=mbs, lanes=lanes)
     return validate(sched)
+
+
+def _programs(text: str) -> list[tuple]:
+    """One tuple of ops per row; each cell parsed strictly, sizes capped as they are read."""
+    programs: list[tuple] = []
+    most, total = limits.ACTIONS.value, 0
+    cells = text.count(",") + text.count("\n") + 1
+    if cells > IDLE_CELLS * most:  # empty (idle) cells cost memory too: bounded before csv splits the rows
+        raise limits.LimitError(f"the CSV has {cells} cells, more than {IDLE_CELLS} x the limit of {most} "
+                                f"{limits.ACTIONS.what}; set {limits.ACTIONS.env}=N to raise it")
+    rows = csv.reader(io.StringIO(text))
+    while True:
+        r = len(programs)
+        try:
+            row = next(rows)
+        except StopIteration:
+            return programs
+        except csv.Error as e:  # a cell over csv's field limit (128 KiB), a NUL byte
+            raise ScheduleError(f"row {rows.line_num} (rank {r}): not a CSV row: {e}") from None
+        limits.RANKS.check(r + 1, "", detail=f"the CSV has more than {r} rows (ranks)")
+        prog = []
+        for col, cell in enumerate(row):
+            cell = cell.strip()
+            if not cell or _TORCH_BOOKKEEPING.fullmatch(cell):
+                continue  # idle slot, or torch's parameter bookkeeping (no compute)
+            if len(cell) > MAX_CELL:
+                raise ScheduleError(f"row {r + 1} (rank {r}) column {col + 1}: not an action: a cell of "
+                                    f"{len(cell)} characters (at most {MAX_CELL})")
+            try:
+                prog.append(parse(cell))
+            except ParseError as e:
+                raise ScheduleError(f"row {r + 1} (rank {r}) column {col + 1}: {e}") from None
+        total += len(prog)
+        limits.ACTIONS.check(total, "", detail=f"the CSV has more than {most} actions")
+        programs.append(tuple(prog))
+
+
+def _check_size(programs) -> None:
+    """Stages x micro-batches the indices imply, against the limits (the validator allocates per pair)."""
+    acts = [a for prog in programs for op in prog for a in actions_of(op)]
+    stages = 1 + max(a.stage for a in acts)
+    mbs = 1 + max(a.mb for a in acts)
+    limits.MICROBATCHES.check(mbs, "", detail=f"the CSV names micro-batch {mbs - 1}, so {mbs} micro-batches")
+    limits.ACTIONS.check(stages * mbs * 3, "", detail=f"the CSV names stage {stages - 1} and micro-batch "
+                         f"{mbs - 1}, so up to {stages * mbs * 3} actions")
 
 
 def infer_lanes(programs) -> tuple[tuple[Lane, ...], int]:
@@ -89,10 +136,10 @@ def load(path: str | Path) -> Schedule:
     """Read a torch compute-only CSV file; raises ScheduleError with row/column on bad input."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ScheduleError(f"--csv {path}: cannot read: {e.strerror}") from None
-    return loads(text, name=path.stem)
+        text = limits.read_text(path, "--csv")
+        return loads(text, name=path.stem)
+    except limits.LimitError as e:
+        raise ScheduleError(f"--csv {path}: {e}" if not str(e).startswith("--csv") else str(e)) from None
 
 
 def dumps(schedule: Schedule) -> str:

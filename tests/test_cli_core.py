@@ -76,17 +76,17 @@ def test_help(capsys, command):
 # --- bad input ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, words", [
-    (["simulate", "1f1b", "-p", "0"], "--ranks must be >= 1; got 0"),
-    (["simulate", "1f1b", "-m", "-3"], "--microbatches must be >= 1; got -3"),
-    (["simulate", "1f1b", "-m", "0", "--json"], "--microbatches must be >= 1; got 0"),
-    (["export", "gpipe", "-p", "-2", "--csv", "x.csv"], "--ranks must be >= 1; got -2"),
+    (["simulate", "1f1b", "-p", "0"], "--ranks: must be >= 1; got 0"),
+    (["simulate", "1f1b", "-m", "-3"], "--microbatches: must be >= 1; got -3"),
+    (["simulate", "1f1b", "-m", "0", "--json"], "--microbatches: must be >= 1; got 0"),
+    (["export", "gpipe", "-p", "-2", "--csv", "x.csv"], "--ranks: must be >= 1; got -2"),
     (["simulate", "zb-v", "-v", "3"], "zb-v needs --chunks 2; got 3"),
-    (["simulate", "interleaved-1f1b", "-v", "0"], "--chunks must be >= 1; got 0"),
+    (["simulate", "interleaved-1f1b", "-v", "0"], "--chunks: must be >= 1; got 0"),
     (["simulate", "dualpipe", "-p", "5", "-m", "10"], "dualpipe needs an even --ranks; got 5"),
     (["simulate", "dualpipe-v", "-p", "4", "-m", "6"], "dualpipe-v needs --microbatches >= 2 * --ranks (8); got 6"),
     (["simulate", "pipedream"], "unknown schedule 'pipedream'; choose one of: gpipe"),
     (["compare", "--schedules", "1f1b,nope"], "--schedules: unknown schedule 'nope'"),
-    (["simulate", "1f1b", "--tf", "-1"], "--tf must be >= 0; got -1.0"),
+    (["simulate", "1f1b", "--tf", "-1"], "--tf must be a finite number >= 0; got -1.0"),
     (["simulate", "1f1b", "--tb", "0,1"], "--tb has 2 per-stage values; the schedule has 4 stages"),
     (["simulate", "1f1b", "--tf", "abc"], "argument --tf: expected a number"),
     (["simulate", "1f1b", "-p", "2.5"], "argument -p/--ranks: expected a whole number; got '2.5'"),

@@ -47,11 +47,11 @@ def test_result_is_the_cli_result_plus_the_drawing():
     ({"m": "0"}, "m", "--microbatches must be >= 1; got 0"),
     ({"p": 0}, "p", "--ranks must be >= 1; got 0"),
     ({"schedules": "gpipe", "v": 2}, "v", "gpipe needs --chunks 1; got 2"),
-    ({"tb": -1}, "tb", "--tb must be >= 0"),
-    ({"latency": "-0.5"}, "latency", "--latency must be >= 0"),
+    ({"tb": -1}, "tb", "--tb must be a finite number >= 0"),
+    ({"latency": "-0.5"}, "latency", "--latency must be a finite number >= 0"),
     ({"m": "eight"}, "m", "--microbatches: expected a whole number; got 'eight'"),
-    ({"tf": "fast"}, "tf", "--tf: expected a number; got 'fast'"),
-    ({"tf": "nan"}, "tf", "expected a number"),
+    ({"tf": "fast"}, "tf", "--tf: expected a finite number; got 'fast'"),
+    ({"tf": "nan"}, "tf", "expected a finite number"),
     ({"skew": 0}, "skew", "skew (cost factor of the first and last stage) must be > 0"),
     ({"schedules": "nope"}, "schedules", "unknown schedule 'nope'"),
     ({"schedules": []}, "schedules", "choose at least one schedule"),
@@ -68,8 +68,8 @@ def test_invalid_settings_name_their_control(settings, field, text):
 def test_messages_are_the_cli_messages(capsys):
     from stagewise.cli import main
 
-    assert main(["simulate", "1f1b", "-p", "4", "-m", "0"]) == 2
-    assert str(error(m=0)) in capsys.readouterr().err
+    assert main(["simulate", "dualpipe", "-p", "4", "-m", "6"]) == 2
+    assert str(error(schedules="dualpipe", m=6)) in capsys.readouterr().err
 
 
 def test_field_of_reads_the_first_known_option():

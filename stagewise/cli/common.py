@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 
 from ..costs import CostError, Costs, rank_share_weights, scaled
+from ..limits import LimitError
 from ..schedules.registry import ScheduleArgError
 from ..validate import ScheduleError
 
@@ -16,7 +17,7 @@ class UsageError(ValueError):
 
 
 #: errors that are the user's input, not our bug: one line on stderr, exit 2
-USER_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, ScheduleArgError, CostError)
+USER_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, ScheduleArgError, CostError, LimitError)
 
 
 class Parser(argparse.ArgumentParser):
@@ -28,19 +29,50 @@ class Parser(argparse.ArgumentParser):
 
 
 def positive_int(text: str) -> int:
+    """A whole number >= 1 (zero or a negative never means "the default")."""
+    if len(text.strip()) > 18:  # int() of thousands of digits is slow, and no size here needs them
+        raise argparse.ArgumentTypeError(f"expected a whole number of at most 18 digits; got {text[:24]!r}...")
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
     return value
+
+
+def finite_float(text: str) -> float:
+    """A finite number (inf and nan would make every time and JSON output meaningless)."""
+    value = _float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number; got {text!r}")
+    return value
+
+
+def _float(text: str) -> float:
+    if len(text) > 64:
+        raise argparse.ArgumentTypeError(f"expected a number of at most 64 characters; got {text[:24]!r}...")
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
 
 
 def per_stage_value(text: str):
     """'2' -> 2.0; '1,1,2' -> [1.0, 1.0, 2.0] (one value per stage)."""
+    if len(text) > 1_000_000:
+        raise argparse.ArgumentTypeError(f"a list of at most 1,000,000 characters; got {len(text)}")
+    items = text.split(",")
+    if any(len(x) > 64 for x in items):
+        raise argparse.ArgumentTypeError("expected numbers of at most 64 characters each")
     try:
-        parts = [float(x) for x in text.split(",")]
+        parts = [float(x) for x in items]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or comma-separated numbers per stage; got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number or comma-separated numbers per stage; got {text!r}") from None
+    bad = [x for x in parts if not math.isfinite(x)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"every value must be a finite number; got {bad[0]}")
     return parts[0] if len(parts) == 1 else parts
 
 
@@ -83,8 +115,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ti", type=per_stage_value, default=None, help="input-gradient backward, default tb/2")
     g.add_argument("--tw", type=per_stage_value, default=None, help="weight-gradient backward, default tb/2")
     g.add_argument("--tfb", type=per_stage_value, default=None, help="overlapped F&B pair, default tf+tb")
-    g.add_argument("--latency", type=float, default=0.0, help="time of one message between ranks, default 0")
-    g.add_argument("--bandwidth", type=float, default=None, help="link bytes per time unit (default: free)")
+    g.add_argument("--latency", type=finite_float, default=0.0, help="time of one message between ranks, default 0")
+    g.add_argument("--bandwidth", type=finite_float, default=None, help="link bytes per time unit (default: free)")
     g.add_argument("--boundary-bytes", type=per_stage_value, default=0.0,
                    help="bytes of the activation each stage sends on")
     g.add_argument("--activation-bytes", type=per_stage_value, default=None,
@@ -129,8 +161,10 @@ def schedule_from(args: argparse.Namespace):
 
 
 def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    """``obj`` as strict JSON on stdout (no NaN or Infinity: see ``jsonout``)."""
+    from ..jsonout import dumps
+
+    sys.stdout.write(dumps(obj, indent=2) + "\n")
 
 
 def fmt_list(xs, digits: int = 3) -> str:

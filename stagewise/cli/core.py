@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from .. import torch_csv
+from .. import jsonout, torch_csv
 from ..report import result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
-from .common import UsageError, add_cost_args, add_schedule_args, costs_from, print_json, schedule_from
+from .common import UsageError, add_cost_args, add_schedule_args, costs_from, positive_int, print_json, schedule_from
 
 
 def register(sub) -> None:
@@ -25,9 +24,9 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("compare", help="simulate several schedules with the same p, m and costs")
-    p.add_argument("-p", "--ranks", type=int, default=4, help="ranks (devices), default 4")
-    p.add_argument("-m", "--microbatches", type=int, default=8, help="micro-batches per step, default 8")
-    p.add_argument("-v", "--chunks", type=int, default=None, help="chunks for the families that take v")
+    p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks (devices), default 4")
+    p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
+    p.add_argument("-v", "--chunks", type=positive_int, default=None, help="chunks for the families that take v")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all that accept p, m)")
     add_cost_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per schedule")
@@ -85,6 +84,8 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
     if unknown:
         raise UsageError(f"--schedules: unknown schedule {unknown[0]!r}; choose from {', '.join(FAMILIES)}")
     entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched))
+    if not entries:
+        raise UsageError(f"no schedule family accepts -p {args.ranks} -m {args.microbatches}")
     return [(e.result, e.timeline) for e in entries]
 
 
@@ -143,7 +144,7 @@ def cmd_demo(args) -> int:
           "rank's share of the model (a chunk of a v-chunk schedule costs and keeps 1/v; --costs-per rank)\n")
     print(table(results))
     path = out / "schedules.json"
-    path.write_text(json.dumps(results, indent=2))
+    path.write_text(jsonout.dumps(results, indent=2))
     print(f"\nwrote {path}")
     _demo_pictures(entries, costs_from(ns), out)
     if not args.no_run:

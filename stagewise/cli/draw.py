@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..report import table
-from .common import UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, schedule_from
+from .common import (UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, positive_int,
+                     schedule_from)
+
+
+MAX_WIDTH = 10_000  #: text columns: wider is no picture, and each row is built in memory
 
 
 def register(sub) -> None:
@@ -18,16 +22,16 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="output file; format by suffix (.png .svg .pdf .json .html .txt)")
     p.add_argument("--memory", action="store_true", help="add a panel of live activations per rank over time")
-    p.add_argument("--width", type=int, default=None, help="text width in columns (default: the terminal's)")
+    p.add_argument("--width", type=positive_int, default=None, help="text width in columns (default: the terminal's)")
     p.set_defaults(func=cmd_draw)
 
     p = sub.add_parser("report", help="write one self-contained HTML page comparing all schedule families",
                        description="Simulate every family that accepts p and m (or --schedules) and write an "
                        "offline HTML page: figures, the table of bubble (simulated and closed form), makespan, "
                        "peak memory per rank, and the cost assumptions.")
-    p.add_argument("-p", "--ranks", type=int, default=4, help="ranks (devices), default 4")
-    p.add_argument("-m", "--microbatches", type=int, default=8, help="micro-batches per step, default 8")
-    p.add_argument("-v", "--chunks", type=int, default=None, help="chunks for the families that take v")
+    p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks (devices), default 4")
+    p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
+    p.add_argument("-v", "--chunks", type=positive_int, default=None, help="chunks for the families that take v")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all that accept p, m)")
     add_cost_args(p)
     p.add_argument("-o", "--output", metavar="DIR", default=".",
@@ -39,8 +43,8 @@ def cmd_draw(args) -> int:
     from ..render.files import OutputError, write_timeline
     from ..simulate import simulate
 
-    if args.width is not None and args.width < 20:
-        raise UsageError(f"--width must be >= 20 columns; got {args.width}")
+    if args.width is not None and not 20 <= args.width <= MAX_WIDTH:
+        raise UsageError(f"--width must be 20 to {MAX_WIDTH} columns; got {args.width}")
     if args.output:
         check_timeline_output("-o", args.output)  # before simulating: a big schedule takes a while
     schedule = schedule_from(args)
@@ -79,8 +83,6 @@ def cmd_report(args) -> int:
     try:
         check_path(path, (".html",))
         entries = compare_entries(args)
-        if not entries:
-            raise UsageError(f"no schedule family accepts -p {args.ranks} -m {args.microbatches}")
         path.write_text(report_html(entries, costs_from(args), costs_per=args.costs_per), encoding="utf-8")
     except OutputError as e:
         raise UsageError(f"-o {e}") from None

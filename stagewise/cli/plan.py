@@ -6,10 +6,12 @@ the profile's JSON and simulates.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
-from .common import UsageError, positive_int, print_json
+from .. import limits
+from .common import UsageError, finite_float, positive_int, print_json
 
 
 def register(sub) -> None:
@@ -28,10 +30,12 @@ def register(sub) -> None:
     p.add_argument("--per-node", type=positive_int, default=None, help="devices per node (default: all in one)")
     p.add_argument("--intra-bandwidth", default=None, metavar="BYTES/S",
                    help="link inside a node, e.g. 300GB/s (default: the profile's measured link, else free)")
-    p.add_argument("--intra-latency", type=float, default=None, metavar="S", help="seconds per message in a node")
+    p.add_argument("--intra-latency", type=finite_float, default=None, metavar="S",
+                   help="seconds per message in a node")
     p.add_argument("--inter-bandwidth", default=None, metavar="BYTES/S", help="link between nodes (default: intra)")
-    p.add_argument("--inter-latency", type=float, default=None, metavar="S", help="seconds per message across nodes")
-    p.add_argument("--state-factor", type=float, default=4.0,
+    p.add_argument("--inter-latency", type=finite_float, default=None, metavar="S",
+                   help="seconds per message across nodes")
+    p.add_argument("--state-factor", type=finite_float, default=4.0,
                    help="bytes held per parameter byte: weights, gradients, optimizer (default 4: fp32 Adam)")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all)")
     p.add_argument("--chunks", default=None, help="v tried for families that take any v, default 2,4 (with "
@@ -80,6 +84,7 @@ def _plan(args) -> int:
         raise UsageError(f"--global-batch must be >= 1; got {args.global_batch}")
     if args.verify is not None and args.verify < 1:
         raise UsageError(f"--verify K must be >= 1; got {args.verify}")
+    limits.RANKS.check(args.devices, "--devices")  # every p x dp = N is tried: N bounds the search
     prof = Profile.load(args.profile)
     cluster = _cluster(args, prof)
     fams = None
@@ -95,6 +100,7 @@ def _plan(args) -> int:
     counts = parse_layout(args.layout, prof.symbols) if args.layout else None
     chunks = tuple(_int_list(args.chunks or "2,4", "--chunks"))
     space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts)
+    _check_search_size(args, prof, cluster, space)
     searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
     t0 = time.perf_counter()
     with _Bar(enabled=not args.json) as bar:
@@ -145,6 +151,22 @@ def _report(args, prof, cluster, cands, elapsed, searcher) -> int:
     return 0
 
 
+def _check_search_size(args, prof, cluster, space) -> None:
+    """The actions of every schedule the search would make (an upper bound), before it makes any."""
+    from ..schedules import FAMILIES
+
+    layers, total = len(prof.layers), 0
+    for p, dp in cluster.layouts():
+        for b in space.micro_batch_sizes or prof.micro_batch_sizes:
+            if args.global_batch % (dp * b) == 0:
+                m = args.global_batch // (dp * b)
+                total += sum(p * v * m * (3 if fam.split_backward else 2)
+                             for fam in (FAMILIES[f] for f in space.families or FAMILIES)
+                             for v in fam.chunks or space.chunks if p * v <= layers)
+    limits.PLAN_ACTIONS.check(total, "", detail=f"-N {args.devices} -G {args.global_batch}: the schedules to search "
+                              f"make up to {total} actions (narrow it: --schedules, --micro-batch-sizes, -G)")
+
+
 def _nothing_fits(cands, cluster, args) -> str:
     from ..plan.cluster import fmt_bytes
 
@@ -192,6 +214,10 @@ def _cluster(args, prof):
         if v < 0:
             raise UsageError(f"{name} must be >= 0; got {v}")
     memory = parse_bytes(args.memory, "--memory") if args.memory else None
+    for name, v in (("--memory", memory), ("--intra-bandwidth", intra.bandwidth if args.intra_bandwidth else 1.0),
+                    ("--inter-bandwidth", inter.bandwidth if args.inter_bandwidth else 1.0)):
+        if v is not None and not math.isfinite(v):
+            raise UsageError(f"{name} must be a finite size; got {v}")
     if args.state_factor < 1:
         raise UsageError(f"--state-factor must be >= 1 (the weights themselves); got {args.state_factor}")
     return Cluster(devices=args.devices, per_node=args.per_node or args.devices, memory=memory, intra=intra,

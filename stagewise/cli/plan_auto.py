@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 import time
 
-from .common import UsageError, add_cost_args, costs_from, positive_int, print_json
+from .. import limits
+from .common import UsageError, add_cost_args, costs_from, finite_float, positive_int, print_json
 
 
 def register(sub) -> None:
@@ -22,7 +23,7 @@ def register(sub) -> None:
                    help="'step' (default): the shared step end; 'span': the longest rank's own span")
     add_cost_args(p)
     p.add_argument("--optimum", action="store_true", help="also solve for the proven optimum (p <= 4, m <= 8)")
-    p.add_argument("--time-limit", type=float, default=20.0,
+    p.add_argument("--time-limit", type=finite_float, default=20.0,
                    help="seconds for the search (and again for the optimum), default 20")
     p.add_argument("--csv", default=None, metavar="FILE", help="write the auto order as torch CSV")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="draw the auto timeline (.png .svg .txt ...)")
@@ -37,11 +38,12 @@ def cmd_auto(args) -> int:
 
     p, m = args.ranks, args.microbatches
     if not args.time_limit > 0:
-        raise UsageError(f"--time-limit must be > 0 seconds; got {args.time_limit}")
+        raise UsageError(f"--time-limit must be > 0 seconds; got {args.time_limit:g}")
     if args.output:
         from .common import check_timeline_output
 
         check_timeline_output("-o", args.output)
+    limits.check_schedule_size(p, m, 1, 3, name="auto", actions=limits.AUTO_ACTIONS)
     costs = costs_from(args)
     cap, unit_bytes = _cap(costs, p)
     try:

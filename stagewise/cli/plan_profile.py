@@ -5,8 +5,13 @@ from __future__ import annotations
 import sys
 import time
 
+from .. import limits
 from .common import UsageError, positive_int, print_json
 from .plan import _int_list
+
+MAX_REPEATS = 1000
+MAX_THREADS = 1024
+MAX_SIZES = 64
 
 
 def register(sub) -> None:
@@ -38,6 +43,8 @@ def register(sub) -> None:
 
 
 def cmd_profile(args) -> int:
+    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes")
+    _check_sizes(args, sizes)  # before torch is imported or anything allocated
     try:
         from ..plan.link import measure_link
         from ..plan.measure import gpt_model, profile_model
@@ -46,7 +53,6 @@ def cmd_profile(args) -> int:
     except ImportError as e:
         raise UsageError(f"stagewise profile needs torch ({e.name} is missing): pip install 'stagewise[torch]'") \
             from None
-    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes")
     cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
                     dtype=args.dtype)
     try:
@@ -81,6 +87,17 @@ def cmd_profile(args) -> int:
     print(_profile_text(prof))
     print(f"wrote {args.output} in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _check_sizes(args, sizes: list[int]) -> None:
+    if len(sizes) > MAX_SIZES:
+        raise UsageError(f"--micro-batch-sizes: at most {MAX_SIZES} sizes; got {len(sizes)}")
+    limits.check_gpt_size(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                          vocab=args.vocab, batch=max(sizes))
+    if args.repeats > MAX_REPEATS:
+        raise UsageError(f"--repeats must be <= {MAX_REPEATS} (each is a timed run of every layer); got {args.repeats}")
+    if args.threads > MAX_THREADS:
+        raise UsageError(f"--threads must be <= {MAX_THREADS}; got {args.threads}")
 
 
 def _check_device(device: str) -> None:

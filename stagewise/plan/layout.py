@@ -47,7 +47,15 @@ def _stage_text(symbols: Sequence[str]) -> str:
 
 def parse_layout(text: str, symbols: Sequence[str]) -> tuple[int, ...]:
     """Layers per stage of ``text``; raises ``LayoutError`` unless it covers ``symbols`` exactly, in order."""
-    stage_syms = [_parse_stage(part, k) for k, part in enumerate(text.split("|"))]
+    stage_syms: list[list[str]] = []
+    # checked before a stage is expanded, so 't*1000000000' allocates nothing; the slack lets a
+    # layout a few layers off still get its diagnosis (what it loses or duplicates) below
+    room = 2 * len(symbols) + 8
+    for k, part in enumerate(text.split("|")):
+        if k >= room:
+            raise LayoutError(f"--layout has more than {room} stages; the model is {summary(symbols)}")
+        stage_syms.append(_parse_stage(part, k, room, len(symbols)))
+        room -= len(stage_syms[-1])
     got = [s for stage in stage_syms for s in stage]
     if Counter(got) != Counter(symbols):
         raise LayoutError(f"--layout {text!r} {_count_problem(got, symbols)}; the model is {summary(symbols)}")
@@ -61,7 +69,7 @@ def parse_layout(text: str, symbols: Sequence[str]) -> tuple[int, ...]:
     return tuple(len(stage) for stage in stage_syms)
 
 
-def _parse_stage(part: str, k: int) -> list[str]:
+def _parse_stage(part: str, k: int, room: int, layers: int) -> list[str]:
     part = part.strip()
     if part == "...":
         raise LayoutError(f"--layout stage {k} is '...', an abbreviation in tables; write every stage")
@@ -72,9 +80,11 @@ def _parse_stage(part: str, k: int) -> list[str]:
         m = _TERM_RE.fullmatch(term.strip())
         if not m:
             raise LayoutError(f"--layout stage {k}: {term.strip()!r} is not SYMBOL or SYMBOL*COUNT (e.g. t*8)")
-        n = int(m[2]) if m[2] is not None else 1
+        n = int(m[2]) if m[2] is not None and len(m[2]) <= 9 else 1 if m[2] is None else room + 1
         if n < 1:
             raise LayoutError(f"--layout stage {k}: {term.strip()!r} has count 0; drop the term instead")
+        if len(out) + n > room:
+            raise LayoutError(f"--layout stage {k}: {term.strip()[:40]!r} goes far past the model's {layers} layers")
         out += [m[1]] * n
     return out
 

@@ -9,9 +9,12 @@ strict: a file that does not parse or lacks a field names the field and where.
 from __future__ import annotations
 
 import json
+import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import jsonout, limits
 from .errors import PlanError
 
 FORMAT = "stagewise-profile"
@@ -83,15 +86,15 @@ class Profile:
         return {"format": FORMAT, "version": VERSION, **d}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        Path(path).write_text(jsonout.dumps(self.to_json(), indent=1) + "\n")
 
     @staticmethod
     def load(path: str | Path) -> "Profile":
         path = Path(path)
         try:
-            text = path.read_text()
-        except OSError as e:
-            raise ProfileError(f"--profile {path}: cannot read: {e.strerror}") from None
+            text = limits.read_text(path, "--profile")
+        except limits.LimitError as e:
+            raise ProfileError(str(e)) from None
         return Profile.loads(text, str(path))
 
     @staticmethod
@@ -100,7 +103,18 @@ class Profile:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ProfileError(f"--profile {where}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-        return from_json(data, where)
+        except RecursionError:
+            raise ProfileError(f"--profile {where}: not JSON this reader accepts: nested too deeply") from None
+        except ValueError:  # int() refuses more than 4,300 digits
+            raise ProfileError(f"--profile {where}: not JSON this reader accepts: a number of more than "
+                               f"{sys.get_int_max_str_digits()} digits") from None
+        try:
+            return from_json(data, where)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+            if isinstance(e, ProfileError):
+                raise
+            raise ProfileError(f"--profile {where}: not a valid profile ({type(e).__name__}: {str(e)[:120]}); "
+                               "make one with `stagewise profile`") from None
 
 
 def from_json(data, where: str = "profile") -> Profile:
@@ -117,6 +131,11 @@ def from_json(data, where: str = "profile") -> Profile:
     raw_layers = _get(data, "layers", list, ctx)
     if not raw_layers:
         raise ProfileError(f"{ctx}: layers is empty")
+    try:
+        limits.LAYERS.check(len(raw_layers), "", detail=f"{ctx}: {len(raw_layers)} layers")
+        limits.MICROBATCHES.check(max(sizes), "", detail=f"{ctx}: micro-batch size {max(sizes)}")
+    except limits.LimitError as e:
+        raise ProfileError(str(e)) from None
     layers = tuple(_layer(x, k, len(sizes), ctx) for k, x in enumerate(raw_layers))
     link = None
     if data.get("link") is not None:
@@ -154,8 +173,8 @@ def _layer(raw, k: int, n_sizes: int, ctx: str) -> LayerProfile:
         vals = _get(raw, name, list, where)
         if len(vals) != n_sizes:
             raise ProfileError(f"{where}: {name} has {len(vals)} values; micro_batch_sizes has {n_sizes}")
-        if any(not isinstance(x, (int, float)) or not x >= 0 for x in vals):
-            raise ProfileError(f"{where}: {name} must be numbers >= 0; got {vals}")
+        if any(not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 <= x < math.inf for x in vals):
+            raise ProfileError(f"{where}: {name} must be finite numbers >= 0; got {vals}")
         per[name] = tuple(float(x) for x in vals)
     t_opt = _number(raw, "t_opt", where) if "t_opt" in raw else 0.0
     return LayerProfile(name=str(raw.get("name", symbol)), symbol=symbol,
@@ -173,6 +192,6 @@ def _get(d: dict, key: str, typ, where: str):
 
 def _number(d: dict, key: str, where: str) -> float:
     v = _get(d, key, (int, float), where)
-    if isinstance(v, bool) or not v >= 0:
-        raise ProfileError(f"{where}: {key} must be >= 0; got {v}")
+    if isinstance(v, bool) or not 0 <= v < math.inf:
+        raise ProfileError(f"{where}: {key} must be a finite number >= 0; got {v}")
     return float(v)

@@ -144,6 +144,27 @@ def tick_label(x: float) -> str:
     return f"{x:.6g}"
 
 
+def memory_envelope(steps: list[tuple[float, float]], per_unit: float) -> list[tuple[float, float]]:
+    """At most one step per pixel (``per_unit`` pixels per time unit): the highest level in it.
+
+    A step curve with many steps per pixel draws the same and weighs far less;
+    a curve with fewer steps than pixels is returned unchanged.
+    """
+    if per_unit <= 0 or len(steps) < 2 or (steps[-1][0] - steps[0][0]) * per_unit >= len(steps):
+        return steps
+    out: list[tuple[float, float]] = []
+    column, level = None, 0.0
+    for t, lv in steps:
+        c = int(t * per_unit)
+        if c != column:  # the level held into this pixel counts too
+            out.append((c / per_unit, max(level, lv)))
+            column = c
+        elif lv > out[-1][1]:
+            out[-1] = (out[-1][0], lv)
+        level = lv
+    return out
+
+
 def memory_steps(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
     """Live activations on ``rank`` as (time from origin, level) steps."""
     t0 = origin(timeline)

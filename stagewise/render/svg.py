@@ -3,6 +3,9 @@
 Fast enough for the HTML report, the workshop page and Jupyter's
 ``_repr_svg_``: one ``<rect class="a KIND cCHUNK">`` per action with a
 ``<title>`` tooltip, idle time left blank, micro-batch numbers where they fit.
+A timeline with thousands of actions narrower than a pixel is drawn as one
+embedded PNG of pixel columns instead (``raster.py``), and its memory curve as
+one step per pixel, so zb-v at p=64, m=1024 stays a page of a few hundred KB.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from html import escape
 from typing import Sequence
 
 from ..timeline import Timeline
-from . import palette
-from .cells import TOP, WHOLE, Summary, cells, memory_steps, summary, tick_label, ticks, tooltip
+import base64
+
+from . import palette, raster
+from .cells import TOP, WHOLE, Summary, cells, memory_envelope, memory_steps, summary, tick_label, ticks, tooltip
 
 ROW = 22  #: row height (px)
 GAP = 4  #: space between rows
@@ -103,6 +108,8 @@ def _rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
         out.append(f'<text x="{LEFT - 6}" y="{y + ROW / 2 + 4:.1f}" text-anchor="end">rank {r}</text>')
         out.append(f'<path class="row" d="M{x0:.1f} {y:.1f}H{x1:.1f}V{y + ROW:.1f}H{x0:.1f}Z" '
                    f'fill="none" stroke="{palette.GRID}" stroke-width="0.6"/>')
+    if raster.is_dense(timeline, frame.scale):
+        return _dense_rows(out, timeline, frame, y0)
     labels: dict[str, list[str]] = {}
     scale = frame.scale
     unit = timeline.unit
@@ -140,6 +147,23 @@ def _rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
     return y0 + ranks * (ROW + GAP)
 
 
+def _dense_rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
+    """All ranks' rows as one PNG at one pixel per SVG unit (``raster.rank_strips``)."""
+    columns = max(1, round(frame.x(frame.span) - frame.x(0)))
+    half, blank = ROW // 2, bytes(4 * columns)
+    rows: list[bytes] = []
+    for strip in raster.rank_strips(timeline, columns=columns, scale=frame.scale):
+        rows += [strip.top] * half + [strip.bottom] * (ROW - half) + [blank] * GAP
+    rows = rows[:-GAP] if rows else [blank]
+    data = base64.b64encode(raster.png(rows, columns)).decode()
+    n = timeline.schedule.num_actions
+    out.append(f'<image class="cells dense" x="{frame.x(0):.1f}" y="{y0:.1f}" width="{columns}" '
+               f'height="{len(rows)}" preserveAspectRatio="none" href="data:image/png;base64,{data}">'
+               f"<title>{n} actions drawn as pixels: each pixel column mixes the colours of the actions in "
+               "it; paler = partly idle</title></image>")
+    return y0 + timeline.ranks * (ROW + GAP)
+
+
 def _axis(out: list[str], frame: Frame, y: float, unit: str) -> float:
     x0, x1 = frame.x(0), frame.x(frame.span)
     out.append(f'<path class="axis" d="M{x0:.1f} {y:.1f}H{x1:.1f}" stroke="{palette.INK}" stroke-width="0.8"/>')
@@ -153,7 +177,7 @@ def _axis(out: list[str], frame: Frame, y: float, unit: str) -> float:
 
 def _memory(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
     """Live activations over time: one filled step strip per rank, all on one scale."""
-    curves = [memory_steps(timeline, r) for r in range(timeline.ranks)]
+    curves = [memory_envelope(memory_steps(timeline, r), frame.scale) for r in range(timeline.ranks)]
     top = max((lv for c in curves for _, lv in c), default=0.0) or 1.0
     x1 = frame.x(frame.span)
     out.append(f'<text x="{LEFT}" y="{y0 + 10:.1f}" font-weight="bold">live activations per rank '

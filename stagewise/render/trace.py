@@ -11,9 +11,9 @@ two stages sit on different ranks (a hand-over on one rank is no message).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .. import jsonout
 from ..timeline import Timeline
 from .cells import Cell, cells, memory_steps, summary
 
@@ -59,7 +59,7 @@ def chrome_trace(timeline: Timeline) -> dict:
 def write_trace(timeline: Timeline, path) -> Path:
     path = Path(path)
     with path.open("w") as fh:
-        json.dump(chrome_trace(timeline), fh, separators=(",", ":"))
+        jsonout.dump(chrome_trace(timeline), fh, separators=(",", ":"))
     return path
 
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import limits
 from ..schedule import Schedule
 from . import forms
 from .forms import Uniform
@@ -137,6 +138,7 @@ def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None
     fam = family(name)
     v = fam.default_chunks if chunks is None else chunks
     check_args(fam, ranks, microbatches, v)
+    limits.check_schedule_size(ranks, microbatches, v, 3 if fam.split_backward else 2, name=fam.name)
     with _gc_paused():
         return fam.generator(ranks, microbatches, v)
 

@@ -8,12 +8,12 @@ tagged with the page control (``field``) that caused it.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
+from .. import jsonout, limits
 from ..actions import KINDS, Pair
 from ..compare import schedules_for, simulate_all
 from ..costs import CostError, Costs, MemoryCap, rank_share_weights, scaled
@@ -31,7 +31,6 @@ OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
 #: a page is for exploring: keep one request about a second at worst
 LIMITS = {"p": 64, "m": 256, "v": 8}
-MAX_ACTIONS = 48_000  #: all schedules of one view together (11 families at p=16, m=64 make 41,443)
 
 
 class SettingError(ValueError):
@@ -124,22 +123,41 @@ def _names(raw) -> tuple[str, ...]:
     return names
 
 
+#: longest number the page sends (a control's text); longer is refused before it is converted
+MAX_NUMBER_TEXT = 32
+
+
 def _whole(name: str, raw) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not re.fullmatch(r"\s*-?\d+\s*", str(raw)):
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         raise SettingError(f"{OPTIONS[name]}: expected a whole number; got {raw!r}", name)
-    value = int(raw)
+    if isinstance(raw, int):
+        value = raw
+    elif re.fullmatch(r"\s*-?\d{1,9}\s*", raw):
+        value = int(raw)
+    elif re.fullmatch(r"\s*-?\d+\s*", raw):
+        raise SettingError(f"{OPTIONS[name]}: expected a whole number of at most 9 digits; got {_short(raw)}", name)
+    else:
+        raise SettingError(f"{OPTIONS[name]}: expected a whole number; got {_short(raw)}", name)
     if value > LIMITS[name]:
-        raise SettingError(f"{OPTIONS[name]} must be <= {LIMITS[name]} in the workshop; got {value}", name)
+        raise SettingError(f"{OPTIONS[name]} must be <= {LIMITS[name]} in the workshop; got {_short(value)}", name)
     return value
 
 
+def _short(raw) -> str:
+    text = repr(raw)
+    return text if len(text) <= MAX_NUMBER_TEXT else f"{text[:MAX_NUMBER_TEXT]}... ({len(text)} characters)"
+
+
 def _number(name: str, raw) -> float:
+    if isinstance(raw, str) and len(raw) > MAX_NUMBER_TEXT:
+        raise SettingError(f"{OPTIONS[name]}: a number of at most {MAX_NUMBER_TEXT} characters; got {_short(raw)}",
+                           name)
     try:
         value = float(raw) if not isinstance(raw, bool) else math.nan
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         value = math.nan
     if not math.isfinite(value):
-        raise SettingError(f"{OPTIONS[name]}: expected a number; got {raw!r}", name)
+        raise SettingError(f"{OPTIONS[name]}: expected a finite number; got {_short(raw)}", name)
     return value
 
 
@@ -184,11 +202,13 @@ def schedules_of(s: Settings) -> list[Schedule]:
     if len(s.schedules) == 1:  # one family: a v it does not take is an error, not a default
         out = [generate(s.schedules[0], s.p, s.m, s.v)]
     else:
-        out = schedules_for(s.schedules, s.p, s.m, s.v)
+        out = schedules_for(s.schedules, s.p, s.m, s.v, limit=None)  # bounded below, as a setting
     total = sum(sched.num_actions for sched in out)
-    if total > MAX_ACTIONS:
-        raise SettingError(f"these settings make {total} actions; the page draws at most {MAX_ACTIONS}: lower "
-                           "--microbatches or compare fewer schedules (`stagewise draw` takes any size)", "m")
+    most = limits.WORKSHOP_ACTIONS.value
+    if total > most:
+        raise SettingError(f"these settings make {total} actions; the page draws at most {most}: lower "
+                           "--microbatches or compare fewer schedules (`stagewise draw` takes any size; "
+                           f"{limits.WORKSHOP_ACTIONS.env} raises the page's limit)", "m")
     return out
 
 
@@ -246,7 +266,7 @@ def _t(x: float) -> float:
 
 
 def dumps(obj) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return jsonout.dumps(obj, separators=(",", ":")).encode()
 
 
 __all__ = ["Settings", "SettingError", "families", "parse_settings", "payload", "simulate_settings",

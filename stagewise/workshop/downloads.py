@@ -6,9 +6,7 @@ Each is made by the module that owns the format (``torch_csv``,
 
 from __future__ import annotations
 
-import json
-
-from .. import torch_csv
+from .. import jsonout, torch_csv
 from .api import Settings, SettingError, simulate_settings
 
 FORMATS = {"csv": "text/csv; charset=utf-8", "trace": "application/json", "svg": "image/svg+xml"}
@@ -38,7 +36,7 @@ def _trace(timelines) -> str:
     if len(timelines) != 1:
         raise SettingError("a Chrome trace holds one timeline; choose one schedule", "schedules")
     trace = chrome_trace(timelines[0])
-    return trace if isinstance(trace, str) else json.dumps(trace)
+    return trace if isinstance(trace, str) else jsonout.dumps(trace)
 
 
 def _svg(timelines) -> str:

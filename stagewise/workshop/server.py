@@ -4,14 +4,23 @@ Standard library only (``http.server``). It serves exactly the files in
 ``static/`` (an allow-list read at start, so no path can reach outside it),
 and answers ``/api/families``, ``/api/simulate`` (GET query or POST JSON) and
 ``/api/download``. Errors are JSON ``{"error": message, "field": control}``.
+
+It cannot be held open: a connection waits for its first byte without a
+thread (``gate.Gate``), a bounded number of threads serve requests, and each
+request must arrive whole within ``REQUEST_TIMEOUT`` (a deadline over all its
+reads, so a byte every few seconds does not keep it alive). A client that goes
+away is dropped without a traceback.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import signal
+import socket
 import sys
 import threading
+import time
 import traceback
 import webbrowser
 from http import HTTPStatus
@@ -21,6 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from . import api
 from .downloads import download
+from .gate import Gate
 
 HOST = "127.0.0.1"
 STATIC = Path(__file__).with_name("static")
@@ -30,6 +40,8 @@ TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=u
 CSP = ("default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; "
        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'")
 MAX_BODY = 64 * 1024
+REQUEST_TIMEOUT = 10.0  #: seconds for a whole request to arrive (and for an idle connection to be kept)
+MAX_THREADS = 16  #: requests served at once; the page needs a handful
 
 
 def assets() -> dict[str, Path]:
@@ -50,6 +62,17 @@ class Handler(BaseHTTPRequestHandler):
 
     server_version = "stagewise-workshop"
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self._raw = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._raw)
+
+    def handle_one_request(self) -> None:
+        # the deadline covers the request line, headers and body; http.server drops the connection on
+        # TimeoutError, quietly (log_message is silent unless verbose)
+        self._raw.deadline = time.monotonic() + self.server.request_timeout
+        super().handle_one_request()
 
     def do_GET(self) -> None:
         self._answer(self._get)
@@ -88,6 +111,10 @@ class Handler(BaseHTTPRequestHandler):
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise HttpError(HTTPStatus.BAD_REQUEST, f"malformed JSON: {e}") from None
+        except RecursionError:
+            raise HttpError(HTTPStatus.BAD_REQUEST, "malformed JSON: nested too deeply") from None
+        except ValueError:  # int() refuses more than 4,300 digits
+            raise HttpError(HTTPStatus.BAD_REQUEST, "malformed JSON: a number with too many digits") from None
 
     def _answer(self, route) -> None:
         url = urlsplit(self.path)
@@ -98,13 +125,18 @@ class Handler(BaseHTTPRequestHandler):
             self._error(e.status, str(e), e.field)
         except api.SettingError as e:
             self._error(HTTPStatus.BAD_REQUEST, str(e), e.field)
+        except (ConnectionError, TimeoutError):  # the client went away or stalled: nothing to answer
+            self.close_connection = True
         except Exception as e:  # a bug of ours: say so, keep serving
             traceback.print_exc(file=sys.stderr)
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}: {e}")
 
     def _check_host(self) -> None:
         # a page on another site could reach a loopback port through DNS rebinding: accept our own names only
-        host = (self.headers.get("Host") or "").rsplit(":", 1)[0]
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) > 1:  # RFC 7230 5.4: more than one Host is a 400
+            raise HttpError(HTTPStatus.BAD_REQUEST, f"{len(hosts)} Host headers; a request has one")
+        host = (hosts[0] if hosts else "").rsplit(":", 1)[0]
         if host not in ("127.0.0.1", "localhost"):
             raise HttpError(HTTPStatus.FORBIDDEN, f"unexpected Host {host!r}; open the page at http://{HOST}:PORT/")
 
@@ -116,6 +148,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, "application/json", api.dumps({"error": message, "field": field}), {"Connection": "close"})
 
     def _send(self, status: HTTPStatus, ctype: str, body: bytes, headers: dict | None = None) -> None:
+        self.connection.settimeout(self.server.request_timeout)  # a client that stops reading is let go
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -132,19 +165,49 @@ class Handler(BaseHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The socket's reads, each given only what is left of the request's deadline."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.deadline = time.monotonic() + REQUEST_TIMEOUT
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
 class Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer on loopback with the asset allow-list."""
+    """A loopback HTTP server with the asset allow-list; connections are admitted by a ``Gate``."""
 
     daemon_threads = True
+    request_queue_size = 128  #: listen backlog: a burst of connections is accepted, not retried by the kernel
 
-    def __init__(self, port: int = 0, *, verbose: bool = False):
+    def __init__(self, port: int = 0, *, verbose: bool = False, request_timeout: float = REQUEST_TIMEOUT,
+                 max_threads: int = MAX_THREADS):
         self.assets = assets()
         self.verbose = verbose
+        self.request_timeout = request_timeout
         super().__init__((HOST, port), Handler)
+        self.gate = Gate(self, max_threads=max_threads, timeout=request_timeout)
+
+    def process_request(self, request, client_address) -> None:
+        self.gate.admit(request, client_address)  # a thread only once the client has sent something
+
+    def server_close(self) -> None:
+        super().server_close()
+        if getattr(self, "gate", None) is not None:  # None when the port could not be bound
+            self.gate.close()
 
     def handle_error(self, request, client_address) -> None:
         # a browser that closes a connection early (reload, new setting) is not an error worth a traceback
-        if not isinstance(sys.exc_info()[1], ConnectionError):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             super().handle_error(request, client_address)
 
     @property
