@@ -32,16 +32,16 @@ def no_ranks(monkeypatch):
 
 
 CASES = [
-    # zero or negative sizes never mean "default"
-    (["-p", "0"], "-p must be >= 1; got 0"),
-    (["-m", "0"], "-m must be >= 1; got 0"),
-    (["-v", "0"], "-v must be >= 1; got 0"),
-    (["--dp", "0"], "--dp must be >= 1; got 0"),
-    (["--vocab", "0"], "--vocab must be >= 1; got 0"),
-    (["--batch", "0"], "--batch must be >= 1; got 0"),
-    (["--batch", "-8"], "--batch must be >= 1; got -8"),
-    (["--threads", "0"], "--threads must be >= 1; got 0"),
-    (["--heads", "0"], "--heads must be >= 1; got 0"),
+    # zero or negative sizes never mean "default" (refused by the parser: cli.common.positive_int)
+    (["-p", "0"], "argument -p/--ranks: must be >= 1; got 0"),
+    (["-m", "0"], "argument -m/--microbatches: must be >= 1; got 0"),
+    (["-v", "0"], "argument -v/--chunks: must be >= 1; got 0"),
+    (["--dp", "0"], "argument --dp: must be >= 1; got 0"),
+    (["--vocab", "0"], "argument --vocab: must be >= 1; got 0"),
+    (["--batch", "0"], "argument --batch: must be >= 1; got 0"),
+    (["--batch", "-8"], "argument --batch: must be >= 1; got -8"),
+    (["--threads", "0"], "argument --threads: must be >= 1; got 0"),
+    (["--heads", "0"], "argument --heads: must be >= 1; got 0"),
     (["--seed", "-1"], "--seed must be >= 0; got -1"),
     # documented limits, before anything is allocated
     (["--layers", "1000000"], "--layers 1000000: over the limit of 4,096"),
