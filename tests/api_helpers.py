@@ -242,3 +242,56 @@ def features(real: dict) -> dict:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, out)
     return gathered
+
+
+# ---- what users get wrong: one rank function per mistake
+
+class Changes(nn.Module):
+    """(h, mask) for a float h; on its ``at``-th call the structure ("structure") or the mask's shape ("shape")
+    differs, as a model with a data-dependent branch might do."""
+
+    def __init__(self, how: str, at: int = 3):
+        super().__init__()
+        self.lin, self.how, self.at, self.calls = nn.Linear(4, 4), how, at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        h, mask = self.lin(x), torch.ones(x.shape[:1], dtype=torch.long)
+        if self.calls == self.at:
+            return (h,) if self.how == "structure" else (h, mask[:-1])
+        return h, mask
+
+
+class First(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, state):
+        return self.lin(state[0])
+
+
+def mistake(kind: str):
+    """Rank function that makes the mistake ``kind``; it must fail on every rank with one clear message."""
+    import torch.distributed as dist
+
+    from stagewise import generate
+
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    if kind in ("structure", "shape"):
+        pipe = stagewise.Pipeline("1f1b", [Changes(kind), First()], F.mse_loss, microbatches=4)
+        pipe.step(x, y)
+    elif kind == "not a module":
+        stagewise.Pipeline("1f1b", stagewise.Layers(count=2, build=lambda i: torch.zeros(4)), F.mse_loss,
+                           microbatches=2)
+    elif kind == "ranks":
+        stagewise.Pipeline(generate("1f1b", 4, 4), [nn.Linear(4, 4) for _ in range(4)], F.mse_loss)
+    elif kind == "no inputs":
+        pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=2)
+        pipe.step(None if dist.get_rank() == 0 else x, y)
+    elif kind == "no targets":
+        pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=2)
+        pipe.step(x, None)
+    elif kind == "batch":
+        pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=3)
+        pipe.step(x, y)
