@@ -6,12 +6,16 @@ posting and waiting on messages, the loss all-reduce. gloo, p ranks, one
 thread each. For each schedule both runtimes are built side by side and
 stepped alternately (who goes first alternates too); a step is
 ``step()`` alone (no optimizer). Per action = median step time / compute
-actions per rank (F, B, I, W each count one). stagewise runs twice: with
+actions per rank (F, B, I, W each count one); the ratio is the median of the
+per-step ratios (load from other processes hits both alike). stagewise runs twice: with
 ``static_shapes=True`` (headers on the first step only, like torch, which
 learns shapes once) and with the default (a header per message every step,
-so shapes may change between steps).
+so shapes may change between steps). ``--width 512 --rows 64`` makes the same
+comparison compute-bound (a user's MLP rather than runtime overhead): then
+compare the step times.
 
     .venv/bin/python benchmarks/bench_api_overhead.py [--steps 40] [-m 8] [--schedules 1f1b,zb-v]
+    .venv/bin/python benchmarks/bench_api_overhead.py --width 512 --rows 64 --steps 12
 """
 
 from __future__ import annotations
@@ -25,15 +29,12 @@ from datetime import timedelta
 
 PAIRS = (("gpipe", "ScheduleGPipe", None), ("1f1b", "Schedule1F1B", None),
          ("interleaved-1f1b", "ScheduleInterleaved1F1B", 2), ("zb-v", "ScheduleZBVZeroBubble", None))
-WIDTH = 4
-
-
-def layers(n: int):
+def layers(n: int, width: int):
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    return [nn.Linear(WIDTH, WIDTH) for _ in range(n)]
+    return [nn.Linear(width, width) for _ in range(n)]
 
 
 def loss_fn(out, y):
@@ -45,7 +46,7 @@ def loss_fn(out, y):
 class TorchPipe:
     """torch.distributed.pipelining on the same layers, partition and placement."""
 
-    def __init__(self, rank: int, sched, cls_name: str, m: int):
+    def __init__(self, rank: int, sched, cls_name: str, m: int, width: int):
         import torch
         from torch import nn
         from torch.distributed import pipelining
@@ -53,7 +54,7 @@ class TorchPipe:
         from stagewise.runtime.stage import stage_ranges
 
         ranges = stage_ranges(sched, sched.stages)
-        all_layers = layers(sched.stages)
+        all_layers = layers(sched.stages, width)
         self.mine = mine = sched.stages_of_rank(rank)
         self.last = sched.placement[-1] == rank
         mods = {s: nn.Sequential(*[all_layers[i] for i in ranges[s]]) for s in mine}
@@ -79,11 +80,12 @@ def compare(rank: int, world: int, name: str, cls_name: str, v, args) -> dict:
     import stagewise
 
     sched = stagewise.generate(name, world, args.m, v)
-    x, y = torch.randn(args.m, WIDTH), torch.randn(args.m, WIDTH)
+    w = args.width
+    x, y = torch.randn(args.m * args.rows, w), torch.randn(args.m * args.rows, w)
     runs = {
-        "torch": TorchPipe(rank, sched, cls_name, args.m).step,
-        "static": stagewise.Pipeline(sched, layers(sched.stages), loss_fn, static_shapes=True).step,
-        "dynamic": stagewise.Pipeline(sched, layers(sched.stages), loss_fn).step,
+        "torch": TorchPipe(rank, sched, cls_name, args.m, w).step,
+        "static": stagewise.Pipeline(sched, layers(sched.stages, w), loss_fn, static_shapes=True).step,
+        "dynamic": stagewise.Pipeline(sched, layers(sched.stages, w), loss_fn).step,
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
     order = list(runs)
@@ -93,7 +95,8 @@ def compare(rank: int, world: int, name: str, cls_name: str, v, args) -> dict:
             if k >= 2:  # warm-up: shapes learned, buffers allocated
                 times[who].append(t)
     per_rank = sched.num_compute_actions / sched.ranks
-    return {who: statistics.median(ts) / per_rank for who, ts in times.items()} | {"actions": per_rank}
+    ratios = {who: statistics.median(a / b for a, b in zip(times[who], times["torch"])) for who in runs}
+    return {who: statistics.median(ts) for who, ts in times.items()} | {"actions": per_rank, "ratio": ratios}
 
 
 def rank_main(rank: int, world: int, port: int, args, q) -> None:
@@ -116,6 +119,8 @@ def main() -> None:
     ap.add_argument("-p", type=int, default=2)
     ap.add_argument("-m", type=int, default=8)
     ap.add_argument("--steps", type=int, default=40, help="steps of each runtime per schedule (2 warm up)")
+    ap.add_argument("--width", type=int, default=4, help="features of each Linear layer (default 4: overhead)")
+    ap.add_argument("--rows", type=int, default=1, help="rows per micro-batch (default 1)")
     ap.add_argument("--schedules", default=None, help="comma-separated subset of " + ",".join(n for n, *_ in PAIRS))
     args = ap.parse_args()
     from stagewise.runtime.launch import free_port
@@ -139,15 +144,20 @@ def main() -> None:
                 raise SystemExit(f"a rank failed (exit code {dead[0]})")
     for p in procs:
         p.join()
-    print(f"identity-like layers ({WIDTH}x{WIDTH} Linear), one row of {WIDTH} per micro-batch; p={args.p} m={args.m}; "
-          f"gloo, 1 thread per rank; medians of {args.steps - 2} steps ({time.time() - t:.0f} s in all)")
-    head = (f"{'schedule':<18} {'actions/rank':>12} {'torch us/action':>15} {'stagewise static':>16} {'ratio':>6} "
+    w = args.width
+    print(f"{w}x{w} Linear layers, {args.rows} row(s) of {w} per micro-batch; p={args.p} m={args.m}; gloo, 1 thread "
+          f"per rank; medians of {args.steps - 2} steps ({time.time() - t:.0f} s in all)")
+    unit = "us/action" if w * args.rows <= 64 else "ms/step"
+    head = (f"{'schedule':<18} {'actions/rank':>12} {'torch ' + unit:>15} {'stagewise static':>16} {'ratio':>6} "
             f"{'stagewise default':>17} {'ratio':>6}")
     print(head)
     print("-" * len(head))
     for name, rec in out.items():
-        tt, ts, td = (rec[k] * 1e6 for k in ("torch", "static", "dynamic"))
-        print(f"{name:<18} {rec['actions']:>12.0f} {tt:>15.1f} {ts:>16.1f} {ts / tt:>6.2f} {td:>17.1f} {td / tt:>6.2f}")
+        scale = 1e6 / rec["actions"] if unit == "us/action" else 1e3
+        tt, ts, td = (rec[k] * scale for k in ("torch", "static", "dynamic"))
+        rs, rd = rec["ratio"]["static"], rec["ratio"]["dynamic"]
+        print(f"{name:<18} {rec['actions']:>12.0f} {tt:>15.1f} {ts:>16.1f} {rs:>6.2f} {td:>17.1f} {rd:>6.2f}")
+    print("ratio: median over steps of stagewise / torch, same step, both runtimes stepped back to back")
 
 
 if __name__ == "__main__":
