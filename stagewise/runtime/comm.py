@@ -83,10 +83,7 @@ class MessagePlan:
 
 
 def message_plan(schedule: Schedule) -> MessagePlan:
-    first, last = [0] * schedule.stages, [0] * schedule.stages
-    for lane in schedule.lanes:
-        for s in lane.stages:
-            first[s], last[s] = lane.stage_lo, lane.stage_hi - 1
+    first, last = schedule.first_stages, schedule.last_stages
     place = schedule.placement
     order: dict[tuple[int, int], list[Route]] = defaultdict(list)
     for r, prog in enumerate(schedule.programs):
@@ -101,7 +98,7 @@ def message_plan(schedule: Schedule) -> MessagePlan:
                 if place[route.stage] != r:
                     order[(r, place[route.stage])].append(route)
     return MessagePlan(placement=place, stages=schedule.stages, microbatches=schedule.microbatches,
-                       order={k: tuple(v) for k, v in order.items()}, first=tuple(first), last=tuple(last))
+                       order={k: tuple(v) for k, v in order.items()}, first=first, last=last)
 
 
 class P2P:

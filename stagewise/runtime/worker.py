@@ -69,8 +69,7 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
                        f"{f' on each of --dp {cfg.dp} replicas' if cfg.dp > 1 else ''}; use a --batch that is a "
                        f"multiple of {share}")
     recompute_stages(cfg.recompute, sched.stages)
-    lane = sched.lanes[0]
-    partition(cfg.model.num_layers, lane.stage_hi - lane.stage_lo, cfg.split)
+    partition(cfg.model.num_layers, sched.stages_per_copy, cfg.split)
     optimizer_class(cfg.optimizer)
     if cfg.fault:
         check_fault(parse_fault(cfg.fault), sched, cfg.dp)
