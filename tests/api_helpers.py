@@ -295,3 +295,27 @@ def mistake(kind: str):
     elif kind == "batch":
         pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=3)
         pipe.step(x, y)
+
+
+def tied_by_name(i: int) -> nn.Module:
+    """Layer i of ``layers()`` built alone: the head gets its own weight, off by one, so only the tie declared
+    by name (and the start-equal broadcast from the embedding's rank) makes it the embedding's."""
+    layer = layers()[i]
+    if i == 7:
+        layer.weight = nn.Parameter(layer.weight.detach() + 1.0)
+    return layer
+
+
+def train_tied_by_name(cases) -> dict:
+    out = {}
+    for name, m, v in cases:
+        model = stagewise.Layers(count=8, build=tied_by_name, ties=(("0.weight", "7.weight"),))
+        pipe = stagewise.Pipeline(name, model, loss_fn, microbatches=m, chunks=v)
+        opt = torch.optim.AdamW(pipe.parameters(), lr=LR)
+        losses = []
+        for k in range(STEPS):
+            losses.append(pipe.step(*batch(k)).loss)
+            opt.step()
+            opt.zero_grad()
+        out[(name, m, v)] = (losses, pipe.full_state_dict())
+    return out

@@ -42,6 +42,16 @@ def test_1f1b_zbv_and_dualpipe_at_four_ranks_equal_a_plain_torch_loop():
         assert_same(got[case], want, case)
 
 
+def test_a_tie_declared_by_name_in_a_factory_is_one_parameter():
+    from api_helpers import train_tied_by_name
+
+    want = reference()
+    cases = [("1f1b", 4, None), ("zb-v", 4, None), ("dualpipe", 4, None)]
+    got = stagewise.launch(train_tied_by_name, 2, cases, threads=1)
+    for case in cases:
+        assert_same(got[case], want, case)
+
+
 def test_gradient_accumulation_and_global_norm_clipping_equal_torch():
     want = reference(accumulate=2, clip=0.5)
     got = stagewise.launch(train_cases, 2, [("1f1b", 4, None), ("zb-v", 2, None)], 2, 0.5, threads=1)
