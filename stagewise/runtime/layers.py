@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from torch import nn
 
 from .config import RunError
+from .stage import Stage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +107,29 @@ def _module_layers(model: nn.Module, split, init, device) -> Layers:
         return materialize(copy.deepcopy(m), names[i], init, device) if meta else m
 
     return Layers(count=len(named), build=build, names=names, ties=identity_ties(named), split=counts)
+
+
+def build_own_stages(spec: Layers, ranges, mine: list[int], device) -> dict[int, Stage]:
+    """This rank's stages. Each layer is built once; a second use (DualPipe's other lane) is a copy, and so is
+    a layer sharing a parameter with one already placed here (a tie becomes two copies summed at step end)."""
+    built: dict[int, nn.Module] = {}
+    seen: set[int] = set()
+    stages = {}
+    for s in mine:
+        mods = []
+        for i in ranges[s]:
+            if i in built:
+                m = copy.deepcopy(built[i])
+            else:
+                m = spec.make(i)
+                if any(id(p) in seen for p in m.parameters()):
+                    m = copy.deepcopy(m)
+                built[i] = m
+            seen.update(id(p) for p in m.parameters())
+            mods.append(m)
+        stages[s] = Stage(s, mods, ranges[s].start).to(device)
+    return stages
+
 
 
 def flat_layers(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
