@@ -49,6 +49,18 @@ class Layers:
     ties: tuple[tuple[str, ...], ...] = ()  #: groups of full parameter names that are one parameter
     split: tuple[int, ...] | None = None  #: layers per stage of one model copy, when the model says (split points)
 
+    @classmethod
+    def from_modules(cls, named: Sequence[tuple[str, nn.Module]], ties: Sequence[Sequence[str]] = ()) -> "Layers":
+        """Layers from (name, module) pairs already built (an adapter's view of a model): a parameter object
+        used by two of them is a tie, besides ``ties``. Example::
+
+            Layers.from_modules([("embed", emb), ("blocks.0", b0), ("head", head)])
+        """
+        named = list(named)
+        mods = [m for _, m in named]
+        return cls(count=len(named), build=mods.__getitem__, names=tuple(n for n, _ in named),
+                   ties=identity_ties(named) + tuple(tuple(g) for g in ties))
+
     def prefix(self, i: int) -> str:
         return self.names[i] if self.names is not None else str(i)
 
@@ -78,9 +90,7 @@ def as_layers(model, split=None, init: Callable | None = None, device=None) -> L
         if bad is not None:
             raise RunError(f"layer {bad} of the model is a {type(layers[bad]).__name__}; every layer must be an "
                            "nn.Module")
-        names = tuple(str(k) for k in range(len(layers)))
-        return Layers(count=len(layers), build=layers.__getitem__, names=names,
-                      ties=identity_ties(list(zip(names, layers))))
+        return Layers.from_modules([(str(k), m) for k, m in enumerate(layers)])
     if isinstance(model, nn.Module):
         return _module_layers(model, split, init, device)
     if callable(model):

@@ -297,13 +297,17 @@ def _process_group(timeout: float) -> tuple[int, int]:
 
 
 def _device(device) -> torch.device:
+    """The given device, else the rank's GPU under NCCL (LOCAL_RANK), else the CPU. A GPU becomes the current
+    device: NCCL's object collectives (the names gathered at construction) run on it."""
     if device is not None:
-        return torch.device(device)
-    if dist.get_backend() == "nccl":
+        d = torch.device(device)
+    elif dist.get_backend() == "nccl":
         d = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    else:
+        d = torch.device("cpu")
+    if d.type == "cuda":
         torch.cuda.set_device(d)
-        return d
-    return torch.device("cpu")
+    return d
 
 
 def _sum_over_ranks(value: float, flag: float, device) -> tuple[float, float]:
