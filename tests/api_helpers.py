@@ -64,12 +64,12 @@ def reference(accumulate: int = 1, clip: float | None = None) -> tuple[list[floa
     return losses, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def train_cases(cases, accumulate: int = 1, clip: float | None = None, dp: int = 1) -> dict:
-    """Rank function: for each (family, m, v) the user's loop through stagewise.Pipeline; rank 0 returns
-    {case: (losses, full state_dict)}."""
+def train_cases(cases, accumulate: int = 1, clip: float | None = None, dp: int = 1, **options) -> dict:
+    """Rank function: for each (family, m, v) the user's loop through stagewise.Pipeline (with ``options``);
+    rank 0 returns {case: (losses, full state_dict)}."""
     out = {}
     for name, m, v in cases:
-        pipe = stagewise.Pipeline(name, layers(), loss_fn, microbatches=m, chunks=v, dp=dp)
+        pipe = stagewise.Pipeline(name, layers(), loss_fn, microbatches=m, chunks=v, dp=dp, **options)
         opt = torch.optim.AdamW(pipe.parameters(), lr=LR)
         losses = []
         for k in range(STEPS):

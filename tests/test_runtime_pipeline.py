@@ -59,6 +59,14 @@ def test_gradient_accumulation_and_global_norm_clipping_equal_torch():
         assert_same(res, want, case)
 
 
+def test_recomputation_with_static_shapes_equals_torch():
+    want = reference()
+    cases = [("1f1b", 4, None), ("zb-v", 4, None)]
+    got = stagewise.launch(train_cases, 2, cases, 1, None, 1, threads=1, recompute=True, static_shapes=True)
+    for case in cases:
+        assert_same(got[case], want, case)
+
+
 def test_data_parallel_replicas_equal_torch():
     want = reference()
     got = stagewise.launch(train_cases, 4, [("1f1b", 2, None), ("dualpipe", 4, None)], 1, None, 2, threads=1)
