@@ -64,6 +64,9 @@ class Layers:
     def prefix(self, i: int) -> str:
         return self.names[i] if self.names is not None else str(i)
 
+    def all_names(self) -> list[str]:
+        return [self.prefix(i) for i in range(self.count)]
+
     def check(self) -> None:
         if self.count < 1:
             raise RunError(f"the model has {self.count} layers; it needs at least one")

@@ -51,19 +51,19 @@ def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, thr
         return fn(*args, **kwargs)
     if ranks < 1:
         raise RunError(f"ranks must be >= 1; got {ranks}")
-    _check_importable(fn)
+    check_importable(fn, "the function")
     job = [Job(fn=fn, args=args, kwargs=kwargs, threads=threads, timeout=timeout)]
     return pickle.loads(launcher.spawn(job, ranks, None, target=_rank_main)[0]["value"])
 
 
-def _check_importable(fn: Callable) -> None:
-    """A spawned rank finds ``fn`` by module and name: say what to change when it cannot."""
+def check_importable(fn: Callable, what: str) -> None:
+    """A spawned rank finds ``fn`` (a function or class) by module and name: say what to change when it cannot."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if getattr(fn, "__module__", None) == "__main__" and not (path and os.path.isfile(path)):
-        raise RunError("stagewise.launch: the function is defined in a script read from stdin (or python -c), which "
-                       "spawned ranks cannot import; save the script to a file and run `python script.py`, or run it "
-                       "under torchrun (torchrun --nproc-per-node N script.py)")
+        raise RunError(f"stagewise: {what} is defined in a script read from stdin (or python -c), which spawned "
+                       "ranks cannot import; save the script to a file and run `python script.py`, or run it under "
+                       "torchrun (torchrun --nproc-per-node N script.py)")
     try:
         pickle.dumps(fn)
     except (pickle.PicklingError, AttributeError, TypeError) as e:

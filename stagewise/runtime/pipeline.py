@@ -87,7 +87,7 @@ class Pipeline:
         self.schedule = sched = resolve_schedule(schedule, world, dp, microbatches, chunks)
         self.topo = topo = Topology(p=sched.ranks, dp=dp, rank=rank)
         self.loss_fn, self.timeout = loss_fn, timeout
-        counts = spec.split if spec.split is not None else split_counts(split, [spec.prefix(i) for i in range(spec.count)])
+        counts = spec.split if spec.split is not None else split_counts(split, spec.all_names())
         ranges = stage_ranges(sched, spec.count, counts)
         self.stages = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
         self.layout = gather_layout(sched, spec, ranges, self.stages, ties)
