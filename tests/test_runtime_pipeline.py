@@ -135,3 +135,16 @@ def test_eval_autocast_and_a_meta_module_with_split_points_equal_torch():
         assert ranks[0]["meta_losses"][k] == pytest.approx(loss.item(), rel=1e-5)
     for k, v in real.state_dict().items():
         torch.testing.assert_close(ranks[0]["meta_state"][k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cli_runtime_takes_a_schedule_value_with_no_csv_in_between():
+    from stagewise.runtime import RunConfig
+    from stagewise.runtime.launch import train_many
+    from stagewise.runtime.models import GPTConfig
+
+    model = GPTConfig(layers_n=2, d_model=16, heads=2, seq=8, vocab=32)
+    base = RunConfig(schedule="zb-v", ranks=2, microbatches=4, batch=4, steps=2, model=model, threads=1)
+    by_value = RunConfig(schedule=stagewise.generate("zb-v", 2, 4), ranks=2, microbatches=4, batch=4, steps=2,
+                         model=model, threads=1)
+    named, valued = train_many([base, by_value])
+    assert valued["schedule"] == "zb-v" and valued["losses"] == named["losses"]
