@@ -82,7 +82,8 @@ class Pipeline:
     - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean).
     - ``split``: layers per stage of one model copy: counts, layout text (``"E+t*3 | t*4"``) or module names.
     - ``ties``: groups of parameter names that are one parameter, besides those found by identity.
-    - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp).
+    - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp); or ``mesh``, a 2-d DeviceMesh
+      of shape (dp, pp) over the ranks in order (``init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))``).
     - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
     - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages).
     - ``measure_memory``: count the activation bytes each op holds (``meter``; activation_memory.py).
@@ -100,10 +101,11 @@ class Pipeline:
                  chunks: int | None = None, split=None, ties: Sequence[Sequence[str]] = (), dp: int = 1,
                  device: str | torch.device | None = None, recompute: bool | Sequence[int] = False,
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
-                 init: Callable | None = None, measure_memory: bool = False):
+                 init: Callable | None = None, measure_memory: bool = False, mesh=None):
         self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
         spec.check()
         rank, world = _process_group(timeout)
+        dp = _mesh_dp(mesh, world) if mesh is not None else dp
         self.device = _device(device)
         self.schedule = sched = resolve_schedule(schedule, world, dp, microbatches, chunks)
         self.topo = topo = Topology(p=sched.ranks, dp=dp, rank=rank)
@@ -314,6 +316,16 @@ def _process_group(timeout: float) -> tuple[int, int]:
         _init_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
         atexit.register(_close_groups)  # gloo threads joined while the interpreter is alive (launch.py)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _mesh_dp(mesh, world: int) -> int:
+    """The replicas of a (dp, pp) DeviceMesh; the runtime places replica d's pipeline on ranks d*p .. d*p+p-1."""
+    ranks = mesh.mesh
+    if ranks.dim() != 2 or ranks.numel() != world or ranks.flatten().tolist() != list(range(world)):
+        raise RunError(f"mesh {tuple(ranks.shape)} over ranks {ranks.flatten().tolist()[:8]}: the pipeline needs a "
+                       f"2-d mesh (dp, pp) over all {world} ranks in order, e.g. init_device_mesh(device, (dp, "
+                       f"{world} // dp)); or pass dp= instead")
+    return int(ranks.shape[0])
 
 
 def _device(device) -> torch.device:
