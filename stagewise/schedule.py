@@ -75,6 +75,21 @@ class Schedule:
         """Plain actions, counting both halves of an overlapped pair."""
         return self.num_actions + sum(1 for prog in self.programs for op in prog if type(op) is Pair)
 
+    @property
+    def stages_per_copy(self) -> int:
+        """Stages of one model copy (S in the papers): a lane's length (DualPipe: half the stages)."""
+        return self.lanes[0].stage_hi - self.lanes[0].stage_lo
+
+    @property
+    def first_stages(self) -> tuple[int, ...]:
+        """Per stage, the first stage of its lane (where the lane's inputs enter)."""
+        return tuple(self.lane_of_stage(s).stage_lo for s in range(self.stages))
+
+    @property
+    def last_stages(self) -> tuple[int, ...]:
+        """Per stage, the last stage of its lane (where the loss is computed)."""
+        return tuple(self.lane_of_stage(s).stage_hi - 1 for s in range(self.stages))
+
     def lane_of_stage(self, stage: int) -> Lane:
         for lane in self.lanes:
             if lane.stage_lo <= stage < lane.stage_hi:
@@ -100,6 +115,15 @@ class Schedule:
             lane = self.lane_of_stage(s)
             share[r] += 1.0 / (lane.stage_hi - lane.stage_lo)
         return share
+
+    def forward_only(self) -> "Schedule":
+        """The same placement and lanes with each rank's forwards only, in program order (evaluation).
+
+        Executable whenever the schedule is: a forward waits only on forwards, which ran in this order before.
+        """
+        progs = tuple(tuple(a for op in prog for a in actions_of(op) if a.kind == "F") for prog in self.programs)
+        return Schedule(name=f"{self.name} (forward only)", programs=progs, placement=self.placement,
+                        microbatches=self.microbatches, lanes=self.lanes, params=dict(self.params))
 
     def _repr_html_(self) -> str:  # Jupyter: simulated at the seed costs; loads the drawing code only then
         from .notebook import schedule_html

@@ -1,7 +1,6 @@
 """The per-step work outside the layers: its fit, and the planner adding it to every prediction."""
 
 import math
-import operator
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -43,11 +42,14 @@ def test_plan_adds_the_measured_overhead():
 
 @pytest.mark.slow
 def test_measuring_uses_the_runtime_launcher():
-    from stagewise.runtime.launch import RankFailure, run_on_ranks
+    from stagewise.plan.link import measure_link
+    from stagewise.runtime.launch import RankFailure
+    from stagewise.runtime.local import launch
 
-    assert run_on_ranks(operator.add, 2) == 2  # rank 0 returns 0 + world
-    with pytest.raises(RankFailure, match="rank 0"):
-        run_on_ranks(math.log, 2)  # log(0, 2) fails on rank 0 only
+    with pytest.raises(RankFailure, match="every rank: ValueError: math domain error"):
+        launch(math.log, 2, 0.0)  # a failure on the ranks comes back named
+    link = measure_link(sizes=(1 << 10, 1 << 16), repeats=2)
+    assert link.latency >= 0 and link.bandwidth > 0 and len(link.samples) == 2
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from functools import partial
 from typing import Sequence
 
 from .profile import Link
@@ -13,12 +12,13 @@ from .profile import Link
 def measure_link(sizes: Sequence[int] = (1 << 10, 1 << 16, 1 << 20, 1 << 22), repeats: int = 10) -> Link:
     """Point-to-point time between two local ranks (gloo on loopback), fitted to latency + bytes / bandwidth.
 
-    The ranks are started by the runtime's own launcher (``runtime.launch.run_on_ranks``).
+    The ranks are started by the runtime's own launcher (``stagewise.launch``).
     """
-    from ..runtime.launch import RankFailure, run_on_ranks
+    from ..runtime.launch import RankFailure
+    from ..runtime.local import launch
 
     try:
-        samples = run_on_ranks(partial(_ping_pong, tuple(sizes), repeats), 2, timeout=120)
+        samples = launch(_ping_pong, 2, tuple(sizes), repeats, timeout=120)
     except RankFailure as e:
         raise RuntimeError(f"link measurement failed: {e}") from None
     latency, bandwidth = fit_link(samples)
@@ -38,11 +38,12 @@ def fit_link(samples) -> tuple[float, float]:
     return latency, bandwidth
 
 
-def _ping_pong(sizes, repeats: int, rank: int, world: int) -> list[tuple[float, float]]:
+def _ping_pong(sizes, repeats: int) -> list[tuple[float, float]]:
     """Ping-pong between ranks 0 and 1: (bytes, one-way seconds) medians."""
     import torch
     import torch.distributed as dist
 
+    rank = dist.get_rank()
     torch.set_num_threads(1)
     out = []
     for size in sizes:

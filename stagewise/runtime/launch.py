@@ -102,12 +102,19 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
     if world > MAX_LOCAL_RANKS:
         raise RunError(f"-p {cfgs[0].ranks} x --dp {cfgs[0].dp} = {world} local ranks: over the limit of "
                        f"{MAX_LOCAL_RANKS} processes on one machine (launch with torchrun across machines)")
+    from .local import check_importable
+
+    for c in cfgs:  # a model config from a script on stdin would kill every rank without a message
+        check_importable(type(c.model), f"the model config {type(c.model).__name__}")
     return spawn(cfgs, world, report)
 
 
-def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None) -> list[dict]:
+def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None, target: Callable | None = None
+          ) -> list[dict]:
     """Start ``world`` ranks, stream their progress, and stop them all at the first failure.
 
+    ``target``: the rank's main (default ``_rank_main``; ``local.launch`` runs a user's function with it); it
+    takes ``(rank, world, port, cfgs, q, timeout, box, lifeline)``.
     The ranks end with this process however it ends (module docstring); SIGTERM or SIGHUP raises ``Stopped``
     once every rank is stopped.
     """
@@ -117,7 +124,7 @@ def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None)
     timeout = max(c.timeout for c in cfgs)
     box = tempfile.mkdtemp(prefix="stagewise-flight-")  # the ranks' flight recorders, readable after a crash
     lifeline, held = ctx.Pipe(duplex=False)  # each rank gets the read end; the write end never leaves here
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, list(cfgs), q, timeout, box, lifeline),
+    procs = [ctx.Process(target=target or _rank_main, args=(r, world, port, list(cfgs), q, timeout, box, lifeline),
                          daemon=True, name=f"stagewise-rank{r}") for r in range(world)]
     with _stop_on_signals():
         try:
@@ -458,40 +465,4 @@ def is_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def run_on_ranks(fn: Callable[[int, int], object], world: int, timeout: float = 60.0) -> object:
-    """Run ``fn(rank, world)`` on ``world`` local gloo ranks under this launcher's watchdog (a failing rank
-    stops the others and is named); returns rank 0's value. ``fn`` must be picklable (measuring: the link)."""
-    ctx = _mp_context()
-    q = ctx.Queue()
-    port = free_port()
-    lifeline, held = ctx.Pipe(duplex=False)  # as in spawn: the ranks end with this process
-    procs = [ctx.Process(target=_fn_rank_main, args=(r, world, port, fn, q, timeout, lifeline), daemon=True,
-                         name=f"stagewise-rank{r}") for r in range(world)]
-    with _stop_on_signals():
-        try:
-            for p in procs:
-                p.start()
-            got = _watch(procs, q, None)
-            _reap(procs)
-            return got[0]["value"]
-        finally:
-            _stop(procs)
-            held.close()
-            lifeline.close()
-
-
-def _fn_rank_main(rank: int, world: int, port: int, fn, q, timeout: float, lifeline) -> None:
-    die_with_launcher(lifeline)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        _init_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
-        q.put(("done", rank, [{"value": fn(rank, world)}]))
-        _close_groups()
-    except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
-        q.put(("error", rank, type(e).__name__, _describe(e)))
-        q.close()
-        q.join_thread()
-        os._exit(1)
-
-
-__all__ = ["train", "train_many", "spawn", "run_on_ranks", "RankFailure", "Stopped", "is_torchrun"]
+__all__ = ["train", "train_many", "spawn", "RankFailure", "Stopped", "is_torchrun"]
