@@ -47,15 +47,7 @@ def _stage_text(symbols: Sequence[str]) -> str:
 
 def parse_layout(text: str, symbols: Sequence[str]) -> tuple[int, ...]:
     """Layers per stage of ``text``; raises ``LayoutError`` unless it covers ``symbols`` exactly, in order."""
-    stage_syms: list[list[str]] = []
-    # checked before a stage is expanded, so 't*1000000000' allocates nothing; the slack lets a
-    # layout a few layers off still get its diagnosis (what it loses or duplicates) below
-    room = 2 * len(symbols) + 8
-    for k, part in enumerate(text.split("|")):
-        if k >= room:
-            raise LayoutError(f"--layout has more than {room} stages; the model is {summary(symbols)}")
-        stage_syms.append(_parse_stage(part, k, room, len(symbols)))
-        room -= len(stage_syms[-1])
+    stage_syms = _stages(text, len(symbols), summary(symbols))
     got = [s for stage in stage_syms for s in stage]
     if Counter(got) != Counter(symbols):
         raise LayoutError(f"--layout {text!r} {_count_problem(got, symbols)}; the model is {summary(symbols)}")
@@ -67,6 +59,32 @@ def parse_layout(text: str, symbols: Sequence[str]) -> tuple[int, ...]:
                                   f"(layer {pos}); the model is {summary(symbols)}")
             pos += 1
     return tuple(len(stage) for stage in stage_syms)
+
+
+def stage_counts(text: str, layers: int) -> tuple[int, ...]:
+    """Layers per stage of ``text`` for a model of ``layers`` layers whose symbols are not known here (the runtime
+    names its layers itself); raises ``LayoutError`` if the counts do not add up to ``layers``.
+
+    >>> stage_counts("E+t*3 | t*3+H", 8)
+    (4, 4)
+    """
+    counts = tuple(len(stage) for stage in _stages(text, layers, f"{layers} layers"))
+    if sum(counts) != layers:
+        raise LayoutError(f"{text!r} has {sum(counts)} layers; the model has {layers}")
+    return counts
+
+
+def _stages(text: str, layers: int, model: str) -> list[list[str]]:
+    """Each stage's symbols, expanded only while they fit: 't*1000000000' allocates nothing (the slack lets a
+    layout a few layers off still get its diagnosis from the caller)."""
+    stage_syms: list[list[str]] = []
+    room = 2 * layers + 8
+    for k, part in enumerate(text.split("|")):
+        if k >= room:
+            raise LayoutError(f"--layout has more than {room} stages; the model is {model}")
+        stage_syms.append(_parse_stage(part, k, room, layers))
+        room -= len(stage_syms[-1])
+    return stage_syms
 
 
 def _parse_stage(part: str, k: int, room: int, layers: int) -> list[str]:

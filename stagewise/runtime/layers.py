@@ -161,10 +161,10 @@ def split_counts(split, names: Sequence[str]) -> tuple[int, ...] | None:
     if split is None:
         return None
     if isinstance(split, str):
-        from ..plan.layout import LayoutError, _parse_stage
+        from ..plan.layout import LayoutError, stage_counts
 
         try:
-            return tuple(len(_parse_stage(part, k)) for k, part in enumerate(split.split("|")))
+            return stage_counts(split, len(names))
         except LayoutError as e:
             raise RunError(f"split {split!r}: {e}") from None
     split = list(split)
