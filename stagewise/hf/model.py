@@ -119,6 +119,18 @@ class HFModel:
                     out[hf] = module.get_parameter(local).detach()
         return out
 
+    def save_shard(self, folder: str | Path, layers: Mapping[int, Any], k: int, n: int) -> Path:
+        """Write shard ``k`` of ``n``: these layers' tensors under HF names (call ``write_index`` after all)."""
+        from .weights import save_shard
+
+        return save_shard(folder, k, n, self.hf_state_dict(layers))
+
+    def write_index(self, folder: str | Path, n: int) -> Path:
+        """Once every shard is written: the index and config.json, so ``from_pretrained(folder)`` loads it."""
+        from .weights import write_index
+
+        return write_index(folder, n, self.config)
+
     def loss(self, logits, labels):
         """transformers' own causal LM loss: labels shifted inside, mean over tokens (``model(ids, labels=ids)``)."""
         from transformers.loss.loss_utils import ForCausalLMLoss
