@@ -1,6 +1,6 @@
 """The adapter's layer sequence, stacked in one process, is transformers' own model.
 
-Loss and every gradient of ``E, t * L, H`` equal ``model(input_ids, labels=...)``
+Loss and every gradient of ``E, t * L, N, H`` equal ``model(input_ids, labels=...)``
 (float32) for each covered family; a config alone gives seeded weights; other
 architectures are refused by name.
 """
@@ -62,18 +62,20 @@ def test_stack_equals_transformers_loss_and_grads(folders, kind, attention):
 
 def test_llama_has_grouped_query_attention_and_the_layout(folders):
     model = load(folders["llama"])
-    attn = model.layer(1).layer.self_attn
+    attn = model.layer(1).self_attn
     assert attn.k_proj.out_features * 2 == attn.q_proj.out_features  # 2 kv heads for 4 heads
-    assert model.symbols == ["E", "t", "t", "t", "H"] and model.num_layers == 5
+    assert model.symbols == ["E", "t", "t", "t", "N", "H"] and model.num_layers == 6
+    assert model.prefixes == ("model.embed_tokens", "model.layers.0", "model.layers.1", "model.layers.2",
+                              "model.norm", "lm_head")
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "qwen2"])
 def test_tied_head_is_declared_by_name_and_starts_equal(folders, kind):
     model = load(folders[kind])
     emb, head = model.layer(0), model.layer(model.num_layers - 1)  # built apart, as on two ranks
-    emb_name = model.family.embedding_weight
+    emb_name = model.family.token_weight
     assert model.ties == ((emb_name, "lm_head.weight"),)
-    assert torch.equal(head.lm_head.weight, emb.get_parameter(emb_name.split(".", 1)[1]))
+    assert torch.equal(head.weight, emb.get_parameter(emb_name.removeprefix(model.prefixes[0] + ".")))
     assert "lm_head.weight" not in model.hf_state_dict({model.num_layers - 1: head})
 
 
@@ -85,12 +87,12 @@ def test_config_alone_gives_seeded_weights_and_equal_ties(tmp_path):
         for (n1, p1), (n2, p2) in zip(a.layer(i).named_parameters(), b.layer(i).named_parameters()):
             assert n1 == n2 and torch.equal(p1, p2)
     head = a.layer(a.num_layers - 1)
-    assert torch.equal(head.lm_head.weight, a.layer(0).wte.weight)
-    assert torch.equal(head.norm.weight, torch.ones(64))  # a norm starts at 1
+    assert torch.equal(head.weight, a.layer(0).wte.weight)
+    assert torch.equal(a.layer(a.num_layers - 2).weight, torch.ones(64))  # a norm starts at 1
     other = load(path, seed=4).layer(0).wte.weight
     assert not torch.equal(other, a.layer(0).wte.weight)
     layers = a.layers()
-    assert layers[-1].lm_head.weight is layers[0].wte.weight  # one process: one Parameter
+    assert layers[-1].weight is layers[0].wte.weight  # one process: one Parameter
 
 
 def test_unsupported_architecture_is_named(tmp_path):

@@ -1,9 +1,9 @@
 """Which transformers architectures the adapter covers, and the names of their parts (no torch here).
 
-A causal LM of a covered family is cut into ``E, t * L, H``: the token
-embedding (plus learned positions for GPT-2), the ``L`` decoder layers, and the
-head (final norm and LM head). ``Family`` records where each part lives in the
-HF model, so parameter names stay HF's own end to end.
+A causal LM of a covered family is the layer sequence ``E, t * L, N, H``: the
+token embedding (plus learned positions for GPT-2), the ``L`` decoder layers,
+the final norm and the LM head. ``Family`` records where each layer lives in
+the HF model, so parameter names stay HF's own end to end.
 """
 
 from __future__ import annotations
@@ -15,31 +15,33 @@ from .errors import HFError
 
 @dataclass(frozen=True, kw_only=True)
 class Family:
-    """The layout of one family's causal LM inside transformers."""
+    """Where each layer of the sequence lives in the HF model (its state_dict prefix)."""
 
-    name: str  #: "llama" or "gpt2": the builder module in stagewise.hf
-    base: str  #: the base model's attribute: "model" (Llama) or "transformer" (GPT-2)
-    embed: tuple[str, ...]  #: the embedding's parts under ``base``
-    blocks: str  #: the decoder layer list under ``base``
-    norm: str  #: the final norm under ``base``
-    head: str = "lm_head"  #: the LM head, at the top level
-
-    def prefixes(self, i: int, layers: int) -> dict[str, str]:
-        """Layer ``i`` of ``E, t * layers, H``: its child module name -> the HF module path."""
-        if i == 0:
-            return {part: f"{self.base}.{part}" for part in self.embed}
-        if i <= layers:
-            return {"layer": f"{self.base}.{self.blocks}.{i - 1}"}
-        return {"norm": f"{self.base}.{self.norm}", "lm_head": self.head}
+    name: str  #: "llama" or "gpt2"
+    embedding: str  #: layer 0's prefix: the embedding module ("model.embed_tokens") or its parent ("transformer")
+    token_weight: str  #: the token embedding's full name (what a tied LM head shares)
+    blocks: str  #: the decoder layer list ("model.layers")
+    norm: str  #: the final norm ("model.norm")
+    head: str = "lm_head"  #: the LM head
 
     @property
-    def embedding_weight(self) -> str:
-        """The token embedding's HF name (the one a tied LM head shares)."""
-        return f"{self.base}.{self.embed[0]}.weight"
+    def base(self) -> str:
+        """The base model's attribute ("model", "transformer"): original GPT-2 files store names without it."""
+        return self.blocks.split(".")[0]
+
+    def prefix(self, i: int, layers: int) -> str:
+        """Layer ``i`` of embedding, ``layers`` decoder layers, norm, head: its prefix in HF's state_dict."""
+        if i == 0:
+            return self.embedding
+        if i <= layers:
+            return f"{self.blocks}.{i - 1}"
+        return self.norm if i == layers + 1 else self.head
 
 
-LLAMA = Family(name="llama", base="model", embed=("embed_tokens",), blocks="layers", norm="norm")
-GPT2 = Family(name="gpt2", base="transformer", embed=("wte", "wpe"), blocks="h", norm="ln_f")
+LLAMA = Family(name="llama", embedding="model.embed_tokens", token_weight="model.embed_tokens.weight",
+               blocks="model.layers", norm="model.norm")
+GPT2 = Family(name="gpt2", embedding="transformer", token_weight="transformer.wte.weight", blocks="transformer.h",
+              norm="transformer.ln_f")
 
 #: config.model_type -> (family, the class-name prefix of its modeling module)
 COVERED: dict[str, tuple[Family, str]] = {

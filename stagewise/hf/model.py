@@ -1,4 +1,4 @@
-"""A Hugging Face causal LM as stagewise's layer sequence ``E, t * L, H``, built one layer at a time.
+"""A Hugging Face causal LM as stagewise's layer sequence ``E, t * L, N, H``, built one layer at a time.
 
 ``HFModel.layer(i)`` is the per-rank layer factory: it makes layer ``i`` on
 the meta device, materializes only it, and fills it from the folder's
@@ -30,7 +30,7 @@ class HFModel:
     >>> m = load("path/to/Llama-3.2-1B")            # doctest: +SKIP
     >>> emb = m.layer(0)                            # only the embedding's tensors are read
     >>> m.num_layers, m.names(0, emb)               # doctest: +SKIP
-    (18, {'embed_tokens.weight': 'model.embed_tokens.weight'})
+    (19, {'weight': 'model.embed_tokens.weight'})
     """
 
     config: Any  #: the transformers config (PretrainedConfig)
@@ -48,13 +48,18 @@ class HFModel:
 
     @property
     def num_layers(self) -> int:
-        """Embedding, decoder layers, head."""
-        return self.decoder_layers + 2
+        """Embedding, decoder layers, final norm, LM head."""
+        return self.decoder_layers + 3
 
     @property
     def symbols(self) -> list[str]:
-        """Layout letters (the planner's): ``E``, ``t`` per decoder layer, ``H``."""
-        return ["E"] + ["t"] * self.decoder_layers + ["H"]
+        """Layout letters (the planner's): ``E``, ``t`` per decoder layer, ``N`` (final norm), ``H``."""
+        return ["E"] + ["t"] * self.decoder_layers + ["N", "H"]
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        """Each layer's prefix in HF's state_dict: ``model.embed_tokens``, ``model.layers.0``, ..., ``lm_head``."""
+        return tuple(self.family.prefix(i, self.decoder_layers) for i in range(self.num_layers))
 
     @property
     def tied(self) -> bool:
@@ -64,20 +69,19 @@ class HFModel:
     @property
     def ties(self) -> tuple[tuple[str, str], ...]:
         """HF names of parameters that are one logical parameter: (embedding weight, LM head weight)."""
-        return ((self.family.embedding_weight, f"{self.family.head}.weight"),) if self.tied else ()
+        return ((self.family.token_weight, f"{self.family.head}.weight"),) if self.tied else ()
 
     def layer(self, i: int, device="cpu"):
-        """Layer ``i`` only, materialized on ``device`` and filled (from the folder or seeded)."""
+        """Layer ``i`` only: made on the meta device, materialized on ``device``, filled from the folder
+        (only its own tensors are read) or from the seeded initialisation."""
         import torch
 
-        from .layers import Decoder, make_layer
+        from .layers import finish_decoder, make_layer
 
         if not 0 <= i < self.num_layers:
             raise HFError(f"layer {i} is out of range; the model has layers 0..{self.num_layers - 1}")
-        module = make_layer(self.config, family_of(self.config.model_type)[1], i, device)
-        core = module.layer if isinstance(module, Decoder) else module
-        core.to_empty(device=device)
-        core.to(getattr(torch, self.dtype))
+        prefix = family_of(self.config.model_type)[1]
+        module = make_layer(self.config, prefix, i).to_empty(device=device).to(getattr(torch, self.dtype))
         names = self.names(i, module)
         values = self._values(names.values())
         with torch.no_grad():
@@ -88,27 +92,23 @@ class HFModel:
                     _init(param, module, local, self._generator(hf), self.config)
                 else:
                     _copy(param, value, hf)
+        finish_decoder(module, self.config, prefix, i - 1, device)
         return module
 
     def layers(self, device="cpu") -> list:
         """Every layer, in one process (the unpipelined model); a tied head shares the embedding's Parameter."""
         out = [self.layer(i, device) for i in range(self.num_layers)]
         if self.tied:
-            out[-1].lm_head.weight = out[0].get_parameter(self.family.embed[0] + ".weight")
+            out[-1].weight = out[0].get_parameter(self.family.token_weight.removeprefix(self.prefixes[0] + "."))
         return out
 
     def names(self, i: int, module) -> dict[str, str]:
-        """Layer ``i``'s parameters: local name -> HF name."""
-        prefixes = self.family.prefixes(i, self.decoder_layers)
-        out = {}
-        for local, _ in module.named_parameters(remove_duplicate=False):
-            child, _, rest = local.partition(".")
-            out[local] = f"{prefixes[child]}.{rest}"
-        return out
+        """Layer ``i``'s parameters: local name -> HF name (its prefix, then the local name)."""
+        return {local: f"{self.prefixes[i]}.{local}" for local, _ in module.named_parameters(remove_duplicate=False)}
 
     def source(self, hf: str) -> str:
         """The HF name a parameter's value is stored under (a tied head's is the embedding's)."""
-        return self.family.embedding_weight if self.tied and hf == f"{self.family.head}.weight" else hf
+        return self.family.token_weight if self.tied and hf == f"{self.family.head}.weight" else hf
 
     def hf_state_dict(self, layers: Mapping[int, Any]) -> dict:
         """HF-named tensors of the given layers (index -> module), each stored name once (no tied head)."""
