@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ..runtime.config import RunError
 
-class HFError(ValueError):
+
+class HFError(RunError):
     """Bad input for the adapter (unsupported architecture, folder without weights, a split that does not fit).
 
-    The message names the option or file, the value and the rule; the CLI prints it as one line, exit 2.
+    A ``RunError``: the message names the option or file, the value and the rule; the CLI prints it, exit 2.
     """

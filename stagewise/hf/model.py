@@ -201,6 +201,8 @@ def load(path: str | Path, *, dtype: str = "float32", seed: int = 0, attention: 
         raise HFError(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype}")
     if attention not in ATTENTION:
         raise HFError(f"attention must be one of {', '.join(ATTENTION)}; got {attention}")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise HFError(f"--hf {path}: no config.json; give a model folder (config.json + safetensors) or a config.json")
     config = _config(path / "config.json" if path.is_dir() else path)
     config._attn_implementation = attention  # what from_pretrained would set; layers read it at run time
     if path.is_dir():
