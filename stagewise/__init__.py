@@ -1,7 +1,8 @@
 """stagewise: pipeline-parallel schedules you can generate, simulate, draw, plan and run.
 
 The core (this package minus ``render`` and ``runtime``) imports neither torch
-nor matplotlib.
+nor matplotlib. The runtime's public API (``Pipeline``, ``Layers``, ``StepResult``,
+``launch``; docs/api.md) loads torch only when first used.
 """
 
 from .actions import Action, Pair, parse
@@ -15,5 +16,18 @@ from .validate import ScheduleError, validate
 __all__ = [
     "Action", "Pair", "parse", "Costs", "Lane", "Schedule", "generate", "names",
     "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "validate",
+    "Pipeline", "Layers", "StepResult", "launch",
 ]
+
+#: the runtime's public API, imported with torch on first use: name -> module
+_LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.layers",
+         "launch": ".runtime.local"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'stagewise' has no attribute {name!r}")
 __version__ = "0.1.0"

@@ -101,6 +101,15 @@ class Schedule:
             share[r] += 1.0 / (lane.stage_hi - lane.stage_lo)
         return share
 
+    def forward_only(self) -> "Schedule":
+        """The same placement and lanes with each rank's forwards only, in program order (evaluation).
+
+        Executable whenever the schedule is: a forward waits only on forwards, which ran in this order before.
+        """
+        progs = tuple(tuple(a for op in prog for a in actions_of(op) if a.kind == "F") for prog in self.programs)
+        return Schedule(name=f"{self.name} (forward only)", programs=progs, placement=self.placement,
+                        microbatches=self.microbatches, lanes=self.lanes, params=dict(self.params))
+
     def _repr_html_(self) -> str:  # Jupyter: simulated at the seed costs; loads the drawing code only then
         from .notebook import schedule_html
 

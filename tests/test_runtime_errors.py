@@ -71,11 +71,12 @@ def test_a_shape_change_between_stages_names_the_stage_microbatch_and_both_shape
 
 def test_the_receiver_checks_every_header_against_the_learned_shape():
     p2p = P2P(message_plan(generate("1f1b", 2, 4)), 1, torch.device("cpu"), 5.0)
-    p2p._check(Route(ACT, 1, 0), (1, 16, 32), torch.float32, "receives")
-    p2p._check(Route(ACT, 1, 1), (1, 16, 32), torch.float32, "receives")
-    with pytest.raises(ShapeError, match=r"stage 1 micro-batch 2: receives activation of shape \(1, 16, 32\) "
-                       r"float64 \(stage 0 -> 1\), but micro-batch 0 had \(1, 16, 32\) float32"):
-        p2p._check(Route(ACT, 1, 2), (1, 16, 32), torch.float64, "receives")
+    leaf = ((1, 16, 32), torch.float32, True)
+    p2p._check(Route(ACT, 1, 0), None, (leaf,), "receives")
+    p2p._check(Route(ACT, 1, 1), None, (leaf,), "receives")
+    with pytest.raises(ShapeError, match=r"stage 1 micro-batch 2: receives activation \(stage 0 -> 1\) of shape "
+                       r"\(1, 16, 32\) float64 with gradient, but micro-batch 0 had \(1, 16, 32\) float32"):
+        p2p._check(Route(ACT, 1, 2), None, (((1, 16, 32), torch.float64, True),), "receives")
 
 
 @pytest.mark.parametrize("how, needle", [

@@ -82,13 +82,13 @@ def test_input_then_weight_gradient_equals_the_full_backward(lo, hi, last):
     splitter = Splitter(stage, 0)
     with splitter.record() as rec:
         root, g = root_and_grad(stage, x, y, last)
-    dx = input_grad(root, g, x if x.is_floating_point() else None, rec)
+    dx = input_grad([root], None if g is None else [g], [x] if x.is_floating_point() else [], rec)
     assert all(p.grad is None for p in stage.parameters())  # I formed no weight gradient
     weight_grad(rec)
     for n, p in stage.named_parameters():
         torch.testing.assert_close(p.grad, full[n], rtol=1e-5, atol=1e-7, msg=n)
     if dx_full is not None:
-        torch.testing.assert_close(dx, dx_full, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(dx[0], dx_full, rtol=1e-5, atol=1e-7)
 
 
 def test_weight_gradient_does_not_run_the_input_gradient_path_again():
@@ -98,7 +98,7 @@ def test_weight_gradient_does_not_run_the_input_gradient_path_again():
         out, g = root_and_grad(stage, x, y, last=False)
     CountingTanh.calls = 0
     with Ops() as during_i:
-        input_grad(out, g, x, rec)
+        input_grad([out], [g], [x], rec)
     assert CountingTanh.calls == 1
     with Ops() as during_w:
         weight_grad(rec)

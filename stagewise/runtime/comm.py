@@ -11,16 +11,19 @@ tag per route as well. Since the validator proves the programs executable with
 asynchronous sends, no rank ever waits for a message whose sender is itself
 waiting: deadlock-free by construction.
 
-Shapes and dtypes are learned from the first step, whose messages each carry a
-small header; the receiver checks every header, and from then on the sender
-checks each tensor against the learned shape before it sends. Stages on the
-same rank hand tensors over in memory.
+A message is a pytree of tensors (pytree.py). Its structure, shapes and dtypes
+are learned from a small header (every step, or the first one only when
+shapes are static); the receiver checks every header, and the sender checks
+each message against what it learned before it sends, so a micro-batch that
+differs is named with the leaf and both shapes. Stages on the same rank hand
+tensors over in memory.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+import pickle
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -29,12 +32,14 @@ import torch.distributed as dist
 
 from ..actions import actions_of
 from ..schedule import Schedule
+from . import pytree
 from .flight import FLUSH, GOT, NO_FLIGHT, POST, SEND, WAIT
 
 ACT, GRAD = 0, 1
 _WHAT = ("activation", "gradient")
-_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32)
-_HEADER = 10  # ndim, up to 8 dims, dtype code
+_HEADER_BYTES = 2048  # a pickled (structure, leaf shapes) fits; checked on send
+_LEAF_TAGS = 256  # gloo tags: one per tensor leaf of a route
+_CONST = "const"  # a leaf that is not a tensor travels in the header
 
 
 class ShapeError(RuntimeError):
@@ -99,39 +104,49 @@ def message_plan(schedule: Schedule) -> MessagePlan:
 
 
 class P2P:
-    """One rank's messages. Mutable: posted receives, pending sends, learned shapes, channel positions."""
+    """One rank's messages. Mutable: posted receives, pending sends, learned shapes, channel positions.
+
+    A message is a pytree (pytree.py): a header (its structure, and each leaf's shape, dtype and whether it
+    carries a gradient, pickled) then one message per tensor leaf. With ``static`` shapes the headers go with
+    the first step only; otherwise with every step, so shapes may change from step to step (only the
+    micro-batches of one step must agree).
+    """
 
     def __init__(self, plan: MessagePlan, rank: int, device: torch.device, timeout_s: float, tags: bool = True,
-                 base: int = 0):
+                 base: int = 0, static: bool = True):
         self.plan, self.rank, self.device = plan, rank, device
         self.base = base  # global rank of pipeline rank 0 (data parallel replicas: stagewise.runtime.dp)
         self.timeout = timedelta(seconds=timeout_s)
         self.tags = tags
+        self.static = static
         self.flight = NO_FLIGHT  # the rank's flight.Recorder: posts, waits and sends (set by the trainer)
-        self.learning = True  # the first step carries headers
-        self._shape: dict[tuple[int, int], tuple] = {}  # (direction, stage) -> (shape, dtype, mb it came with)
+        self.learning = True  # this step carries headers
+        self._shape: dict[tuple[int, int], tuple] = {}  # (direction, stage) -> (spec, metas, mb it came with)
         self._pos: dict[int, int] = defaultdict(int)  # sender rank -> next route index to post
         self._posted: dict[Route, tuple] = {}
-        self._local: dict[Route, torch.Tensor] = {}
+        self._local: dict[Route, object] = {}
         self._sends: list = []
 
-    def send(self, route: Route, tensor: torch.Tensor) -> None:
-        """Post ``tensor`` along ``route`` (or hand it over when the receiving stage is on this rank)."""
-        self._check(route, tuple(tensor.shape), tensor.dtype, "sends")
+    def send(self, route: Route, tree) -> None:
+        """Post ``tree`` (a tensor or a pytree of them) along ``route``, or hand it over on this rank."""
+        leaves, spec = pytree.flatten(tree)
+        metas = tuple(_meta(x) for x in leaves)
+        self._check(route, spec, metas, "sends")
         dst = self.plan.placement[route.stage]
         if dst == self.rank:
-            self._local[route] = tensor
+            self._local[route] = pytree.detached(tree)
             return
-        tensor = tensor.detach().contiguous()
         self.flight.event(SEND, _brief(route, self.base + dst))
         if self.learning:
-            hdr = _encode(tensor, route).to(self.device)
+            hdr = _encode((spec, metas), route).to(self.device)
             self._sends.append((dist.isend(hdr, self.base + dst, tag=self._tag(route, True)), hdr))
-        self._sends.append((dist.isend(tensor, self.base + dst, tag=self._tag(route)), tensor))
+        for k, x in enumerate(t for t in leaves if isinstance(t, torch.Tensor)):
+            x = x.detach().contiguous()
+            self._sends.append((dist.isend(x, self.base + dst, tag=self._tag(route, leaf=k)), x))
         self._sends = [s for s in self._sends if not s[0].is_completed()]
 
-    def recv(self, route: Route) -> torch.Tensor:
-        """The tensor of ``route``, waiting for it if needed."""
+    def recv(self, route: Route):
+        """The pytree of ``route``, waiting for it if needed (floating leaves that carried a gradient need one)."""
         src = self.plan.placement[route.source]
         if src == self.rank:
             return self._local.pop(route)
@@ -139,16 +154,20 @@ class P2P:
         while route not in self._posted:
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
-        work, buf = self._posted.pop(route)
+        works, spec, leaves, metas = self._posted.pop(route)
         if not self.learning and self._pos[src] < len(channel):
             # keep the channel's next receive posted, so its transfer overlaps this op's compute
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
-        self._wait(work, route, self.base + src)
-        return buf
+        for work in works:
+            self._wait(work, route, self.base + src)
+        for x, m in zip(leaves, metas):
+            if m[0] != _CONST and m[2]:
+                x.requires_grad_()  # only once received: the receive writes into the buffer
+        return pytree.unflatten(spec, leaves)
 
     def finish_step(self) -> None:
-        """Wait for this step's sends; the next step reuses the learned shapes."""
+        """Wait for this step's sends; the next step reuses the learned shapes (static) or learns them anew."""
         self.flight.event(FLUSH, f"{len(self._sends)} sends in flight")
         for work, _ in self._sends:
             work.wait(self.timeout)
@@ -156,29 +175,38 @@ class P2P:
         if self._posted or self._local:
             left = next(iter(self._posted or self._local))
             raise RuntimeError(f"rank {self.rank}: {left.describe()} was never used; the programs disagree")
-        self.learning = False
+        self.learning = not self.static
+        if not self.static:
+            self._shape.clear()
 
     def _post(self, src: int, route: Route) -> None:
         key = (route.direction, route.stage)
         if self.learning:
-            hdr = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+            hdr = torch.empty(_HEADER_BYTES, dtype=torch.uint8, device=self.device)
             self._wait(dist.irecv(hdr, self.base + src, tag=self._tag(route, True)), route, self.base + src)
-            shape, dtype = _decode(hdr.cpu())
-            self._check(route, shape, dtype, "receives")
-        shape, dtype, _ = self._shape[key]
-        buf = torch.empty(shape, dtype=dtype, device=self.device)
-        self._posted[route] = (dist.irecv(buf, self.base + src, tag=self._tag(route)), buf)
+            spec, metas = _decode(hdr.cpu())
+            self._check(route, spec, metas, "receives")
+        spec, metas, _ = self._shape[key]
+        works, leaves, k = [], [], 0
+        for m in metas:
+            if m[0] == _CONST:
+                leaves.append(m[1])
+                continue
+            buf = torch.empty(m[0], dtype=m[1], device=self.device)
+            works.append(dist.irecv(buf, self.base + src, tag=self._tag(route, leaf=k)))
+            leaves.append(buf)
+            k += 1
+        self._posted[route] = (works, spec, leaves, metas)
         self.flight.event(POST, _brief(route, self.base + src))
 
-    def _check(self, route: Route, shape: tuple, dtype, verb: str) -> None:
+    def _check(self, route: Route, spec, metas: tuple, verb: str) -> None:
         key = (route.direction, route.stage)
-        known = self._shape.setdefault(key, (shape, dtype, route.mb))
-        if known[:2] != (shape, dtype):
+        known = self._shape.setdefault(key, (spec, metas, route.mb))
+        if known[:2] != (spec, metas):
             who = f"stage {route.source}" if verb == "sends" else f"stage {route.stage}"
-            raise ShapeError(
-                f"{who} micro-batch {route.mb}: {verb} {_WHAT[route.direction]} of shape {_fmt(shape, dtype)} "
-                f"(stage {route.source} -> {route.stage}), but micro-batch {known[2]} had {_fmt(*known[:2])}; "
-                "every micro-batch must have the same shape between stages")
+            raise ShapeError(f"{who} micro-batch {route.mb}: {verb} {_WHAT[route.direction]} "
+                             f"(stage {route.source} -> {route.stage}) {_difference(known, spec, metas)}; every "
+                             "micro-batch of a step must have the same structure, shapes and dtypes between stages")
 
     def _wait(self, work, route: Route, src: int) -> None:
         self.flight.event(WAIT, _brief(route, src))
@@ -191,8 +219,8 @@ class P2P:
             raise
         self.flight.event(GOT, _brief(route, src))
 
-    def _tag(self, route: Route, header: bool = False) -> int:
-        return self.plan.tag(route, header) if self.tags else 0
+    def _tag(self, route: Route, header: bool = False, leaf: int = 0) -> int:
+        return self.plan.tag(route, header) * _LEAF_TAGS + leaf if self.tags else 0
 
 
 def _brief(route: Route, peer: int) -> str:
@@ -200,18 +228,45 @@ def _brief(route: Route, peer: int) -> str:
     return f"{_WHAT[route.direction]} mb {route.mb}, stage {route.source}->{route.stage} (rank {peer})"
 
 
-def _encode(t: torch.Tensor, route: Route) -> torch.Tensor:
-    if t.dim() > _HEADER - 2 or t.dtype not in _DTYPES:
-        raise ShapeError(f"{route.describe()}: cannot send a {t.dim()}-d {t.dtype} tensor (up to "
-                         f"{_HEADER - 2} dims of {', '.join(map(str, _DTYPES))})")
-    dims = list(t.shape) + [0] * (_HEADER - 2 - t.dim())
-    return torch.tensor([t.dim(), *dims, _DTYPES.index(t.dtype)], dtype=torch.int64)
+def _meta(x) -> tuple:
+    """A leaf as the header carries it: (shape, dtype, carries a gradient) or (_CONST, value)."""
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype, pytree.needs_grad(x))
+    return (_CONST, x)
 
 
-def _decode(h: torch.Tensor) -> tuple[tuple, torch.dtype]:
-    vals = h.tolist()
-    return tuple(vals[1:1 + vals[0]]), _DTYPES[vals[-1]]
+def _encode(header, route: Route) -> torch.Tensor:
+    data = pickle.dumps(header)
+    if len(data) + 4 > _HEADER_BYTES:
+        raise ShapeError(f"{route.describe()}: its structure takes {len(data)} bytes to describe (at most "
+                         f"{_HEADER_BYTES - 4}); pass fewer leaves, or put constants outside the boundary")
+    if sum(1 for m in header[1] if m[0] != _CONST) > _LEAF_TAGS:
+        raise ShapeError(f"{route.describe()}: more than {_LEAF_TAGS} tensors in one boundary")
+    buf = bytearray(_HEADER_BYTES)
+    buf[:4] = len(data).to_bytes(4, "little")
+    buf[4:4 + len(data)] = data
+    return torch.frombuffer(buf, dtype=torch.uint8)
 
 
-def _fmt(shape, dtype) -> str:
-    return f"({', '.join(map(str, shape))}) {str(dtype).replace('torch.', '')}"
+def _decode(h: torch.Tensor) -> tuple:
+    raw = bytes(h.numpy())
+    return pickle.loads(raw[4:4 + int.from_bytes(raw[:4], "little")])
+
+
+def _difference(known: tuple, spec, metas: tuple) -> str:
+    """What differs from the learned message: its structure, or the first leaf whose shape or dtype does."""
+    if known[0] != spec or len(known[1]) != len(metas):
+        return (f"as {pytree.describe(spec)}, but micro-batch {known[2]} had {pytree.describe(known[0])} "
+                f"(structures differ)")
+    for name, old, new in zip(pytree.paths(spec), known[1], metas):
+        if old != new:
+            leaf = f"whose leaf {name} is" if name else "of shape"
+            return f"{leaf} {_fmt_meta(new)}, but micro-batch {known[2]} had {_fmt_meta(old)}"
+    return "differently"
+
+
+def _fmt_meta(m: tuple) -> str:
+    if m[0] == _CONST:
+        return f"the constant {m[1]!r}"
+    text = f"({', '.join(map(str, m[0]))}) {str(m[1]).replace('torch.', '')}"
+    return text + (" with gradient" if m[2] else "")

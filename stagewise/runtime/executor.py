@@ -7,6 +7,10 @@ spans compute only and waiting shows up as idle time, as in the simulator.
 A stage that recomputes (recompute.py) keeps only its input from F and
 replays the forward at its B or I; the meter (activation_memory.py) counts
 what each (stage, mb) holds; ``after`` hears of each op as it ends (dp.py).
+Inputs, outputs and what crosses a boundary are pytrees (pytree.py): the
+backward differentiates the output leaves that carry a gradient and sends back
+one gradient per input leaf that carries one. A forward-only executor (a
+program of F's, for evaluation) keeps nothing for a backward.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import torch
 
 from ..actions import Action, actions_of
 from ..schedule import Schedule
+from . import pytree
 from .activation_memory import ActivationMeter
 from .comm import ACT, GRAD, P2P, MessagePlan, Route
+from .config import RunError
 from .flight import NO_FLIGHT
 from .recompute import Recompute
 from .split_backward import Record, Splitter, input_grad, weight_grad
@@ -42,14 +48,16 @@ class RankContext:
     meter: ActivationMeter | None = None  #: counts activation bytes (activation_memory.py)
     after: Callable | None = None  #: called with each op once it ran (data parallel starts reductions)
     flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
+    autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
+    forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
 
 
 @dataclass(kw_only=True)
 class Saved:
     """A (stage, mb) between its F and its backward. Mutable: I drops ``root``."""
 
-    x: torch.Tensor  #: the stage input (a leaf that collects its gradient, unless the lane's first stage)
-    root: torch.Tensor | None  #: stage output, or the loss on the lane's last stage
+    x: object  #: the stage input pytree (floating leaves collect their gradients, unless the lane's first stage)
+    root: object  #: stage output pytree, or the loss on the lane's last stage
     rec: Record | None = None  #: split backward: holder outputs and, after I, their gradients
     rng: tuple | None = None  #: recomputation: the RNG state F started from (``root`` is None until the replay)
     held: tuple = ()  #: meter tokens of what the executor keeps: input, output; after I, W's gradients
@@ -62,6 +70,7 @@ class StepOutcome:
     marks: list = field(default_factory=list)  #: (start, end) mark per op
     loss: float = 0.0  #: sum of the micro-batch losses computed on this rank
     mb_losses: dict = field(default_factory=dict)  #: F action -> its loss tensor (names a non-finite one)
+    outputs: dict = field(default_factory=dict)  #: forward-only: mb -> the last stage's output (detached)
 
 
 class Executor:
@@ -76,10 +85,14 @@ class Executor:
         self.saved: dict[tuple[int, int], Saved] = {}
         self.scale = 1.0 / ctx.schedule.microbatches
 
-    def step(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> StepOutcome:
-        """Run the program on micro-batches ``inputs[mb]`` / ``targets[mb]``; gradients accumulate in .grad."""
+    def step(self, inputs: list | None, targets: list | None) -> StepOutcome:
+        """Run the program on micro-batches ``inputs[mb]`` / ``targets[mb]``; gradients accumulate in .grad.
+
+        ``inputs`` may be None on a rank without a lane's first stage, ``targets`` on one without a last
+        stage (or in a forward-only step that computes no loss).
+        """
         self.inputs, self.targets = inputs, targets
-        out = StepOutcome()
+        out = self.outcome = StepOutcome()
         losses = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
         clock, meter, after = self.ctx.clock, self.ctx.meter, self.ctx.after
         if meter is not None:
@@ -123,51 +136,83 @@ class Executor:
             weight_grad(self.saved.pop((s, mb)).rec)
             return None
         sv = self.saved[(s, mb)] if kind == "I" else self.saved.pop((s, mb))
-        if sv.rng is not None:
+        replayed = sv.rng is not None
+        if replayed:
             self._replay(s, mb, sv)
+        first = s == self.ctx.plan.first[s]
+        xs = [] if first else pytree.grad_leaves(sv.x)
+        roots, grads = _roots(sv.root, got, s == self.ctx.plan.last[s], replayed)
         with self._measure(kind, s):
             if kind == "B":
-                torch.autograd.backward(sv.root, got)
-                dx = sv.x.grad if sv.x.requires_grad else None
+                if roots:
+                    torch.autograd.backward(roots, grads)
+                dx = tuple(_or_zeros(x.grad, x) for x in xs)
             else:
-                dx = input_grad(sv.root, got, sv.x, sv.rec)
+                dx = input_grad(roots, grads, xs, sv.rec)
                 sv.root = None  # the recorded holder outputs keep what W needs
                 sv.held = sv.held[:1]  # the input's token stays, the output's goes (before W's gradients count)
                 sv.held += self._hold(*sv.rec.grads)
-        if s != self.ctx.plan.first[s]:
+        if not first:
             self.ctx.p2p.send(Route(GRAD, s - 1, mb), dx)
         return None
 
     def _forward(self, s: int, mb: int, got):
         plan = self.ctx.plan
-        x = self.inputs[mb] if s == plan.first[s] else got.requires_grad_(got.is_floating_point())
+        x = self._input(s, mb) if s == plan.first[s] else got
         recompute = self.ctx.recompute is not None and s in self.ctx.recompute
         with self._measure("F", s):
-            if recompute:  # keep only the input and the RNG state; the backward replays the forward
+            if self.ctx.forward_only:
+                with torch.no_grad():
+                    out, root, _ = self._compute(s, mb, x)
+            elif recompute:  # keep only the input and the RNG state; the backward replays the forward
                 rng = self.ctx.recompute.rng_state()
                 with torch.no_grad():
                     out, root, _ = self._compute(s, mb, x)
-                self.saved[(s, mb)] = Saved(x=x.detach(), root=None, rng=rng, held=self._hold(x))
+                self.saved[(s, mb)] = Saved(x=pytree.detached(x), root=None, rng=rng, held=self._hold(x))
             else:
                 out, root, rec = self._compute(s, mb, x)
                 self.saved[(s, mb)] = Saved(x=x, root=root, rec=rec, held=self._hold(x, root))
         if s == plan.last[s]:
-            return root.detach().double()
-        self.ctx.p2p.send(Route(ACT, s + 1, mb), out.detach())
+            if self.ctx.forward_only:
+                self.outcome.outputs[mb] = pytree.map_tensors(torch.Tensor.detach, out)
+            return None if root is None else root.detach().double()
+        if recompute:  # computed without autograd: every floating leaf may need a gradient (see _roots)
+            out = pytree.map_tensors(lambda t: t.detach().requires_grad_(t.is_floating_point()), out)
+        self.ctx.p2p.send(Route(ACT, s + 1, mb), out)
         return None
+
+    def _input(self, s: int, mb: int):
+        if self.inputs is None:
+            raise RunError(f"rank {self.ctx.rank} holds stage {s}, the first stage of a model copy, so it needs the "
+                           "inputs: pass them to step() on this rank (every rank may pass the same batch)")
+        return self.inputs[mb]
+
+    def _target(self, s: int, mb: int):
+        if self.targets is None:
+            raise RunError(f"rank {self.ctx.rank} holds stage {s}, the last stage of a model copy, which computes "
+                           "the loss, so it needs the targets: pass them to step() on this rank (every rank may "
+                           "pass the same batch)")
+        return self.targets[mb]
 
     def _compute(self, s: int, mb: int, x):
         """The stage's forward: (output, what the backward differentiates: the output or the loss, Record)."""
         splitter = self.splitters.get(s)
         record = splitter.record((s, mb) in self.split) if splitter is not None else nullcontext()
-        with self._saving(), record as rec:
+        last = s == self.ctx.plan.last[s]
+        autocast = self.ctx.autocast() if self.ctx.autocast is not None else nullcontext()
+        with self._saving(), record as rec, autocast:
             out = self.ctx.stages[s](x)
-            root = self.ctx.loss(out, self.targets[mb]) * self.scale if s == self.ctx.plan.last[s] else out
+            if not last:
+                root = out
+            elif self.ctx.forward_only and self.targets is None:
+                root = None  # inference: outputs only
+            else:
+                root = self.ctx.loss(out, self._target(s, mb)) * self.scale
         return out, root, rec
 
     def _replay(self, s: int, mb: int, sv: Saved) -> None:
         """Recomputation: run the forward again from the kept input and RNG state, with autograd on."""
-        x = sv.x.detach().requires_grad_(sv.x.is_floating_point() and s != self.ctx.plan.first[s])
+        x = sv.x if s == self.ctx.plan.first[s] else pytree.detached(sv.x)
         with self._measure("R", s), self.ctx.recompute.replaying(sv.rng):
             _, sv.root, sv.rec = self._compute(s, mb, x)
             sv.x, sv.rng, sv.held = x, None, self._hold(x, sv.root)
@@ -178,5 +223,26 @@ class Executor:
     def _saving(self):
         return self.ctx.meter.saving() if self.ctx.meter is not None else nullcontext()
 
-    def _hold(self, *tensors) -> tuple:
-        return self.ctx.meter.hold(*tensors) if self.ctx.meter is not None else ()
+    def _hold(self, *trees) -> tuple:
+        if self.ctx.meter is None:
+            return ()
+        return self.ctx.meter.hold(*(t for tree in trees for t in pytree.tensors(tree)))
+
+
+def _roots(root, got, last: bool, replayed: bool = False) -> tuple[list, list | None]:
+    """What a backward differentiates and the gradients it starts from: the loss alone on a last stage,
+    otherwise the output leaves that carry a gradient, with the gradients received for them. A recomputing
+    stage sent every floating leaf as needing one (its forward ran without autograd), so its gradients pair
+    with the floating leaves, of which the replay tells those that need one."""
+    if last:
+        return [root], None
+    if not replayed:
+        return pytree.grad_leaves(root), list(got)
+    floating = [t for t in pytree.tensors(root) if t.is_floating_point() or t.is_complex()]
+    pairs = [(t, g) for t, g in zip(floating, got) if t.requires_grad]
+    return [t for t, _ in pairs], [g for _, g in pairs]
+
+
+def _or_zeros(grad, x: torch.Tensor) -> torch.Tensor:
+    """A leaf the stage did not use gets a zero gradient, so every message of a route has one structure."""
+    return grad if grad is not None else torch.zeros_like(x)

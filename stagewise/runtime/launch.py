@@ -80,14 +80,18 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
     return spawn(cfgs, worlds.pop(), report)
 
 
-def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None) -> list[dict]:
-    """Start ``world`` ranks, stream their progress, and stop them all at the first failure."""
+def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None, target: Callable | None = None
+          ) -> list[dict]:
+    """Start ``world`` ranks, stream their progress, and stop them all at the first failure.
+
+    ``target``: the rank's main (default ``_rank_main``; ``local.launch`` runs a user's function with it).
+    """
     ctx = _mp_context()
     q = ctx.Queue()
     port = free_port()
     timeout = max(c.timeout for c in cfgs)
     box = tempfile.mkdtemp(prefix="stagewise-flight-")  # the ranks' flight recorders, readable after a crash
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, list(cfgs), q, timeout, box), daemon=True,
+    procs = [ctx.Process(target=target or _rank_main, args=(r, world, port, list(cfgs), q, timeout, box), daemon=True,
                          name=f"stagewise-rank{r}") for r in range(world)]
     for p in procs:
         p.start()

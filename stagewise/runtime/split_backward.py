@@ -76,13 +76,16 @@ def holders(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if any(p is not None and p.requires_grad for p in m._parameters.values())]
 
 
-def input_grad(root: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor | None, rec: Record):
-    """I: the gradient at the stage input ``x`` (None if x needs none); saves holder-output gradients in ``rec``."""
-    xs = [x] if x is not None and x.requires_grad else []
+def input_grad(roots: list, grads: list | None, xs: list, rec: Record) -> tuple:
+    """I: the gradients at the stage input leaves ``xs`` (zeros for one the stage did not use); saves
+    holder-output gradients in ``rec``. ``roots``: the loss, or the output leaves with ``grads``."""
     targets = [t for _, outs, _ in rec.outputs for t in outs]
-    got = torch.autograd.grad(root, xs + targets, grad_outputs=grad, retain_graph=True, allow_unused=True)
+    if not roots or not xs + targets:
+        rec.grads = [None] * len(targets)
+        return tuple(torch.zeros_like(x) for x in xs)
+    got = torch.autograd.grad(roots, xs + targets, grad_outputs=grads, retain_graph=True, allow_unused=True)
     rec.grads = list(got[len(xs):])
-    return got[0] if xs else None
+    return tuple(g if g is not None else torch.zeros_like(x) for g, x in zip(got, xs))
 
 
 def weight_grad(rec: Record) -> None:

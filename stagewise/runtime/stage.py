@@ -92,16 +92,25 @@ class Layout:
 
 def layout(schedule: Schedule, layers: Sequence[nn.Module], split: Sequence[int] | None = None) -> Layout:
     """Layer ranges per stage and the holders of each logical parameter."""
+    return layout_of(schedule, stage_ranges(schedule, len(layers), split), logical_names(layers))
+
+
+def stage_ranges(schedule: Schedule, num_layers: int, split: Sequence[int] | None = None) -> tuple[range, ...]:
+    """Per stage of the schedule, its layers: each lane holds one whole model copy cut by ``split``."""
     lanes = schedule.lanes
     sizes = {lane.stage_hi - lane.stage_lo for lane in lanes}
     if len(sizes) != 1:
         raise RunError(f"lanes of unequal length {sorted(sizes)}; every lane must hold one whole model copy")
-    pieces = partition(len(layers), sizes.pop(), split)
+    pieces = partition(num_layers, sizes.pop(), split)
     ranges = [range(0)] * schedule.stages
     for lane in lanes:
         for k, s in enumerate(lane.stages):
             ranges[s] = pieces[k]
-    uses = logical_names(layers)
+    return tuple(ranges)
+
+
+def layout_of(schedule: Schedule, ranges: Sequence[range], uses: Sequence[Sequence[tuple[str, str]]]) -> Layout:
+    """The layout from per-stage layer ranges and, per layer, its (parameter name, logical name) pairs."""
     params: dict[str, list[Holder]] = {}
     for s, rg in enumerate(ranges):
         for layer in rg:

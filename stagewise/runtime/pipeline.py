@@ -1,0 +1,429 @@
+"""The per-rank pipeline a user's own training loop drives: ``Pipeline(schedule, model, loss_fn)``.
+
+Each rank builds only the layers of its own stages (layers.py), then runs its
+program of the schedule once per ``step`` with the executor, the message plan,
+split backward, recomputation, tied-parameter sums and the data-parallel
+reduction of the runtime. The optimizer, LR schedule, data and loop are the
+user's; every rank constructs its ``Pipeline`` and calls ``step`` alike (both
+are collective). Parameters keep the original model's names end to end.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..schedule import Schedule
+from ..timeline import Timeline
+from . import pytree
+from .comm import P2P, message_plan
+from .config import RunError
+from .dp import DataParallel, Topology
+from .executor import Executor, RankContext, StepOutcome
+from .layers import Layers, as_layers, split_counts
+from .recompute import Recompute, recompute_stages
+from .replicas import Replicas
+from .stage import Layout, Stage, layout_of, stage_ranges
+from .timing import CudaClock, WallClock, measured_timeline
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """One step (or evaluation) on this rank."""
+
+    loss: float | None  #: the step's mean loss over the whole batch, the same on every rank (None: no targets)
+    seconds: float  #: wall time of this rank's step: its program and the step-end collectives
+    op_seconds: tuple[tuple[float, float], ...]  #: (start, end) of each op of this rank's program, from step start
+    timeline: Timeline | None = None  #: every rank's measured ops, on rank 0 of ``step(..., timeline=True)``
+    outputs: Any = None  #: evaluation: the last stage's outputs of ``output_mbs``, concatenated (else None)
+    output_mbs: tuple[int, ...] = ()  #: the micro-batches whose outputs this rank holds
+
+
+class Pipeline:
+    """This rank's part of a pipelined model, run by ``step`` inside the user's own training loop.
+
+    Mutable: weights, the learned message shapes, accumulated gradients.
+
+    - ``schedule``: a family name (``"1f1b"``, ``"zb-v"``, ``"dualpipe"``...) with ``microbatches`` (and
+      ``chunks``), or any ``Schedule`` (generated, from ``plan``/``auto``, read from a torch CSV); its ranks
+      times ``dp`` must be the world size.
+    - ``model``: a sequence of layers, a ``Layers(count, build)`` factory called only for this rank's layers,
+      or an ``nn.Module`` with ``split`` points (built on the meta device, materialized only here).
+    - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean).
+    - ``split``: layers per stage of one model copy: counts, layout text (``"E+t*3 | t*4"``) or module names.
+    - ``ties``: groups of parameter names that are one parameter, besides those found by identity.
+    - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp).
+    - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
+    - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages).
+
+    Example (under ``torchrun --nproc-per-node 2``)::
+
+        pipe = stagewise.Pipeline("1f1b", [nn.Linear(8, 8) for _ in range(4)], F.mse_loss, microbatches=4)
+        opt = torch.optim.AdamW(pipe.parameters(), lr=1e-3)
+        for x, y in batches:
+            res = pipe.step(x, y)
+            opt.step(); opt.zero_grad()
+    """
+
+    def __init__(self, schedule: str | Schedule, model, loss_fn: Callable, *, microbatches: int | None = None,
+                 chunks: int | None = None, split=None, ties: Sequence[Sequence[str]] = (), dp: int = 1,
+                 device: str | torch.device | None = None, recompute: bool | Sequence[int] = False,
+                 autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
+                 init: Callable | None = None):
+        rank, world = _process_group(timeout)
+        self.device = _device(device)
+        self.schedule = sched = resolve_schedule(schedule, world, dp, microbatches, chunks)
+        self.topo = topo = Topology(p=sched.ranks, dp=dp, rank=rank)
+        self.loss_fn, self.timeout = loss_fn, timeout
+        self.spec = spec = as_layers(model, split, init, self.device)
+        spec.check()
+        counts = spec.split if spec.split is not None else split_counts(split, [spec.prefix(i) for i in range(spec.count)])
+        ranges = stage_ranges(sched, spec.count, counts)
+        self.stages = _build_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
+        self.layout = _layout(sched, spec, ranges, self.stages, ties)
+        self.replicas = Replicas(self.layout, self.stages, sched.placement, topo.pipe, self.device, topo)
+        self.dp = DataParallel(topo, sched, self.stages, timeout) if dp > 1 else None
+        self.recompute = recompute_stages(recompute, sched.stages)
+        self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
+        self._autocast = (lambda: torch.autocast(self.device.type, dtype=autocast)) if autocast else None
+        self._static = static_shapes
+        self.executor = Executor(self._context(sched, forward_only=False))
+        self._evaluator: Executor | None = None
+        self.params = [p for st in self.stages.values() for p in st.parameters()]
+        self.last_outcome: StepOutcome | None = None  #: the executor's view of the last step (per-mb losses)
+
+    # ---- the step
+
+    def step(self, inputs, targets, *, timeline: bool = False) -> StepResult:
+        """Run this rank's program on one step's batch; gradients add into ``.grad`` (like ``loss.backward()``).
+
+        ``inputs`` / ``targets``: the whole step's batch (a tensor or pytree, split into micro-batches along
+        dimension 0; with ``dp`` each replica takes its rows). A rank without a first stage may pass None as
+        ``inputs``, one without a last stage None as ``targets``. ``timeline``: gather every rank's op times
+        into a measured Timeline on rank 0 (a collective: every rank passes the same).
+        """
+        xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
+        earlier = self._stash_grads()  # gradient accumulation: this step's gradients are summed alone
+        if timeline:
+            dist.barrier()  # ranks start together, so their op times line up
+        self.clock.start()
+        t0 = self.clock.mark()
+        done = self.last_outcome = self.executor.step(xs, ys)
+        if self.dp is not None:
+            self.dp.finish()
+        self.replicas.sync_grads()
+        for p, g in earlier:
+            p.grad = g if p.grad is None else p.grad.add_(g)
+        loss, _ = _sum_over_ranks(done.loss, 1.0, self.device)
+        return self._result(loss, done, t0, timeline)
+
+    @torch.no_grad()
+    def eval_step(self, inputs, targets=None) -> StepResult:
+        """Forward only (each rank's F's in program order): the mean loss when ``targets`` are given, and on a
+        rank holding a last stage its outputs (``StepResult.outputs``). No gradient is formed."""
+        if self._evaluator is None:
+            self._evaluator = Executor(self._context(self.schedule.forward_only(), forward_only=True))
+        xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
+        self.clock.start()
+        t0 = self.clock.mark()
+        done = self._evaluator.step(xs, ys)
+        has = bool(done.mb_losses)
+        loss, counted = _sum_over_ranks(done.loss, float(has), self.device)
+        mbs = tuple(sorted(done.outputs))
+        outs = _concat([done.outputs[k] for k in mbs]) if mbs else None
+        res = self._result(loss if counted else None, done, t0, False)
+        return StepResult(loss=res.loss, seconds=res.seconds, op_seconds=res.op_seconds, outputs=outs,
+                          output_mbs=mbs)
+
+    # ---- around the step
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters, for the optimizer (each copy of a tied or duplicated one: they stay equal)."""
+        return list(self.params)
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """(original model name, parameter) of each parameter here (a copy repeats its logical name)."""
+        for logical, holders in self.layout.params.items():
+            for h in holders:
+                if h.stage in self.stages:
+                    yield self.original_name(logical), self.stages[h.stage].param(h)
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Scale every rank's gradients so the global norm (each logical parameter once) is at most
+        ``max_norm``; returns the norm before clipping (``torch.nn.utils.clip_grad_norm_``'s rule; collective)."""
+        return self.replicas.clip(self.params, max_norm)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def train(self, mode: bool = True) -> "Pipeline":
+        """Training mode for this rank's layers (dropout on, norms update statistics)."""
+        for st in self.stages.values():
+            st.train(mode)
+        return self
+
+    def eval(self) -> "Pipeline":
+        return self.train(False)
+
+    # ---- state, keyed by the original model's names
+
+    def original_name(self, logical: str) -> str:
+        """``3.fc.weight`` (layer 3's ``fc.weight``) -> its name in the original model (``blocks.2.fc.weight``)."""
+        layer, name = logical.split(".", 1)
+        return f"{self.spec.prefix(int(layer))}.{name}"
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's share of the model's state_dict: each name on the lowest pipeline rank holding it, so the
+        union over the ranks of one pipeline is the whole model's (``full_state_dict`` gathers it)."""
+        place, out = self.schedule.placement, {}
+        for logical, holders in self.layout.params.items():
+            owner = min(place[h.stage] for h in holders)
+            if owner != self.topo.pipe:
+                continue
+            h = next(h for h in holders if h.stage in self.stages)
+            value = self.stages[h.stage].param(h).detach()
+            for name in self._names_of(holders):
+                out[name] = value
+        for i, (s, layer) in self._owned_layers().items():
+            for bname, buf in layer.named_buffers():
+                if bname.rsplit(".", 1)[-1] not in _non_persistent(layer, bname):
+                    out[f"{self.spec.prefix(i)}.{bname}"] = buf.detach()
+        return out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state_dict (CPU tensors) on every rank: loads into the unpipelined model.
+        A collective."""
+        mine = {k: v.cpu() for k, v in self.state_dict().items()} if self.topo.replica == 0 else {}
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        return {k: v for part in gathered for k, v in part.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load this rank's parameters and buffers from a state_dict keyed by the original names (a whole
+        model's, or any part holding this rank's names); ``strict``: every one of them must be there."""
+        missing = []
+        with torch.no_grad():
+            for logical, holders in self.layout.params.items():
+                local = [self.stages[h.stage].param(h) for h in holders if h.stage in self.stages]
+                if not local:
+                    continue
+                key = next((n for n in self._names_of(holders) if n in state), None)
+                if key is None:
+                    missing.append(self.original_name(logical))
+                    continue
+                for p in local:
+                    p.copy_(state[key])
+            for st in self.stages.values():
+                for k, layer in enumerate(st.layers):
+                    for bname, buf in layer.named_buffers():
+                        key = f"{self.spec.prefix(st.first_layer + k)}.{bname}"
+                        if key in state:
+                            buf.copy_(state[key])
+        if strict and missing:
+            raise RunError(f"load_state_dict: {len(missing)} parameters of rank {self.topo.rank} are missing, e.g. "
+                           f"{missing[0]!r}")
+
+    # ---- internals
+
+    def _context(self, sched: Schedule, forward_only: bool) -> RankContext:
+        plan = message_plan(sched)
+        p2p = P2P(plan, self.topo.pipe, self.device, self.timeout, tags=dist.get_backend() == "gloo",
+                  base=self.topo.base, static=self._static)
+        return RankContext(rank=self.topo.pipe, schedule=sched, plan=plan, stages=self.stages, p2p=p2p,
+                           loss=self._loss, clock=self.clock, autocast=self._autocast, forward_only=forward_only,
+                           recompute=None if forward_only else Recompute(self.recompute, self.device),
+                           after=None if forward_only or self.dp is None else self.dp.after)
+
+    def _loss(self, output, target):
+        """The user's loss, divided by dp: summed over every replica it is the whole batch's mean."""
+        loss = self.loss_fn(output, target)
+        return loss / self.topo.dp if self.topo.dp > 1 else loss
+
+    def _micro(self, tree, what: str) -> list | None:
+        """A step's batch as this replica's micro-batches."""
+        if tree is None:
+            return None
+        if self.topo.dp > 1:
+            tree = pytree.split(tree, self.topo.dp, what)[self.topo.replica]
+        moved = pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), tree)
+        return pytree.split(moved, self.schedule.microbatches, what)
+
+    def _stash_grads(self) -> list:
+        """Take the gradients earlier steps left (restored after this step's sums)."""
+        out = [(p, p.grad) for p in self.params if p.grad is not None]
+        for p, _ in out:
+            p.grad = None
+        return out
+
+    def _result(self, loss, done: StepOutcome, t0, timeline: bool) -> StepResult:
+        t1 = self.clock.mark()
+        marks = self.clock.seconds(done.marks + [(t0, t1)])
+        tl = None
+        if timeline:
+            gathered = [None] * dist.get_world_size() if self.topo.rank == 0 else None
+            dist.gather_object(marks[:-1], gathered, dst=0)
+            if self.topo.rank == 0:
+                tl = measured_timeline(self.schedule, gathered[:self.topo.p])  # replica 0
+        return StepResult(loss=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
+                          timeline=tl)
+
+    def _names_of(self, holders) -> list[str]:
+        """Every original name of a logical parameter (a tied one has several), in model order."""
+        return list(dict.fromkeys(f"{self.spec.prefix(h.layer)}.{h.name}" for h in holders))
+
+    def _owned_layers(self) -> dict[int, tuple[int, nn.Module]]:
+        """layer -> (stage, module) for the layers whose lowest holding rank is this one (buffers go there)."""
+        place, low = self.schedule.placement, {}
+        for s, rg in enumerate(self.layout.ranges):
+            for i in rg:
+                low[i] = min(low.get(i, place[s]), place[s])
+        out = {}
+        for s, st in sorted(self.stages.items()):
+            for k, layer in enumerate(st.layers):
+                i = st.first_layer + k
+                if low[i] == self.topo.pipe and i not in out:
+                    out[i] = (s, layer)
+        return out
+
+
+def resolve_schedule(schedule, world: int, dp: int, microbatches: int | None, chunks: int | None) -> Schedule:
+    """The schedule value: a family name made for world / dp ranks, or a Schedule checked against the world."""
+    if dp < 1 or world % dp:
+        raise RunError(f"dp={dp} does not divide the {world} ranks launched; launch ranks x dp processes")
+    p = world // dp
+    per = f" per replica (dp={dp})" if dp > 1 else ""
+    if isinstance(schedule, Schedule):
+        if schedule.ranks != p:
+            raise RunError(f"schedule {schedule.name} has {schedule.ranks} ranks but {world} ranks were launched"
+                           f"{per}: launch {schedule.ranks * dp} (torchrun --nproc-per-node {schedule.ranks * dp}) or "
+                           f"make the schedule for {p} ranks")
+        for name, value, have in (("microbatches", microbatches, schedule.microbatches),
+                                  ("chunks", chunks, schedule.chunks)):
+            if value is not None and value != have:
+                raise RunError(f"{name}={value} but the schedule {schedule.name} has {have}; leave {name} out")
+        return schedule
+    if isinstance(schedule, str):
+        if microbatches is None:
+            raise RunError(f"Pipeline({schedule!r}, ...) needs microbatches=M (micro-batches per step)")
+        from ..schedules import generate
+
+        return generate(schedule, p, microbatches, chunks)
+    raise RunError(f"schedule must be a family name or a Schedule; got {type(schedule).__name__}")
+
+
+def _process_group(timeout: float) -> tuple[int, int]:
+    """(rank, world): the existing process group, or one made from torchrun's environment."""
+    if not dist.is_initialized():
+        from datetime import timedelta
+
+        from .launch import _close_groups, _init_group, is_torchrun
+
+        if not is_torchrun():
+            raise RunError("no process group: run the script under torchrun (torchrun --nproc-per-node N "
+                           "script.py), start it with stagewise.launch(fn, ranks=N), or call "
+                           "torch.distributed.init_process_group first")
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+        _init_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
+        atexit.register(_close_groups)  # gloo threads joined while the interpreter is alive (launch.py)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _device(device) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if dist.get_backend() == "nccl":
+        d = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+        torch.cuda.set_device(d)
+        return d
+    return torch.device("cpu")
+
+
+def _build_stages(spec: Layers, ranges, mine: list[int], device) -> dict[int, Stage]:
+    """This rank's stages. Each layer is built once; a second use (DualPipe's other lane) is a copy, and so is
+    a layer sharing a parameter with one already placed here (a tie becomes two copies summed at step end)."""
+    built: dict[int, nn.Module] = {}
+    seen: set[int] = set()
+    stages = {}
+    for s in mine:
+        mods = []
+        for i in ranges[s]:
+            if i in built:
+                m = copy.deepcopy(built[i])
+            else:
+                m = spec.make(i)
+                if any(id(p) in seen for p in m.parameters()):
+                    m = copy.deepcopy(m)
+                built[i] = m
+            seen.update(id(p) for p in m.parameters())
+            mods.append(m)
+        stages[s] = Stage(s, mods, ranges[s].start).to(device)
+    return stages
+
+
+def _layout(sched: Schedule, spec: Layers, ranges, stages: dict[int, Stage], ties) -> Layout:
+    """The layout of the whole pipeline: every rank's parameter names (one all_gather), ties resolved by name."""
+    mine = {}
+    for st in stages.values():
+        for k, layer in enumerate(st.layers):
+            mine[st.first_layer + k] = [n for n, _ in layer.named_parameters()]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    names: dict[int, list[str]] = {}
+    for part in gathered:
+        names.update(part)
+    canon = _tie_map(spec, names, [*spec.ties, *map(tuple, ties)])
+    uses = [[(n, canon.get((i, n), f"{i}.{n}")) for n in names.get(i, [])] for i in range(spec.count)]
+    return layout_of(sched, ranges, uses)
+
+
+def _tie_map(spec: Layers, names: dict[int, list[str]], groups) -> dict[tuple[int, str], str]:
+    """(layer, parameter) -> the logical name of its tie group (its first member in model order)."""
+    prefixes = {spec.prefix(i): i for i in range(spec.count)}
+    out = {}
+    for group in groups:
+        members = sorted(_resolve(full, prefixes, names) for full in group)
+        first = f"{members[0][0]}.{members[0][1]}"
+        for m in members:
+            out[m] = first
+    return out
+
+
+def _resolve(full: str, prefixes: dict[str, int], names: dict[int, list[str]]) -> tuple[int, str]:
+    parts = full.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        i = prefixes.get(".".join(parts[:k]))
+        if i is not None and ".".join(parts[k:]) in names.get(i, []):
+            return i, ".".join(parts[k:])
+    raise RunError(f"ties: {full!r} is not a parameter of the model (a name is a layer's prefix, then the "
+                   f"parameter's name in that layer, e.g. {next(iter(prefixes))}.weight)")
+
+
+def _non_persistent(layer: nn.Module, bname: str) -> set:
+    owner = layer.get_submodule(bname.rsplit(".", 1)[0]) if "." in bname else layer
+    return owner._non_persistent_buffers_set
+
+
+def _sum_over_ranks(value: float, flag: float, device) -> tuple[float, float]:
+    """Sum (value, flag) over every rank in one all_reduce (the loss lives on the last stages)."""
+    t = torch.tensor([value, flag], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t[0]), float(t[1])
+
+
+def _concat(trees: list):
+    """Micro-batch outputs joined along dimension 0, leaf by leaf."""
+    leaves = [pytree.flatten(t)[0] for t in trees]
+    spec = pytree.flatten(trees[0])[1]
+    cols = [torch.cat(col) if isinstance(col[0], torch.Tensor) and col[0].dim() else col[0] for col in zip(*leaves)]
+    return pytree.unflatten(spec, cols)
