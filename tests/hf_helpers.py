@@ -61,3 +61,77 @@ def batch(n: int = 4, seed: int = 1) -> torch.Tensor:
 def write_config(path: Path, **raw) -> Path:
     path.write_text(json.dumps(raw))
     return path
+
+
+# ---- rank functions for stagewise.launch (spawned ranks import them from here)
+
+def pipelined_cases(folder: str, text: str, cases, steps: int, batch_rows: int, seq: int, lr: float) -> dict:
+    """For each (family, m, v): the HF model through stagewise.Pipeline in a plain SGD loop.
+
+    Rank 0 returns {case: (losses, step-1 gradients by HF name, final full state_dict)} and, per rank, the
+    tensor names its checkpoint reader read.
+    """
+    import torch.distributed as dist
+
+    from stagewise.hf import load
+    from stagewise.hf.data import TextData
+    from stagewise.hf.model import _CHECKPOINTS
+    from stagewise.hf.pipeline import pipeline
+
+    data = TextData(path=text, seq=seq)
+    out, reads = {}, {}
+    for name, m, v in cases:
+        _CHECKPOINTS.clear()
+        model = load(folder)
+        pipe = pipeline(model, name, microbatches=m, chunks=v)
+        opt = torch.optim.SGD(pipe.parameters(), lr=lr)
+        losses, grads = [], None
+        for k in range(steps):
+            losses.append(pipe.step(*data.batch(k, batch_rows)).loss)
+            if k == 0:
+                grads = _gathered({n: p.grad.detach().clone() for n, p in pipe.named_parameters()})
+            opt.step()
+            opt.zero_grad()
+        out[(name, m, v)] = (losses, grads, pipe.full_state_dict())
+        reads[(name, m, v)] = _all_ranks(sorted(model.checkpoint().read_names))
+    dist.barrier()
+    return {"cases": out, "reads": reads}
+
+
+def save_and_logits(folder: str, text: str, out: str, name: str, m: int, seq: int) -> dict:
+    """Train one step under ``name``, save as an HF folder, and return the pipeline's logits on a fixed batch."""
+    from stagewise.hf import load
+    from stagewise.hf.data import TextData
+    from stagewise.hf.pipeline import pipeline, save_pretrained
+
+    data = TextData(path=text, seq=seq)
+    model = load(folder)
+    pipe = pipeline(model, name, microbatches=m)
+    opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
+    pipe.step(*data.batch(0, 2 * m))
+    opt.step()
+    save_pretrained(pipe, model, out)
+    ids = batch(m, seed=7)
+    res = pipe.eval().eval_step(ids)
+    per_mb = {}  # DualPipe ends its two lanes on two ranks: put the micro-batches back in order
+    for mbs, outs in _all_ranks((res.output_mbs, res.outputs)):
+        if mbs:
+            per_mb.update(zip(mbs, outs.chunk(len(mbs))))
+    return {"logits": torch.cat([per_mb[k] for k in range(m)]), "ids": ids}
+
+
+def _all_ranks(value) -> list:
+    import torch.distributed as dist
+
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, value)
+    return got
+
+
+def _gathered(named: dict) -> dict:
+    """HF name -> every rank's copies of that parameter's tensor."""
+    out: dict = {}
+    for part in _all_ranks(named):
+        for k, v in part.items():
+            out.setdefault(k, []).append(v)
+    return out

@@ -102,6 +102,24 @@ class HFModel:
             out[-1].weight = out[0].get_parameter(self.family.token_weight.removeprefix(self.prefixes[0] + "."))
         return out
 
+    def as_layers(self, device=None):
+        """The model as ``stagewise.Layers``: each rank builds only its own layers (from its own tensors);
+        names are HF's module paths and the tied embedding and head are declared by name."""
+        from functools import partial
+
+        from ..runtime.layers import Layers
+
+        return Layers(count=self.num_layers, build=partial(self.layer, device=device or "cpu"),
+                      names=self.prefixes, ties=self.ties)
+
+    def check_fit(self, stages: int, split=None) -> None:
+        """The schedule's ``stages`` per model copy must each get a layer: say so in the model's own terms."""
+        if split is None and stages > self.num_layers:
+            raise HFError(f"the model has {self.decoder_layers} decoder layers ({self.num_layers} layers with the "
+                          f"embedding, final norm and LM head) but the schedule needs {stages} stages per model copy; "
+                          "each stage needs at least one layer: use fewer ranks or chunks, or a model with more "
+                          "layers")
+
     def names(self, i: int, module) -> dict[str, str]:
         """Layer ``i``'s parameters: local name -> HF name (its prefix, then the local name)."""
         return {local: f"{self.prefixes[i]}.{local}" for local, _ in module.named_parameters(remove_duplicate=False)}

@@ -92,12 +92,17 @@ def save_shard(folder: str | Path, k: int, n: int, tensors: Mapping[str, torch.T
 
 
 def write_index(folder: str | Path, n: int, config) -> Path:
-    """After every shard is written: the index (from the shards' headers) and ``config.json``."""
+    """After every shard is written: the index (from the shards' headers) and ``config.json``.
+
+    A rank that owns no tensor (DualPipe's second half holds copies only) wrote no shard.
+    """
     from safetensors import safe_open
 
     folder = Path(folder)
     weight_map, total = {}, 0
     for k in range(n):
+        if not (folder / shard_name(k, n)).is_file():
+            continue  # a rank that owns no tensor writes no shard
         with safe_open(folder / shard_name(k, n), framework="pt") as f:
             for name in f.keys():
                 if name in weight_map:
