@@ -97,8 +97,11 @@ def cmd_train(args) -> int:
 
     if args.trace:
         check_timeline_output("--trace", args.trace)
+    train_hf.check_plain(args)
+    if args.hf:
+        return train_hf.cmd(args)
     try:
-        cfg = train_scale.apply(train_safety.apply(train_hf.apply(config_from(args), args), args), args)
+        cfg = train_scale.apply(train_safety.apply(config_from(args), args), args)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
