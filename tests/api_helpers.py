@@ -5,6 +5,8 @@ In a module (not a test file) so spawned ranks can import the functions they run
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -79,3 +81,217 @@ def train_cases(cases, accumulate: int = 1, clip: float | None = None, dp: int =
             opt.zero_grad()
         out[(name, m, v)] = (losses, pipe.full_state_dict())
     return out
+
+
+# ---- per-rank construction: a factory that fails if asked for another rank's layer
+
+#: interleaved-1f1b, p=2, v=2, 8 layers: stages of two layers, stage s on rank s % 2
+MINE = {0: {0, 1, 4, 5}, 1: {2, 3, 6, 7}}
+
+
+def factory_layer(i: int) -> nn.Module:
+    """Layer i of an 8-layer MLP of varied widths, built from its own seed."""
+    torch.manual_seed(i)
+    widths = (6, 10, 14, 8, 12, 6, 9, 5, 3)
+    return nn.Sequential(nn.Linear(widths[i], widths[i + 1]), nn.Tanh()) if i < 7 else nn.Linear(widths[i], 3)
+
+
+def strict_factory_bytes() -> tuple[int, list[int]]:
+    """Rank function: (parameter bytes held, layers built) with a factory that refuses other ranks' layers."""
+    import torch.distributed as dist
+
+    rank, asked = dist.get_rank(), []
+
+    def build(i: int) -> nn.Module:
+        if i not in MINE[rank]:
+            raise AssertionError(f"rank {rank} was asked for layer {i}, which another rank holds")
+        asked.append(i)
+        return factory_layer(i)
+
+    pipe = stagewise.Pipeline("interleaved-1f1b", stagewise.Layers(count=8, build=build), F.mse_loss,
+                              microbatches=4, chunks=2)
+    pipe.step(torch.randn(8, 6), torch.randn(8, 3))
+    held = sum(p.numel() * p.element_size() for p in pipe.parameters())
+    gathered = [None] * 2
+    dist.all_gather_object(gathered, (held, sorted(asked)))
+    return gathered
+
+
+# ---- pytree boundaries: a dict, then a dataclass, with integer leaves, lengths changing between steps
+
+@dataclasses.dataclass
+class State:
+    h: torch.Tensor
+    pos: torch.Tensor  # int64 position ids: no gradient
+
+
+class ToDict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+
+    def forward(self, ids):
+        return {"h": self.emb(ids), "pos": torch.arange(ids.shape[1]).expand_as(ids), "mask": ids > 2}
+
+
+class DictToState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, d):
+        h = self.lin(d["h"]) * d["mask"].unsqueeze(-1) + d["pos"].unsqueeze(-1) * 0.01
+        return State(h=torch.tanh(h), pos=d["pos"])
+
+
+class StateMix(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, s: State):
+        return State(h=s.h + torch.tanh(self.lin(s.h)), pos=s.pos)
+
+
+class StateHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.out = nn.Linear(8, VOCAB)
+
+    def forward(self, s: State):
+        return self.out(s.h + (s.pos.unsqueeze(-1) == 0).float())
+
+
+def tree_layers() -> list[nn.Module]:
+    torch.manual_seed(1)
+    return [ToDict(), DictToState(), StateMix(), StateMix(), StateMix(), StateHead()]
+
+
+def tree_batch(k: int):
+    return batch(k, rows=8, seq=3 + k)  # a new sequence length every step
+
+
+def tree_reference() -> list[float]:
+    model = nn.Sequential(*tree_layers())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for k in range(STEPS):
+        loss = loss_fn(model(tree_batch(k)[0]), tree_batch(k)[1])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def tree_train(name: str, m: int) -> list[float]:
+    pipe = stagewise.Pipeline(name, tree_layers(), loss_fn, microbatches=m)
+    opt = torch.optim.SGD(pipe.parameters(), lr=0.1)
+    out = []
+    for k in range(STEPS):
+        out.append(pipe.step(*tree_batch(k)).loss)
+        opt.step()
+        opt.zero_grad()
+    return out
+
+
+# ---- evaluation, autocast, a module with split points built on the meta device
+
+class Net(nn.Module):
+    """A user's model class: embedding, a ModuleList of blocks, a head; its forward is the layers in turn."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(4)])
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, VOCAB)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(self.norm(h))
+
+
+def features(real: dict) -> dict:
+    """Rank function: eval_step, autocast and the meta-device module form, each against plain torch."""
+    import torch.distributed as dist
+
+    out = {}
+    x, y = batch(0)
+    pipe = stagewise.Pipeline("1f1b", layers(), loss_fn, microbatches=4)
+    res = pipe.eval().eval_step(x, y)
+    out["eval_loss"], out["eval_outputs"] = res.loss, (res.outputs, res.output_mbs)
+    out["grads_after_eval"] = [p.grad for p in pipe.parameters() if p.grad is not None]
+    out["bf16_loss"] = stagewise.Pipeline("1f1b", layers(), loss_fn, microbatches=4,
+                                          autocast=torch.bfloat16).step(x, y).loss
+    with torch.device("meta"):
+        net = Net()
+    pipe = stagewise.Pipeline("1f1b", net, loss_fn, microbatches=4, split=["blocks.2"])
+    out["meta_devices"] = sorted({str(p.device) for p in pipe.parameters()})
+    out["meta_names"] = sorted(n for n, _ in pipe.named_parameters())
+    pipe.load_state_dict(real, strict=True)  # this rank's part of a whole state_dict
+    opt = torch.optim.SGD(pipe.parameters(), lr=0.1)
+    out["meta_losses"] = []
+    for k in range(STEPS):
+        out["meta_losses"].append(pipe.step(*batch(k)).loss)
+        opt.step()
+        opt.zero_grad()
+    out["meta_state"] = pipe.full_state_dict()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, out)
+    return gathered
+
+
+# ---- what users get wrong: one rank function per mistake
+
+class Changes(nn.Module):
+    """(h, mask) for a float h; on its ``at``-th call the structure ("structure") or the mask's shape ("shape")
+    differs, as a model with a data-dependent branch might do."""
+
+    def __init__(self, how: str, at: int = 3):
+        super().__init__()
+        self.lin, self.how, self.at, self.calls = nn.Linear(4, 4), how, at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        h, mask = self.lin(x), torch.ones(x.shape[:1], dtype=torch.long)
+        if self.calls == self.at:
+            return (h,) if self.how == "structure" else (h, mask[:-1])
+        return h, mask
+
+
+class First(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, state):
+        return self.lin(state[0])
+
+
+def mistake(kind: str):
+    """Rank function that makes the mistake ``kind``; it must fail on every rank with one clear message."""
+    import torch.distributed as dist
+
+    from stagewise import generate
+
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    if kind in ("structure", "shape"):
+        pipe = stagewise.Pipeline("1f1b", [Changes(kind), First()], F.mse_loss, microbatches=4)
+        pipe.step(x, y)
+    elif kind == "not a module":
+        stagewise.Pipeline("1f1b", stagewise.Layers(count=2, build=lambda i: torch.zeros(4)), F.mse_loss,
+                           microbatches=2)
+    elif kind == "ranks":
+        stagewise.Pipeline(generate("1f1b", 4, 4), [nn.Linear(4, 4) for _ in range(4)], F.mse_loss)
+    elif kind == "no inputs":
+        pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=2)
+        pipe.step(None if dist.get_rank() == 0 else x, y)
+    elif kind == "no targets":
+        pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=2)
+        pipe.step(x, None)
+    elif kind == "batch":
+        pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=3)
+        pipe.step(x, y)

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 import stagewise
-from api_helpers import STEPS, layers, reference, train_cases
+from api_helpers import (STEPS, Net, batch, features, layers, loss_fn, reference, strict_factory_bytes, train_cases,
+                         tree_reference, tree_train)
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -65,3 +66,54 @@ def test_the_gathered_state_dict_loads_into_the_unpipelined_model_and_gives_its_
     x = torch.randint(0, 16, (3, 5))
     torch.testing.assert_close(model(x), trained(x), rtol=1e-5, atol=1e-6)
     assert len(losses) == STEPS
+
+
+def test_a_factory_is_asked_only_for_the_ranks_own_layers_and_each_rank_holds_only_their_bytes():
+    from api_helpers import MINE, factory_layer
+
+    got = stagewise.launch(strict_factory_bytes, 2, threads=1)
+    for rank, (held, asked) in enumerate(got):
+        assert asked == sorted(MINE[rank])
+        want = sum(p.numel() * p.element_size() for i in MINE[rank] for p in factory_layer(i).parameters())
+        assert held == want
+
+
+@pytest.mark.parametrize("name, m", [("1f1b", 4), ("zb-v", 4)])
+def test_dict_and_dataclass_boundaries_with_integer_leaves_and_changing_lengths_equal_torch(name, m):
+    want = tree_reference()
+    got = stagewise.launch(tree_train, 2, name, m, threads=1)
+    for a, b in zip(got, want):
+        assert abs(a - b) <= 1e-5 * abs(b), (got, want)
+
+
+def test_eval_autocast_and_a_meta_module_with_split_points_equal_torch():
+    torch.manual_seed(3)
+    real = Net()
+    state = {k: v.clone() for k, v in real.state_dict().items()}
+    ranks = stagewise.launch(features, 2, state, threads=1)
+    x, y = batch(0)
+    model = nn.Sequential(*layers())
+    with torch.no_grad():
+        want = loss_fn(model(x), y).item()
+        assert ranks[0]["eval_loss"] == pytest.approx(want, rel=1e-5)
+        outs, mbs = ranks[1]["eval_outputs"]  # rank 1 holds the last stage
+        assert mbs == (0, 1, 2, 3) and ranks[0]["eval_outputs"] == (None, ())
+        torch.testing.assert_close(outs, model(x), rtol=1e-5, atol=1e-6)
+    assert all(r["grads_after_eval"] == [] for r in ranks)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = loss_fn(model(x), y).item()
+    assert ranks[0]["bf16_loss"] == pytest.approx(bf16, rel=2e-2) and ranks[0]["bf16_loss"] != want
+    # the module form: each rank materialized only its layers (embed, blocks.0-1 | blocks.2-3, norm, head)
+    assert [r["meta_devices"] for r in ranks] == [["cpu"], ["cpu"]]
+    assert ranks[0]["meta_names"] == sorted(k for k in state if k.startswith(("embed.", "blocks.0.", "blocks.1.")))
+    assert ranks[1]["meta_names"] == sorted(k for k in state if k.startswith(("blocks.2.", "blocks.3.", "norm.",
+                                                                               "head.")))
+    real_opt = torch.optim.SGD(real.parameters(), lr=0.1)
+    for k in range(STEPS):
+        loss = loss_fn(real(batch(k)[0]), batch(k)[1])
+        loss.backward()
+        real_opt.step()
+        real_opt.zero_grad()
+        assert ranks[0]["meta_losses"][k] == pytest.approx(loss.item(), rel=1e-5)
+    for k, v in real.state_dict().items():
+        torch.testing.assert_close(ranks[0]["meta_state"][k], v, rtol=1e-5, atol=1e-6)

@@ -9,8 +9,8 @@ passes into one:
 - a sequence of modules (``nn.Sequential``, a list): names ``0``, ``1``...,
   ties found by identity (the same ``nn.Parameter`` in two layers);
 - a ``Layers`` value (a factory: DeepSpeed's ``LayerSpec``; what adapters give);
-- any ``nn.Module`` with split points: its children in order (``ModuleList`` and
-  ``Sequential`` children expanded) are the layers, and its forward must be
+- any ``nn.Module`` with split points: its children in order (a ``ModuleList``
+  expanded into its items) are the layers, and its forward must be
   those layers applied in turn. Built on the meta device (``torch.device("meta")``),
   a rank materializes only its own layers (``to_empty``, then ``reset_parameters``
   of each submodule, or ``init``).
@@ -109,10 +109,10 @@ def _module_layers(model: nn.Module, split, init, device) -> Layers:
 
 
 def flat_layers(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
-    """(name, module) of the model's layers in order: its children, ModuleList and Sequential expanded."""
+    """(name, module) of the model's layers in order: its children, each ModuleList expanded into its items."""
     out = []
     for name, child in model.named_children():
-        if isinstance(child, (nn.ModuleList, nn.Sequential)):
+        if isinstance(child, nn.ModuleList):
             out += flat_layers(child, f"{prefix}{name}.")
         else:
             out.append((f"{prefix}{name}", child))

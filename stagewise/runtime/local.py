@@ -55,7 +55,8 @@ def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, thr
 def _check_importable(fn: Callable) -> None:
     """A spawned rank finds ``fn`` by module and name: say what to change when it cannot."""
     main = sys.modules.get("__main__")
-    if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+    path = getattr(main, "__file__", None)
+    if getattr(fn, "__module__", None) == "__main__" and not (path and os.path.isfile(path)):
         raise RunError("stagewise.launch: the function is defined in a script read from stdin (or python -c), which "
                        "spawned ranks cannot import; save the script to a file and run `python script.py`, or run it "
                        "under torchrun (torchrun --nproc-per-node N script.py)")

@@ -77,18 +77,19 @@ class Pipeline:
                  device: str | torch.device | None = None, recompute: bool | Sequence[int] = False,
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
                  init: Callable | None = None):
+        self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
+        spec.check()
         rank, world = _process_group(timeout)
         self.device = _device(device)
         self.schedule = sched = resolve_schedule(schedule, world, dp, microbatches, chunks)
         self.topo = topo = Topology(p=sched.ranks, dp=dp, rank=rank)
         self.loss_fn, self.timeout = loss_fn, timeout
-        self.spec = spec = as_layers(model, split, init, self.device)
-        spec.check()
         counts = spec.split if spec.split is not None else split_counts(split, [spec.prefix(i) for i in range(spec.count)])
         ranges = stage_ranges(sched, spec.count, counts)
         self.stages = _build_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
         self.layout = _layout(sched, spec, ranges, self.stages, ties)
         self.replicas = Replicas(self.layout, self.stages, sched.placement, topo.pipe, self.device, topo)
+        self.replicas.make_equal()  # tied copies built apart start from one value
         self.dp = DataParallel(topo, sched, self.stages, timeout) if dp > 1 else None
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()

@@ -37,6 +37,7 @@ class Replicas:
         # every rank makes every group (each replica's tie groups, then each replica's pipeline), same order
         made = [{ranks: dist.new_group(glob(ranks, d)) for ranks in sets} for d in range(dp)][here]
         self.groups = {ranks: g for ranks, g in made.items() if rank in ranks}
+        self._glob = lambda r: glob([r], here)[0]
         pipes = [dist.new_group(glob(range(topo.p), d)) for d in range(dp)] if dp > 1 else [None]
         self.pipeline = pipes[here]  # the global norm is a sum over one pipeline (None: all ranks)
         for rep in lay.replicas:
@@ -50,6 +51,22 @@ class Replicas:
             if owner == rank:
                 h = next(h for h in holders if placement[h.stage] == rank)
                 self.owned.append(stages[h.stage].param(h))
+
+    def make_equal(self) -> None:
+        """Every copy takes the value of the copy on the lowest rank (a layer factory builds each copy apart)."""
+        by_ranks: dict[tuple, list] = {}
+        for ranks, copies in self.local:
+            by_ranks.setdefault(ranks, []).append(copies)
+        for ranks, items in sorted(by_ranks.items()):
+            values = [c[0].detach() for c in items]
+            if len(ranks) > 1:
+                flat = _flatten_dense_tensors(values)
+                dist.broadcast(flat, src=self._glob(ranks[0]), group=self.groups[ranks])
+                values = _unflatten_dense_tensors(flat, values)
+            with torch.no_grad():
+                for copies, value in zip(items, values):
+                    for p in copies:
+                        p.copy_(value)
 
     def sync_grads(self) -> None:
         """Every copy's gradient becomes the sum over all copies (local sum, then within its rank set)."""

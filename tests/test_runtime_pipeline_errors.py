@@ -1,0 +1,100 @@
+"""What users of stagewise.Pipeline get wrong: each mistake fails on every rank with one message saying what to do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+import stagewise
+from api_helpers import Net, loss_fn, mistake
+from stagewise.runtime import RankFailure, RunError
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def fails(kind: str) -> str:
+    with pytest.raises(RankFailure) as err:
+        stagewise.launch(mistake, 2, kind, threads=1)
+    assert err.value.user, str(err.value)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_module_without_split_points_says_how_to_give_them():
+    with pytest.raises(RunError, match=r"Net is an nn.Module without split points: pass split= as the names of the "
+                       r"modules that start stages 1, 2, \.\.\. \(its layers are embed, blocks\.0, blocks\.1, "
+                       r"blocks\.2, \.\.\. head\)"):
+        stagewise.Pipeline("1f1b", Net(), loss_fn, microbatches=4)
+
+
+def test_a_split_point_that_is_not_a_layer_is_named():
+    with pytest.raises(RunError, match="split point 'blocks.9' is not a layer of the model"):
+        stagewise.Pipeline("1f1b", Net(), loss_fn, microbatches=4, split=["blocks.9"])
+
+
+def test_a_factory_without_its_layer_count_says_to_use_layers():
+    with pytest.raises(RunError, match=r"a layer factory needs its number of layers: pass "
+                       r"stagewise.Layers\(count=N, build=fn\)"):
+        stagewise.Pipeline("1f1b", lambda i: nn.Linear(2, 2), loss_fn, microbatches=4)
+
+
+def test_without_a_process_group_it_says_how_to_start_the_ranks(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RunError, match=r"no process group: run the script under torchrun .*stagewise.launch"):
+        stagewise.Pipeline("1f1b", [nn.Linear(2, 2)] * 2, loss_fn, microbatches=4)
+
+
+def test_a_structure_that_differs_between_microbatches_names_the_stage_and_both():
+    assert fails("structure") == ("rank 0: stage 0 micro-batch 2: sends activation (stage 0 -> 1) as tuple of 1, but "
+                                  "micro-batch 0 had tuple of 2 (structures differ); every micro-batch of a step must "
+                                  "have the same structure, shapes and dtypes between stages")
+
+
+def test_a_leaf_shape_that_differs_between_microbatches_names_the_leaf_and_both_shapes():
+    msg = fails("shape")
+    assert "stage 0 micro-batch 2: sends activation (stage 0 -> 1) whose leaf [1] is (1) int64, but micro-batch 0 " \
+           "had (2) int64" in msg, msg
+
+
+def test_a_factory_that_returns_a_tensor_says_it_must_return_a_module():
+    assert "the layer factory returned Tensor for layer 0; it must return an nn.Module" in fails("not a module")
+
+
+def test_a_schedule_for_other_ranks_says_what_to_launch():
+    assert fails("ranks") == ("every rank: schedule 1f1b has 4 ranks but 2 ranks were launched: launch 4 (torchrun "
+                              "--nproc-per-node 4) or make the schedule for 2 ranks")
+
+
+def test_missing_inputs_or_targets_name_the_rank_and_the_stage_that_needs_them():
+    assert "rank 0 holds stage 0, the first stage of a model copy, so it needs the inputs: pass them to step() on " \
+           "this rank" in fails("no inputs")
+    assert "rank 1 holds stage 1, the last stage of a model copy, which computes the loss, so it needs the " \
+           "targets" in fails("no targets")
+
+
+def test_a_batch_that_does_not_split_into_microbatches_names_the_leaf():
+    assert "inputs has 8 rows (dimension 0 of shape (8, 4)); it must split into 3 equal micro-batches" in fails("batch")
+
+
+SCRIPT = """
+import stagewise
+def main():
+    return 1
+stagewise.launch(main, 2)
+"""
+
+
+def test_a_script_from_stdin_under_the_spawning_launcher_says_how_to_run_it():
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(root)
+    proc = subprocess.run([sys.executable, "-"], input=SCRIPT, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0
+    assert "the function is defined in a script read from stdin (or python -c), which spawned ranks cannot import; " \
+           "save the script to a file and run `python script.py`, or run it under torchrun" in proc.stderr
