@@ -20,18 +20,15 @@ def pipeline(model: HFModel, schedule, *, device=None, **options):
     >>> pipe = pipeline(model, "zb-v", microbatches=4)                         # this rank's layers only
     >>> pipe.step(ids, ids)                                                   # labels = ids, as in HF
     """
-    from ..runtime.pipeline import Pipeline, resolve_schedule
+    from ..runtime.pipeline import Pipeline, _device, _process_group, resolve_schedule
 
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        sched = resolve_schedule(schedule, dist.get_world_size(), options.get("dp", 1), options.get("microbatches"),
-                                 options.get("chunks"))
-        lane = sched.lanes[0]
-        model.check_fit(lane.stage_hi - lane.stage_lo, options.get("split"))
-        schedule = sched
-        options = {k: v for k, v in options.items() if k not in ("microbatches", "chunks")}
-    return Pipeline(schedule, model.as_layers(device), model.loss, device=device, **options)
+    _, world = _process_group(options.get("timeout", 30.0))  # the group exists (torchrun: made here)
+    sched = resolve_schedule(schedule, world, options.get("dp", 1), options.pop("microbatches", None),
+                             options.pop("chunks", None))
+    lane = sched.lanes[0]
+    model.check_fit(lane.stage_hi - lane.stage_lo, options.get("split"))
+    device = _device(device)  # layers are materialized right there (a GPU under NCCL), not moved
+    return Pipeline(sched, model.as_layers(device), model.loss, device=device, **options)
 
 
 def save_pretrained(pipe, model: HFModel, folder: str | Path) -> Path:
