@@ -136,10 +136,7 @@ def _routes(schedule: Schedule, costs: StageCosts):
     """First and last stage of each stage's lane, and the link time into each stage
     from its predecessor (forward) and from its successor (gradient); 0 on one rank."""
     S, placement, msg = schedule.stages, schedule.placement, costs.message
-    first, last = [0] * S, [0] * S
-    for lane in schedule.lanes:
-        for s in lane.stages:
-            first[s], last[s] = lane.stage_lo, lane.stage_hi - 1
+    first, last = schedule.first_stages, schedule.last_stages
     fwd_link = [msg[s - 1] if s > first[s] and placement[s - 1] != placement[s] else 0.0 for s in range(S)]
     bwd_link = [msg[s] if s < last[s] and placement[s + 1] != placement[s] else 0.0 for s in range(S)]
     return first, last, fwd_link, bwd_link

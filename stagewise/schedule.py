@@ -75,6 +75,21 @@ class Schedule:
         """Plain actions, counting both halves of an overlapped pair."""
         return self.num_actions + sum(1 for prog in self.programs for op in prog if type(op) is Pair)
 
+    @property
+    def stages_per_copy(self) -> int:
+        """Stages of one model copy (S in the papers): a lane's length (DualPipe: half the stages)."""
+        return self.lanes[0].stage_hi - self.lanes[0].stage_lo
+
+    @property
+    def first_stages(self) -> tuple[int, ...]:
+        """Per stage, the first stage of its lane (where the lane's inputs enter)."""
+        return tuple(self.lane_of_stage(s).stage_lo for s in range(self.stages))
+
+    @property
+    def last_stages(self) -> tuple[int, ...]:
+        """Per stage, the last stage of its lane (where the loss is computed)."""
+        return tuple(self.lane_of_stage(s).stage_hi - 1 for s in range(self.stages))
+
     def lane_of_stage(self, stage: int) -> Lane:
         for lane in self.lanes:
             if lane.stage_lo <= stage < lane.stage_hi:

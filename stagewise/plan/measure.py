@@ -136,7 +136,7 @@ def _measure_layer(layer, x, loss, dev, repeats: int, warmup: int) -> dict:
         with splitter.record() as rec:
             root = _root(layer, xin, loss)
         t4 = _now(dev)
-        input_grad(root, grad, xin if xin.requires_grad else None, rec)
+        input_grad([root], [grad], [xin] if xin.requires_grad else [], rec)
         t5 = _now(dev)
         weight_grad(rec)
         t6 = _now(dev)

@@ -40,6 +40,7 @@ _WHAT = ("activation", "gradient")
 _HEADER_BYTES = 2048  # a pickled (structure, leaf shapes) fits; checked on send
 _LEAF_TAGS = 256  # gloo tags: one per tensor leaf of a route
 _CONST = "const"  # a leaf that is not a tensor travels in the header
+_HEADER = "header"  # a posted receive that is still a header
 
 
 class ShapeError(RuntimeError):
@@ -82,10 +83,7 @@ class MessagePlan:
 
 
 def message_plan(schedule: Schedule) -> MessagePlan:
-    first, last = [0] * schedule.stages, [0] * schedule.stages
-    for lane in schedule.lanes:
-        for s in lane.stages:
-            first[s], last[s] = lane.stage_lo, lane.stage_hi - 1
+    first, last = schedule.first_stages, schedule.last_stages
     place = schedule.placement
     order: dict[tuple[int, int], list[Route]] = defaultdict(list)
     for r, prog in enumerate(schedule.programs):
@@ -100,7 +98,7 @@ def message_plan(schedule: Schedule) -> MessagePlan:
                 if place[route.stage] != r:
                     order[(r, place[route.stage])].append(route)
     return MessagePlan(placement=place, stages=schedule.stages, microbatches=schedule.microbatches,
-                       order={k: tuple(v) for k, v in order.items()}, first=tuple(first), last=tuple(last))
+                       order={k: tuple(v) for k, v in order.items()}, first=first, last=last)
 
 
 class P2P:
@@ -137,10 +135,13 @@ class P2P:
             self._local[route] = pytree.detached(tree)
             return
         self.flight.event(SEND, _brief(route, self.base + dst))
+        tensors = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
         if self.learning:
-            hdr = _encode((spec, metas), route).to(self.device)
-            self._sends.append((dist.isend(hdr, self.base + dst, tag=self._tag(route, True)), hdr))
-        for k, x in enumerate(t for t in leaves if isinstance(t, torch.Tensor)):
+            hdr, inline = _encode(spec, metas, tensors, route)
+            self._sends.append((dist.isend(hdr.to(self.device), self.base + dst, tag=self._tag(route, True)), hdr))
+            if inline:  # the data rode in the header
+                tensors = []
+        for k, x in enumerate(tensors):
             x = x.detach().contiguous()
             self._sends.append((dist.isend(x, self.base + dst, tag=self._tag(route, leaf=k)), x))
         self._sends = [s for s in self._sends if not s[0].is_completed()]
@@ -154,11 +155,16 @@ class P2P:
         while route not in self._posted:
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
-        works, spec, leaves, metas = self._posted.pop(route)
-        if not self.learning and self._pos[src] < len(channel):
-            # keep the channel's next receive posted, so its transfer overlaps this op's compute
+        posted = self._posted.pop(route)
+        if self._pos[src] < len(channel) and (self.tags or not self.learning):
+            # keep the channel's next receive posted, so its transfer overlaps this op's compute (a header
+            # ahead of this route's data needs tags: NCCL matches a pair's messages in order)
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
+        if posted[0] == _HEADER:  # this step's header came first: now the data, in the shapes it gives
+            self._wait(posted[1], route, self.base + src)
+            posted = self._post_data(src, route, *self._learn(route, posted[2]))
+        works, spec, leaves, metas = posted
         for work in works:
             self._wait(work, route, self.base + src)
         for x, m in zip(leaves, metas):
@@ -180,24 +186,41 @@ class P2P:
             self._shape.clear()
 
     def _post(self, src: int, route: Route) -> None:
-        key = (route.direction, route.stage)
+        """Post the receive of ``route``: its header when learning (gloo: without waiting), else its data."""
         if self.learning:
             hdr = torch.empty(_HEADER_BYTES, dtype=torch.uint8, device=self.device)
-            self._wait(dist.irecv(hdr, self.base + src, tag=self._tag(route, True)), route, self.base + src)
-            spec, metas = _decode(hdr.cpu())
-            self._check(route, spec, metas, "receives")
-        spec, metas, _ = self._shape[key]
+            work = dist.irecv(hdr, self.base + src, tag=self._tag(route, True))
+            if self.tags:
+                self._posted[route] = (_HEADER, work, hdr)
+                self.flight.event(POST, _brief(route, self.base + src))
+                return
+            self._wait(work, route, self.base + src)
+            self._posted[route] = self._post_data(src, route, *self._learn(route, hdr))
+        else:
+            self._posted[route] = self._post_data(src, route, *self._shape[(route.direction, route.stage)][:2])
+        self.flight.event(POST, _brief(route, self.base + src))
+
+    def _learn(self, route: Route, hdr: torch.Tensor) -> tuple:
+        """(structure, leaf metas, inline data or None) of a received header, checked against this step's."""
+        spec, metas, inline = _decode(hdr.cpu())
+        self._check(route, spec, metas, "receives")
+        return spec, metas, inline
+
+    def _post_data(self, src: int, route: Route, spec, metas, inline=None) -> tuple:
         works, leaves, k = [], [], 0
+        data = iter(inline or ())
         for m in metas:
             if m[0] == _CONST:
                 leaves.append(m[1])
+                continue
+            if inline is not None:
+                leaves.append(_from_bytes(next(data), m[0], m[1]).to(self.device))
                 continue
             buf = torch.empty(m[0], dtype=m[1], device=self.device)
             works.append(dist.irecv(buf, self.base + src, tag=self._tag(route, leaf=k)))
             leaves.append(buf)
             k += 1
-        self._posted[route] = (works, spec, leaves, metas)
-        self.flight.event(POST, _brief(route, self.base + src))
+        return works, spec, leaves, metas
 
     def _check(self, route: Route, spec, metas: tuple, verb: str) -> None:
         key = (route.direction, route.stage)
@@ -235,13 +258,23 @@ def _meta(x) -> tuple:
     return (_CONST, x)
 
 
-def _encode(header, route: Route) -> torch.Tensor:
-    data = pickle.dumps(header)
+def _encode(spec, metas: tuple, tensors: list, route: Route) -> tuple[torch.Tensor, bool]:
+    """The header of a message, and whether its data rides in it: small CPU tensors do (one message, no
+    round trip for a header before the data)."""
+    if len(tensors) > _LEAF_TAGS:
+        raise ShapeError(f"{route.describe()}: {len(tensors)} tensors in one boundary; at most {_LEAF_TAGS}")
+    if all(t.device.type == "cpu" for t in tensors) and sum(t.nbytes for t in tensors) < _HEADER_BYTES // 2:
+        data = pickle.dumps((spec, metas, [_to_bytes(t) for t in tensors]))
+        if len(data) + 4 <= _HEADER_BYTES:
+            return _pack(data), True
+    data = pickle.dumps((spec, metas, None))
     if len(data) + 4 > _HEADER_BYTES:
         raise ShapeError(f"{route.describe()}: its structure takes {len(data)} bytes to describe (at most "
                          f"{_HEADER_BYTES - 4}); pass fewer leaves, or put constants outside the boundary")
-    if sum(1 for m in header[1] if m[0] != _CONST) > _LEAF_TAGS:
-        raise ShapeError(f"{route.describe()}: more than {_LEAF_TAGS} tensors in one boundary")
+    return _pack(data), False
+
+
+def _pack(data: bytes) -> torch.Tensor:
     buf = bytearray(_HEADER_BYTES)
     buf[:4] = len(data).to_bytes(4, "little")
     buf[4:4 + len(data)] = data
@@ -251,6 +284,16 @@ def _encode(header, route: Route) -> torch.Tensor:
 def _decode(h: torch.Tensor) -> tuple:
     raw = bytes(h.numpy())
     return pickle.loads(raw[4:4 + int.from_bytes(raw[:4], "little")])
+
+
+def _to_bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _from_bytes(data: bytes, shape: tuple, dtype) -> torch.Tensor:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 def _difference(known: tuple, spec, metas: tuple) -> str:

@@ -77,7 +77,7 @@ def check_fault(fault: Fault, schedule, replicas: int = 1) -> None:
     if fault.rank >= p * replicas or all(a not in actions_of(op) for op in schedule.programs[fault.rank % p]):
         raise RunError(f"{where}: rank {fault.rank} of {schedule.name} (p={p}, {p * replicas} ranks) does not "
                        f"run {a}")
-    if fault.how == "nan" and (a.kind != "F" or schedule.lane_of_stage(a.stage).stage_hi - 1 != a.stage):
+    if fault.how == "nan" and (a.kind != "F" or schedule.last_stages[a.stage] != a.stage):
         raise RunError(f"{where}: a nan fault poisons the loss, so it needs the F of a lane's last stage")
 
 

@@ -23,10 +23,12 @@ from torch import nn
 from ..schedule import Schedule
 from ..timeline import Timeline
 from . import pytree
+from .activation_memory import ActivationMeter
 from .comm import P2P, message_plan
 from .config import RunError
 from .dp import DataParallel, Topology
 from .executor import Executor, RankContext, StepOutcome
+from .flight import SYNC
 from .layers import Layers, as_layers, split_counts
 from .recompute import Recompute, recompute_stages
 from .replicas import Replicas
@@ -62,6 +64,7 @@ class Pipeline:
     - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp).
     - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
     - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages).
+    - ``measure_memory``: count the activation bytes each op holds (``meter``; activation_memory.py).
 
     Example (under ``torchrun --nproc-per-node 2``)::
 
@@ -76,7 +79,7 @@ class Pipeline:
                  chunks: int | None = None, split=None, ties: Sequence[Sequence[str]] = (), dp: int = 1,
                  device: str | torch.device | None = None, recompute: bool | Sequence[int] = False,
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
-                 init: Callable | None = None):
+                 init: Callable | None = None, measure_memory: bool = False):
         self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
         spec.check()
         rank, world = _process_group(timeout)
@@ -93,6 +96,7 @@ class Pipeline:
         self.dp = DataParallel(topo, sched, self.stages, timeout) if dp > 1 else None
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
+        self.meter = ActivationMeter(self.stages) if measure_memory else None
         self._autocast = (lambda: torch.autocast(self.device.type, dtype=autocast)) if autocast else None
         self._static = static_shapes
         self.executor = Executor(self._context(sched, forward_only=False))
@@ -117,6 +121,7 @@ class Pipeline:
         self.clock.start()
         t0 = self.clock.mark()
         done = self.last_outcome = self.executor.step(xs, ys)
+        self.executor.ctx.flight.event(SYNC, "gradients and loss")
         if self.dp is not None:
             self.dp.finish()
         self.replicas.sync_grads()
@@ -244,6 +249,7 @@ class Pipeline:
         return RankContext(rank=self.topo.pipe, schedule=sched, plan=plan, stages=self.stages, p2p=p2p,
                            loss=self._loss, clock=self.clock, autocast=self._autocast, forward_only=forward_only,
                            recompute=None if forward_only else Recompute(self.recompute, self.device),
+                           meter=None if forward_only else self.meter,
                            after=None if forward_only or self.dp is None else self.dp.after)
 
     def _loss(self, output, target):
@@ -258,7 +264,10 @@ class Pipeline:
         if self.topo.dp > 1:
             tree = pytree.split(tree, self.topo.dp, what)[self.topo.replica]
         moved = pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), tree)
-        return pytree.split(moved, self.schedule.microbatches, what)
+        parts = pytree.split(moved, self.schedule.microbatches, what)
+        if self.meter is not None:  # a storage per micro-batch, so the meter counts each one's tokens apart
+            parts = [pytree.map_tensors(torch.Tensor.clone, part) for part in parts]
+        return parts
 
     def _stash_grads(self) -> list:
         """Take the gradients earlier steps left (restored after this step's sums)."""

@@ -97,13 +97,12 @@ def layout(schedule: Schedule, layers: Sequence[nn.Module], split: Sequence[int]
 
 def stage_ranges(schedule: Schedule, num_layers: int, split: Sequence[int] | None = None) -> tuple[range, ...]:
     """Per stage of the schedule, its layers: each lane holds one whole model copy cut by ``split``."""
-    lanes = schedule.lanes
-    sizes = {lane.stage_hi - lane.stage_lo for lane in lanes}
+    sizes = {lane.stage_hi - lane.stage_lo for lane in schedule.lanes}
     if len(sizes) != 1:
         raise RunError(f"lanes of unequal length {sorted(sizes)}; every lane must hold one whole model copy")
-    pieces = partition(num_layers, sizes.pop(), split)
+    pieces = partition(num_layers, schedule.stages_per_copy, split)
     ranges = [range(0)] * schedule.stages
-    for lane in lanes:
+    for lane in schedule.lanes:
         for k, s in enumerate(lane.stages):
             ranges[s] = pieces[k]
     return tuple(ranges)

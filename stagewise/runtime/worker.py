@@ -7,6 +7,7 @@ it once before spawning anything.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,18 +17,15 @@ import torch.distributed as dist
 from ..schedule import Schedule
 from ..schedules import generate
 from . import checkpoint_files
-from .activation_memory import ActivationMeter, merge_added, predicted_peaks
-from .comm import P2P, message_plan
+from .activation_memory import merge_added, predicted_peaks
 from .config import RunConfig, RunError
-from .dp import DataParallel, Topology
-from .executor import Executor, RankContext
+from .dp import Topology
 from .faults import check_fault, parse_fault
-from .flight import SYNC
-from .recompute import Recompute, recompute_stages
-from .replicas import Replicas, all_sum
+from .pipeline import Pipeline
+from .recompute import recompute_stages
 from .resilience import Resilience
-from .stage import build_stages, layout, partition
-from .timing import CudaClock, WallClock, bubbles, measured_timeline
+from .stage import partition
+from .timing import bubbles
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,8 +69,7 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
                        f"{f' on each of --dp {cfg.dp} replicas' if cfg.dp > 1 else ''}; use a --batch that is a "
                        f"multiple of {share}")
     recompute_stages(cfg.recompute, sched.stages)
-    lane = sched.lanes[0]
-    partition(cfg.model.num_layers, lane.stage_hi - lane.stage_lo, cfg.split)
+    partition(cfg.model.num_layers, sched.stages_per_copy, cfg.split)
     optimizer_class(cfg.optimizer)
     if cfg.fault:
         check_fault(parse_fault(cfg.fault), sched, cfg.dp)
@@ -95,78 +92,54 @@ def optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimiz
 
 
 class RankTrainer:
-    """One rank's training of one config, a step at a time. Mutable: weights, optimizer, results so far.
+    """One rank's training of one config, a step at a time: a client of ``Pipeline`` (the per-rank API) that
+    adds the CLI's loop: data from the model config, resilience, clipping, the optimizer and results.
 
-    Later features extend this object: data parallelism (``dp``), recomputation and the activation meter
-    reach the executor through its context only.
+    Mutable: weights, optimizer, results so far.
     """
 
     def __init__(self, env: Env, cfg: RunConfig):
         self.env, self.cfg = env, cfg
         self.schedule = sched = preflight(cfg, env.world, env.launched_by)
-        self.topo = topo = Topology(p=sched.ranks, dp=cfg.dp, rank=env.rank)
-        layers = cfg.model.layers()
-        self.layout = layout(sched, layers, cfg.split)
-        self.stages = build_stages(sched, self.layout, layers, topo.pipe, env.device)
-        plan = message_plan(sched)
-        p2p = P2P(plan, topo.pipe, env.device, cfg.timeout, tags=env.backend == "gloo", base=topo.base)
-        self.clock = CudaClock(env.device) if env.device.type == "cuda" else WallClock()
-        self.recompute = recompute_stages(cfg.recompute, sched.stages)
-        self.meter = ActivationMeter(self.stages) if cfg.measure_memory else None
-        self.replicas = Replicas(self.layout, self.stages, sched.placement, topo.pipe, env.device, topo)
-        self.dp = DataParallel(topo, sched, self.stages, cfg.timeout) if cfg.dp > 1 else None
-        ctx = RankContext(rank=topo.pipe, schedule=sched, plan=plan, stages=self.stages, p2p=p2p,
-                          loss=self._loss, clock=self.clock, recompute=Recompute(self.recompute, env.device),
-                          meter=self.meter, after=self.dp.after if self.dp else None)
-        self.executor = Executor(ctx)
+        self.topo = Topology(p=sched.ranks, dp=cfg.dp, rank=env.rank)
+        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), cfg.model.loss, split=cfg.split, dp=cfg.dp,
+                                    device=env.device, recompute=cfg.recompute, static_shapes=True,
+                                    timeout=cfg.timeout, measure_memory=cfg.measure_memory)
+        self.layout, self.stages, self.replicas, self.dp = pipe.layout, pipe.stages, pipe.replicas, pipe.dp
+        self.executor, self.clock, self.meter, self.recompute = pipe.executor, pipe.clock, pipe.meter, pipe.recompute
         self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
-        self.params = [p for st in self.stages.values() for p in st.parameters()]
+        self.params = pipe.parameters()
         self.optimizer = optimizer(cfg, self.params)
         self.out = {"losses": [], "step_time_s": [], "timelines": [], "grads": None}
         self.safety = Resilience(self)  # flight recorder, non-finite guard, checkpoints (resumes here)
 
     def step(self, k: int) -> tuple[float, float]:
-        """Step ``k``: the program, replica and loss collectives, clipping, the optimizer. (loss, seconds)."""
-        env, cfg, clock, out = self.env, self.cfg, self.clock, self.out
-        m = self.schedule.microbatches
-        inputs, targets = (self.topo.share(t.to(env.device)) for t in cfg.model.batch(k, cfg.batch))
+        """Step ``k``: the pipeline's step (program, replica and loss collectives), clipping, the optimizer.
+        (loss, seconds)."""
+        env, cfg, out = self.env, self.cfg, self.out
+        inputs, targets = cfg.model.batch(k, cfg.batch)
         self.safety.flight.step(k)
-        dist.barrier()
         if env.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(env.device)
-        clock.start()
-        t0 = clock.mark()
-        # a storage per micro-batch, so the meter counts each micro-batch's tokens apart
-        done = self.executor.step([c.clone() for c in inputs.chunk(m)], [c.clone() for c in targets.chunk(m)])
+        res = self.pipe.step(inputs, targets, timeline=True)  # starts with a barrier: op times line up
+        t0 = time.perf_counter()
         if env.device.type == "cuda":
             self.device_peak = max(self.device_peak, torch.cuda.max_memory_allocated(env.device))
-        self.safety.flight.event(SYNC, "gradients and loss")
-        if self.dp is not None:
-            self.dp.finish()
-        self.replicas.sync_grads()
-        loss = all_sum(done.loss, env.device)
-        update = self.safety.update(k, loss, done.mb_losses)  # every rank alike: the loss is all-reduced
+        update = self.safety.update(k, res.loss, self.pipe.last_outcome.mb_losses)  # every rank alike
         if cfg.clip is not None and update:
-            self.replicas.clip(self.params, cfg.clip)
+            self.pipe.clip_grad_norm_(cfg.clip)
         if k == 0 and "grads" in cfg.collect:
             out["grads"] = self.copies(lambda p: p.grad)
         if update:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        t1 = clock.mark()
-        marks = clock.seconds(done.marks + [(t0, t1)])
-        gathered = [None] * env.world if env.rank == 0 else None
-        dist.gather_object(marks[:-1], gathered, dst=0)
-        out["losses"].append(loss)
-        out["step_time_s"].append(marks[-1][1] - marks[-1][0])
+        if env.device.type == "cuda":
+            torch.cuda.synchronize(env.device)
+        out["losses"].append(res.loss)
+        out["step_time_s"].append(res.seconds + time.perf_counter() - t0)
         if env.rank == 0:
-            out["timelines"].append(measured_timeline(self.schedule, gathered[:self.topo.p]))  # replica 0
-        return loss, out["step_time_s"][-1]
-
-    def _loss(self, output, target):
-        """The model's loss, divided by dp: summed over every replica it is the whole batch's mean."""
-        loss = self.cfg.model.loss(output, target)
-        return loss / self.cfg.dp if self.cfg.dp > 1 else loss
+            out["timelines"].append(res.timeline)
+        return res.loss, out["step_time_s"][-1]
 
     def result(self) -> dict:
         """Losses, step times; on rank 0 also the timelines and measured vs predicted bubble."""
