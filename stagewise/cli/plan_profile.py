@@ -1,4 +1,4 @@
-"""`stagewise profile`: measure the built-in GPT layer by layer into a JSON profile (needs torch)."""
+"""`stagewise profile`: measure the built-in GPT (or an HF model) layer by layer into a JSON profile (torch)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ def register(sub) -> None:
     p.add_argument("--repeats", type=positive_int, default=7, help="timed runs per layer (median), default 7")
     p.add_argument("--each-layer", action="store_true", help="time every layer, not one per distinct structure")
     p.add_argument("--no-link", action="store_true", help="skip the point-to-point measurement")
+    p.add_argument("--hf", metavar="FOLDER_OR_CONFIG", default=None,
+                   help="profile a transformers causal LM (a local folder or a config.json; pip install "
+                   "'stagewise[hf]') instead of the built-in GPT: layers E, t per decoder layer, N (norm), H; "
+                   "--seq, --dtype apply")
     p.add_argument("--json", action="store_true", help="print the profile as JSON too")
     p.set_defaults(func=cmd_profile)
 
@@ -37,22 +41,19 @@ def register(sub) -> None:
 def cmd_profile(args) -> int:
     try:
         from ..plan.link import measure_link
-        from ..plan.measure import gpt_model, profile_model
+        from ..plan.measure import profile_model
         from ..runtime.config import RunError
-        from ..runtime.models import GPTConfig
     except ImportError as e:
         raise UsageError(f"stagewise profile needs torch ({e.name} is missing): pip install 'stagewise[torch]'") \
             from None
     sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes")
-    cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
-                    dtype=args.dtype)
     try:
-        cfg.check()
+        model = _hf_model(args) if args.hf else _gpt_model(args)
     except RunError as e:
         raise UsageError(str(e)) from None
     _check_device(args.device)
     t0 = time.perf_counter()
-    prof = profile_model(gpt_model(cfg), sizes, repeats=args.repeats, device=args.device, threads=args.threads,
+    prof = profile_model(model, sizes, repeats=args.repeats, device=args.device, threads=args.threads,
                          each_layer=args.each_layer)
     if not args.no_link:
         from dataclasses import replace
@@ -75,6 +76,25 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def _gpt_model(args):
+    from ..plan.measure import gpt_model
+    from ..runtime.models import GPTConfig
+
+    cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                    dtype=args.dtype)
+    cfg.check()
+    return gpt_model(cfg)
+
+
+def _hf_model(args):
+    try:
+        from ..hf import load
+        from ..hf.profile import profile_model as hf_profile_model
+    except ImportError as e:
+        raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
+    return hf_profile_model(load(args.hf, dtype=args.dtype), args.seq, args.hf)
+
+
 def _check_device(device: str) -> None:
     import torch
 
@@ -95,11 +115,12 @@ def _profile_text(prof) -> str:
     from ..plan.explain import fmt_seconds
 
     k = 0
+    w = max([12] + [len(x.name) + 2 for x in prof.layers])  # HF names are long: model.embed_tokens
     lines = [f"{prof.model} on {prof.device}, micro-batch size {prof.micro_batch_sizes[k]} "
              f"(of {', '.join(map(str, prof.micro_batch_sizes))}):",
-             f"{'layer':<12}{'sym':<4}{'F':>10}{'B':>10}{'I':>10}{'W':>10}{'activations':>13}{'params':>12}"]
+             f"{'layer':<{w}}{'sym':<4}{'F':>10}{'B':>10}{'I':>10}{'W':>10}{'activations':>13}{'params':>12}"]
     for x in prof.layers:
-        lines.append(f"{x.name:<12}{x.symbol:<4}{fmt_seconds(x.t_f[k]):>10}{fmt_seconds(x.t_b[k]):>10}"
+        lines.append(f"{x.name:<{w}}{x.symbol:<4}{fmt_seconds(x.t_f[k]):>10}{fmt_seconds(x.t_b[k]):>10}"
                      f"{fmt_seconds(x.t_i[k]):>10}{fmt_seconds(x.t_w[k]):>10}{fmt_bytes(x.activation_bytes[k]):>13}"
                      f"{fmt_bytes(x.param_bytes):>12}")
     if prof.link:
