@@ -68,8 +68,8 @@ def write_config(path: Path, **raw) -> Path:
 def pipelined_cases(folder: str, text: str, cases, steps: int, batch_rows: int, seq: int, lr: float) -> dict:
     """For each (family, m, v): the HF model through stagewise.Pipeline in a plain SGD loop.
 
-    Rank 0 returns {case: (losses, step-1 gradients by HF name, final full state_dict)} and, per rank, the
-    tensor names its checkpoint reader read.
+    Rank 0 returns {case: (losses, step-1 gradients by HF name, final full state_dict, every rank's copies of
+    the tied parameters after training)} and, per rank, the tensor names its checkpoint reader read.
     """
     import torch.distributed as dist
 
@@ -92,7 +92,10 @@ def pipelined_cases(folder: str, text: str, cases, steps: int, batch_rows: int, 
                 grads = _gathered({n: p.grad.detach().clone() for n, p in pipe.named_parameters()})
             opt.step()
             opt.zero_grad()
-        out[(name, m, v)] = (losses, grads, pipe.full_state_dict())
+        tied = {n for group in model.ties for n in group}
+        copies = _gathered({f"{n}@{k}": p.detach().clone() for k, (n, p) in enumerate(pipe.named_parameters())
+                            if n in tied})
+        out[(name, m, v)] = (losses, grads, pipe.full_state_dict(), [t for ts in copies.values() for t in ts])
         reads[(name, m, v)] = _all_ranks(sorted(model.checkpoint().read_names))
     dist.barrier()
     return {"cases": out, "reads": reads}

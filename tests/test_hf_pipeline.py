@@ -64,7 +64,8 @@ def rel(a, b) -> float:
 
 
 def check(got, want, case) -> None:
-    losses, grads, state = got
+    losses, grads, state, tied = got
+    assert all(torch.equal(t, tied[0]) for t in tied), case  # the embedding and head copies stay bitwise equal
     want_losses, want_grads, want_state = want
     for a, b in zip(losses, want_losses, strict=True):
         assert abs(a - b) <= 1e-4 * abs(b), (case, losses, want_losses)
@@ -86,6 +87,7 @@ def test_every_family_equals_transformers_and_reads_only_its_layers(setup, kind)
         got = stagewise.launch(pipelined_cases, p, str(folders[kind]), text, cases, STEPS, ROWS, SEQ, LR, threads=1)
         for case in cases:
             check(got["cases"][case], want, (kind, p, case))
+            assert len(got["cases"][case][3]) >= (2 if kind == "gpt2" else 0)
         model = load(folders[kind])
         for case in cases:  # each rank read exactly its own layers' tensors, never another rank's
             sched = stagewise.generate(case[0], p, case[1], case[2])
