@@ -53,6 +53,8 @@ def run_config(args):
     dp, m = args.dp, args.microbatches
     ranks = args.ranks or (int(os.environ["WORLD_SIZE"]) // dp if is_torchrun() else 4)
     reference = args.schedule == "none" or (ranks == 1 and dp == 1 and not args.csv)
+    if reference and (dp > 1 or args.recompute or args.recompute_stages):
+        raise UsageError("--dp and --recompute need a --schedule run on ranks; --schedule none runs in one process")
     share = m * dp
     recompute = True if args.recompute else (int_list("--recompute-stages", args.recompute_stages, "stages like 0,2")
                                              or False)
