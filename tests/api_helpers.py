@@ -64,12 +64,12 @@ def reference(accumulate: int = 1, clip: float | None = None) -> tuple[list[floa
     return losses, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def train_cases(cases, accumulate: int = 1, clip: float | None = None, dp: int = 1) -> dict:
-    """Rank function: for each (family, m, v) the user's loop through stagewise.Pipeline; rank 0 returns
-    {case: (losses, full state_dict)}."""
+def train_cases(cases, accumulate: int = 1, clip: float | None = None, dp: int = 1, **options) -> dict:
+    """Rank function: for each (family, m, v) the user's loop through stagewise.Pipeline (with ``options``);
+    rank 0 returns {case: (losses, full state_dict)}."""
     out = {}
     for name, m, v in cases:
-        pipe = stagewise.Pipeline(name, layers(), loss_fn, microbatches=m, chunks=v, dp=dp)
+        pipe = stagewise.Pipeline(name, layers(), loss_fn, microbatches=m, chunks=v, dp=dp, **options)
         opt = torch.optim.AdamW(pipe.parameters(), lr=LR)
         losses = []
         for k in range(STEPS):
@@ -131,7 +131,9 @@ class ToDict(nn.Module):
         self.emb = nn.Embedding(VOCAB, 8)
 
     def forward(self, ids):
-        return {"h": self.emb(ids), "pos": torch.arange(ids.shape[1]).expand_as(ids), "mask": ids > 2}
+        table = torch.linspace(0.5, 1.5, ids.shape[1]).unsqueeze(-1)  # a float leaf that needs no gradient
+        return {"h": self.emb(ids), "pos": torch.arange(ids.shape[1]).expand_as(ids), "mask": ids > 2,
+                "table": table}
 
 
 class DictToState(nn.Module):
@@ -140,7 +142,7 @@ class DictToState(nn.Module):
         self.lin = nn.Linear(8, 8)
 
     def forward(self, d):
-        h = self.lin(d["h"]) * d["mask"].unsqueeze(-1) + d["pos"].unsqueeze(-1) * 0.01
+        h = self.lin(d["h"] * d["table"]) * d["mask"].unsqueeze(-1) + d["pos"].unsqueeze(-1) * 0.01
         return State(h=torch.tanh(h), pos=d["pos"])
 
 
@@ -295,3 +297,27 @@ def mistake(kind: str):
     elif kind == "batch":
         pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=3)
         pipe.step(x, y)
+
+
+def tied_by_name(i: int) -> nn.Module:
+    """Layer i of ``layers()`` built alone: the head gets its own weight, off by one, so only the tie declared
+    by name (and the start-equal broadcast from the embedding's rank) makes it the embedding's."""
+    layer = layers()[i]
+    if i == 7:
+        layer.weight = nn.Parameter(layer.weight.detach() + 1.0)
+    return layer
+
+
+def train_tied_by_name(cases) -> dict:
+    out = {}
+    for name, m, v in cases:
+        model = stagewise.Layers(count=8, build=tied_by_name, ties=(("0.weight", "7.weight"),))
+        pipe = stagewise.Pipeline(name, model, loss_fn, microbatches=m, chunks=v)
+        opt = torch.optim.AdamW(pipe.parameters(), lr=LR)
+        losses = []
+        for k in range(STEPS):
+            losses.append(pipe.step(*batch(k)).loss)
+            opt.step()
+            opt.zero_grad()
+        out[(name, m, v)] = (losses, pipe.full_state_dict())
+    return out

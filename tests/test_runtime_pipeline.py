@@ -42,11 +42,29 @@ def test_1f1b_zbv_and_dualpipe_at_four_ranks_equal_a_plain_torch_loop():
         assert_same(got[case], want, case)
 
 
+def test_a_tie_declared_by_name_in_a_factory_is_one_parameter():
+    from api_helpers import train_tied_by_name
+
+    want = reference()
+    cases = [("1f1b", 4, None), ("zb-v", 4, None), ("dualpipe", 4, None)]
+    got = stagewise.launch(train_tied_by_name, 2, cases, threads=1)
+    for case in cases:
+        assert_same(got[case], want, case)
+
+
 def test_gradient_accumulation_and_global_norm_clipping_equal_torch():
     want = reference(accumulate=2, clip=0.5)
     got = stagewise.launch(train_cases, 2, [("1f1b", 4, None), ("zb-v", 2, None)], 2, 0.5, threads=1)
     for case, res in got.items():
         assert_same(res, want, case)
+
+
+def test_recomputation_with_static_shapes_equals_torch():
+    want = reference()
+    cases = [("1f1b", 4, None), ("zb-v", 4, None)]
+    got = stagewise.launch(train_cases, 2, cases, 1, None, 1, threads=1, recompute=True, static_shapes=True)
+    for case in cases:
+        assert_same(got[case], want, case)
 
 
 def test_data_parallel_replicas_equal_torch():
@@ -117,3 +135,16 @@ def test_eval_autocast_and_a_meta_module_with_split_points_equal_torch():
         assert ranks[0]["meta_losses"][k] == pytest.approx(loss.item(), rel=1e-5)
     for k, v in real.state_dict().items():
         torch.testing.assert_close(ranks[0]["meta_state"][k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cli_runtime_takes_a_schedule_value_with_no_csv_in_between():
+    from stagewise.runtime import RunConfig
+    from stagewise.runtime.launch import train_many
+    from stagewise.runtime.models import GPTConfig
+
+    model = GPTConfig(layers_n=2, d_model=16, heads=2, seq=8, vocab=32)
+    base = RunConfig(schedule="zb-v", ranks=2, microbatches=4, batch=4, steps=2, model=model, threads=1)
+    by_value = RunConfig(schedule=stagewise.generate("zb-v", 2, 4), ranks=2, microbatches=4, batch=4, steps=2,
+                         model=model, threads=1)
+    named, valued = train_many([base, by_value])
+    assert valued["schedule"] == "zb-v" and valued["losses"] == named["losses"]

@@ -96,5 +96,30 @@ def test_a_script_from_stdin_under_the_spawning_launcher_says_how_to_run_it():
     env["PYTHONPATH"] = str(root)
     proc = subprocess.run([sys.executable, "-"], input=SCRIPT, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode != 0
-    assert "the function is defined in a script read from stdin (or python -c), which spawned ranks cannot import; " \
-           "save the script to a file and run `python script.py`, or run it under torchrun" in proc.stderr
+    assert "stagewise: the function is defined in a script read from stdin (or python -c), which spawned ranks " \
+           "cannot import; save the script to a file and run `python script.py`, or run it under torchrun" in proc.stderr
+
+
+TRAIN_SCRIPT = """
+import dataclasses
+from stagewise.runtime import RunConfig, RunError, train
+from stagewise.runtime.models import GPTConfig
+
+@dataclasses.dataclass(frozen=True)
+class Mine(GPTConfig):
+    pass
+
+try:
+    train(RunConfig(schedule="1f1b", ranks=2, microbatches=2, batch=2, model=Mine(layers_n=2)))
+except RunError as e:
+    print(e)
+"""
+
+
+def test_a_model_config_from_stdin_under_the_spawning_launcher_says_how_to_run_it():
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(root)
+    proc = subprocess.run([sys.executable, "-"], input=TRAIN_SCRIPT, capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert "stagewise: the model config Mine is defined in a script read from stdin" in proc.stdout, proc.stderr

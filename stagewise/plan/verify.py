@@ -131,17 +131,12 @@ def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, 
 
 
 def _run_config(c: Candidate, gpt, profile: Profile, steps: int, folder: Path):
-    from .. import torch_csv
     from ..runtime.config import RunConfig
 
     g = c.config
     folder.mkdir()
-    if g.family in FAMILIES:
-        sched = dict(schedule=g.family, chunks=g.v)
-    else:  # auto: its order goes by CSV
-        path = str(folder / "schedule.csv")
-        torch_csv.dump(c.schedule, path)
-        sched = dict(schedule=None, csv=path)
+    # a family by name (each rank generates it); auto's order as the Schedule value itself
+    sched = dict(schedule=g.family, chunks=g.v) if g.family in FAMILIES else dict(schedule=c.schedule)
     return RunConfig(**sched, ranks=g.p, dp=g.dp, recompute=g.recompute, microbatches=g.m, steps=steps,
                      batch=g.m * g.mbs * g.dp,
                      model=MeasuredGPT(gpt=gpt, peaks_dir=str(folder)), split=c.counts,

@@ -14,7 +14,11 @@ Needs torch (``pip install stagewise[torch]``). The pieces, each one job:
   simulator's prediction of their peak per rank;
 - ``replicas``: tied and duplicated parameters, loss and global-norm clipping;
 - ``timing``: measured timeline and the simulator's prediction from it;
-- ``worker`` / ``launch``: one rank's run; local spawn or torchrun;
+- ``pipeline``: the per-rank API a user's loop drives (``stagewise.Pipeline``);
+  ``layers`` (the model as layers built per rank), ``names`` (original names,
+  ties, state_dicts), ``pytree`` (what crosses a boundary), ``local``
+  (``stagewise.launch``: a user's function on local ranks);
+- ``worker`` / ``launch``: the CLI's run of a config (a client of ``pipeline``); local spawn or torchrun;
 - ``memory``: host allocator settings for CPU ranks;
 - ``reference``: the unpipelined single-process run (the oracle);
 - ``resilience``: what keeps a long run safe, attached to each rank's trainer:

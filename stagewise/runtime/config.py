@@ -21,7 +21,7 @@ COLLECT = ("grads", "params")
 class RunConfig:
     """One training run: schedule, model, data and optimizer settings."""
 
-    schedule: str | None = "1f1b"  #: family name; None runs the unpipelined reference
+    schedule: Any = "1f1b"  #: family name or a Schedule value; None runs the unpipelined reference
     csv: str | None = None  #: read the schedule from torch's compute-only CSV instead
     ranks: int = 4  #: p, the ranks launched
     microbatches: int = 8  #: m

@@ -77,6 +77,10 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
             worlds.add(c.ranks * c.dp)
     if len(worlds) != 1:
         raise RunError(f"one launch runs one number of ranks; got {sorted(worlds)}")
+    from .local import check_importable
+
+    for c in cfgs:  # a model config from a script on stdin would kill every rank without a message
+        check_importable(type(c.model), f"the model config {type(c.model).__name__}")
     return spawn(cfgs, worlds.pop(), report)
 
 

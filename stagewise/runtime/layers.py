@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from torch import nn
 
 from .config import RunError
+from .stage import Stage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,8 +49,23 @@ class Layers:
     ties: tuple[tuple[str, ...], ...] = ()  #: groups of full parameter names that are one parameter
     split: tuple[int, ...] | None = None  #: layers per stage of one model copy, when the model says (split points)
 
+    @classmethod
+    def from_modules(cls, named: Sequence[tuple[str, nn.Module]], ties: Sequence[Sequence[str]] = ()) -> "Layers":
+        """Layers from (name, module) pairs already built (an adapter's view of a model): a parameter object
+        used by two of them is a tie, besides ``ties``. Example::
+
+            Layers.from_modules([("embed", emb), ("blocks.0", b0), ("head", head)])
+        """
+        named = list(named)
+        mods = [m for _, m in named]
+        return cls(count=len(named), build=mods.__getitem__, names=tuple(n for n, _ in named),
+                   ties=identity_ties(named) + tuple(tuple(g) for g in ties))
+
     def prefix(self, i: int) -> str:
         return self.names[i] if self.names is not None else str(i)
+
+    def all_names(self) -> list[str]:
+        return [self.prefix(i) for i in range(self.count)]
 
     def check(self) -> None:
         if self.count < 1:
@@ -77,9 +93,7 @@ def as_layers(model, split=None, init: Callable | None = None, device=None) -> L
         if bad is not None:
             raise RunError(f"layer {bad} of the model is a {type(layers[bad]).__name__}; every layer must be an "
                            "nn.Module")
-        names = tuple(str(k) for k in range(len(layers)))
-        return Layers(count=len(layers), build=layers.__getitem__, names=names,
-                      ties=identity_ties(list(zip(names, layers))))
+        return Layers.from_modules([(str(k), m) for k, m in enumerate(layers)])
     if isinstance(model, nn.Module):
         return _module_layers(model, split, init, device)
     if callable(model):
@@ -106,6 +120,29 @@ def _module_layers(model: nn.Module, split, init, device) -> Layers:
         return materialize(copy.deepcopy(m), names[i], init, device) if meta else m
 
     return Layers(count=len(named), build=build, names=names, ties=identity_ties(named), split=counts)
+
+
+def build_own_stages(spec: Layers, ranges, mine: list[int], device) -> dict[int, Stage]:
+    """This rank's stages. Each layer is built once; a second use (DualPipe's other lane) is a copy, and so is
+    a layer sharing a parameter with one already placed here (a tie becomes two copies summed at step end)."""
+    built: dict[int, nn.Module] = {}
+    seen: set[int] = set()
+    stages = {}
+    for s in mine:
+        mods = []
+        for i in ranges[s]:
+            if i in built:
+                m = copy.deepcopy(built[i])
+            else:
+                m = spec.make(i)
+                if any(id(p) in seen for p in m.parameters()):
+                    m = copy.deepcopy(m)
+                built[i] = m
+            seen.update(id(p) for p in m.parameters())
+            mods.append(m)
+        stages[s] = Stage(s, mods, ranges[s].start).to(device)
+    return stages
+
 
 
 def flat_layers(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:

@@ -26,12 +26,16 @@ class Job:
 
     fn: Callable
     args: tuple
+    kwargs: dict
     threads: int | None
     timeout: float  #: seconds a rank waits for a peer (the launcher reads it)
 
 
-def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, threads: int | None = None) -> Any:
-    """Run ``fn(*args)`` on ``ranks`` ranks; returns rank 0's return value.
+def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, threads: int | None = None,
+           **kwargs) -> Any:
+    """Run ``fn(*args, **kwargs)`` on ``ranks`` ranks; returns rank 0's return value.
+
+    ``timeout``: seconds a rank waits for a peer; ``threads``: torch threads per rank (default cores / ranks).
 
     Example::
 
@@ -44,22 +48,22 @@ def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, thr
     from . import launch as launcher
 
     if launcher.is_torchrun():
-        return fn(*args)
+        return fn(*args, **kwargs)
     if ranks < 1:
         raise RunError(f"ranks must be >= 1; got {ranks}")
-    _check_importable(fn)
-    job = [Job(fn=fn, args=args, threads=threads, timeout=timeout)]
+    check_importable(fn, "the function")
+    job = [Job(fn=fn, args=args, kwargs=kwargs, threads=threads, timeout=timeout)]
     return pickle.loads(launcher.spawn(job, ranks, None, target=_rank_main)[0]["value"])
 
 
-def _check_importable(fn: Callable) -> None:
-    """A spawned rank finds ``fn`` by module and name: say what to change when it cannot."""
+def check_importable(fn: Callable, what: str) -> None:
+    """A spawned rank finds ``fn`` (a function or class) by module and name: say what to change when it cannot."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if getattr(fn, "__module__", None) == "__main__" and not (path and os.path.isfile(path)):
-        raise RunError("stagewise.launch: the function is defined in a script read from stdin (or python -c), which "
-                       "spawned ranks cannot import; save the script to a file and run `python script.py`, or run it "
-                       "under torchrun (torchrun --nproc-per-node N script.py)")
+        raise RunError(f"stagewise: {what} is defined in a script read from stdin (or python -c), which spawned "
+                       "ranks cannot import; save the script to a file and run `python script.py`, or run it under "
+                       "torchrun (torchrun --nproc-per-node N script.py)")
     try:
         pickle.dumps(fn)
     except (pickle.PicklingError, AttributeError, TypeError) as e:
@@ -71,7 +75,7 @@ def _rank_main(rank: int, world: int, port: int, job: list, q, timeout: float, b
     """A spawned rank: gloo on loopback, torchrun's environment variables, then the user's function."""
     from . import launch as launcher
 
-    fn, args, threads = job[0].fn, job[0].args, job[0].threads
+    fn, threads = job[0].fn, job[0].threads
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     try:
@@ -80,7 +84,7 @@ def _rank_main(rank: int, world: int, port: int, job: list, q, timeout: float, b
 
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
         launcher._init_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
-        value = fn(*args)
+        value = fn(*job[0].args, **job[0].kwargs)
         dist.barrier()  # every rank is past its last collective before any closes its connections
         # bytes, by value: a tensor put on the queue as is would be shared memory this process takes along
         q.put(("done", rank, [{"value": pickle.dumps(value) if rank == 0 else None}]))

@@ -11,7 +11,6 @@ are collective). Parameters keep the original model's names end to end.
 from __future__ import annotations
 
 import atexit
-import copy
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -29,10 +28,11 @@ from .config import RunError
 from .dp import DataParallel, Topology
 from .executor import Executor, RankContext, StepOutcome
 from .flight import SYNC
-from .layers import Layers, as_layers, split_counts
+from .layers import as_layers, build_own_stages, split_counts
+from .names import Names, gather_layout
 from .recompute import Recompute, recompute_stages
 from .replicas import Replicas
-from .stage import Layout, Stage, layout_of, stage_ranges
+from .stage import stage_ranges
 from .timing import CudaClock, WallClock, measured_timeline
 
 
@@ -87,10 +87,11 @@ class Pipeline:
         self.schedule = sched = resolve_schedule(schedule, world, dp, microbatches, chunks)
         self.topo = topo = Topology(p=sched.ranks, dp=dp, rank=rank)
         self.loss_fn, self.timeout = loss_fn, timeout
-        counts = spec.split if spec.split is not None else split_counts(split, [spec.prefix(i) for i in range(spec.count)])
+        counts = spec.split if spec.split is not None else split_counts(split, spec.all_names())
         ranges = stage_ranges(sched, spec.count, counts)
-        self.stages = _build_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
-        self.layout = _layout(sched, spec, ranges, self.stages, ties)
+        self.stages = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
+        self.layout = gather_layout(sched, spec, ranges, self.stages, ties)
+        self.names = Names(spec, self.layout, sched, self.stages, topo.pipe)
         self.replicas = Replicas(self.layout, self.stages, sched.placement, topo.pipe, self.device, topo)
         self.replicas.make_equal()  # tied copies built apart start from one value
         self.dp = DataParallel(topo, sched, self.stages, timeout) if dp > 1 else None
@@ -157,9 +158,8 @@ class Pipeline:
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """(original model name, parameter) of each parameter here (a copy repeats its logical name)."""
         for logical, holders in self.layout.params.items():
-            for h in holders:
-                if h.stage in self.stages:
-                    yield self.original_name(logical), self.stages[h.stage].param(h)
+            for p in self.names.local(holders):
+                yield self.original_name(logical), p
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scale every rank's gradients so the global norm (each logical parameter once) is at most
@@ -186,26 +186,17 @@ class Pipeline:
 
     def original_name(self, logical: str) -> str:
         """``3.fc.weight`` (layer 3's ``fc.weight``) -> its name in the original model (``blocks.2.fc.weight``)."""
-        layer, name = logical.split(".", 1)
-        return f"{self.spec.prefix(int(layer))}.{name}"
+        return self.names.original(logical)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's share of the model's state_dict: each name on the lowest pipeline rank holding it, so the
         union over the ranks of one pipeline is the whole model's (``full_state_dict`` gathers it)."""
-        place, out = self.schedule.placement, {}
-        for logical, holders in self.layout.params.items():
-            owner = min(place[h.stage] for h in holders)
-            if owner != self.topo.pipe:
-                continue
-            h = next(h for h in holders if h.stage in self.stages)
-            value = self.stages[h.stage].param(h).detach()
-            for name in self._names_of(holders):
-                out[name] = value
-        for i, (s, layer) in self._owned_layers().items():
-            for bname, buf in layer.named_buffers():
-                if bname.rsplit(".", 1)[-1] not in _non_persistent(layer, bname):
-                    out[f"{self.spec.prefix(i)}.{bname}"] = buf.detach()
-        return out
+        return self.names.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load this rank's parameters and buffers from a state_dict keyed by the original names (a whole
+        model's, or any part holding this rank's names); ``strict``: every one of them must be there."""
+        self.names.load(state, strict, self.topo.rank)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state_dict (CPU tensors) on every rank: loads into the unpipelined model.
@@ -214,31 +205,6 @@ class Pipeline:
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         return {k: v for part in gathered for k, v in part.items()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
-        """Load this rank's parameters and buffers from a state_dict keyed by the original names (a whole
-        model's, or any part holding this rank's names); ``strict``: every one of them must be there."""
-        missing = []
-        with torch.no_grad():
-            for logical, holders in self.layout.params.items():
-                local = [self.stages[h.stage].param(h) for h in holders if h.stage in self.stages]
-                if not local:
-                    continue
-                key = next((n for n in self._names_of(holders) if n in state), None)
-                if key is None:
-                    missing.append(self.original_name(logical))
-                    continue
-                for p in local:
-                    p.copy_(state[key])
-            for st in self.stages.values():
-                for k, layer in enumerate(st.layers):
-                    for bname, buf in layer.named_buffers():
-                        key = f"{self.spec.prefix(st.first_layer + k)}.{bname}"
-                        if key in state:
-                            buf.copy_(state[key])
-        if strict and missing:
-            raise RunError(f"load_state_dict: {len(missing)} parameters of rank {self.topo.rank} are missing, e.g. "
-                           f"{missing[0]!r}")
 
     # ---- internals
 
@@ -288,25 +254,6 @@ class Pipeline:
         return StepResult(loss=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
                           timeline=tl)
 
-    def _names_of(self, holders) -> list[str]:
-        """Every original name of a logical parameter (a tied one has several), in model order."""
-        return list(dict.fromkeys(f"{self.spec.prefix(h.layer)}.{h.name}" for h in holders))
-
-    def _owned_layers(self) -> dict[int, tuple[int, nn.Module]]:
-        """layer -> (stage, module) for the layers whose lowest holding rank is this one (buffers go there)."""
-        place, low = self.schedule.placement, {}
-        for s, rg in enumerate(self.layout.ranges):
-            for i in rg:
-                low[i] = min(low.get(i, place[s]), place[s])
-        out = {}
-        for s, st in sorted(self.stages.items()):
-            for k, layer in enumerate(st.layers):
-                i = st.first_layer + k
-                if low[i] == self.topo.pipe and i not in out:
-                    out[i] = (s, layer)
-        return out
-
-
 def resolve_schedule(schedule, world: int, dp: int, microbatches: int | None, chunks: int | None) -> Schedule:
     """The schedule value: a family name made for world / dp ranks, or a Schedule checked against the world."""
     if dp < 1 or world % dp:
@@ -350,78 +297,17 @@ def _process_group(timeout: float) -> tuple[int, int]:
 
 
 def _device(device) -> torch.device:
+    """The given device, else the rank's GPU under NCCL (LOCAL_RANK), else the CPU. A GPU becomes the current
+    device: NCCL's object collectives (the names gathered at construction) run on it."""
     if device is not None:
-        return torch.device(device)
-    if dist.get_backend() == "nccl":
+        d = torch.device(device)
+    elif dist.get_backend() == "nccl":
         d = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    else:
+        d = torch.device("cpu")
+    if d.type == "cuda":
         torch.cuda.set_device(d)
-        return d
-    return torch.device("cpu")
-
-
-def _build_stages(spec: Layers, ranges, mine: list[int], device) -> dict[int, Stage]:
-    """This rank's stages. Each layer is built once; a second use (DualPipe's other lane) is a copy, and so is
-    a layer sharing a parameter with one already placed here (a tie becomes two copies summed at step end)."""
-    built: dict[int, nn.Module] = {}
-    seen: set[int] = set()
-    stages = {}
-    for s in mine:
-        mods = []
-        for i in ranges[s]:
-            if i in built:
-                m = copy.deepcopy(built[i])
-            else:
-                m = spec.make(i)
-                if any(id(p) in seen for p in m.parameters()):
-                    m = copy.deepcopy(m)
-                built[i] = m
-            seen.update(id(p) for p in m.parameters())
-            mods.append(m)
-        stages[s] = Stage(s, mods, ranges[s].start).to(device)
-    return stages
-
-
-def _layout(sched: Schedule, spec: Layers, ranges, stages: dict[int, Stage], ties) -> Layout:
-    """The layout of the whole pipeline: every rank's parameter names (one all_gather), ties resolved by name."""
-    mine = {}
-    for st in stages.values():
-        for k, layer in enumerate(st.layers):
-            mine[st.first_layer + k] = [n for n, _ in layer.named_parameters()]
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    names: dict[int, list[str]] = {}
-    for part in gathered:
-        names.update(part)
-    canon = _tie_map(spec, names, [*spec.ties, *map(tuple, ties)])
-    uses = [[(n, canon.get((i, n), f"{i}.{n}")) for n in names.get(i, [])] for i in range(spec.count)]
-    return layout_of(sched, ranges, uses)
-
-
-def _tie_map(spec: Layers, names: dict[int, list[str]], groups) -> dict[tuple[int, str], str]:
-    """(layer, parameter) -> the logical name of its tie group (its first member in model order)."""
-    prefixes = {spec.prefix(i): i for i in range(spec.count)}
-    out = {}
-    for group in groups:
-        members = sorted(_resolve(full, prefixes, names) for full in group)
-        first = f"{members[0][0]}.{members[0][1]}"
-        for m in members:
-            out[m] = first
-    return out
-
-
-def _resolve(full: str, prefixes: dict[str, int], names: dict[int, list[str]]) -> tuple[int, str]:
-    parts = full.split(".")
-    for k in range(len(parts) - 1, 0, -1):
-        i = prefixes.get(".".join(parts[:k]))
-        if i is not None and ".".join(parts[k:]) in names.get(i, []):
-            return i, ".".join(parts[k:])
-    raise RunError(f"ties: {full!r} is not a parameter of the model (a name is a layer's prefix, then the "
-                   f"parameter's name in that layer, e.g. {next(iter(prefixes))}.weight)")
-
-
-def _non_persistent(layer: nn.Module, bname: str) -> set:
-    owner = layer.get_submodule(bname.rsplit(".", 1)[0]) if "." in bname else layer
-    return owner._non_persistent_buffers_set
+    return d
 
 
 def _sum_over_ranks(value: float, flag: float, device) -> tuple[float, float]:

@@ -50,6 +50,8 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
         from .. import torch_csv
 
         sched = torch_csv.load(cfg.csv)
+    elif isinstance(cfg.schedule, Schedule):  # a value (the planner's auto, a search result): no CSV between
+        sched = cfg.schedule
     else:
         sched = generate(cfg.schedule, cfg.ranks, cfg.microbatches, cfg.chunks)
     world = cfg.ranks * cfg.dp if world is None else world
