@@ -76,5 +76,28 @@ def test_bad_input_is_one_line_and_exit_2(capsys, files, tmp_path):
            "needs 8 stages per model copy" in err
     assert "--hf needs --data" in fails(capsys, "train", "--hf", str(folder), "--schedule", "1f1b")
     assert "--tokenizer needs --hf" in fails(capsys, "train", "--schedule", "1f1b", "--tokenizer", str(folder))
-    assert "--resume is not available with --hf" in fails(capsys, *base, "--hf", str(folder), "--resume", "x")
+    assert "--resume x: no stagewise-state/state.json" in fails(capsys, *base, "--hf", str(folder), "--resume", "x")
     assert "--batch 6 does not split" in fails(capsys, *base, "--hf", str(folder), "-m", "4", "--batch", "6")
+
+
+def test_save_every_then_resume_continues_the_same_run(capsys, files):
+    root, folder, text = files
+    base = ["train", "--hf", str(folder), "--data", str(text), "--schedule", "1f1b", "-p", "2", "--seq", "16",
+            "-m", "4", "--batch", "8", "--json"]
+    rc, out, err = run(capsys, *base, "--steps", "4")
+    assert rc == 0, err
+    straight = json.loads(out)["losses"]
+    saved = root / "ckpt"
+    rc, out, err = run(capsys, *base, "--steps", "3", "--save", str(saved), "--save-every", "2")
+    assert rc == 0, err
+    assert json.loads((saved / "stagewise-state" / "state.json").read_text())["step"] == 3
+    rc, out, err = run(capsys, *base, "--steps", "4", "--resume", str(saved))
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["first_step"] == 3 and len(res["losses"]) == 1
+    assert abs(res["losses"][0] - straight[3]) <= 1e-6 * straight[3]  # weights, Adam state and data continue
+    err = fails(capsys, *base[:-1], "--steps", "3", "--resume", str(saved))
+    assert "is at step 3; --steps 3 must be larger" in err
+    err = fails(capsys, *[a if a != "1f1b" else "gpipe" for a in base[:-1]], "-p", "3", "--steps", "5", "--resume",
+                str(saved))
+    assert "was saved on 2 ranks with stage placement [0, 1]; resume with the same schedule" in err

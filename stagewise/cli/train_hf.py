@@ -11,8 +11,8 @@ import os
 
 from .common import UsageError, int_list, print_json
 
-#: train options that the --hf run does not take (the built-in GPT's layer-keyed checkpoints, its fault hooks)
-UNSUPPORTED = (("resume", "--resume"), ("save_every", "--save-every"), ("skip_nonfinite", "--skip-nonfinite"))
+#: train options that the --hf run does not take
+UNSUPPORTED = (("skip_nonfinite", "--skip-nonfinite"),)
 
 
 def add_args(p) -> None:
@@ -20,7 +20,8 @@ def add_args(p) -> None:
     g.add_argument("--hf", metavar="FOLDER_OR_CONFIG", default=None,
                    help="train a transformers causal LM (Llama, Mistral, Qwen2, Qwen3, GPT-2): a local folder "
                    "(config.json + safetensors, sharded or not) or a config.json (random weights); needs --data; "
-                   "--seq, --dtype, --seed apply; --save DIR writes an HF folder that from_pretrained loads")
+                   "--seq, --dtype, --seed apply; --save DIR writes an HF folder that from_pretrained loads (with the "
+                   "optimizer state, for --resume DIR)")
     g.add_argument("--tokenizer", metavar="FOLDER", default=None,
                    help="a local tokenizer folder for --data (default: byte tokens, which need vocab_size >= 256)")
 
@@ -37,8 +38,9 @@ def run_config(args):
         raise UsageError("--hf needs --data FILE (a text file to train on)")
     for attr, flag in UNSUPPORTED:
         if getattr(args, attr, None):
-            raise UsageError(f"{flag} is not available with --hf; --save DIR writes an HF folder, and --hf DIR "
-                             "continues from it (weights only)")
+            raise UsageError(f"{flag} is not available with --hf")
+    if args.resume and args.schedule == "none":
+        raise UsageError("--resume needs a --schedule run on ranks; --schedule none keeps no optimizer state")
     if args.schedule is None and not args.csv:
         raise UsageError("--schedule NAME (or --csv FILE, or --schedule none) is required")
     if args.schedule and args.csv:
@@ -64,6 +66,7 @@ def run_config(args):
                    chunks=args.chunks, split=int_list("--split", args.split, "layer counts like 3,2,2,3"), dp=dp,
                    recompute=recompute, steps=args.steps, batch=args.batch or share * -(-8 // share), lr=args.lr,
                    optimizer=args.optimizer, clip=args.clip, dtype=args.dtype, seed=args.seed, save=args.save,
+                   save_every=args.save_every, resume=args.resume,
                    timeout=args.timeout, timeline=not reference, progress=not args.json)
 
 
@@ -95,7 +98,8 @@ def _output(args, cfg, res: dict) -> None:
     tl = res["timeline"]
     name = "none" if cfg.schedule is None and not cfg.csv else (cfg.csv or cfg.schedule)
     out = {"schedule": name, "ranks": 1 if name == "none" else tl.ranks if tl else cfg.ranks,
-           "microbatches": cfg.microbatches, "losses": res["losses"], "step_time_s": res["step_time_s"],
+           "microbatches": cfg.microbatches, "first_step": res["first_step"], "losses": res["losses"],
+           "step_time_s": res["step_time_s"],
            "read_bytes_per_rank": res["read_bytes"],
            "measured_bubble_fraction": metrics(tl).bubble_fraction if tl else 0.0, "saved": cfg.save}
     if args.trace and tl is not None:

@@ -38,13 +38,16 @@ class HFTrain:
     clip: float | None = None
     dtype: str = "float32"
     seed: int = 0
-    save: str | None = None  #: write the trained model here as an HF folder
+    save: str | None = None  #: write the trained model here as an HF folder (+ optimizer state, resume.py)
+    save_every: int | None = None  #: also save after every N steps
+    resume: str | None = None  #: continue from a ``save`` folder: its weights, optimizer state and step
     timeout: float = 30.0
     timeline: bool = False  #: return the last step's measured timeline
     progress: bool = False  #: rank 0 prints each step's loss as it goes
 
     def model(self) -> HFModel:
-        return load(self.source, dtype=self.dtype, seed=self.seed)
+        """The model with its weights: the ``resume`` folder's when resuming, else ``source``'s."""
+        return load(self.resume or self.source, dtype=self.dtype, seed=self.seed)
 
     def make_schedule(self):
         """The schedule value (from the family or the CSV) for ``ranks``."""
@@ -59,6 +62,10 @@ class HFTrain:
     def check(self) -> None:
         """Everything that can be checked before ranks start; raises ``HFError`` (a ``RunError``) or the
         schedule's own errors."""
+        if self.resume:
+            from .resume import read_meta
+
+            read_meta(self.resume)  # a --save folder, before its weights are looked at
         model = self.model()
         self.data.check(model.config)
         if self.schedule is None and not self.csv:
@@ -70,6 +77,10 @@ class HFTrain:
         if self.batch % share:
             raise HFError(f"--batch {self.batch} does not split into {share} equal micro-batches (-m "
                           f"{sched.microbatches} x --dp {self.dp}); use a multiple of {share}")
+        if self.resume:
+            from . import resume
+
+            resume.check(self.resume, sched.ranks * self.dp, sched.placement, self.steps)
 
 
 def run(cfg: HFTrain, threads: int | None = None) -> dict:
@@ -88,16 +99,21 @@ def rank_main(cfg: HFTrain) -> dict:
     import torch.distributed as dist
 
     from ..runtime.worker import optimizer_class
-    from .pipeline import pipeline, save_pretrained
+    from . import resume
+    from .pipeline import pipeline
 
     model = cfg.model()
     pipe = pipeline(model, cfg.make_schedule(), split=cfg.split, dp=cfg.dp, recompute=cfg.recompute,
                     timeout=cfg.timeout)
     opt = optimizer_class(cfg.optimizer)(pipe.parameters(), lr=cfg.lr)
+    first = 0
+    if cfg.resume:
+        first = resume.check(cfg.resume, dist.get_world_size(), pipe.schedule.placement, cfg.steps)
+        resume.load_optimizer(opt, cfg.resume)
     speaks = dist.get_rank() == 0
-    out = {"losses": [], "step_time_s": [], "timeline": None, "read_bytes": model.checkpoint().read_bytes
-           if model.folder else 0}
-    for k in range(cfg.steps):
+    out = {"losses": [], "step_time_s": [], "timeline": None, "first_step": first,
+           "read_bytes": model.checkpoint().read_bytes if model.folder else 0}
+    for k in range(first, cfg.steps):
         last = k == cfg.steps - 1
         t0 = time.perf_counter()
         res = pipe.step(*cfg.data.batch(k, cfg.batch), timeline=cfg.timeline and last)
@@ -110,8 +126,8 @@ def rank_main(cfg: HFTrain) -> dict:
         out["timeline"] = res.timeline if last else None
         if speaks and cfg.progress:
             print(f"step {k + 1}/{cfg.steps}  loss {res.loss:.4f}  {out['step_time_s'][-1] * 1e3:.1f} ms", flush=True)
-    if cfg.save:
-        save_pretrained(pipe, model, cfg.save)
+        if cfg.save and (last or (cfg.save_every and (k + 1) % cfg.save_every == 0)):
+            resume.save(pipe, model, opt, cfg.save, k + 1)
     out["read_bytes"] = _all_ranks(out["read_bytes"])
     return out if speaks else {}
 
@@ -125,8 +141,8 @@ def reference(cfg: HFTrain) -> dict:
     model = cfg.model()
     layers = torch.nn.Sequential(*model.layers())
     opt = optimizer_class(cfg.optimizer)(layers.parameters(), lr=cfg.lr)
-    out = {"losses": [], "step_time_s": [], "timeline": None, "read_bytes": [model.checkpoint().read_bytes
-                                                                              if model.folder else 0]}
+    out = {"losses": [], "step_time_s": [], "timeline": None, "first_step": 0,
+           "read_bytes": [model.checkpoint().read_bytes if model.folder else 0]}
     for k in range(cfg.steps):
         t0 = time.perf_counter()
         ids, labels = cfg.data.batch(k, cfg.batch)
