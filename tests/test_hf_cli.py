@@ -56,10 +56,14 @@ def test_train_a_folder_under_zbv_equals_the_plain_loop_and_saves_an_hf_folder(c
 def test_a_config_json_trains_from_random_weights_with_text_output(capsys, files, tmp_path):
     root, _, text = files
     config = write_config(tmp_path / "config.json", **CONFIGS["gpt2"])
+    trace = tmp_path / "t.json"
     rc, out, err = run(capsys, "train", "--hf", str(config), "--data", str(text), "--schedule", "1f1b", "-p", "2",
-                       *TINY)
+                       *TINY, "--trace", str(trace), "--draw")
     assert rc == 0, err
     assert "1f1b: p=2 m=4, mean step" in out and "measured bubble" in out
+    assert "rank 1 |" in out and f"wrote {trace}" in out  # the drawn and the written measured timeline
+    events = json.loads(trace.read_text())
+    assert any("F" in str(e.get("name", "")) for e in events.get("traceEvents", events))
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys, files, tmp_path):
