@@ -77,6 +77,8 @@ class MessagePlan:
     order: dict  #: (src, dst) -> tuple of Routes
     first: tuple[int, ...]  #: per stage, the first stage of its lane
     last: tuple[int, ...]  #: per stage, the last stage of its lane
+    headed: frozenset = frozenset()  #: the routes whose message carries a header: the first of each (direction,
+    #: stage) in its channel; the later micro-batches of a step have its shapes (the sender checks each one)
 
     def tag(self, route: Route, header: bool = False) -> int:
         return ((header * 2 + route.direction) * self.stages + route.stage) * self.microbatches + route.mb
@@ -97,17 +99,21 @@ def message_plan(schedule: Schedule) -> MessagePlan:
                     continue
                 if place[route.stage] != r:
                     order[(r, place[route.stage])].append(route)
+    headed = {next(r for r in routes if (r.direction, r.stage) == key)
+              for routes in order.values() for key in {(r.direction, r.stage) for r in routes}}
     return MessagePlan(placement=place, stages=schedule.stages, microbatches=schedule.microbatches,
-                       order={k: tuple(v) for k, v in order.items()}, first=first, last=last)
+                       order={k: tuple(v) for k, v in order.items()}, first=first, last=last,
+                       headed=frozenset(headed))
 
 
 class P2P:
     """One rank's messages. Mutable: posted receives, pending sends, learned shapes, channel positions.
 
-    A message is a pytree (pytree.py): a header (its structure, and each leaf's shape, dtype and whether it
-    carries a gradient, pickled) then one message per tensor leaf. With ``static`` shapes the headers go with
-    the first step only; otherwise with every step, so shapes may change from step to step (only the
-    micro-batches of one step must agree).
+    A message is a pytree (pytree.py): one message per tensor leaf, the first message of each (direction,
+    stage) in a step preceded by a header (its structure, and each leaf's shape, dtype and whether it carries
+    a gradient, pickled; small CPU data rides inside). With ``static`` shapes the headers go with the first
+    step only; otherwise with every step, so shapes may change from step to step (only the micro-batches of
+    one step must agree).
     """
 
     def __init__(self, plan: MessagePlan, rank: int, device: torch.device, timeout_s: float, tags: bool = True,
@@ -136,7 +142,7 @@ class P2P:
             return
         self.flight.event(SEND, _brief(route, self.base + dst))
         tensors = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
-        if self.learning:
+        if self.learning and route in self.plan.headed:
             hdr, inline = _encode(spec, metas, tensors, route)
             self._sends.append((dist.isend(hdr.to(self.device), self.base + dst, tag=self._tag(route, True)), hdr))
             if inline:  # the data rode in the header
@@ -156,21 +162,31 @@ class P2P:
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
         posted = self._posted.pop(route)
-        if self._pos[src] < len(channel) and (self.tags or not self.learning):
+        if posted[0] == _HEADER:  # this step's header came first: now the data, in the shapes it gives
+            self._wait(posted[1], route, self.base + src)
+            posted = self._post_data(src, route, *self._learn(route, posted[2]))
+        if self._pos[src] < len(channel) and (self.tags or not self.learning or
+                                              channel[self._pos[src]] not in self.plan.headed):
             # keep the channel's next receive posted, so its transfer overlaps this op's compute (a header
             # ahead of this route's data needs tags: NCCL matches a pair's messages in order)
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
-        if posted[0] == _HEADER:  # this step's header came first: now the data, in the shapes it gives
-            self._wait(posted[1], route, self.base + src)
-            posted = self._post_data(src, route, *self._learn(route, posted[2]))
         works, spec, leaves, metas = posted
         for work in works:
             self._wait(work, route, self.base + src)
         for x, m in zip(leaves, metas):
             if m[0] != _CONST and m[2]:
                 x.requires_grad_()  # only once received: the receive writes into the buffer
+        self._promote(src, channel)
         return pytree.unflatten(spec, leaves)
+
+    def _promote(self, src: int, channel: tuple) -> None:
+        """The header posted ahead has arrived: post its data now, so the transfer overlaps the next compute."""
+        ahead = channel[self._pos[src] - 1] if self._pos[src] else None
+        posted = self._posted.get(ahead)
+        if posted is not None and posted[0] == _HEADER and posted[1].is_completed():
+            self._wait(posted[1], ahead, self.base + src)
+            self._posted[ahead] = self._post_data(src, ahead, *self._learn(ahead, posted[2]))
 
     def finish_step(self) -> None:
         """Wait for this step's sends; the next step reuses the learned shapes (static) or learns them anew."""
@@ -186,8 +202,9 @@ class P2P:
             self._shape.clear()
 
     def _post(self, src: int, route: Route) -> None:
-        """Post the receive of ``route``: its header when learning (gloo: without waiting), else its data."""
-        if self.learning:
+        """Post the receive of ``route``: its header when it has one this step (gloo: without waiting), else
+        its data in the shapes its key's header gave."""
+        if self.learning and route in self.plan.headed:
             hdr = torch.empty(_HEADER_BYTES, dtype=torch.uint8, device=self.device)
             work = dist.irecv(hdr, self.base + src, tag=self._tag(route, True))
             if self.tags:
@@ -197,8 +214,17 @@ class P2P:
             self._wait(work, route, self.base + src)
             self._posted[route] = self._post_data(src, route, *self._learn(route, hdr))
         else:
-            self._posted[route] = self._post_data(src, route, *self._shape[(route.direction, route.stage)][:2])
+            key = (route.direction, route.stage)
+            if key not in self._shape:  # its key's header is posted but not read yet: read it first
+                self._resolve(src, key)
+            self._posted[route] = self._post_data(src, route, *self._shape[key][:2])
         self.flight.event(POST, _brief(route, self.base + src))
+
+    def _resolve(self, src: int, key: tuple) -> None:
+        first = next(r for r, p in self._posted.items() if (r.direction, r.stage) == key and p[0] == _HEADER)
+        _, work, hdr = self._posted[first]
+        self._wait(work, first, self.base + src)
+        self._posted[first] = self._post_data(src, first, *self._learn(first, hdr))
 
     def _learn(self, route: Route, hdr: torch.Tensor) -> tuple:
         """(structure, leaf metas, inline data or None) of a received header, checked against this step's."""
