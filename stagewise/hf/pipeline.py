@@ -25,8 +25,7 @@ def pipeline(model: HFModel, schedule, *, device=None, **options):
     _, world = _process_group(options.get("timeout", 30.0))  # the group exists (torchrun: made here)
     sched = resolve_schedule(schedule, world, options.get("dp", 1), options.pop("microbatches", None),
                              options.pop("chunks", None))
-    lane = sched.lanes[0]
-    model.check_fit(lane.stage_hi - lane.stage_lo, options.get("split"))
+    model.check_fit(sched.stages_per_copy, options.get("split"))
     device = _device(device)  # layers are materialized right there (a GPU under NCCL), not moved
     return Pipeline(sched, model.as_layers(device), model.loss, device=device, **options)
 

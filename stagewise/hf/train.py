@@ -71,8 +71,7 @@ class HFTrain:
         if self.schedule is None and not self.csv:
             return
         sched = self.make_schedule()
-        lane = sched.lanes[0]
-        model.check_fit(lane.stage_hi - lane.stage_lo, self.split)
+        model.check_fit(sched.stages_per_copy, self.split)
         share = sched.microbatches * self.dp
         if self.batch % share:
             raise HFError(f"--batch {self.batch} does not split into {share} equal micro-batches (-m "
