@@ -321,3 +321,11 @@ def train_tied_by_name(cases) -> dict:
             opt.zero_grad()
         out[(name, m, v)] = (losses, pipe.full_state_dict())
     return out
+
+
+def train_on_mesh(cases) -> dict:
+    """Rank function: train_cases with the replicas given as a (dp, pp) DeviceMesh instead of dp=."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))
+    return train_cases(cases, mesh=mesh)

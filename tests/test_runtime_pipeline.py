@@ -74,6 +74,14 @@ def test_data_parallel_replicas_equal_torch():
         assert_same(res, want, case)
 
 
+def test_a_device_mesh_of_dp_by_pp_equals_torch():
+    from api_helpers import train_on_mesh
+
+    want = reference()
+    got = stagewise.launch(train_on_mesh, 4, [("zb-v", 4, None)], threads=1)
+    assert_same(got[("zb-v", 4, None)], want, "mesh")
+
+
 def test_the_gathered_state_dict_loads_into_the_unpipelined_model_and_gives_its_outputs():
     losses, state = stagewise.launch(train_cases, 2, [("zb-v", 4, None)], threads=1)[("zb-v", 4, None)]
     model = nn.Sequential(*layers())

@@ -123,3 +123,11 @@ def test_a_model_config_from_stdin_under_the_spawning_launcher_says_how_to_run_i
     proc = subprocess.run([sys.executable, "-"], input=TRAIN_SCRIPT, capture_output=True, text=True, timeout=60,
                           env=env)
     assert "stagewise: the model config Mine is defined in a script read from stdin" in proc.stdout, proc.stderr
+
+
+def test_a_function_spawned_ranks_cannot_import_is_refused_before_any_rank_starts(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RunError, match=r"stagewise.launch: '.*<lambda>' cannot be sent to spawned ranks .*pass a "
+                       r"function defined at the top level of a module or script"):
+        stagewise.launch(lambda: 1, 2)

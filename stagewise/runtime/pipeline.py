@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -36,16 +36,37 @@ from .stage import stage_ranges
 from .timing import CudaClock, WallClock, measured_timeline
 
 
+class RankSum:
+    """A sum over every rank in flight (one all_reduce started, not waited for); ``value()`` waits once."""
+
+    def __init__(self, values: list[float], device):
+        self.t = torch.tensor(values, dtype=torch.float64, device=device)
+        self.work = dist.all_reduce(self.t, async_op=True)
+        self._value: list[float] | None = None
+
+    def value(self) -> list[float]:
+        if self._value is None:
+            self.work.wait()
+            self._value = self.t.tolist()
+        return self._value
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
-    """One step (or evaluation) on this rank."""
+    """One step (or evaluation) on this rank. ``loss`` is the step's mean loss over the whole batch, the same on
+    every rank (None: no targets); after ``step`` the all-reduce behind it is waited for when ``loss`` is first
+    read, so ranks need not meet at the end of a step whose loss nobody reads yet."""
 
-    loss: float | None  #: the step's mean loss over the whole batch, the same on every rank (None: no targets)
-    seconds: float  #: wall time of this rank's step: its program and the step-end collectives
+    total: float | RankSum | None = field(default=None, repr=False)  #: the loss, or the sum computing it
+    seconds: float  #: wall time of this rank's step: its program and the step-end gradient sums
     op_seconds: tuple[tuple[float, float], ...]  #: (start, end) of each op of this rank's program, from step start
     timeline: Timeline | None = None  #: every rank's measured ops, on rank 0 of ``step(..., timeline=True)``
     outputs: Any = None  #: evaluation: the last stage's outputs of ``output_mbs``, concatenated (else None)
     output_mbs: tuple[int, ...] = ()  #: the micro-batches whose outputs this rank holds
+
+    @property
+    def loss(self) -> float | None:
+        return self.total.value()[0] if isinstance(self.total, RankSum) else self.total
 
 
 class Pipeline:
@@ -61,7 +82,8 @@ class Pipeline:
     - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean).
     - ``split``: layers per stage of one model copy: counts, layout text (``"E+t*3 | t*4"``) or module names.
     - ``ties``: groups of parameter names that are one parameter, besides those found by identity.
-    - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp).
+    - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp); or ``mesh``, a 2-d DeviceMesh
+      of shape (dp, pp) over the ranks in order (``init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))``).
     - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
     - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages).
     - ``measure_memory``: count the activation bytes each op holds (``meter``; activation_memory.py).
@@ -79,10 +101,11 @@ class Pipeline:
                  chunks: int | None = None, split=None, ties: Sequence[Sequence[str]] = (), dp: int = 1,
                  device: str | torch.device | None = None, recompute: bool | Sequence[int] = False,
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
-                 init: Callable | None = None, measure_memory: bool = False):
+                 init: Callable | None = None, measure_memory: bool = False, mesh=None):
         self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
         spec.check()
         rank, world = _process_group(timeout)
+        dp = _mesh_dp(mesh, world) if mesh is not None else dp
         self.device = _device(device)
         self.schedule = sched = resolve_schedule(schedule, world, dp, microbatches, chunks)
         self.topo = topo = Topology(p=sched.ranks, dp=dp, rank=rank)
@@ -128,8 +151,7 @@ class Pipeline:
         self.replicas.sync_grads()
         for p, g in earlier:
             p.grad = g if p.grad is None else p.grad.add_(g)
-        loss, _ = _sum_over_ranks(done.loss, 1.0, self.device)
-        return self._result(loss, done, t0, timeline)
+        return self._result(RankSum([done.loss], self.device), done, t0, timeline)
 
     @torch.no_grad()
     def eval_step(self, inputs, targets=None) -> StepResult:
@@ -142,11 +164,11 @@ class Pipeline:
         t0 = self.clock.mark()
         done = self._evaluator.step(xs, ys)
         has = bool(done.mb_losses)
-        loss, counted = _sum_over_ranks(done.loss, float(has), self.device)
+        loss, counted = RankSum([done.loss, float(has)], self.device).value()
         mbs = tuple(sorted(done.outputs))
         outs = _concat([done.outputs[k] for k in mbs]) if mbs else None
         res = self._result(loss if counted else None, done, t0, False)
-        return StepResult(loss=res.loss, seconds=res.seconds, op_seconds=res.op_seconds, outputs=outs,
+        return StepResult(total=res.total, seconds=res.seconds, op_seconds=res.op_seconds, outputs=outs,
                           output_mbs=mbs)
 
     # ---- around the step
@@ -251,7 +273,7 @@ class Pipeline:
             dist.gather_object(marks[:-1], gathered, dst=0)
             if self.topo.rank == 0:
                 tl = measured_timeline(self.schedule, gathered[:self.topo.p])  # replica 0
-        return StepResult(loss=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
+        return StepResult(total=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
                           timeline=tl)
 
 def resolve_schedule(schedule, world: int, dp: int, microbatches: int | None, chunks: int | None) -> Schedule:
@@ -296,6 +318,16 @@ def _process_group(timeout: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _mesh_dp(mesh, world: int) -> int:
+    """The replicas of a (dp, pp) DeviceMesh; the runtime places replica d's pipeline on ranks d*p .. d*p+p-1."""
+    ranks = mesh.mesh
+    if ranks.dim() != 2 or ranks.numel() != world or ranks.flatten().tolist() != list(range(world)):
+        raise RunError(f"mesh {tuple(ranks.shape)} over ranks {ranks.flatten().tolist()[:8]}: the pipeline needs a "
+                       f"2-d mesh (dp, pp) over all {world} ranks in order, e.g. init_device_mesh(device, (dp, "
+                       f"{world} // dp)); or pass dp= instead")
+    return int(ranks.shape[0])
+
+
 def _device(device) -> torch.device:
     """The given device, else the rank's GPU under NCCL (LOCAL_RANK), else the CPU. A GPU becomes the current
     device: NCCL's object collectives (the names gathered at construction) run on it."""
@@ -308,13 +340,6 @@ def _device(device) -> torch.device:
     if d.type == "cuda":
         torch.cuda.set_device(d)
     return d
-
-
-def _sum_over_ranks(value: float, flag: float, device) -> tuple[float, float]:
-    """Sum (value, flag) over every rank in one all_reduce (the loss lives on the last stages)."""
-    t = torch.tensor([value, flag], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t[0]), float(t[1])
 
 
 def _concat(trees: list):
