@@ -1,4 +1,4 @@
-"""`stagewise profile`: measure the built-in GPT layer by layer into a JSON profile (needs torch)."""
+"""`stagewise profile`: measure the built-in GPT (or an HF model) layer by layer into a JSON profile (torch)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def register(sub) -> None:
     p.add_argument("--no-overhead", action="store_true",
                    help="skip measuring the per-step work outside the layers (two short runs on 2 local CPU ranks; "
                    "measured only with --device cpu and the link)")
+    p.add_argument("--hf", metavar="FOLDER_OR_CONFIG", default=None,
+                   help="profile a transformers causal LM (a local folder or a config.json; pip install "
+                   "'stagewise[hf]') instead of the built-in GPT: layers E, t per decoder layer, N (norm), H; "
+                   "--seq, --dtype apply")
     p.add_argument("--json", action="store_true", help="print the profile as JSON too")
     p.set_defaults(func=cmd_profile)
 
@@ -47,21 +51,18 @@ def cmd_profile(args) -> int:
     _check_sizes(args, sizes)  # before torch is imported or anything allocated
     try:
         from ..plan.link import measure_link
-        from ..plan.measure import gpt_model, profile_model
+        from ..plan.measure import profile_model
         from ..runtime.config import RunError
-        from ..runtime.models import GPTConfig
     except ImportError as e:
         raise UsageError(f"stagewise profile needs torch ({e.name} is missing): pip install 'stagewise[torch]'") \
             from None
-    cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
-                    dtype=args.dtype)
     try:
-        cfg.check()
+        model = _hf_model(args) if args.hf else _gpt_model(args)
     except RunError as e:
         raise UsageError(str(e)) from None
     _check_device(args.device)
     t0 = time.perf_counter()
-    prof = profile_model(gpt_model(cfg), sizes, repeats=args.repeats, device=args.device, threads=args.threads,
+    prof = profile_model(model, sizes, repeats=args.repeats, device=args.device, threads=args.threads,
                          each_layer=args.each_layer)
     from dataclasses import replace
 
@@ -100,6 +101,25 @@ def _check_sizes(args, sizes: list[int]) -> None:
         raise UsageError(f"--threads must be <= {MAX_THREADS}; got {args.threads}")
 
 
+def _gpt_model(args):
+    from ..plan.measure import gpt_model
+    from ..runtime.models import GPTConfig
+
+    cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                    dtype=args.dtype)
+    cfg.check()
+    return gpt_model(cfg)
+
+
+def _hf_model(args):
+    try:
+        from ..hf import load
+        from ..hf.profile import profile_model as hf_profile_model
+    except ImportError as e:
+        raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
+    return hf_profile_model(load(args.hf, dtype=args.dtype), args.seq, args.hf)
+
+
 def _check_device(device: str) -> None:
     import torch
 
@@ -120,11 +140,12 @@ def _profile_text(prof) -> str:
     from ..plan.explain import fmt_seconds
 
     k = 0
+    w = max([12] + [len(x.name) + 2 for x in prof.layers])  # HF names are long: model.embed_tokens
     lines = [f"{prof.model} on {prof.device}, micro-batch size {prof.micro_batch_sizes[k]} "
              f"(of {', '.join(map(str, prof.micro_batch_sizes))}):",
-             f"{'layer':<12}{'sym':<4}{'F':>10}{'B':>10}{'I':>10}{'W':>10}{'activations':>13}{'params':>12}"]
+             f"{'layer':<{w}}{'sym':<4}{'F':>10}{'B':>10}{'I':>10}{'W':>10}{'activations':>13}{'params':>12}"]
     for x in prof.layers:
-        lines.append(f"{x.name:<12}{x.symbol:<4}{fmt_seconds(x.t_f[k]):>10}{fmt_seconds(x.t_b[k]):>10}"
+        lines.append(f"{x.name:<{w}}{x.symbol:<4}{fmt_seconds(x.t_f[k]):>10}{fmt_seconds(x.t_b[k]):>10}"
                      f"{fmt_seconds(x.t_i[k]):>10}{fmt_seconds(x.t_w[k]):>10}{fmt_bytes(x.activation_bytes[k]):>13}"
                      f"{fmt_bytes(x.param_bytes):>12}")
     if prof.link:

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import train_safety, train_scale
+from . import train_hf, train_safety, train_scale
 from .common import UsageError, check_timeline_output, int_list, positive_int, print_json
 
 
@@ -51,6 +51,7 @@ def register(sub) -> None:
     g.add_argument("--timeout", type=float, default=30.0, help="seconds a rank waits for a peer, default 30: a "
                    "stalled rank is noticed after this (one that dies or raises stops the run within a second)")
     g.add_argument("--threads", type=positive_int, default=None, help="torch threads per rank (default cores/p)")
+    train_hf.add_args(p)
     train_safety.add_args(p)
     train_scale.add_args(p)
     g = p.add_argument_group("output")
@@ -106,6 +107,9 @@ def cmd_train(args) -> int:
 
     if args.trace:
         check_timeline_output("--trace", args.trace)
+    train_hf.check_plain(args)
+    if args.hf:
+        return train_hf.cmd(args)
     try:
         cfg = train_scale.apply(train_safety.apply(config_from(args), args), args)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports

@@ -69,12 +69,16 @@ def train_command(best: Candidate, profile: Profile, csv_path: str | None, globa
                          ("vocab", "--vocab"), ("dtype", "--dtype")):
             if key in gpt:
                 args += [opt, str(gpt[key])]
+    hf = profile.meta.get("hf")
+    if hf:  # stagewise profile --hf: the same model folder; the text file is the user's
+        args += ["--hf", hf["source"], "--seq", str(hf["seq"]), "--dtype", hf["dtype"],
+                 "--data", "FILE"]
     threads = profile.meta.get("threads")
     if threads:
         args += ["--threads", str(threads)]
     line = shlex.join(args)
     notes = []
-    if not gpt:
+    if not gpt and not hf:
         notes.append("a user model: pass the same split to stagewise.runtime.train(RunConfig(..., model=...))")
     return line + (f"   # {'; '.join(notes)}" if notes else "")
 

@@ -1,0 +1,115 @@
+"""The layer sequence of a causal LM: embedding, each decoder layer, final norm, LM head.
+
+Every layer's parameter names, behind its prefix (``Family.prefix``), are HF's
+own: the Llama embedding *is* ``model.embed_tokens``, the norm *is*
+``model.norm``, the head *is* ``lm_head``, and a decoder layer is transformers'
+own class with a one-argument ``forward`` (``Pipelined<Class>``), so a
+pipeline's state_dict loads into the HF model as is.
+
+Only hidden states cross a stage boundary: each decoder layer makes its
+position ids, rotary tables and causal mask from the hidden states' shape.
+They depend on nothing else (training batches are packed sequences, no
+padding), cost ``T * head_dim`` numbers against a layer's ``T * hidden**2``
+work, so they are cheaper to recompute than to send; boundaries stay one
+tensor, right under any schedule, DualPipe's two copies and recomputation.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+def modeling(model_type: str):
+    """transformers' modeling module of ``model_type`` (imported on first use)."""
+    return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+
+
+class GPT2Embedding(nn.Module):
+    """GPT-2's token plus learned position embedding and dropout: ids (B, T) -> hidden (B, T, d)."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.drop = nn.Dropout(config.embd_pdrop)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        return self.drop(self.wte(input_ids) + self.wpe(pos))
+
+
+class PipelinedDecoder:
+    """Mixed into transformers' decoder layer class: ``forward(hidden)`` makes positions, rotary and mask.
+
+    ``rotary_emb`` (buffers only, not saved) is attached after the layer is materialized.
+    """
+
+    rotary_emb: nn.Module | None
+    mask_function: Callable
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        extra = {} if self.rotary_emb is None else {"position_embeddings": self.rotary_emb(hidden, pos)}
+        mask = self.mask_function(config=self.stagewise_config, inputs_embeds=hidden, attention_mask=None,
+                                  cache=None, position_ids=pos)
+        out = super().forward(hidden, attention_mask=mask, position_ids=pos, **extra)
+        return out[0] if isinstance(out, tuple) else out
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def pipelined_class(cls: type) -> type:
+    """``Pipelined<cls>``: transformers' decoder layer class with a one-argument forward (made once per class)."""
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"Pipelined{cls.__name__}", (PipelinedDecoder, cls), {"__module__": __name__})
+    return _CLASSES[cls]
+
+
+def make_layer(config: Any, prefix: str, i: int) -> nn.Module:
+    """Layer ``i`` of embedding, ``L`` decoder layers, norm, head, with parameters on the meta device.
+
+    ``prefix``: the modeling module's class prefix ("Llama", "GPT2", ...).
+    """
+    layers = config.num_hidden_layers
+    mod = modeling(config.model_type)
+    gpt2 = prefix == "GPT2"
+    with torch.device("meta"):
+        if i == 0:
+            return GPT2Embedding(config) if gpt2 else nn.Embedding(config.vocab_size, config.hidden_size,
+                                                                   config.pad_token_id)
+        if i == layers + 1:
+            return (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon) if gpt2
+                    else getattr(mod, f"{prefix}RMSNorm")(config.hidden_size, eps=config.rms_norm_eps))
+        if i == layers + 2:
+            return nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        cls = pipelined_class(getattr(mod, "GPT2Block" if gpt2 else f"{prefix}DecoderLayer"))
+        return cls(config, layer_idx=i - 1)
+
+
+def finish_decoder(layer: nn.Module, config: Any, prefix: str, k: int, device) -> None:
+    """After materializing decoder layer ``k``: its rotary module (computed on ``device``) and mask function."""
+    if not isinstance(layer, PipelinedDecoder):
+        return
+    layer.stagewise_config = config
+    layer.mask_function = _mask_function(config, k)
+    layer.rotary_emb = None
+    if prefix != "GPT2":
+        with torch.device(device):
+            layer.rotary_emb = getattr(modeling(config.model_type), f"{prefix}RotaryEmbedding")(config=config)
+
+
+def _mask_function(config: Any, k: int) -> Callable:
+    """The mask HF's own model gives decoder layer ``k``: sliding window where its config says so."""
+    from transformers import masking_utils
+
+    if config.model_type == "mistral":  # no layer_types: its window, if any, applies to every layer
+        sliding = getattr(config, "sliding_window", None) is not None
+    else:
+        kinds = getattr(config, "layer_types", None)
+        sliding = bool(kinds) and kinds[k] == "sliding_attention"
+    return masking_utils.create_sliding_window_causal_mask if sliding else masking_utils.create_causal_mask

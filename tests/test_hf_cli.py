@@ -1,0 +1,107 @@
+"""`stagewise train --hf` as a user meets it: a folder or a config.json, the JSON result, the saved folder, errors."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).parent))
+from cli_helpers import fails, run  # noqa: E402
+from hf_helpers import CONFIGS, hf_model, save_tiny, write_config  # noqa: E402
+
+from stagewise.hf.data import TextData  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TINY = ["--seq", "16", "--steps", "3", "-m", "4", "--batch", "8"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hfcli")
+    text = root / "train.txt"
+    text.write_text("A pipeline keeps every rank busy when the schedule is good. " * 30)
+    return root, save_tiny("llama", root / "llama"), text
+
+
+def test_train_a_folder_under_zbv_equals_the_plain_loop_and_saves_an_hf_folder(capsys, files):
+    from transformers import AutoModelForCausalLM
+
+    root, folder, text = files
+    out_dir = root / "trained"
+    rc, out, err = run(capsys, "train", "--hf", str(folder), "--data", str(text), "--schedule", "zb-v", "-p", "2",
+                       *TINY, "--save", str(out_dir), "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert (res["schedule"], res["ranks"], res["microbatches"]) == ("zb-v", 2, 4)
+    model, data = hf_model(folder), TextData(path=str(text), seq=16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the CLI's default optimizer
+    for k, got in enumerate(res["losses"]):
+        ids, labels = data.batch(k, 8)
+        loss = model(ids, labels=labels).loss
+        assert abs(got - loss.item()) <= 1e-4 * loss.item(), (k, got, loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    both = sum(res["read_bytes_per_rank"])  # each rank read its share; together the checkpoint once
+    assert 0 < min(res["read_bytes_per_rank"]) and both == sum(p.numel() * 4 for p in hf_model(folder).parameters())
+    back = AutoModelForCausalLM.from_pretrained(out_dir)
+    for name, p in model.state_dict().items():  # Adam: near-zero gradients' rounding becomes +-lr, so a norm
+        assert (back.state_dict()[name] - p).norm() <= 1e-4 * p.norm(), name
+
+
+def test_a_config_json_trains_from_random_weights_with_text_output(capsys, files, tmp_path):
+    root, _, text = files
+    config = write_config(tmp_path / "config.json", **CONFIGS["gpt2"])
+    trace = tmp_path / "t.json"
+    rc, out, err = run(capsys, "train", "--hf", str(config), "--data", str(text), "--schedule", "1f1b", "-p", "2",
+                       *TINY, "--trace", str(trace), "--draw")
+    assert rc == 0, err
+    assert "1f1b: p=2 m=4, mean step" in out and "measured bubble" in out
+    assert "rank 1 |" in out and f"wrote {trace}" in out  # the drawn and the written measured timeline
+    events = json.loads(trace.read_text())
+    assert any("F" in str(e.get("name", "")) for e in events.get("traceEvents", events))
+
+
+def test_bad_input_is_one_line_and_exit_2(capsys, files, tmp_path):
+    root, folder, text = files
+    base = ["train", "--data", str(text), "--schedule", "1f1b", "-p", "2"]
+    bert = write_config(tmp_path / "config.json", model_type="bert", architectures=["BertForMaskedLM"])
+    assert "model_type 'bert' (BertForMaskedLM) is not supported" in fails(capsys, *base, "--hf", str(bert))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text((folder / "config.json").read_text())
+    assert "no model.safetensors or model.safetensors.index.json" in fails(capsys, *base, "--hf", str(empty))
+    err = fails(capsys, "train", "--hf", str(folder), "--data", str(text), "--schedule", "zb-v", "-p", "4", "-m", "8")
+    assert "the model has 3 decoder layers (6 layers with the embedding, final norm and LM head) but the schedule " \
+           "needs 8 stages per model copy" in err
+    assert "--hf needs --data" in fails(capsys, "train", "--hf", str(folder), "--schedule", "1f1b")
+    assert "--tokenizer needs --hf" in fails(capsys, "train", "--schedule", "1f1b", "--tokenizer", str(folder))
+    assert "--resume x: no stagewise-state/state.json" in fails(capsys, *base, "--hf", str(folder), "--resume", "x")
+    assert "--batch 6 does not split" in fails(capsys, *base, "--hf", str(folder), "-m", "4", "--batch", "6")
+
+
+def test_save_every_then_resume_continues_the_same_run(capsys, files):
+    root, folder, text = files
+    base = ["train", "--hf", str(folder), "--data", str(text), "--schedule", "1f1b", "-p", "2", "--seq", "16",
+            "-m", "4", "--batch", "8", "--json"]
+    rc, out, err = run(capsys, *base, "--steps", "4")
+    assert rc == 0, err
+    straight = json.loads(out)["losses"]
+    saved = root / "ckpt"
+    rc, out, err = run(capsys, *base, "--steps", "3", "--save", str(saved), "--save-every", "2")
+    assert rc == 0, err
+    assert json.loads((saved / "stagewise-state" / "state.json").read_text())["step"] == 3
+    rc, out, err = run(capsys, *base, "--steps", "4", "--resume", str(saved))
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["first_step"] == 3 and len(res["losses"]) == 1
+    assert abs(res["losses"][0] - straight[3]) <= 1e-6 * straight[3]  # weights, Adam state and data continue
+    err = fails(capsys, *base[:-1], "--steps", "3", "--resume", str(saved))
+    assert "is at step 3; --steps 3 must be larger" in err
+    err = fails(capsys, *[a if a != "1f1b" else "gpipe" for a in base[:-1]], "-p", "3", "--steps", "5", "--resume",
+                str(saved))
+    assert "was saved on 2 ranks with stage placement [0, 1]; resume with the same schedule" in err
