@@ -21,11 +21,8 @@ compare the step times.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import os
 import statistics
 import time
-from datetime import timedelta
 
 PAIRS = (("gpipe", "ScheduleGPipe", None), ("1f1b", "Schedule1F1B", None),
          ("interleaved-1f1b", "ScheduleInterleaved1F1B", 2), ("zb-v", "ScheduleZBVZeroBubble", None))
@@ -99,19 +96,13 @@ def compare(rank: int, world: int, name: str, cls_name: str, v, args) -> dict:
     return {who: statistics.median(ts) for who, ts in times.items()} | {"actions": per_rank, "ratio": ratios}
 
 
-def rank_main(rank: int, world: int, port: int, args, q) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    import torch
+def rank_main(args) -> dict:
+    """One rank (started by ``stagewise.launch``, gloo initialised): both runtimes, schedule by schedule."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
-    out = {name: compare(rank, world, name, cls, v, args) for name, cls, v in PAIRS
-           if not args.schedules or name in args.schedules.split(",")}
-    if rank == 0:
-        q.put(out)
-    dist.barrier()
-    dist.destroy_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return {name: compare(rank, world, name, cls, v, args) for name, cls, v in PAIRS
+            if not args.schedules or name in args.schedules.split(",")}
 
 
 def main() -> None:
@@ -123,27 +114,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="rows per micro-batch (default 1)")
     ap.add_argument("--schedules", default=None, help="comma-separated subset of " + ",".join(n for n, *_ in PAIRS))
     args = ap.parse_args()
-    from stagewise.runtime.launch import free_port
+    from stagewise import launch
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, args.p, port, args, q)) for r in range(args.p)]
     t = time.time()
-    for p in procs:
-        p.start()
-    out = None
-    while out is None:
-        try:
-            out = q.get(timeout=1)
-        except Exception:  # queue.Empty: check that no rank died
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for p in procs:
-                    p.kill()
-                raise SystemExit(f"a rank failed (exit code {dead[0]})")
-    for p in procs:
-        p.join()
+    out = launch(rank_main, args.p, args, threads=1, timeout=300)  # rank 0's result; a failing rank is named
     w = args.width
     print(f"{w}x{w} Linear layers, {args.rows} row(s) of {w} per micro-batch; p={args.p} m={args.m}; gloo, 1 thread "
           f"per rank; medians of {args.steps - 2} steps ({time.time() - t:.0f} s in all)")

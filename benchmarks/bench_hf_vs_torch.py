@@ -15,12 +15,9 @@ the ratio is the median of per-step ratios (<= 1: stagewise no slower).
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import os
 import statistics
 import tempfile
 import time
-from datetime import timedelta
 
 PAIRS = (("1f1b", "Schedule1F1B"), ("gpipe", "ScheduleGPipe"), ("interleaved-1f1b", "ScheduleInterleaved1F1B"),
          ("zb-v", "ScheduleZBVZeroBubble"))
@@ -121,21 +118,16 @@ def compare(rank: int, world: int, name: str, folder: str, args) -> dict:
     return rec
 
 
-def rank_main(rank: int, world: int, port: int, folder: str, args, q) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch
+def rank_main(folder: str, args) -> dict:
+    """One rank (started by ``stagewise.launch``, gloo initialised): both runtimes, schedule by schedule."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
+    rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for name, cls_name in pairs(args):
         args.cls_name = cls_name
         out[name] = compare(rank, world, name, folder, args)
-    if rank == 0:
-        q.put(out)
-    dist.barrier()
-    dist.destroy_process_group()
+    return out
 
 
 def main() -> None:
@@ -149,28 +141,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=11, help="steps per runtime and schedule (the first warms up)")
     ap.add_argument("--schedules", default=None, help="comma-separated subset of " + ",".join(n for n, _ in PAIRS))
     args = ap.parse_args()
-    from stagewise.runtime.launch import free_port
+    from stagewise import launch
 
     folder = tempfile.mkdtemp(prefix="stagewise-bench-hf-")
     make_model(folder, args)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, args.p, port, folder, args, q)) for r in range(args.p)]
     t = time.time()
-    for p in procs:
-        p.start()
-    out = None
-    while out is None:
-        try:
-            out = q.get(timeout=1)
-        except Exception:  # queue.Empty: check that no rank died
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                raise SystemExit("a rank failed")
-    for p in procs:
-        p.join()
+    out = launch(rank_main, args.p, folder, args, threads=1, timeout=600)  # rank 0's result; a failing rank is named
     print(f"Llama {args.layers} layers hidden {args.hidden} (8 heads, 4 kv) seq {args.seq}; p={args.p} m={args.m} "
           f"batch={args.batch}; gloo, 1 thread per rank; medians of {args.steps - 1} steps, ratio = median of "
           f"per-step ratios ({time.time() - t:.0f} s in all)")

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import multiprocessing as mp
-import os
 import statistics
 import time
-from datetime import timedelta
 
 PAIRS = (("gpipe", "ScheduleGPipe"), ("1f1b", "Schedule1F1B"),
          ("interleaved-1f1b", "ScheduleInterleaved1F1B"), ("zb-v", "ScheduleZBVZeroBubble"))
@@ -121,22 +118,17 @@ def compare(rank, world, name, cls_name, model, args) -> dict:
     return rec
 
 
-def rank_main(rank: int, world: int, port: int, args, q) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch
+def rank_main(args) -> dict:
+    """One rank (started by ``stagewise.launch``, gloo initialised): both runtimes, schedule by schedule."""
     import torch.distributed as dist
 
     from stagewise.runtime.memory import keep_freed_memory
     from stagewise.runtime.models import GPTConfig
 
-    torch.set_num_threads(1)
     keep_freed_memory()  # both runtimes run in this process with the same allocator settings
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
+    rank, world = dist.get_rank(), dist.get_world_size()
     model = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=4, seq=args.seq, vocab=256)
-    out = {name: compare(rank, world, name, cls_name, model, args) for name, cls_name in pairs(args)}
-    if rank == 0:
-        q.put(out)
-    dist.destroy_process_group()
+    return {name: compare(rank, world, name, cls_name, model, args) for name, cls_name in pairs(args)}
 
 
 def main() -> None:
@@ -151,27 +143,10 @@ def main() -> None:
     ap.add_argument("--measure-memory", action="store_true", help="count activation bytes in stagewise too")
     ap.add_argument("--schedules", default=None, help="comma-separated subset of " + ",".join(n for n, _ in PAIRS))
     args = ap.parse_args()
-    from stagewise.runtime.launch import free_port
+    from stagewise import launch
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, args.p, port, args, q)) for r in range(args.p)]
     t = time.time()
-    for p in procs:
-        p.start()
-    out = None
-    while out is None:
-        try:
-            out = q.get(timeout=1)
-        except Exception:  # queue.Empty: check that no rank died
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for p in procs:
-                    p.kill()
-                raise SystemExit(f"a rank failed (exit code {dead[0]})")
-    for p in procs:
-        p.join()
+    out = launch(rank_main, args.p, args, threads=1, timeout=600)  # rank 0's result; a failing rank is named
     n = args.steps - 1
     print(f"GPT {args.layers} blocks d_model={args.d_model} seq={args.seq}; p={args.p} m={args.m} batch={args.batch}; "
           f"gloo, 1 thread per rank; medians of {n} steps per runtime, ratio = median of per-step ratios ({time.time() - t:.0f} s in all)")
