@@ -33,6 +33,7 @@ import time
 from dataclasses import replace
 from typing import NamedTuple
 
+from stagewise.plan.analytic import RECOMPUTE
 from stagewise.plan.cluster_search import Job, cluster_search
 from stagewise.plan.hardware import Hardware
 from stagewise.plan.search import Space
@@ -73,10 +74,10 @@ ROWS = [
 def job_for(row: Row, hw: Hardware, *, fixed: bool) -> Job:
     spec = TransformerSpec.load(row.model)
     megatron = row.paper == MEGATRON
-    space = Space(chunks=(2, 4, 8), recompute=(True,) if megatron else (False, True),
-                  families=("1f1b", "interleaved-1f1b") if fixed else None)
+    space = Space(chunks=(2, 4, 8), families=("1f1b", "interleaved-1f1b") if fixed else None)
     return Job(spec=spec, hardware=hw, gpus=row.gpus, global_batch_tokens=row.batch * spec.seq,
-               sequence_parallel=not megatron, zero=not megatron, tensor=(row.t,) if fixed else None,
+               sequence_parallel=not megatron, zero=not megatron, recompute=("full",) if megatron else RECOMPUTE,
+               tensor=(row.t,) if fixed else None,
                pipeline=(row.p,) if fixed else None, space=space)
 
 
@@ -131,7 +132,7 @@ def main() -> None:
                       f"on {row.gpus} GPUs ({row.published:g} TFLOP/s per GPU)")
         return
     head = (f"{'source':<25}{'model':<13}{'GPUs':>6}{'t':>3}{'p':>4}{'dp':>5}{'batch':>6}  {'published':>9}"
-            f"{'predicted':>10}{'error':>8}  {'planned as':<30}{'rank of t x p':>14}  free winner")
+            f"{'predicted':>10}{'error':>8}  {'planned as':<38}{'rank of t x p':>14}  free winner")
     print(head + "\n" + "-" * len(head))
     worst, ranks_ok, t0 = 0.0, True, time.perf_counter()
     for row in ROWS:
@@ -140,12 +141,12 @@ def main() -> None:
         err = got / row.published - 1 if got else float("nan")
         worst = max(worst, abs(err))
         c = best.config
-        planned = f"{c.family} v{c.v} mbs{c.mbs}{' rc' if c.recompute else ''}"
+        planned = f"{c.family} v{c.v} mbs{c.mbs} rc {best.recompute}"
         rank, winner = (None, "-") if args.quick else free_rank(row, hw)
         ranks_ok &= args.quick or (rank is not None and rank <= 5)
         mark = " (calibration)" if row.calibration else ""
         print(f"{row.paper:<25}{row.model:<13}{row.gpus:>6}{row.t:>3}{row.p:>4}{row.gpus // (row.t * row.p):>5}"
-              f"{row.batch:>6}  {row.published:>9.0f}{got:>10.1f}{err:>+8.1%}  {planned:<30}"
+              f"{row.batch:>6}  {row.published:>9.0f}{got:>10.1f}{err:>+8.1%}  {planned:<38}"
               f"{'-' if args.quick else (rank or 'none fits'):>14}  {winner}{mark}")
     print(f"\nworst error {worst:.1%} (acceptance: within 15%); published t x p in the free top 5: "
           f"{'-' if args.quick else ('yes' if ranks_ok else 'NO')}; {time.perf_counter() - t0:.0f} s")
