@@ -245,7 +245,8 @@ def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
         dp = ranks // p
         if weights * state_factor(dp, job.zero) / p > hw.memory:
             why = "weights, gradients and optimizer state alone exceed the GPU's memory"
-            skipped[why] = skipped.get(why, 0) + 1
+            if mode == recompute_modes(job)[0]:  # once per layout, whatever the recomputation
+                skipped[why] = skipped.get(why, 0) + 1
             continue
         cl = _OnePipeline(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=hw.memory,
                           intra=hw.intra, inter=hw.inter, state_factor=state_factor(dp, job.zero), pipeline=p)
