@@ -24,6 +24,7 @@ prints the value that reproduces the calibration row; the shipped hardware files
 hold it).
 
     PYTHONPATH=$PWD python benchmarks/bench_published.py [--calibrate] [--quick]
+    PYTHONPATH=$PWD python benchmarks/bench_published.py --layouts gpt-18b [--free-collectives]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import NamedTuple
 from stagewise.plan.analytic import RECOMPUTE
 from stagewise.plan.cluster_search import Job, cluster_search
 from stagewise.plan.hardware import Hardware
+from stagewise.plan.profile import Link
 from stagewise.plan.search import Space
 from stagewise.plan.transformer import TransformerSpec
 
@@ -120,11 +122,37 @@ def calibrate(row: Row) -> float:
     return (lo + hi) / 2
 
 
+def layouts(row: Row, hw: Hardware, top: int = 8) -> None:
+    """Each t x p layout's best configuration for ``row``'s job, with where its step goes."""
+    res = cluster_search(job_for(row, hw, fixed=False), keep=5, per_layout=True)
+    best: dict = {}
+    for c in res.ranking:
+        best.setdefault((c.t, c.config.p), c)
+    spec = TransformerSpec.load(row.model)
+    for n, c in enumerate(sorted(best.values(), key=lambda c: c.step_time)[:top], 1):
+        g = c.config
+        print(f"{n:>3}  t{c.t} p{g.p:<3} {g.family:<17} v{g.v} mbs{g.mbs}  step {c.step_time:6.3f} s  "
+              f"bubble {c.candidate.bubble:5.1%}  exposed dp {c.exposed_dp:.3f} s  "
+              f"{per_gpu_tflops(row, spec, c.step_time):5.1f} TFLOP/s per GPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true", help="print the efficiency each calibration row implies")
     ap.add_argument("--quick", action="store_true", help="skip the free search (the ranking column)")
+    ap.add_argument("--layouts", metavar="MODEL", help="print each t x p layout's best for this row's job")
+    ap.add_argument("--free-collectives", action="store_true",
+                    help="with --layouts: make the node's link infinitely fast (tensor-parallel collectives free)")
     args = ap.parse_args()
+    if args.layouts:
+        row = next((r for r in ROWS if r.model == args.layouts), None)
+        if row is None:
+            ap.error(f"--layouts {args.layouts}: not a published row; choose from {', '.join(r.model for r in ROWS)}")
+        hw = Hardware.load(row.hardware)
+        if args.free_collectives:
+            hw = replace(hw, intra=Link(bandwidth=1e30, latency=0.0))
+        layouts(row, hw)
+        return
     if args.calibrate:
         for row in ROWS:
             if row.calibration:
