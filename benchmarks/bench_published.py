@@ -24,6 +24,7 @@ prints the value that reproduces the calibration row; the shipped hardware files
 hold it).
 
     PYTHONPATH=$PWD python benchmarks/bench_published.py [--calibrate] [--quick]
+    PYTHONPATH=$PWD python benchmarks/bench_published.py --layouts gpt-18b [--free-collectives]
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import time
 from dataclasses import replace
 from typing import NamedTuple
 
+from stagewise.plan.analytic import RECOMPUTE
 from stagewise.plan.cluster_search import Job, cluster_search
 from stagewise.plan.hardware import Hardware
+from stagewise.plan.profile import Link
 from stagewise.plan.search import Space
 from stagewise.plan.transformer import TransformerSpec
 
@@ -73,10 +76,10 @@ ROWS = [
 def job_for(row: Row, hw: Hardware, *, fixed: bool) -> Job:
     spec = TransformerSpec.load(row.model)
     megatron = row.paper == MEGATRON
-    space = Space(chunks=(2, 4, 8), recompute=(True,) if megatron else (False, True),
-                  families=("1f1b", "interleaved-1f1b") if fixed else None)
+    space = Space(chunks=(2, 4, 8), families=("1f1b", "interleaved-1f1b") if fixed else None)
     return Job(spec=spec, hardware=hw, gpus=row.gpus, global_batch_tokens=row.batch * spec.seq,
-               sequence_parallel=not megatron, zero=not megatron, tensor=(row.t,) if fixed else None,
+               sequence_parallel=not megatron, zero=not megatron, recompute=("full",) if megatron else RECOMPUTE,
+               tensor=(row.t,) if fixed else None,
                pipeline=(row.p,) if fixed else None, space=space)
 
 
@@ -119,11 +122,37 @@ def calibrate(row: Row) -> float:
     return (lo + hi) / 2
 
 
+def layouts(row: Row, hw: Hardware, top: int = 8) -> None:
+    """Each t x p layout's best configuration for ``row``'s job, with where its step goes."""
+    res = cluster_search(job_for(row, hw, fixed=False), keep=5, per_layout=True)
+    best: dict = {}
+    for c in res.ranking:
+        best.setdefault((c.t, c.config.p), c)
+    spec = TransformerSpec.load(row.model)
+    for n, c in enumerate(sorted(best.values(), key=lambda c: c.step_time)[:top], 1):
+        g = c.config
+        print(f"{n:>3}  t{c.t} p{g.p:<3} {g.family:<17} v{g.v} mbs{g.mbs}  step {c.step_time:6.3f} s  "
+              f"bubble {c.candidate.bubble:5.1%}  exposed dp {c.exposed_dp:.3f} s  "
+              f"{per_gpu_tflops(row, spec, c.step_time):5.1f} TFLOP/s per GPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true", help="print the efficiency each calibration row implies")
     ap.add_argument("--quick", action="store_true", help="skip the free search (the ranking column)")
+    ap.add_argument("--layouts", metavar="MODEL", help="print each t x p layout's best for this row's job")
+    ap.add_argument("--free-collectives", action="store_true",
+                    help="with --layouts: make the node's link infinitely fast (tensor-parallel collectives free)")
     args = ap.parse_args()
+    if args.layouts:
+        row = next((r for r in ROWS if r.model == args.layouts), None)
+        if row is None:
+            ap.error(f"--layouts {args.layouts}: not a published row; choose from {', '.join(r.model for r in ROWS)}")
+        hw = Hardware.load(row.hardware)
+        if args.free_collectives:
+            hw = replace(hw, intra=Link(bandwidth=1e30, latency=0.0))
+        layouts(row, hw)
+        return
     if args.calibrate:
         for row in ROWS:
             if row.calibration:
@@ -131,7 +160,7 @@ def main() -> None:
                       f"on {row.gpus} GPUs ({row.published:g} TFLOP/s per GPU)")
         return
     head = (f"{'source':<25}{'model':<13}{'GPUs':>6}{'t':>3}{'p':>4}{'dp':>5}{'batch':>6}  {'published':>9}"
-            f"{'predicted':>10}{'error':>8}  {'planned as':<30}{'rank of t x p':>14}  free winner")
+            f"{'predicted':>10}{'error':>8}  {'planned as':<38}{'rank of t x p':>14}  free winner")
     print(head + "\n" + "-" * len(head))
     worst, ranks_ok, t0 = 0.0, True, time.perf_counter()
     for row in ROWS:
@@ -140,12 +169,12 @@ def main() -> None:
         err = got / row.published - 1 if got else float("nan")
         worst = max(worst, abs(err))
         c = best.config
-        planned = f"{c.family} v{c.v} mbs{c.mbs}{' rc' if c.recompute else ''}"
+        planned = f"{c.family} v{c.v} mbs{c.mbs} rc {best.recompute}"
         rank, winner = (None, "-") if args.quick else free_rank(row, hw)
         ranks_ok &= args.quick or (rank is not None and rank <= 5)
         mark = " (calibration)" if row.calibration else ""
         print(f"{row.paper:<25}{row.model:<13}{row.gpus:>6}{row.t:>3}{row.p:>4}{row.gpus // (row.t * row.p):>5}"
-              f"{row.batch:>6}  {row.published:>9.0f}{got:>10.1f}{err:>+8.1%}  {planned:<30}"
+              f"{row.batch:>6}  {row.published:>9.0f}{got:>10.1f}{err:>+8.1%}  {planned:<38}"
               f"{'-' if args.quick else (rank or 'none fits'):>14}  {winner}{mark}")
     print(f"\nworst error {worst:.1%} (acceptance: within 15%); published t x p in the free top 5: "
           f"{'-' if args.quick else ('yes' if ranks_ok else 'NO')}; {time.perf_counter() - t0:.0f} s")

@@ -66,6 +66,18 @@ def test_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
     assert "--verify belongs to planning from a measured profile" in fails(capsys, *BASE, "--verify")
     assert "--memory belongs to planning from a measured profile" in fails(capsys, *BASE, "--memory", "40GiB")
     assert "plan needs --profile" in fails(capsys, "plan")
+    assert "--recompute selective needs --model" in fails(capsys, "plan", "--profile", "x.json",
+                                                         "--recompute", "selective")
+
+
+def test_plan_a_cluster_with_selective_recomputation(tmp_path, capsys):
+    rc, out, err = run(capsys, "plan", "--model", "gpt-1.7b", "--hardware", "a100", "--gpus", "8",
+                       "--global-batch-tokens", "128K", "--schedules", "1f1b", "--recompute", "selective",
+                       "--tensor", "1", "--pipeline", "2", "-o", str(tmp_path / "p.csv"), "--top", "2")
+    assert rc == 0, err
+    rows = [ln for ln in out.splitlines() if ln.strip()[:1].isdigit() and "1f1b" in ln]
+    assert rows and all(" sel " in ln for ln in rows)
+    assert "--recompute-granularity selective" in out
 
 
 def test_planning_core_imports_neither_torch_nor_the_runtime(tmp_path):

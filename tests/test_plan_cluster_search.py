@@ -49,7 +49,7 @@ def test_zero1_shards_the_optimizer_state():
 def test_llama3_405b_first_and_last_stages_get_fewer_blocks():
     res = cluster_search(Job(spec=TransformerSpec.load("llama3-405b"), hardware=H100, gpus=16384,
                              global_batch_tokens=16 * 2**20, tensor=(8,), pipeline=(16,),
-                             space=Space(families=("1f1b",), recompute=(True,))), keep=1)
+                             recompute=("full",), space=Space(families=("1f1b",))), keep=1)
     best = res.ranking[0]
     blocks = block_counts(best.candidate.counts)
     assert blocks == [7] + [8] * 14 + [7]  # Llama 3's own split (Sec. 3.3.2)
@@ -74,6 +74,52 @@ def test_llama3_405b_on_16384_gpus_is_searched_fast():
     assert blocks[0] < max(blocks) and blocks[-1] < max(blocks)
 
 
+def _least_memory(spec, mode, **kw):
+    res = cluster_search(Job(spec=spec, recompute=(mode,), **kw), keep=10**6)
+    return min(max(c.candidate.memory) for c in res.ranking)
+
+
+def test_search_takes_the_least_recomputation_that_fits():
+    """Megatron 2021's GPT (scores kept): off where it fits, else selective, else full."""
+    spec, a100 = TransformerSpec.load("gpt-1.7b"), Hardware.load("a100")
+    kw = dict(hardware=a100, gpus=8, global_batch_tokens=64 * spec.seq, tensor=(1,), pipeline=(2,),
+              space=Space(families=("1f1b",)), micro_batch_sizes=(1,))
+    need = {m: _least_memory(spec, m, **kw) for m in ("off", "selective", "full")}
+    assert need["full"] < need["selective"] < need["off"]
+    chosen = []  # less memory, more recomputation: off, then selective, then full
+    for k in range(13):
+        memory = need["off"] * 1.01 * (need["full"] / need["off"]) ** (k / 12)
+        res = cluster_search(Job(spec=spec, **{**kw, "hardware": replace(a100, memory=memory)}), keep=1)
+        if res.ranking:
+            assert max(res.ranking[0].candidate.memory) <= memory
+            chosen.append(res.ranking[0].recompute)
+    assert list(dict.fromkeys(chosen)) == ["off", "selective", "full"]
+    sel = cluster_search(Job(spec=spec, recompute=("selective",), **kw), keep=1).ranking[0]
+    off = cluster_search(Job(spec=spec, recompute=("off",), **kw), keep=1).ranking[0]
+    full = cluster_search(Job(spec=spec, recompute=("full",), **kw), keep=1).ranking[0]
+    assert off.step_time < sel.step_time < full.step_time
+    assert "--recompute-granularity selective" in megatron_options(sel, Job(spec=spec, **kw))[0]
+    assert "--activation_checkpoint.mode selective" in torchtitan_options(sel, Job(spec=spec, **kw), None)
+
+
+def test_flash_attention_models_skip_selective():
+    from stagewise.plan.cluster_search import searchers
+
+    def modes(j):
+        return {s.recompute for s in searchers(j, {})}
+
+    assert modes(job(tensor=(8,), pipeline=(2,))) == {"off", "full"}  # selective = off with flash attention
+    assert modes(job(tensor=(8,), pipeline=(2,), recompute=("selective",))) == {"selective"}
+    assert modes(job(model="gpt-1.7b", tensor=(8,), pipeline=(2,), tokens=2**20)) == {"off", "selective", "full"}
+
+
+def test_recompute_choices_are_checked():
+    with pytest.raises(PlanError, match="--recompute some: each must be one of off, selective, full"):
+        cluster_search(job(recompute=("some",)))
+    with pytest.raises(PlanError, match="Job.space.recompute is not read at cluster scale"):
+        cluster_search(job(space=Space(recompute=(True,))))
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(tokens=2**21 + 1), "--global-batch-tokens 2097153 must be a multiple of the model's sequence length 8192"),
     (dict(gpus=64, tensor=(16,)), "--gpus 64 with --tensor 16: no tensor-parallel degree divides both the GPU"),
@@ -88,7 +134,7 @@ def test_impossible_jobs_name_value_and_rule(kw, words):
 
 def test_nothing_fits_reports_the_least_memory():
     small = Job(spec=TransformerSpec.load("llama3-8b"), hardware=replace(H100, memory=19e9), gpus=8,
-                global_batch_tokens=2**18, tensor=(8,), space=Space(families=("1f1b",), recompute=(False,)))
+                global_batch_tokens=2**18, tensor=(8,), recompute=("off",), space=Space(families=("1f1b",)))
     res = cluster_search(small)
     assert not res.ranking and res.too_big == res.configurations and max(res.least_memory.memory) > 19e9
     with pytest.raises(PlanError, match="--gpus 8: llama3-8b's weights, fp32 gradients and optimizer state need "

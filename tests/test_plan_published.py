@@ -26,3 +26,12 @@ def test_published_throughput_within_15_percent(row):
     assert got == pytest.approx(row.published, rel=0.15)
     if row.calibration:  # the shipped efficiency reproduces its calibration row
         assert got == pytest.approx(row.published, rel=0.01)
+
+
+def test_layouts_print_each_layouts_best(capsys):
+    row = bench.ROWS[0]  # gpt-1.7b on 32 A100s
+    bench.layouts(row, Hardware.load(row.hardware), top=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all("TFLOP/s per GPU" in ln and "bubble" in ln for ln in lines)
+    steps = [float(ln.split("step")[1].split()[0]) for ln in lines]
+    assert steps == sorted(steps) and len({tuple(ln.split()[1:3]) for ln in lines}) == 3  # distinct t x p

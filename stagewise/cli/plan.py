@@ -41,7 +41,9 @@ def register(sub) -> None:
     p.add_argument("--chunks", default=None, help="v tried for families that take any v, default 2,4 (with "
                    "--model: 2,4,8)")
     p.add_argument("--micro-batch-sizes", default=None, help="subset of the profiled sizes (default: all)")
-    p.add_argument("--recompute", choices=("both", "on", "off"), default="both", help="default both")
+    p.add_argument("--recompute", choices=("both", "on", "full", "off", "selective"), default="both",
+                   help="off, full (= on), selective (attention core only; with --model), or both: every one "
+                   "that applies (default)")
     p.add_argument("--layout", default=None, help="a fixed split such as 'E+t*3 | t*4 | t*4 | t*5+H'")
     p.add_argument("--top", type=positive_int, default=10, help="rows of the table, default 10")
     p.add_argument("-o", "--output", default="plan.csv", help="the winner as torch CSV, default plan.csv")
@@ -64,6 +66,9 @@ def cmd_plan(args) -> int:
     try:
         if plan_cluster.wants_cluster(args):
             return plan_cluster.run(args)
+        if args.recompute == "selective":
+            raise UsageError("--recompute selective needs --model: a measured profile cannot tell the attention "
+                             "core from the rest of a layer")
         missing = [o for o, v in (("--profile", args.profile), ("-N/--devices", args.devices),
                                   ("-G/--global-batch", args.global_batch)) if v is None]
         if missing:
@@ -96,7 +101,7 @@ def _plan(args) -> int:
     sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else None
     for b in sizes or ():
         prof.size_index(b)
-    rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
+    rc = {"both": (False, True), "on": (True,), "full": (True,), "off": (False,)}[args.recompute]
     counts = parse_layout(args.layout, prof.symbols) if args.layout else None
     chunks = tuple(_int_list(args.chunks or "2,4", "--chunks"))
     space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts)

@@ -2,7 +2,7 @@
 
 No profile and no torch: the model and the GPU are described by files (or
 shipped names), costed analytically, and searched over tensor x pipeline x
-data parallel, schedule family, v, micro-batch size, recomputation and split.
+data parallel, schedule family, v, micro-batch size, recomputation (off, selective, full) and split.
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ def _job(args):
         bad = [f for f in fams if f not in FAMILIES]
         if bad:
             raise UsageError(f"--schedules: unknown schedule {bad[0]!r}; choose from {', '.join(FAMILIES)}")
-    rc = {"both": (False, True), "on": (True,), "off": (False,)}[args.recompute]
+    from ..plan.analytic import RECOMPUTE
+
+    rc = {"both": RECOMPUTE, "on": ("full",)}.get(args.recompute, (args.recompute,))
     chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks else (2, 4, 8)
     sizes = tuple(_int_list(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes else (1, 2, 4)
     return Job(spec=TransformerSpec.load(args.model), hardware=Hardware.load(args.hardware), gpus=args.gpus,
@@ -111,7 +113,7 @@ def _job(args):
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
                tensor=tuple(_int_list(args.tensor, "--tensor")) if args.tensor else None,
                pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline else None,
-               micro_batch_sizes=sizes, space=Space(families=fams, chunks=chunks, recompute=rc))
+               micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks))
 
 
 def _report(args, job, res, elapsed) -> int:
@@ -158,9 +160,12 @@ def cluster_table(cands) -> str:
     for n, c in enumerate(cands, 1):
         g = c.config
         lines.append(f"{n:>3}  {c.t:>2}{g.p:>4}{g.dp:>6}  {g.family:<17}{g.v:>2}{g.m:>5}{g.mbs:>4} "
-                     f"{'on' if g.recompute else 'off':<4}{fmt_seconds(c.step_time):>9}{c.mfu:>7.1%}"
+                     f"{_RC[c.recompute]:<4}{fmt_seconds(c.step_time):>9}{c.mfu:>7.1%}"
                      f"{fmt_bytes(max(c.candidate.memory)):>11}{c.candidate.bubble:>8.1%}  {_blocks(c)}")
     return "\n".join(lines)
+
+
+_RC = {"off": "off", "selective": "sel", "full": "full"}
 
 
 def _blocks(c) -> str:

@@ -18,6 +18,14 @@ Per GPU of a tensor-parallel group of ``t``:
   grouped-query attention, SwiGLU, no dropout and flash attention; with tensor
   parallel the norms' and dropouts' 10 s b h stay whole unless sequence parallel
   splits them too; a recomputed block keeps only its input (2 s b h);
+- recomputation is one of ``RECOMPUTE``: "off"; "selective" (Korthikanti et al.
+  Sec. 5: the attention core, Q K^T, softmax, its dropout and scores x V, is
+  recomputed in the backward, so the 5 a s^2 b of scores is never kept, at the
+  price of the core's two products and its element-wise passes once more in I);
+  "full" (the whole block is replayed; the generic search's ``recompute``).
+  Flash attention is selective recomputation by construction: it keeps no
+  scores and its backward recomputes Q K^T (5 products where the forward has 2,
+  not 4), so for a flash model "selective" is the same as "off";
 - parameters are bf16 (2 bytes); the optimizer step streams fp32 master weights,
   Adam's two moments and the fp32 gradient through HBM (``OPT_BYTES`` per
   parameter), sharded over data parallel by the cluster search (ZeRO-1).
@@ -35,6 +43,8 @@ BF16 = 2
 #: bytes per parameter the optimizer step moves: fp32 master r/w (8), two fp32 moments r/w (16),
 #: fp32 gradient read (4), bf16 weight written (2)
 OPT_BYTES = 30
+#: recomputation choices of the cluster search, least memory-saving first
+RECOMPUTE = ("off", "selective", "full")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,21 +55,33 @@ class TensorParallel:
     sequence_parallel: bool = True  #: norms and dropouts split along the sequence (Korthikanti et al. 2022)
 
 
-def block_activation_bytes(spec: TransformerSpec, b: int, tp: TensorParallel) -> float:
-    """Bytes one block keeps per micro-batch of ``b`` sequences on one GPU (no recomputation).
+def block_activation_bytes(spec: TransformerSpec, b: int, tp: TensorParallel, recompute: str = "off") -> float:
+    """Bytes one block keeps per micro-batch of ``b`` sequences on one GPU, by ``recompute`` (``RECOMPUTE``).
 
-    At t = 1 for GPT (gelu, dropout, no flash) this is 34 s b h + 5 a s^2 b.
+    For GPT (gelu, dropout, no flash) these are Korthikanti et al.'s Table 2: 34 s b h + 5 a s^2 b at
+    t = 1; s b h (10 + 24/t + 5 a s / h t) with tensor parallel; s b h / t (34 + 5 a s / h) with sequence
+    parallel too; selective drops the 5 a s^2 b term; full keeps the input only, 2 s b h (/ t with
+    sequence parallel, whose input is scattered).
     """
     s, h, f, a, t = spec.seq, spec.hidden, spec.ffn, spec.heads, tp.t
     sbh = s * b * h
+    if recompute == "full":
+        return BF16 * sbh / (t if tp.sequence_parallel else 1)
     # kept whole under tensor parallel: two norms' inputs, the QKV and MLP inputs, two dropout masks
     whole = 4 * sbh + 2 * sbh + 2 * sbh + (2 * sbh if spec.dropout else 0)
     # cut by t: Q, K, V, the output projection's input, the MLP's hidden tensors, the attention scores
     qkv = 2 * sbh + 4 * s * b * spec.kv_dim + 2 * sbh
     mlp = (6 if spec.mlp == "swiglu" else 4) * s * b * f
-    scores = 0 if spec.flash_attention else (2 + (3 if spec.dropout else 0)) * a * s * s * b
-    split = qkv + mlp + scores
+    split = qkv + mlp + (0 if recompute == "selective" else score_bytes(spec, b))
     return (whole + split) / t if tp.sequence_parallel else whole + split / t
+
+
+def score_bytes(spec: TransformerSpec, b: int) -> float:
+    """Bytes of the attention core's s x s tensors kept for the backward at t = 1: softmax output (2),
+    its dropout mask (1) and output (2), 5 a s^2 b; none with flash attention."""
+    if spec.flash_attention:
+        return 0.0
+    return (2 + (3 if spec.dropout else 0)) * spec.heads * spec.seq * spec.seq * b
 
 
 def boundary_bytes(spec: TransformerSpec, b: int, tp: TensorParallel) -> float:
@@ -75,8 +97,11 @@ def tp_allreduce_time(nbytes: float, t: int, link: Link) -> float:
 
 
 def analytic_profile(spec: TransformerSpec, hw: Hardware, tp: TensorParallel,
-                     micro_batch_sizes: tuple[int, ...] = (1, 2, 4)) -> Profile:
-    """The ``Profile`` of ``spec`` on one GPU of a ``tp.t``-way tensor-parallel group of ``hw``.
+                     micro_batch_sizes: tuple[int, ...] = (1, 2, 4), recompute: str = "off") -> Profile:
+    """The ``Profile`` of ``spec`` on one GPU of a ``tp.t``-way tensor-parallel group of ``hw``, its blocks
+    recomputing as ``recompute`` says (``RECOMPUTE``). "full" checkpoints every block on its own, as
+    Megatron-LM and torchtitan do: each keeps its input and replays its forward inside its backward (the
+    one block being replayed is a transient, ``replay_bytes``); the embedding and the head keep theirs.
 
     Example:
         >>> from stagewise.plan.hardware import Hardware
@@ -84,7 +109,9 @@ def analytic_profile(spec: TransformerSpec, hw: Hardware, tp: TensorParallel,
         >>> len(p.layers), p.symbols[:2]
         (34, ('E', 't'))
     """
-    per = {b: _per_size(spec, hw, tp, b) for b in micro_batch_sizes}
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}; got {recompute!r}")
+    per = {b: _per_size(spec, hw, tp, b, recompute) for b in micro_batch_sizes}
     kinds = ("E",) + ("t",) * spec.layers + ("H",)
     layers = []
     for k, sym in enumerate(kinds):
@@ -96,7 +123,7 @@ def analytic_profile(spec: TransformerSpec, hw: Hardware, tp: TensorParallel,
     tied = (((0, len(kinds) - 1), BF16 * spec.vocab * spec.hidden / tp.t),) if spec.tied_embeddings else ()
     return Profile(model=spec.name, device=hw.name, micro_batch_sizes=tuple(micro_batch_sizes), layers=tuple(layers),
                    link=hw.intra, tied=tied,
-                   meta={"analytic": True, "t": tp.t, "sequence_parallel": tp.sequence_parallel,
+                   meta={"analytic": True, "t": tp.t, "sequence_parallel": tp.sequence_parallel, "recompute": recompute,
                          "efficiency": hw.efficiency, "seq": spec.seq})
 
 
@@ -109,7 +136,12 @@ def _params(spec: TransformerSpec, sym: str) -> int:
     return spec.block_params()
 
 
-def _per_size(spec: TransformerSpec, hw: Hardware, tp: TensorParallel, b: int) -> dict:
+def replay_bytes(spec: TransformerSpec, b: int, tp: TensorParallel) -> float:
+    """With full recomputation: the activations of the one block being replayed for its backward."""
+    return block_activation_bytes(spec, b, tp)
+
+
+def _per_size(spec: TransformerSpec, hw: Hardware, tp: TensorParallel, b: int, recompute: str) -> dict:
     """Per-size values of the three kinds of layer for micro-batch size ``b``."""
     t, tokens, hbm = tp.t, spec.seq * b, hw.memory_bandwidth
     out_b = boundary_bytes(spec, b, tp)
@@ -118,10 +150,22 @@ def _per_size(spec: TransformerSpec, hw: Hardware, tp: TensorParallel, b: int) -
     # block: attention's two products are causal with flash attention (half the square computed)
     mm = spec.block_matmul_flops(tokens) / t / hw.rate
     att = spec.attention_flops(tokens) * (0.5 if spec.flash_attention else 1.0) / t / hw.rate
-    act = block_activation_bytes(spec, b, tp)
+    # element-wise passes move the same bytes either way (selective still writes the scores, only
+    # drops them); what a block keeps is less
+    traffic = block_activation_bytes(spec, b, tp)
+    act = block_activation_bytes(spec, b, tp, recompute)
+    selective = recompute == "selective"
+    # the backward's attention products: 2 x the forward's, + Q K^T again with flash attention (it keeps
+    # no scores, which makes it selective already), + the core's forward again (two products, the
+    # scores written once more) when selective
+    if spec.flash_attention:
+        redo = 0.5 * att
+    else:
+        redo = att + score_bytes(spec, b) / t / hbm if selective else 0.0
     comm = 2 * tp_allreduce_time(whole_out, t, hw.intra)
-    block = _times(f=mm + att + act / hbm + comm, i=mm + 2 * att + 2 * act / hbm + comm, w=mm,
-                   act=act, inp=kept_input, out=out_b)
+    f = mm + att + traffic / hbm + comm
+    i = mm + 2 * att + redo + 2 * traffic / hbm + comm + (f if recompute == "full" else 0.0)
+    block = _times(f=f, i=i, w=mm, act=act, inp=kept_input, out=out_b)
     # embedding: a gather forward, a scatter-add backward (memory-bound, tiny)
     e_act = out_b + (tokens * spec.hidden / (t if tp.sequence_parallel else 1) if spec.dropout else 0)
     emb = _times(f=e_act / hbm, i=0.0, w=2 * out_b / hbm, act=e_act, inp=0.0, out=out_b)

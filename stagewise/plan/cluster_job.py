@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .analytic import RECOMPUTE
 from .errors import PlanError
 from .hardware import Hardware
 from .search import Space
@@ -40,6 +41,8 @@ class Job:
     tensor: tuple[int, ...] | None = None  #: t tried; None = every divisor of a node that the heads allow
     pipeline: tuple[int, ...] | None = None  #: p tried; None = every p that divides gpus / t
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
+    #: recomputation tried, of ``analytic.RECOMPUTE`` ("off", "selective", "full"); it replaces space.recompute
+    recompute: tuple[str, ...] = RECOMPUTE
     space: Space = field(default_factory=lambda: Space(chunks=(2, 4, 8)))
 
     @property
@@ -61,6 +64,12 @@ def check_job(job: Job) -> None:
     seq = job.spec.seq
     if job.gpus < 1:
         raise PlanError(f"--gpus must be >= 1; got {job.gpus}")
+    if job.space.recompute != Space().recompute:
+        raise PlanError("Job.space.recompute is not read at cluster scale; give Job.recompute "
+                        f"(of {', '.join(RECOMPUTE)})")
+    bad = [m for m in job.recompute if m not in RECOMPUTE]
+    if bad or not job.recompute:
+        raise PlanError(f"--recompute {','.join(job.recompute)}: each must be one of {', '.join(RECOMPUTE)}")
     if job.global_batch_tokens % seq:
         raise PlanError(f"--global-batch-tokens {job.global_batch_tokens} must be a multiple of the model's "
                         f"sequence length {seq} (whole sequences per step)")

@@ -4,7 +4,10 @@ For each tensor-parallel degree t the model gets an analytic profile (one GPU of
 a t-group); the rest is the ordinary search: the same schedules, a split of
 identical blocks (``block_split``: the first and last stage get fewer blocks
 when the embedding, the head or the warm-up activations make them heavier) and
-the one simulator. What this module adds is the cluster around the pipeline:
+the one simulator. Recomputation (off, selective, full) is the analytic
+profile's: full checkpoints each block, as Megatron-LM and torchtitan do, so the
+generic ``Config.recompute`` (a whole stage replayed, the runtime's way) stays
+off here. What this module adds is the cluster around the pipeline:
 ZeRO-1 memory over dp and the data-parallel gradient reduction overlapped with
 the remaining backward (``data_parallel``); the job and its rules are in
 ``cluster_job``.
@@ -13,7 +16,7 @@ the remaining backward (``data_parallel``); the job and its rules are in
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate
 from typing import Callable, NamedTuple
@@ -21,7 +24,7 @@ from typing import Callable, NamedTuple
 from ..costs import Costs
 from ..schedules import FAMILIES
 from ..simulate import simulate
-from .analytic import TensorParallel, analytic_profile
+from .analytic import RECOMPUTE, TensorParallel, analytic_profile, replay_bytes
 from .block_split import block_split, is_block_model
 from .cluster import Cluster
 from .cluster_job import Job, _nothing_to_search, check_job, state_factor, tensor_degrees
@@ -47,6 +50,7 @@ class ClusterCandidate:
     exposed_dp: float  #: seconds of gradient reduce-scatter not hidden behind the backward
     mfu: float  #: model FLOPs per second / (GPUs x peak)
     tokens_per_second: float
+    recompute: str = "off"  #: of ``RECOMPUTE``: what the blocks recompute (the profile's; config.recompute is off)
 
     @property
     def config(self) -> Config:
@@ -61,10 +65,11 @@ class ClusterCandidate:
         return self.candidate.fits
 
     def label(self) -> str:
-        return f"t={self.t} {self.config.label()}"
+        return f"t={self.t} {self.config.label()} recompute={self.recompute}"
 
     def to_dict(self) -> dict:
-        return {"t": self.t, **self.candidate.to_dict(), "exposed_dp": self.exposed_dp, "mfu": self.mfu,
+        return {"t": self.t, **self.candidate.to_dict(), "recompute": self.recompute,
+                "exposed_dp": self.exposed_dp, "mfu": self.mfu,
                 "tokens_per_second": self.tokens_per_second}
 
 
@@ -107,6 +112,8 @@ class ClusterSearcher(Searcher):
 
     job: Job
     t: int
+    recompute: str = "off"  #: of ``RECOMPUTE``: what the profile's blocks recompute
+    replay: dict = field(default_factory=dict)  #: mbs -> bytes of the one block replayed (full recomputation)
 
     def prepare(self, c: Config) -> Prepared:
         """Split, memory and lower bound of ``c`` (no simulation)."""
@@ -120,7 +127,8 @@ class ClusterSearcher(Searcher):
         acts = peak_activation_bytes(h, resolved.activation_bytes)
         fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor)
         transient = rank_transient_bytes(prof, counts, h, c.mbs, c.recompute)
-        memory = tuple(f + a + x for f, a, x in zip(fixed, acts, transient))
+        replay = self.replay.get(c.mbs, 0.0)
+        memory = tuple(f + a + x + replay for f, a, x in zip(fixed, acts, transient))
         zero = self.job.zero
         gather = reduce_scatter_time(max(fixed) / cl.state_factor, c.dp, dp_link(cl, c.p, c.dp)) if zero else 0.0
         opt = max(rank_optimizer_time(prof, counts, h)) / (c.dp if zero else 1)
@@ -136,7 +144,8 @@ class ClusterSearcher(Searcher):
         lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor)
         key = ("blocks", h, c.mbs, c.recompute)
         if key not in self._partitions:
-            counts = block_split(lc, h, self.cluster.memory) if is_block_model(lc) else None
+            room = self.cluster.memory - self.replay.get(c.mbs, 0.0)  # leave room for the block being replayed
+            counts = block_split(lc, h, room) if is_block_model(lc) else None
             if counts is None and is_block_model(lc):
                 counts = block_split(lc, h, None)  # nothing fits: the fastest split, flagged by memory
             self._partitions[key] = counts
@@ -161,7 +170,7 @@ class ClusterSearcher(Searcher):
                          activations=pre.activations, fits=pre.fits, schedule=sched)
         mfu = self.job.spec.model_flops_per_token() * tokens / (step * self.job.gpus * hw.peak_flops)
         return ClusterCandidate(t=self.t, candidate=cand, exposed_dp=exposed, mfu=mfu,
-                                tokens_per_second=tokens / step)
+                                tokens_per_second=tokens / step, recompute=self.recompute)
 
 
 def pipeline_bound(sched, sc, split_backward: bool) -> float:
@@ -201,27 +210,49 @@ def _piece_layer_bytes(prof, counts) -> list[list[float]]:
 
 
 def searchers(job: Job, skipped: dict) -> list[ClusterSearcher]:
-    """One searcher per (t, p) that could fit; ``skipped`` collects why others were dropped."""
+    """One searcher per (t, p) and recomputation (``job.recompute``) that could fit; ``skipped`` collects
+    why others were dropped. Recomputation is the analytic profile's, so ``Config.recompute`` stays off."""
     spec, hw = job.spec, job.hardware
     shared: dict = {}
     out = []
     for t in tensor_degrees(job):
-        prof = analytic_profile(spec, hw, TensorParallel(t=t, sequence_parallel=job.sequence_parallel),
-                                job.micro_batch_sizes)
-        ranks = job.gpus // t
-        weights = sum(x.param_bytes for x in prof.layers)
-        for p in job.pipeline or [p for p in range(1, ranks + 1) if ranks % p == 0]:
-            if ranks % p or p > len(prof.layers):
-                continue
-            dp = ranks // p
-            if weights * state_factor(dp, job.zero) / p > hw.memory:
-                skipped["weights, gradients and optimizer state alone exceed the GPU's memory"] = \
-                    skipped.get("weights, gradients and optimizer state alone exceed the GPU's memory", 0) + 1
-                continue
-            cl = _OnePipeline(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=hw.memory,
-                              intra=hw.intra, inter=hw.inter, state_factor=state_factor(dp, job.zero), pipeline=p)
-            out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, space=job.space,
-                                       job=job, t=t, _schedules=shared, skipped=skipped))
+        tp = TensorParallel(t=t, sequence_parallel=job.sequence_parallel)
+        for mode in recompute_modes(job):
+            prof = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=mode)
+            replay = {b: replay_bytes(spec, b, tp) for b in job.micro_batch_sizes} if mode == "full" else {}
+            out += _pipelines(job, t, prof, mode, replay, shared, skipped)
+    return out
+
+
+def recompute_modes(job: Job) -> tuple[str, ...]:
+    """``job.recompute``, less "selective" for a flash-attention model where "off" is searched too: it
+    keeps no scores, so the two are the same."""
+    modes = job.recompute
+    if job.spec.flash_attention and "off" in modes:
+        return tuple(m for m in modes if m != "selective")
+    return modes
+
+
+def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
+               skipped: dict) -> list[ClusterSearcher]:
+    hw = job.hardware
+    ranks = job.gpus // t
+    weights = sum(x.param_bytes for x in prof.layers)
+    out = []
+    for p in job.pipeline or [p for p in range(1, ranks + 1) if ranks % p == 0]:
+        if ranks % p or p > len(prof.layers):
+            continue
+        dp = ranks // p
+        if weights * state_factor(dp, job.zero) / p > hw.memory:
+            why = "weights, gradients and optimizer state alone exceed the GPU's memory"
+            if mode == recompute_modes(job)[0]:  # once per layout, whatever the recomputation
+                skipped[why] = skipped.get(why, 0) + 1
+            continue
+        cl = _OnePipeline(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=hw.memory,
+                          intra=hw.intra, inter=hw.inter, state_factor=state_factor(dp, job.zero), pipeline=p)
+        out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job, t=t,
+                                   space=replace(job.space, recompute=(False,)), recompute=mode, replay=replay,
+                                   _schedules=shared, skipped=skipped))
     return out
 
 
@@ -258,10 +289,15 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
         prepared.append((s, s.prepare(c)))
         if progress:
             progress(n, total)
-    # the same configuration with recomputation only adds work: skip it where the one without fits
-    plain = {(id(s), _without_rc(x.config)) for s, x in prepared if x.fits and not x.config.recompute}
+    # more recomputation only adds work (off < selective < full): skip a configuration where the same
+    # one with less recomputation fits
+    least: dict = {}
+    for s, x in prepared:
+        if x.fits:
+            key = (s.t, s.cluster.pipeline, _without_rc(x.config))
+            least[key] = min(least.get(key, 9), _level(s, x.config))
     fitting = sorted(((s, x) for s, x in prepared if x.fits
-                      and not (x.config.recompute and (id(s), _without_rc(x.config)) in plain)),
+                      and least[(s.t, s.cluster.pipeline, _without_rc(x.config))] == _level(s, x.config)),
                      key=lambda sx: sx[1].bound)
     dominated = sum(x.fits for _, x in prepared) - len(fitting)
     if not fitting:
@@ -297,6 +333,11 @@ def _weights_do_not_fit(job: Job) -> str:
     return (f"--gpus {job.gpus}: {job.spec.name}'s weights, fp32 gradients and optimizer state need at least "
             f"{fmt_bytes(need)} per GPU split over all {job.gpus} GPUs, more than the {fmt_bytes(job.hardware.memory)} "
             f"of --hardware {job.hardware.name}; give more --gpus or a GPU with more memory")
+
+
+def _level(s: ClusterSearcher, c: Config) -> int:
+    """0 off, 1 selective, 2 full (``RECOMPUTE``'s order)."""
+    return RECOMPUTE.index(s.recompute) + (3 if c.recompute else 0)
 
 
 def _without_rc(c: Config) -> Config:

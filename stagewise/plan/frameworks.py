@@ -46,7 +46,9 @@ def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
         args.append("--sequence-parallel")
     if job.zero and g.dp > 1:
         args.append("--use-distributed-optimizer")
-    if g.recompute:
+    if c.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    if c.recompute == "full":  # every block its own checkpoint, as the analytic profile assumes
         per_chunk = max(1, max(blocks))
         args += ["--recompute-granularity", "full", "--recompute-method", "block",
                  "--recompute-num-layers", str(per_chunk)]
@@ -81,5 +83,7 @@ def torchtitan_options(c: ClusterCandidate, job: Job, csv_path: str | None) -> s
     if cuts:
         names = [f"layers.{k}" if k < spec.layers else "norm" for k in cuts]  # a cut after the last block
         args += ["--parallelism.pipeline_parallel_split_points", ",".join(names)]
-    args += ["--activation_checkpoint.mode", "full" if g.recompute else "none"]
+    args += ["--activation_checkpoint.mode", {"off": "none"}.get(c.recompute, c.recompute)]
+    if c.recompute == "selective":  # operator-level: matrix multiplies kept, the attention core redone
+        args += ["--activation_checkpoint.selective_ac_option", "op"]
     return shlex.join(args)
