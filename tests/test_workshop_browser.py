@@ -24,7 +24,7 @@ if not (os.access(CHROMIUM, os.X_OK) and os.access(DRIVER, os.X_OK)):
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -231,3 +231,7 @@ def test_memory_cap_marks_peaks_over_it_and_a_bad_cap_by_its_field(server, brows
     set_value(browser, "free_at_i", "1.5")
     wait_for(browser, lambda d: text(d, "#err-free_at_i"))
     assert text(browser, "#err-free_at_i") == "--free-at-i must be <= 1; got 1.5"
+    # the cap is in the peak column's unit, which "durations are for" sets
+    assert text(browser, "#cap-unit") == "micro-batches of a rank's share"
+    Select(browser.find_element(By.ID, "per")).select_by_value("stage")
+    wait_for(browser, lambda d: text(d, "#cap-unit") == "micro-batches of one stage")

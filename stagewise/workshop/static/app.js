@@ -400,6 +400,8 @@ function bind() {
     if (target.id === "per") syncCapUnit();
     schedule();
   });
+  // a select may fire only `change` (WebDriver's option clicks do); the debounce merges the pair browsers send
+  $("per").addEventListener("change", () => { syncCapUnit(); schedule(); });
   $("controls").addEventListener("submit", (ev) => ev.preventDefault());
   $("charts").addEventListener("mousemove", hover);
   $("charts").addEventListener("mouseleave", () => { $("tip").hidden = true; });
