@@ -106,7 +106,8 @@ def main() -> None:
             base = baseline_ms(settings, args.repeats)
             cap = page_ms(driver, httpd.url + "?" + urlencode(settings), args.repeats, "cap", (7, 9))
             label = names[0] if len(names) == 1 else f"all {len(names)} compared"
-            print(f"{label:<24} {actions:>7} {page:>8.0f} {base:>14.1f} {page / BUDGET_MS:>9.0%} {page / base:>15.1f} {cap:>13.0f}")
+            print(f"{label:<24} {actions:>7} {page:>8.0f} {base:>14.1f} {page / BUDGET_MS:>9.0%} "
+                  f"{page / base:>15.1f} {cap:>13.0f}")
     finally:
         driver.quit()
         httpd.shutdown()
