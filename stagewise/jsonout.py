@@ -30,7 +30,10 @@ def finite(obj):
 
 def dumps(obj, **kw) -> str:
     """``json.dumps`` of ``finite(obj)`` with ``allow_nan=False``."""
-    return json.dumps(finite(obj), allow_nan=False, **kw)
+    try:  # nearly always all finite: skip the walk (a third of the workshop's answer time at p=16, m=64)
+        return json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:  # a NaN or infinity somewhere (json raises before writing anything)
+        return json.dumps(finite(obj), allow_nan=False, **kw)
 
 
 def dump(obj, fh, **kw) -> None:

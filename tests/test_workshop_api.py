@@ -179,3 +179,16 @@ def test_an_unexecutable_schedule_is_reported_on_the_schedule_control(monkeypatc
     monkeypatch.setattr(stagewise.compare, "simulate", stuck)
     e = error(schedules="1f1b")
     assert e.field == "schedules" and str(e).startswith("deadlock: wait cycle")
+
+
+def test_a_cap_or_cost_change_reuses_the_schedules_and_the_answer_follows_it():
+    api.generated.cache_clear()
+    fits = run(schedules="v-half", p=4, m=8, cap=3)["results"][0]
+    before = api.generated.cache_info()
+    over = run(schedules="v-half", p=4, m=8, cap="2.5", tf=2)["results"][0]
+    assert api.generated.cache_info().hits == before.hits + 1  # not generated again
+    assert fits["within_cap"] and fits["peak_activations"] == [3.0] * 4  # (p+2)//2
+    assert not over["within_cap"] and over["memory_cap"] == [2.5] * 4 and over["makespan"] > fits["makespan"]
+    assert error(schedules="v-half", p=4, m=8, cap=0).field == "cap"  # a cached schedule still gets its error
+    run(schedules="v-half", p=5, m=8)
+    assert api.generated.cache_info().misses == before.misses + 1  # a new p: generated

@@ -24,7 +24,7 @@ if not (os.access(CHROMIUM, os.X_OK) and os.access(DRIVER, os.X_OK)):
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -181,3 +181,57 @@ def test_a_link_to_a_family_this_version_lacks_says_so(server, browser):
     wait_for(browser, lambda d: "gpipe" in text(d, "#status"))
     assert "warp-drive" in text(browser, "#err-schedules") and "not in this version" in text(browser, "#err-schedules")
     assert browser.find_element(By.CSS_SELECTOR, '#families input[value="gpipe"]').is_selected()
+
+
+def cap_cell(browser, schedule):
+    return text(browser, f'#summary tr[data-schedule="{schedule}"] td.cap')
+
+
+def count(browser, css):
+    return browser.execute_script("return document.querySelectorAll(arguments[0]).length", css)
+
+
+def test_memory_cap_marks_peaks_over_it_and_a_bad_cap_by_its_field(server, browser, shots):
+    if not {"zb-v", "v-half", "v-min"} <= set(api.available()):
+        pytest.skip("v-half and v-min are not built yet")
+    browser.get(server.url + "?schedules=zb-v,v-half,v-min&p=8&m=16")
+    wait_for(browser, lambda d: "3 schedules" in text(d, "#status"))
+    assert count(browser, "#summary td.cap") == 0 and count(browser, "#timeline line.cap") == 0  # no cap, no column
+
+    set_value(browser, "cap", "5")
+    wait_for(browser, lambda d: cap_cell(d, "zb-v"))
+    # the controllable-memory paper's peaks in a rank's share: zb-v p, v-half (p+2)//2, v-min (p+4)//3
+    assert cap_cell(browser, "zb-v") == "8 > 5 \u2717 over on 8 of 8 ranks"
+    assert cap_cell(browser, "v-half") == "5 \u2264 5 \u2713 within"
+    assert cap_cell(browser, "v-min") == "4 \u2264 5 \u2713 within"
+    assert count(browser, '#summary tr[data-schedule="zb-v"] td.peaks .over') == 8
+    assert count(browser, "#summary td.peaks .over") == 8
+    assert count(browser, "#timeline line.cap") == 3 * 8  # a dashed cap line on every rank's memory strip
+    assert count(browser, "#timeline text.over") == 8 and "over the cap" in text(browser, "#legend")
+    assert "cap=5" in browser.current_url
+    browser.save_screenshot(str(shots / "5-cap-zb-v-v-half-v-min.png"))
+
+    set_value(browser, "cap", "0")
+    wait_for(browser, lambda d: text(d, "#err-cap"))
+    assert text(browser, "#err-cap").startswith("--cap must be > 0 and finite")
+    assert "invalid" in browser.find_element(By.ID, "cap").get_attribute("class")
+    assert browser.execute_script("return document.getElementById('err-cap').parentElement "
+                                  "=== document.getElementById('cap').parentElement")
+    assert "not valid" in text(browser, "#status")
+
+    # the share I frees moves the peaks of zb-h1's later ranks under the cap
+    browser.get(server.url + "?schedules=zb-h1&p=4&m=8&cap=3.5")
+    wait_for(browser, lambda d: cap_cell(d, "zb-h1"))
+    assert browser.find_element(By.ID, "cap").get_attribute("value") == "3.5"
+    assert cap_cell(browser, "zb-h1") == "4 > 3.5 \u2717 over on 4 of 4 ranks"
+    set_value(browser, "free_at_i", "0.5")
+    wait_for(browser, lambda d: cap_cell(d, "zb-h1") == "4 > 3.5 \u2717 over on 1 of 4 ranks")
+    assert text(browser, '#summary tr[data-schedule="zb-h1"] td.peaks') == "4 3.5 3 2.5"
+    assert "free_at_i=0.5" in browser.current_url
+    set_value(browser, "free_at_i", "1.5")
+    wait_for(browser, lambda d: text(d, "#err-free_at_i"))
+    assert text(browser, "#err-free_at_i") == "--free-at-i must be <= 1; got 1.5"
+    # the cap is in the peak column's unit, which "durations are for" sets
+    assert text(browser, "#cap-unit") == "micro-batches of a rank's share"
+    Select(browser.find_element(By.ID, "per")).select_by_value("stage")
+    wait_for(browser, lambda d: text(d, "#cap-unit") == "micro-batches of one stage")

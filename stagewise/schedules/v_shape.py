@@ -105,14 +105,15 @@ class _Grid:
 
     def peak(self, r: int, with_w: bool) -> int:
         """Live activations of rank r at its fullest: +1 at F, -1 at W (W's not in the grid yet take free slots)."""
-        live = peak = owed = 0
+        live = peak = owed = prev = 0
         slots = self.slots[r]
-        for slot in range(max(slots) + 1):
-            a = slots.get(slot)
-            if a is None:
-                if not with_w and owed:
-                    live, owed = live - 1, owed - 1
-            elif a.kind == "F":
+        for slot in sorted(slots):  # occupied slots only: a run of free ones pays owed W's at once
+            if owed:
+                paid = min(owed, slot - prev - 1)
+                live, owed = live - paid, owed - paid
+            prev = slot
+            a = slots[slot]
+            if a.kind == "F":
                 live += 1
                 peak = max(peak, live)
             elif a.kind == "W":
@@ -156,10 +157,13 @@ class _Grid:
             if phase == 0 and not with_w:
                 continue
             r = self.rank_of(a.stage)
+            # with the W's counted, only an earlier F can raise the peak (an I counts nothing, an earlier W
+            # frees sooner): the others take the first free slot without the O(slots) peak scan
+            sure = with_w and a.kind != "F"
             for t in range(self.earliest(a), slot):
                 if t not in self.slots[r]:
                     self.move(r, a, t)
-                    if self.peak(r, with_w) <= limit:
+                    if sure or self.peak(r, with_w) <= limit:
                         break
                     self.move(r, a, slot)
 

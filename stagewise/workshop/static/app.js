@@ -2,10 +2,11 @@
 // The server simulates (the same code as the CLI); this file only draws what it returns.
 "use strict";
 
-const FIELDS = ["p", "m", "v", "tf", "tb", "ti", "tw", "tfb", "latency", "skew", "per"];
+const FIELDS = ["p", "m", "v", "tf", "tb", "ti", "tw", "tfb", "latency", "skew", "per", "free_at_i", "cap"];
 const DEBOUNCE_MS = 120;
 // Colours come from the server (stagewise.render.palette), so the page, the SVG files and the
 // notebook look alike: forward blue, backward greens, lighter shades for a rank's later chunks.
+const BAD = "#b3261e"; // over the memory cap: the page's error colour
 const KIND_NAMES = { F: "forward", B: "backward", I: "input-grad backward", W: "weight-grad backward",
   "F&B": "overlapped forward & backward" };
 
@@ -49,6 +50,11 @@ function writeControls(params) {
     $(f).value = val;
     syncRange(f);
   }
+  syncCapUnit();
+}
+
+function syncCapUnit() { // the cap is in the unit of the peak column, which `per` sets
+  $("cap-unit").textContent = $("per").value === "stage" ? "micro-batches of one stage" : "micro-batches of a rank's share";
 }
 
 function syncRange(f) {
@@ -134,6 +140,7 @@ function summaryHtml(results) {
     '<th title="idle share: 1 - busy / (ranks x makespan)">bubble</th>' +
     '<th title="the papers\' formula for these settings; \u2014 where none applies">closed form</th>' +
     `<th title="live activations at the peak, in micro-batches of ${unit}">peak activations per rank</th>` +
+    (results.some((r) => r.memory_cap) ? '<th title="highest peak against the cap per rank (--cap)">peak vs cap</th>' : "") +
     '<th title="copies of the model\'s parameters held (DualPipe keeps two)">params</th><th>files</th></tr>';
   const rows = results.map((r, i) => {
     const formula = r.formula_bubble_fraction === null
@@ -142,11 +149,28 @@ function summaryHtml(results) {
     return `<tr data-schedule="${esc(r.schedule)}"><td class="name">${esc(r.schedule)}</td><td>${r.ranks}</td>` +
       `<td>${r.microbatches}</td><td>${r.chunks}</td><td class="makespan">${num(r.makespan)}</td>` +
       `<td class="bubble">${pct(r.bubble_fraction)}</td>${formula}` +
-      `<td class="peaks">${r.peak_activations.map(num).join(" ")}</td>` +
+      `<td class="peaks">${peaksHtml(r)}</td>${capCell(r)}` +
       `<td class="params">${num(Math.max(...r.parameter_copies))}\u00d7</td>` +
       `<td><a href="#" data-dl="csv" data-i="${i}">CSV</a> <a href="#" data-dl="trace" data-i="${i}">trace</a></td></tr>`;
   });
   return head + rows.join("");
+}
+
+const overCap = (r, rank) => r.memory_cap !== null && r.peak_activations[rank] > r.memory_cap[rank] * (1 + 1e-9);
+
+function peaksHtml(r) { // each rank's peak; those over the cap marked
+  return r.peak_activations.map((x, rank) =>
+    overCap(r, rank) ? `<span class="over" title="over the cap of ${num(r.memory_cap[rank])}">${num(x)}</span>` : num(x))
+    .join(" ");
+}
+
+function capCell(r) {
+  if (!r.memory_cap) return "";
+  const over = r.peak_activations.filter((_, rank) => overCap(r, rank)).length;
+  const peak = Math.max(...r.peak_activations), cap = Math.max(...r.memory_cap);
+  return over
+    ? `<td class="cap over" data-over="${over}">${num(peak)} &gt; ${num(cap)} \u2717 over on ${over} of ${r.ranks} ranks</td>`
+    : `<td class="cap ok" data-over="0">${num(peak)} \u2264 ${num(cap)} \u2713 within</td>`;
 }
 
 function legendHtml(results) {
@@ -160,6 +184,10 @@ function legendHtml(results) {
   if (most.chunks > 1) items.push(`<span class="note">lighter: chunk 1${most.chunks > 2 ? "+" : ""} of a rank</span>`);
   if (kinds.has("F&B")) items.push(`<span>${sw(most.colours.F[0])}over${sw(most.colours.B[0])} F&amp;B pair</span>`);
   items.push(`<span>${sw(info.style.memory)}live activations</span>`);
+  if (results.some((r) => r.memory_cap)) {
+    items.push(`<span><svg width="18" height="12"><line x1="0" x2="18" y1="6" y2="6" stroke="${BAD}" ` +
+      `stroke-width="1.5" stroke-dasharray="4 3"/></svg>cap</span><span>${sw(BAD)}over the cap</span>`);
+  }
   items.push('<span><i class="idle"></i>idle</span><span class="note">numbers: micro-batch</span>');
   return items.join("");
 }
@@ -167,11 +195,14 @@ function legendHtml(results) {
 function layout(results, width) {
   const p = Math.max(...results.map((r) => r.ranks));
   const row = Math.max(8, Math.min(24, Math.floor(380 / p)));
-  const mem = Math.max(5, Math.round(row * 0.5));
+  const capped = results.some((r) => r.memory_cap);
+  const mem = Math.max(5, Math.round(row * (capped ? 0.75 : 0.5))); // taller with a cap: the line must read
   const left = 58, right = 86;
   const span = Math.max(...results.map((r) => r.makespan)) || 1;
   const unit = results[0].unit === "t_f" ? "t_F units" : results[0].unit;
-  return { row, mem, left, right, width, x: (t) => left + (t / span) * (width - left - right), span, unit };
+  // one memory scale for every schedule shown (and the cap), so the curves compare
+  const top = Math.max(1e-9, ...results.flatMap((r) => [...r.peak_activations, ...(r.memory_cap || [])]));
+  return { row, mem, left, right, width, x: (t) => left + (t / span) * (width - left - right), span, unit, top };
 }
 
 function chartSvg(results, width) {
@@ -190,7 +221,7 @@ function block(parts, r, i, y, L) {
   parts.push(`<text x="4" y="${y + 13}" font-weight="600" font-size="12">${esc(r.schedule)}</text>` +
     `<text x="${L.left + 80}" y="${y + 13}" fill="#555">p=${r.ranks} m=${r.microbatches}${vtext} \u00b7 ` +
     `makespan ${num(r.makespan)} \u00b7 bubble ${pct(r.bubble_fraction)} (closed form ` +
-    `${pct(r.formula_bubble_fraction)})</text>`);
+    `${pct(r.formula_bubble_fraction)})${capText(r)}</text>`);
   y += 20;
   parts.push(`<rect x="${L.left}" y="${y}" width="${L.x(r.makespan) - L.left}" height="${r.ranks * L.row}" ` +
     `fill="#fff" stroke="#ccc"/>`);
@@ -201,12 +232,14 @@ function block(parts, r, i, y, L) {
   });
   y += r.ranks * L.row + 6;
   parts.push(`<text x="${L.left - 6}" y="${y + 9}" text-anchor="end" fill="#777">memory</text>`);
-  const top = Math.max(...r.peak_activations, 1e-9);
   r.memory.forEach((steps, rank) => {
     const my = y + rank * L.mem;
-    parts.push(memoryPath(steps, my, L, top, r.makespan) +
-      `<text x="${L.width - L.right + 6}" y="${my + L.mem - 1}" fill="#555" font-size="${Math.min(10, L.mem + 2)}">` +
-      `${rank === 0 ? "peak " : ""}${num(r.peak_activations[rank])}</text>`);
+    const cap = r.memory_cap ? r.memory_cap[rank] : null;
+    const over = overCap(r, rank);
+    parts.push(memoryPath(steps, my, L, cap, r.makespan, `over-${i}-${rank}`) +
+      `<text x="${L.width - L.right + 6}" y="${my + L.mem - 1}" fill="${over ? BAD : "#555"}" ` +
+      `font-size="${Math.min(10, L.mem + 2)}"${over ? ' font-weight="600" class="over"' : ""}>` +
+      `${rank === 0 ? "peak " : ""}${num(r.peak_activations[rank])}${over ? " > cap" : ""}</text>`);
   });
   return y + r.ranks * L.mem + 14;
 }
@@ -233,10 +266,17 @@ function cell(op, r, x0, y, x1, h, key) {
   return out;
 }
 
-function memoryPath(steps, y, L, top, end) {
-  // live activations as a filled step curve, all ranks on the scale of the highest peak
+function capText(r) {
+  if (!r.memory_cap) return "";
+  const peak = Math.max(...r.peak_activations), cap = Math.max(...r.memory_cap);
+  return ` \u00b7 peak ${num(peak)} ${r.within_cap ? "within" : "over"} cap ${num(cap)}`;
+}
+
+function memoryPath(steps, y, L, cap, end, clip) {
+  // live activations as a filled step curve, every schedule and rank on one scale (L.top);
+  // with a cap: a dashed line at it, and what lies above it drawn again in red
   const h = L.mem - 1;
-  const Y = (v) => (y + h - (v / top) * h).toFixed(2);
+  const Y = (v) => (y + h - (v / L.top) * h).toFixed(2);
   let d = `M${L.x(0)},${y + h}`;
   let level = 0;
   for (const [t, v] of steps) {
@@ -244,8 +284,16 @@ function memoryPath(steps, y, L, top, end) {
     level = v;
   }
   d += `L${L.x(end).toFixed(2)},${Y(level)}L${L.x(end).toFixed(2)},${y + h}Z`;
-  return `<rect x="${L.left}" y="${y}" width="${L.x(end) - L.left}" height="${h}" fill="#f4f4f4"/>` +
+  let out = `<rect x="${L.left}" y="${y}" width="${L.x(end) - L.left}" height="${h}" fill="#f4f4f4"/>` +
     `<path d="${d}" fill="${info.style.memory}" fill-opacity="0.55" stroke="${info.style.memory}" stroke-width="0.6"/>`;
+  if (cap === null) return out;
+  const cy = Y(cap);
+  out += `<clipPath id="${clip}"><rect x="${L.left}" y="${y - 1}" width="${L.x(end) - L.left}" ` +
+    `height="${Math.max(0, cy - y + 1).toFixed(2)}"/></clipPath>` +
+    `<path d="${d}" fill="${BAD}" clip-path="url(#${clip})"/>` +
+    `<line class="cap" x1="${L.left}" x2="${L.x(end).toFixed(2)}" y1="${cy}" y2="${cy}" stroke="${BAD}" ` +
+    `stroke-width="0.8" stroke-dasharray="3 3"/>`;
+  return out;
 }
 
 function axis(parts, y, L) {
@@ -349,8 +397,11 @@ function bind() {
     const target = ev.target;
     if (target.dataset.for) $(target.dataset.for).value = target.value;
     else if (FIELDS.includes(target.id)) syncRange(target.id);
+    if (target.id === "per") syncCapUnit();
     schedule();
   });
+  // a select may fire only `change` (WebDriver's option clicks do); the debounce merges the pair browsers send
+  $("per").addEventListener("change", () => { syncCapUnit(); schedule(); });
   $("controls").addEventListener("submit", (ev) => ev.preventDefault());
   $("charts").addEventListener("mousemove", hover);
   $("charts").addEventListener("mouseleave", () => { $("tip").hidden = true; });
