@@ -76,6 +76,19 @@ def per_stage_value(text: str):
     return parts[0] if len(parts) == 1 else parts
 
 
+def family_names(text: str | None, option: str = "--schedules") -> tuple[str, ...] | None:
+    """'1f1b, zb-v' -> ('1f1b', 'zb-v'), each a known family; None (the option not given) stays None."""
+    from ..schedules import FAMILIES
+
+    if not text:
+        return None
+    names = tuple(x.strip() for x in text.split(","))
+    bad = [n for n in names if n not in FAMILIES]
+    if bad:
+        raise UsageError(f"{option}: unknown schedule {bad[0]!r}; choose from {', '.join(FAMILIES)}")
+    return names
+
+
 def int_list(option: str, text: str | None, example: str):
     """'3,2,2,3' -> (3, 2, 2, 3) for ``option``; None stays None."""
     if text is None:

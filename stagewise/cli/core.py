@@ -9,7 +9,8 @@ from .. import jsonout, torch_csv
 from ..report import result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
-from .common import UsageError, add_cost_args, add_schedule_args, costs_from, positive_int, print_json, schedule_from
+from .common import (UsageError, add_cost_args, add_schedule_args, costs_from, family_names, positive_int, print_json,
+                     schedule_from)
 
 
 def register(sub) -> None:
@@ -79,10 +80,7 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
     """(result, timeline) of each family in --schedules (default: all that accept p, m)."""
     from ..compare import compare
 
-    names = [n.strip() for n in args.schedules.split(",")] if args.schedules else None
-    unknown = [n for n in names or () if n not in FAMILIES]
-    if unknown:
-        raise UsageError(f"--schedules: unknown schedule {unknown[0]!r}; choose from {', '.join(FAMILIES)}")
+    names = family_names(args.schedules)
     entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched))
     if not entries:
         raise UsageError(f"no schedule family accepts -p {args.ranks} -m {args.microbatches}")

@@ -11,7 +11,7 @@ import sys
 import time
 
 from .. import limits
-from .common import UsageError, finite_float, positive_int, print_json
+from .common import UsageError, family_names, finite_float, positive_int, print_json
 
 
 def register(sub) -> None:
@@ -83,7 +83,6 @@ def _plan(args) -> int:
     from ..plan.layout import parse_layout
     from ..plan.profile import Profile
     from ..plan.search import Searcher, Space, search
-    from ..schedules import FAMILIES
 
     if args.global_batch < 1:
         raise UsageError(f"--global-batch must be >= 1; got {args.global_batch}")
@@ -92,12 +91,7 @@ def _plan(args) -> int:
     limits.RANKS.check(args.devices, "--devices")  # every p x dp = N is tried: N bounds the search
     prof = Profile.load(args.profile)
     cluster = _cluster(args, prof)
-    fams = None
-    if args.schedules:
-        fams = tuple(x.strip() for x in args.schedules.split(","))
-        bad = [f for f in fams if f not in FAMILIES]
-        if bad:
-            raise UsageError(f"--schedules: unknown schedule {bad[0]!r}; choose from {', '.join(FAMILIES)}")
+    fams = family_names(args.schedules)
     sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else None
     for b in sizes or ():
         prof.size_index(b)

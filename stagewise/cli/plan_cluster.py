@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 
-from .common import UsageError, positive_int, print_json
+from .common import UsageError, family_names, positive_int, print_json
 
 _TOKENS_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]?)\s*")
 _BINARY = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -77,7 +77,6 @@ def _job(args):
     from ..plan.hardware import Hardware
     from ..plan.search import Space
     from ..plan.transformer import TransformerSpec
-    from ..schedules import FAMILIES
     from .plan import _int_list
 
     missing = [o for o, k in (("--model", "model"), ("--hardware", "hardware"), ("--gpus", "gpus"),
@@ -97,12 +96,7 @@ def _job(args):
         raise UsageError("--auto belongs to planning from a measured profile; it cannot be combined with --model")
     if args.gpus < 1:
         raise UsageError(f"--gpus must be >= 1; got {args.gpus}")
-    fams = None
-    if args.schedules:
-        fams = tuple(x.strip() for x in args.schedules.split(","))
-        bad = [f for f in fams if f not in FAMILIES]
-        if bad:
-            raise UsageError(f"--schedules: unknown schedule {bad[0]!r}; choose from {', '.join(FAMILIES)}")
+    fams = family_names(args.schedules)
     from ..plan.analytic import RECOMPUTE
 
     rc = {"both": RECOMPUTE, "on": ("full",)}.get(args.recompute, (args.recompute,))
