@@ -21,15 +21,17 @@ from ..schedule import Schedule
 from .config import RunError
 
 
-def partition(num_layers: int, stages: int, split: Sequence[int] | None = None) -> tuple[range, ...]:
-    """Layer ranges of ``stages`` stages: even (earlier stages get the extra layers) or ``split`` counts."""
+def partition(num_layers: int, stages: int, split=None) -> tuple[range, ...]:
+    """Layer ranges of ``stages`` stages: even (earlier stages get the extra layers) or ``split`` (a ``Split`` or
+    its counts)."""
+    from ..plan.layout import Split
+
     if stages > num_layers:
         raise RunError(f"the model has {num_layers} layers but the schedule needs {stages} stages per model copy; "
                        "each stage needs at least one layer (use more --layers, or fewer ranks or chunks)")
     if split is None:
-        q, r = divmod(num_layers, stages)
-        split = [q + (k < r) for k in range(stages)]
-    split = list(split)
+        return Split.even(num_layers, stages).ranges
+    split = list(split.counts if isinstance(split, Split) else split)
     if len(split) != stages:
         raise RunError(f"--split has {len(split)} counts; the schedule has {stages} stages per model copy")
     if any(c < 1 for c in split):
@@ -38,11 +40,7 @@ def partition(num_layers: int, stages: int, split: Sequence[int] | None = None) 
         what = "loses" if sum(split) < num_layers else "duplicates or invents"
         raise RunError(f"--split {_csv(split)} covers {sum(split)} layers; the model has {num_layers}, so the split "
                        f"{what} layers; the counts must add up to {num_layers}")
-    out, lo = [], 0
-    for c in split:
-        out.append(range(lo, lo + c))
-        lo += c
-    return tuple(out)
+    return Split(tuple(split)).ranges
 
 
 def check_cover(ranges: Sequence[range], num_layers: int) -> None:
@@ -101,11 +99,7 @@ def stage_ranges(schedule: Schedule, num_layers: int, split: Sequence[int] | Non
     if len(sizes) != 1:
         raise RunError(f"lanes of unequal length {sorted(sizes)}; every lane must hold one whole model copy")
     pieces = partition(num_layers, schedule.stages_per_copy, split)
-    ranges = [range(0)] * schedule.stages
-    for lane in schedule.lanes:
-        for k, s in enumerate(lane.stages):
-            ranges[s] = pieces[k]
-    return tuple(ranges)
+    return tuple(pieces[s - first] for s, first in enumerate(schedule.first_stages))
 
 
 def layout_of(schedule: Schedule, ranges: Sequence[range], uses: Sequence[Sequence[tuple[str, str]]]) -> Layout:
