@@ -84,7 +84,7 @@ def overhead(d_model: int, seq: int, name: str, reps: int = 15) -> float:
     from stagewise.runtime.comm import P2P, message_plan
     from stagewise.runtime.executor import Executor, RankContext
     from stagewise.runtime.models import GPTConfig
-    from stagewise.runtime.stage import build_stages, layout
+    from stagewise.runtime.stage import build_stages, stage_map
     from stagewise.runtime.timing import WallClock
     from stagewise.schedules import generate
 
@@ -93,7 +93,7 @@ def overhead(d_model: int, seq: int, name: str, reps: int = 15) -> float:
     model = GPTConfig(layers_n=4, d_model=d_model, heads=4, seq=seq, vocab=64)
     sched = generate(name, 1, 8)
     layers = model.layers()
-    stages = build_stages(sched, layout(sched, layers), layers, 0, cpu)
+    stages = build_stages(sched, stage_map(sched, layers), layers, 0, cpu)
     plan = message_plan(sched)
     runs = {}
     for metered in (True, False):

@@ -85,7 +85,7 @@ def test_an_incomplete_newest_save_falls_back_to_the_previous_complete_one(saved
     full, _ = saved
     res = resumed_p2["fallback"]
     assert res.checkpoint["resumed_step"] == 1 and res.losses == full.losses[1:]
-    assert res["checkpoint"]["skipped"] == ["step-00000002 has no manifest.json (its save did not finish)"]
+    assert res.checkpoint["skipped"] == ["step-00000002 has no manifest.json (its save did not finish)"]
 
 
 def test_another_number_of_ranks_resumes_the_same_training(saved):

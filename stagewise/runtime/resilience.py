@@ -32,7 +32,7 @@ class Resilience:
             ctx.loss = injector.loss(ctx.loss)
         self.guard = Guard(env.rank, env.world, cfg.skip_nonfinite)
         topo = trainer.topo
-        self.checkpoints = Checkpoints(cfg=cfg, schedule=trainer.schedule, layout=trainer.layout,
+        self.checkpoints = Checkpoints(cfg=cfg, schedule=trainer.schedule, stage_map=trainer.stage_map,
                                        stages=trainer.stages, optimizer=trainer.optimizer, rank=env.rank,
                                        world=env.world, pipe_rank=topo.pipe, replica=topo.replica,
                                        replicas=topo.dp, device=env.device, recorder=self.flight)

@@ -80,17 +80,17 @@ class Replica:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Layout:
-    """Layers of every stage and the parameters that have several copies."""
+class StageMap:
+    """Layers of every stage and the holders of every parameter (not a *layout*: that is a split's text)."""
 
     ranges: tuple[range, ...]  #: per stage of the schedule
     params: dict  #: logical name -> tuple of Holders (every parameter, one or more copies)
     replicas: tuple[Replica, ...]  #: the logical parameters with more than one copy
 
 
-def layout(schedule: Schedule, layers: Sequence[nn.Module], split: Sequence[int] | None = None) -> Layout:
+def stage_map(schedule: Schedule, layers: Sequence[nn.Module], split: Sequence[int] | None = None) -> StageMap:
     """Layer ranges per stage and the holders of each logical parameter."""
-    return layout_of(schedule, stage_ranges(schedule, len(layers), split), logical_names(layers))
+    return stage_map_of(schedule, stage_ranges(schedule, len(layers), split), logical_names(layers))
 
 
 def stage_ranges(schedule: Schedule, num_layers: int, split: Sequence[int] | None = None) -> tuple[range, ...]:
@@ -102,8 +102,8 @@ def stage_ranges(schedule: Schedule, num_layers: int, split: Sequence[int] | Non
     return tuple(pieces[s - first] for s, first in enumerate(schedule.first_stages))
 
 
-def layout_of(schedule: Schedule, ranges: Sequence[range], uses: Sequence[Sequence[tuple[str, str]]]) -> Layout:
-    """The layout from per-stage layer ranges and, per layer, its (parameter name, logical name) pairs."""
+def stage_map_of(schedule: Schedule, ranges: Sequence[range], uses: Sequence[Sequence[tuple[str, str]]]) -> StageMap:
+    """The stage map from per-stage layer ranges and, per layer, its (parameter name, logical name) pairs."""
     params: dict[str, list[Holder]] = {}
     for s, rg in enumerate(ranges):
         for layer in rg:
@@ -113,7 +113,7 @@ def layout_of(schedule: Schedule, ranges: Sequence[range], uses: Sequence[Sequen
         Replica(name=n, holders=tuple(h), ranks=tuple(sorted({schedule.placement[x.stage] for x in h})))
         for n, h in params.items() if len(h) > 1
     )
-    return Layout(ranges=tuple(ranges), params={n: tuple(h) for n, h in params.items()}, replicas=replicas)
+    return StageMap(ranges=tuple(ranges), params={n: tuple(h) for n, h in params.items()}, replicas=replicas)
 
 
 def logical_names(layers: Sequence[nn.Module]) -> list[list[tuple[str, str]]]:
@@ -143,7 +143,7 @@ class Stage(nn.Module):
         return self.layers[holder.layer - self.first_layer].get_parameter(holder.name)
 
 
-def build_stages(schedule: Schedule, lay: Layout, layers: Sequence[nn.Module], rank: int, device) -> dict[int, Stage]:
+def build_stages(schedule: Schedule, lay: StageMap, layers: Sequence[nn.Module], rank: int, device) -> dict[int, Stage]:
     """This rank's stages, each with its own copy of its layers (ties become replicas)."""
     return {
         s: Stage(s, [copy.deepcopy(layers[i]) for i in lay.ranges[s]], lay.ranges[s].start).to(device)

@@ -125,7 +125,7 @@ class RankTrainer:
         self.pipe = pipe = Pipeline(sched, cfg.model.layers(), cfg.model.loss, split=cfg.layer_split(), dp=cfg.dp,
                                     device=env.device, recompute=cfg.recompute, static_shapes=True,
                                     timeout=cfg.timeout, measure_memory=cfg.measure_memory)
-        self.layout, self.stages, self.replicas, self.dp = pipe.layout, pipe.stages, pipe.replicas, pipe.dp
+        self.stage_map, self.stages, self.replicas, self.dp = pipe.stage_map, pipe.stages, pipe.replicas, pipe.dp
         self.executor, self.clock, self.meter, self.recompute = pipe.executor, pipe.clock, pipe.meter, pipe.recompute
         self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
         self.params = pipe.parameters()
@@ -200,7 +200,7 @@ class RankTrainer:
     def copies(self, get) -> dict:
         """logical name -> this rank's copies (as numpy), for tests that compare with the reference."""
         out: dict[str, list] = {}
-        for name, holders in self.layout.params.items():
+        for name, holders in self.stage_map.params.items():
             for h in holders:
                 if h.stage in self.stages:
                     t = get(self.stages[h.stage].param(h))
