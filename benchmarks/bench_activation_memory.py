@@ -51,23 +51,23 @@ def table(results, label: str, old_model: bool) -> tuple[float, bool]:
           + ("   with free_at_i=0" if old_model else ""))
     worst = 0.0
     for res in results:
-        meas, pred = res["peak_activation_bytes"], res["predicted_peak_activation_bytes"]
+        meas, pred = res.memory.peak_activation_bytes, res.memory.predicted_peak_activation_bytes
         cells = []
         for m, p in zip(meas, pred):
             err = m / p - 1
             worst = max(worst, abs(err))
             cells.append(f"{kib(m)} / {kib(p)} ({err:+.1%})")
-        line = f"{res['schedule']:<9}" + "".join(f"{c:>23}" for c in cells)
+        line = f"{res.schedule:<9}" + "".join(f"{c:>23}" for c in cells)
         if old_model:
-            sched = generate(res["schedule"], res["ranks"], res["microbatches"])
-            old = without_i_growth(sched, res["stage_activation_bytes"])
+            sched = generate(res.schedule, res.ranks, res.microbatches)
+            old = without_i_growth(sched, res.memory.stage_activation_bytes)
             line += f"   worst {max(abs(m / p - 1) for m, p in zip(meas, old)):.1%}"
         print(line)
-    by_meas = sorted(results, key=lambda r: max(r["peak_activation_bytes"]))
-    by_pred = sorted(results, key=lambda r: max(r["predicted_peak_activation_bytes"]))
-    same = [r["schedule"] for r in by_meas] == [r["schedule"] for r in by_pred]
-    print(f"order by largest rank, measured:  {' < '.join(r['schedule'] for r in by_meas)}")
-    print(f"order by largest rank, predicted: {' < '.join(r['schedule'] for r in by_pred)}  "
+    by_meas = sorted(results, key=lambda r: max(r.memory.peak_activation_bytes))
+    by_pred = sorted(results, key=lambda r: max(r.memory.predicted_peak_activation_bytes))
+    same = [r.schedule for r in by_meas] == [r.schedule for r in by_pred]
+    print(f"order by largest rank, measured:  {' < '.join(r.schedule for r in by_meas)}")
+    print(f"order by largest rank, predicted: {' < '.join(r.schedule for r in by_pred)}  "
           f"({'same' if same else 'different'})")
     print(f"worst error {worst:.1%}" + (f" (target <= {TOLERANCE:.0%})" if old_model else ""))
     return worst, same
@@ -84,7 +84,7 @@ def overhead(d_model: int, seq: int, name: str, reps: int = 15) -> float:
     from stagewise.runtime.comm import P2P, message_plan
     from stagewise.runtime.executor import Executor, RankContext
     from stagewise.runtime.models import GPTConfig
-    from stagewise.runtime.stage import build_stages, layout
+    from stagewise.runtime.stage import build_stages, stage_map
     from stagewise.runtime.timing import WallClock
     from stagewise.schedules import generate
 
@@ -93,7 +93,7 @@ def overhead(d_model: int, seq: int, name: str, reps: int = 15) -> float:
     model = GPTConfig(layers_n=4, d_model=d_model, heads=4, seq=seq, vocab=64)
     sched = generate(name, 1, 8)
     layers = model.layers()
-    stages = build_stages(sched, layout(sched, layers), layers, 0, cpu)
+    stages = build_stages(sched, stage_map(sched, layers), layers, 0, cpu)
     plan = message_plan(sched)
     runs = {}
     for metered in (True, False):

@@ -57,7 +57,7 @@ def main() -> None:
     cost = event_cost(args.reps)
     model = GPTConfig(layers_n=4, d_model=64, heads=4, seq=32, vocab=64)  # `stagewise train`'s default model
     res = train(RunConfig(schedule="1f1b", ranks=2, microbatches=8, batch=8, steps=args.reps + 1, model=model))
-    step = statistics.median(res["step_time_s"][1:])
+    step = statistics.median(res.step_time_s[1:])
     events = max(events_per_step(generate("1f1b", 2, 8)))
     print(f"one event: {cost * 1e6:.2f} us; {events} events per step on the busiest rank; step {step * 1e3:.1f} ms")
     print(f"recorder / step = {events * cost / step:.2%} (target < 1%)")

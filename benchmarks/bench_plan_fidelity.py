@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from stagewise.plan.cluster import Cluster
 from stagewise.plan.link import measure_link
-from stagewise.plan.measure import gpt_model, profile_model
+from stagewise.plan.measure import profile_model
 from stagewise.plan.overhead import KEY, measure_overhead
 from stagewise.plan.search import Searcher, Space, search
 from stagewise.plan.verify import verify, verify_table
@@ -43,7 +43,7 @@ def main() -> None:
 
     load0 = os.getloadavg()[0]
     gpt = GPTConfig(layers_n=args.layers, d_model=256, heads=8, seq=128, vocab=256)
-    prof = profile_model(gpt_model(gpt), (1, 2, 4), repeats=7, threads=1)
+    prof = profile_model(gpt, (1, 2, 4), repeats=7, threads=1)
     prof = replace(prof, link=measure_link())
     if not args.no_overhead:  # what `stagewise profile` measures: work outside the layers
         prof = replace(prof, meta={**prof.meta, KEY: measure_overhead(prof, log=print)})

@@ -114,7 +114,7 @@ def compare(rank, world, name, cls_name, model, args) -> dict:
             rec["ratio"].append(got["stagewise"][0] / got["torch"][0])
     res = ours.result()
     if rank == 0:
-        rec["bubble"] = (res["measured_bubble_fraction"], res["predicted_bubble_fraction"])
+        rec["bubble"] = (res.measured_bubble_fraction, res.predicted_bubble_fraction)
     return rec
 
 

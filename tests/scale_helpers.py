@@ -18,7 +18,7 @@ from stagewise.runtime.comm import P2P, message_plan
 from stagewise.runtime.executor import Executor, RankContext
 from stagewise.runtime.models import GPTConfig
 from stagewise.runtime.recompute import Recompute
-from stagewise.runtime.stage import build_stages, layout
+from stagewise.runtime.stage import build_stages, stage_map
 from stagewise.runtime.timing import WallClock
 
 
@@ -40,7 +40,7 @@ def run_local(schedule, model, recompute=frozenset(), batch: int = 8, meter: boo
     """One step of ``schedule`` (p = 1) on ``model``: ({stage.param: grad}, meter, loss)."""
     assert schedule.ranks == 1
     layers = model.layers()  # seeds torch's RNG: every run starts from the same state
-    lay = layout(schedule, layers)
+    lay = stage_map(schedule, layers)
     stages = build_stages(schedule, lay, layers, 0, torch.device("cpu"))
     m = ActivationMeter(stages) if meter else None
     plan = message_plan(schedule)

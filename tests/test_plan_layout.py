@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stagewise.plan.layout import LayoutError, format_layout, parse_layout
+from stagewise.plan.layout import LayoutError, Split, format_layout, parse_layout
 
 GPT = ["E"] + ["t"] * 32 + ["H"]
 
@@ -47,3 +47,24 @@ def test_rejects_with_reason(text, words):
     with pytest.raises(LayoutError) as e:
         parse_layout(text, GPT)
     assert words in str(e.value)
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=8), st.data())
+def test_split_round_trips_through_text_counts_and_ranges(counts, data):
+    n = sum(counts)
+    symbols = data.draw(st.lists(st.sampled_from(["E", "t", "H", "moe"]), min_size=n, max_size=n))
+    split = Split(tuple(counts))
+    assert Split.parse(split.text(symbols), symbols) == split == Split.parse(str(split), symbols)
+    assert Split.parse(split.text(symbols), n) == split  # symbols unknown: the counts still add up
+    assert [i for r in split.ranges for i in r] == list(range(n)) and [len(r) for r in split.ranges] == counts
+    assert (split.stages, split.layers) == (len(counts), n)
+
+
+def test_split_even_and_its_errors():
+    assert Split.even(10, 4).counts == (3, 3, 2, 2) and str(Split.even(6, 3)) == "2,2,2"
+    with pytest.raises(LayoutError, match="3,0: every stage needs at least one layer"):
+        Split((3, 0))
+    with pytest.raises(LayoutError, match="'3,2' covers 5 layers; the model has 6"):
+        Split.parse("3,2", 6)
+    with pytest.raises(LayoutError, match="stage 1 has H where the model has t"):
+        Split.parse("E+t | H+t", ["E", "t", "t", "H"])

@@ -56,11 +56,11 @@ def test_measuring_uses_the_runtime_launcher():
 def test_profile_measures_the_overhead_on_the_runtime():
     """Two short 1F1B runs on 2 local ranks; the fit explains what the layers alone do not."""
     from stagewise.plan.link import measure_link
-    from stagewise.plan.measure import gpt_model, profile_model
+    from stagewise.plan.measure import profile_model
     from stagewise.plan.overhead import measure_overhead
     from stagewise.runtime.models import GPTConfig
 
-    prof = profile_model(gpt_model(GPTConfig(layers_n=2, d_model=32, seq=8)), (1,), repeats=3, threads=1)
+    prof = profile_model(GPTConfig(layers_n=2, d_model=32, seq=8), (1,), repeats=3, threads=1)
     prof = replace(prof, link=measure_link(sizes=(1 << 10, 1 << 16), repeats=3))
     fit = measure_overhead(prof, (2, 4), steps=3, rounds=1)
     assert fit["fixed_s"] >= 0 and fit["per_action_s"] >= 0

@@ -53,12 +53,14 @@ def test_measure_a_user_sequence_of_layers():
     torch = pytest.importorskip("torch")
     from torch import nn
 
-    from stagewise.plan.measure import Model, profile_model
+    from stagewise.plan.measure import profile_model
+    from stagewise.runtime.models import LayerModel
 
     torch.manual_seed(0)
     layers = [nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 4)]
-    model = Model(name="mlp", layers=layers, make_batch=lambda n: (torch.randn(n, 16), torch.randn(n, 4)),
-                  loss=nn.functional.mse_loss, symbols=["a", "r", "b", "b", "o"])
+    model = LayerModel(name="mlp", layer_list=layers,
+                       make_batch=lambda step, n: (torch.randn(n, 16), torch.randn(n, 4)),
+                       loss_fn=nn.functional.mse_loss, symbols=["a", "r", "b", "b", "o"])
     prof = profile_model(model, (1, 4), repeats=2, warmup=1)
     assert prof.symbols == ("a", "r", "b", "b", "o")
     a, relu, b1, b2, out = prof.layers
@@ -76,11 +78,11 @@ def test_measure_a_user_sequence_of_layers():
 
 def test_measure_finds_the_tied_embedding_of_the_built_in_gpt():
     pytest.importorskip("torch")
-    from stagewise.plan.measure import gpt_model, profile_model
+    from stagewise.plan.measure import profile_model
     from stagewise.runtime.models import GPTConfig
 
     gpt = GPTConfig(layers_n=1, d_model=16, heads=2, seq=8, vocab=32)
-    prof = profile_model(gpt_model(gpt), (1,), repeats=1, warmup=0)
+    prof = profile_model(gpt, (1,), repeats=1, warmup=0)
     assert prof.tied == (((0, 2), 32 * 16 * 4.0),)
     assert prof.meta["gpt"]["layers_n"] == 1 and prof.symbols == ("E", "t", "H")
     assert Profile.loads(json.dumps(prof.to_json())).tied == prof.tied

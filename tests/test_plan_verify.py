@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 
 from stagewise.plan.cluster import Cluster  # noqa: E402
-from stagewise.plan.measure import gpt_model, profile_model  # noqa: E402
+from stagewise.plan.measure import profile_model  # noqa: E402
 from stagewise.plan.profile import Link  # noqa: E402
 from stagewise.plan.search import Searcher, Space, search  # noqa: E402
 from stagewise.plan.verify import verify, verify_table  # noqa: E402
@@ -19,7 +19,7 @@ def test_verify_runs_the_top_configurations_and_predicts_them():
     from stagewise.runtime.models import GPTConfig
 
     gpt = GPTConfig(layers_n=2, d_model=256, heads=4, seq=128, vocab=64)
-    prof = profile_model(gpt_model(gpt), (2, 4), repeats=3, warmup=1, threads=1)
+    prof = profile_model(gpt, (2, 4), repeats=3, warmup=1, threads=1)
     link = Link(latency=5e-4, bandwidth=1e9)  # about gloo on loopback here (the profiler can measure it)
     cl = Cluster(devices=2, per_node=2, memory=None, intra=link, inter=link)
     space = Space(families=("1f1b", "zb-h1", "gpipe"), recompute=(False,))

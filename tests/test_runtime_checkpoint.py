@@ -37,8 +37,8 @@ def saved(tmp_path_factory):
     """(the uninterrupted 4-step run, a --save folder holding steps 1 and 2 of the same run): one launch."""
     root = tmp_path_factory.mktemp("ckpt") / "run"
     full, part = train_many([BASE, dataclasses.replace(BASE, steps=2, save=str(root), save_every=1)])
-    assert part["losses"] == full["losses"][:2]
-    assert part["checkpoint"]["saved"] == [str(root / "step-00000001"), str(root / "step-00000002")]
+    assert part.losses == full.losses[:2]
+    assert part.checkpoint["saved"] == [str(root / "step-00000001"), str(root / "step-00000002")]
     return full, root
 
 
@@ -64,11 +64,11 @@ def resumed_p2(saved, tmp_path_factory):
 def test_a_resume_gives_exactly_the_losses_and_weights_of_the_uninterrupted_run(saved, resumed_p2):
     full, root = saved
     res = resumed_p2["same"]
-    assert res["losses"] == full["losses"][2:]  # bit for bit: weights, AdamW moments and step count restored
-    for name, copies in res["params"].items():
-        for c, ref in zip(copies, full["params"][name]):
+    assert res.losses == full.losses[2:]  # bit for bit: weights, AdamW moments and step count restored
+    for name, copies in res.params.items():
+        for c, ref in zip(copies, full.params[name]):
             assert np.array_equal(c, ref), name
-    ck = res["checkpoint"]
+    ck = res.checkpoint
     assert (ck["resumed_from"], ck["resumed_step"], ck["rng_restored"]) == (str(root / "step-00000002"), 2, True)
 
 
@@ -76,16 +76,16 @@ def test_a_resume_gives_exactly_the_losses_and_weights_of_the_uninterrupted_run(
 def test_another_schedule_resumes_the_same_training(saved, resumed_p2, key):
     full, _ = saved
     res = resumed_p2[key]
-    assert res["schedule"] == key and len(res["losses"]) == 2
-    np.testing.assert_allclose(res["losses"], full["losses"][2:], rtol=1e-5)
-    assert res["checkpoint"]["rng_restored"] is False  # another layout draws differently anyway
+    assert res.schedule == key and len(res.losses) == 2
+    np.testing.assert_allclose(res.losses, full.losses[2:], rtol=1e-5)
+    assert res.checkpoint["rng_restored"] is False  # another layout draws differently anyway
 
 
 def test_an_incomplete_newest_save_falls_back_to_the_previous_complete_one(saved, resumed_p2):
     full, _ = saved
     res = resumed_p2["fallback"]
-    assert res["checkpoint"]["resumed_step"] == 1 and res["losses"] == full["losses"][1:]
-    assert res["checkpoint"]["skipped"] == ["step-00000002 has no manifest.json (its save did not finish)"]
+    assert res.checkpoint["resumed_step"] == 1 and res.losses == full.losses[1:]
+    assert res.checkpoint["skipped"] == ["step-00000002 has no manifest.json (its save did not finish)"]
 
 
 def test_another_number_of_ranks_resumes_the_same_training(saved):
@@ -93,7 +93,7 @@ def test_another_number_of_ranks_resumes_the_same_training(saved):
     cfgs = [dataclasses.replace(BASE, resume=str(root), ranks=4),
             dataclasses.replace(BASE, resume=str(root), ranks=4, schedule="interleaved-1f1b")]  # 8 stages
     for res in train_many(cfgs):
-        np.testing.assert_allclose(res["losses"], full["losses"][2:], rtol=1e-5, err_msg=res["schedule"])
+        np.testing.assert_allclose(res.losses, full.losses[2:], rtol=1e-5, err_msg=res.schedule)
 
 
 def test_the_folder_holds_each_layer_once_and_a_manifest_of_every_file(saved):
@@ -212,9 +212,9 @@ def test_data_parallel_replicas_save_one_copy_that_a_single_pipeline_resumes(tmp
     assert sorted(manifest["files"]) == sorted([files.layer_file(i) for i in range(TINY.num_layers)]
                                                + [files.rng_file(r) for r in range(4)])
     full, res = train_many([base, dataclasses.replace(base, resume=str(root))])  # one pipeline, the whole batch
-    np.testing.assert_allclose(part["losses"], full["losses"][:2], rtol=1e-5)
-    np.testing.assert_allclose(res["losses"], full["losses"][2:], rtol=1e-5)
-    assert res["checkpoint"]["rng_restored"] is False
+    np.testing.assert_allclose(part.losses, full.losses[:2], rtol=1e-5)
+    np.testing.assert_allclose(res.losses, full.losses[2:], rtol=1e-5)
+    assert res.checkpoint["rng_restored"] is False
 
 
 TINY_ARGS = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--batch", "4", "--layers", "6", "--d-model", "32", "--seq",
@@ -256,7 +256,7 @@ def test_overwrite_replaces_another_run_and_a_resume_saves_into_its_own_run(caps
     # the run that saved `mine` goes on saving there: same run id, step 3 beside steps 1 and 2
     rc, out, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--resume", str(mine), "--save", str(mine), "--json")
     assert rc == 0, err
-    assert json.loads(out)["losses"] == pytest.approx(full["losses"][2:3], rel=1e-6)
+    assert json.loads(out)["losses"] == pytest.approx(full.losses[2:3], rel=1e-6)
     ids = {json.loads(m)["run"]["id"] for m in manifests_of(mine).values()}
     assert len(ids) == 1 and sorted(manifests_of(mine)) == [f"step-0000000{i}" for i in (1, 2, 3)]
     assert not stray.exists()

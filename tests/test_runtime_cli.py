@@ -72,6 +72,8 @@ def test_text_output_a_csv_schedule_and_a_trace(capsys, tmp_path, reference_loss
      "needs 8 stages"),
     (["--schedule", "1f1b", "-p", "2", "--split", "1,1"], "--split 1,1 covers 2 layers; the model has 6"),
     (["--schedule", "1f1b", "--split", "a,b"], "--split a,b: expected layer counts"),
+    (["--schedule", "1f1b", "-p", "2", "--split", "E+t*3 | H"], "--split E+t*3 | H: 'E+t*3 | H' has 5 layers and "
+     "loses 1 t; the model is E, t*4, H"),
     (["--schedule", "1f1b", "--d-model", "30"], "--d-model 30 must be a multiple of --heads 4"),
     (["--schedule", "1f1b", "--optimizer", "nope", "--steps", "1"], "--optimizer nope: not a torch.optim"),
     (["--schedule", "1f1b", "--trace", "x.xyz"], "--trace x.xyz: unknown suffix"),
@@ -80,6 +82,17 @@ def test_text_output_a_csv_schedule_and_a_trace(capsys, tmp_path, reference_loss
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     err = fails(capsys, "train", *argv)
     assert needle in err, err
+
+
+def test_split_as_layout_text_trains_like_the_reference(capsys, reference_losses):
+    from stagewise.cli import build_parser
+    from stagewise.cli.train import config_from
+
+    argv = ["train", "--schedule", "1f1b", "-p", "2", "-m", "4", *TINY, "--split", "E | t+t+H"]
+    assert config_from(build_parser().parse_args(argv)).layer_split().counts == (1, 3)  # the text's, not even
+    rc, out, err = run(capsys, *argv, "--json")
+    assert rc == 0, err
+    np.testing.assert_allclose(json.loads(out)["losses"], reference_losses, rtol=1e-5)
 
 
 def test_a_csv_for_more_ranks_than_launched(capsys, tmp_path):

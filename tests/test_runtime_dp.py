@@ -54,24 +54,24 @@ def runs():
 def test_losses_and_every_gradient_copy_equal_the_whole_batch_reference(runs):
     worst = 0.0
     for label, (res, ref) in runs.items():
-        assert (res["ranks"], res["dp"]) == (2, 2), label
-        np.testing.assert_allclose(res["losses"], ref["losses"], rtol=1e-5, err_msg=label)
-        assert set(res["grads"]) == set(ref["grads"]), label
-        for name, copies in res["grads"].items():
+        assert (res.ranks, res.dp) == (2, 2), label
+        np.testing.assert_allclose(res.losses, ref.losses, rtol=1e-5, err_msg=label)
+        assert set(res.grads) == set(ref.grads), label
+        for name, copies in res.grads.items():
             for g in copies:
-                err = rel_err(g, ref["grads"][name][0])
+                err = rel_err(g, ref.grads[name][0])
                 worst = max(worst, err)
                 assert err <= 1e-5, (label, name, err)
     assert worst > 0  # different summation orders really were compared
-    assert len(runs["1f1b"][0]["grads"]["0.tok.weight"]) == 4  # embedding and head, in both replicas
-    assert len(runs["dualpipe"][0]["grads"]["0.tok.weight"]) == 8  # ... in both lanes too
+    assert len(runs["1f1b"][0].grads["0.tok.weight"]) == 4  # embedding and head, in both replicas
+    assert len(runs["dualpipe"][0].grads["0.tok.weight"]) == 8  # ... in both lanes too
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_every_copy_stays_bitwise_equal_across_ties_and_replicas(runs):
     for label, (res, _) in runs.items():
-        for name, copies in res["params"].items():
+        for name, copies in res.params.items():
             assert len(copies) >= 2, (label, name)  # at least one copy per replica
             for c in copies[1:]:
                 assert np.array_equal(c, copies[0]), (label, name)
@@ -81,18 +81,18 @@ def test_every_copy_stays_bitwise_equal_across_ties_and_replicas(runs):
 @pytest.mark.timeout(120)
 def test_weights_under_sgd_and_clipping_equal_the_reference(runs):
     res, ref = runs["1f1b+sgd+clip"]
-    for name, copies in res["params"].items():
-        assert max(rel_err(c, ref["params"][name][0]) for c in copies) <= 1e-5, name
+    for name, copies in res.params.items():
+        assert max(rel_err(c, ref.params[name][0]) for c in copies) <= 1e-5, name
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_memory_is_reported_for_every_rank_of_every_replica(runs):
     res, _ = runs["1f1b"]
-    meas, pred = res["peak_activation_bytes"], res["predicted_peak_activation_bytes"]
+    meas, pred = res.memory.peak_activation_bytes, res.memory.predicted_peak_activation_bytes
     assert len(meas) == len(pred) == 4 and meas[:2] == meas[2:]  # the replicas hold the same
     assert meas == pytest.approx(pred, rel=1e-9)
-    assert len(res["timelines"]) == 3 and res["timelines"][0].ranks == 2  # replica 0's timeline
+    assert len(res.timelines) == 3 and res.timelines[0].ranks == 2  # replica 0's timeline
 
 
 def test_rank_mapping_and_batch_shares():

@@ -67,21 +67,21 @@ def runs(csv_file):
 def test_every_family_ran_at_both_sizes(runs):
     assert {name for name, p in runs if p == 2} == set(FAMILIES)
     assert {name for name, p in runs if p == 4} == set(FAMILIES) | {"torch-csv"}
-    assert runs[("torch-csv", 4)]["schedule"] == "torch_zbv_p4_m8" and runs[("torch-csv", 4)]["ranks"] == 4
+    assert runs[("torch-csv", 4)].schedule == "torch_zbv_p4_m8" and runs[("torch-csv", 4)].ranks == 4
 
 
 def test_losses_of_every_step_equal_the_reference(runs, reference):
     for key, res in runs.items():
-        np.testing.assert_allclose(res["losses"], reference["losses"], rtol=1e-5, err_msg=str(key))
-    assert reference["losses"][-1] < reference["losses"][0]  # it learns
+        np.testing.assert_allclose(res.losses, reference.losses, rtol=1e-5, err_msg=str(key))
+    assert reference.losses[-1] < reference.losses[0]  # it learns
 
 
 def test_every_gradient_after_step_one_equals_the_reference(runs, reference):
-    ref = reference["grads"]
+    ref = reference.grads
     worst = 0.0
     for key, res in runs.items():
-        assert set(res["grads"]) == set(ref), key
-        for name, copies in res["grads"].items():
+        assert set(res.grads) == set(ref), key
+        for name, copies in res.grads.items():
             for g in copies:
                 err = rel_err(g, ref[name][0])
                 worst = max(worst, err)
@@ -93,17 +93,17 @@ def test_tied_and_duplicated_copies_stay_equal_after_every_step(runs):
     # (AdamW divides by the gradient's running RMS, so last-bit gradient differences from another summation
     # order move near-zero weights visibly: values are compared with the reference under SGD, below)
     for key, res in runs.items():
-        for name, copies in res["params"].items():
+        for name, copies in res.params.items():
             for c in copies[1:]:
                 assert np.array_equal(c, copies[0]), (key, name)
-    tied = runs[("dualpipe", 4)]["params"]["0.tok.weight"]
+    tied = runs[("dualpipe", 4)].params["0.tok.weight"]
     assert len(tied) == 4  # embedding and head, in both DualPipe lanes
 
 
 def test_measured_timelines_come_back_for_every_step(runs):
     for key, res in runs.items():
-        assert len(res["timelines"]) == STEPS and res["timelines"][0].source == "measured", key
-        assert 0.0 <= res["measured_bubble_fraction"] < 1.0 and 0.0 <= res["predicted_bubble_fraction"] < 1.0
+        assert len(res.timelines) == STEPS and res.timelines[0].source == "measured", key
+        assert 0.0 <= res.measured_bubble_fraction < 1.0 and 0.0 <= res.predicted_bubble_fraction < 1.0
 
 
 def test_sgd_with_global_norm_clipping_and_an_explicit_split_equal_the_reference():
@@ -112,6 +112,6 @@ def test_sgd_with_global_norm_clipping_and_an_explicit_split_equal_the_reference
     cfgs = [dataclasses.replace(base, schedule=name, ranks=2, split=(3, 5)) for name in ("1f1b", "zb-h1")]
     cfgs.append(dataclasses.replace(base, schedule="dualpipe", ranks=2, split=(5, 3)))
     for cfg, res in zip(cfgs, train_many(cfgs)):
-        np.testing.assert_allclose(res["losses"], ref["losses"], rtol=1e-5, err_msg=cfg.schedule)
-        for name, copies in res["params"].items():
-            assert max(rel_err(c, ref["params"][name][0]) for c in copies) <= 1e-5, (cfg.schedule, name)
+        np.testing.assert_allclose(res.losses, ref.losses, rtol=1e-5, err_msg=cfg.schedule)
+        for name, copies in res.params.items():
+            assert max(rel_err(c, ref.params[name][0]) for c in copies) <= 1e-5, (cfg.schedule, name)

@@ -155,12 +155,12 @@ def test_skip_nonfinite_skips_that_update_on_every_rank_and_goes_on():
     skipped = dataclasses.replace(BASE, steps=2, collect=("params",), skip_nonfinite=True,
                                   fault="nan:rank=1:action=1F0:step=2")
     ref, res = train_many([one_step, skipped])
-    assert res["losses"][0] == ref["losses"][0] and np.isnan(res["losses"][1])
-    (skip,) = res["skipped_steps"]
+    assert res.losses[0] == ref.losses[0] and np.isnan(res.losses[1])
+    (skip,) = res.skipped_steps
     assert skip["step"] == 2 and np.isnan(skip["loss"]) and skip["where"] == "micro-batch 0 (stage 1, rank 1)"
-    for name, copies in res["params"].items():  # every copy on every rank: still the weights after step 1
+    for name, copies in res.params.items():  # every copy on every rank: still the weights after step 1
         for c in copies:
-            assert np.array_equal(c, ref["params"][name][0]), name
+            assert np.array_equal(c, ref.params[name][0]), name
 
 
 @pytest.mark.slow

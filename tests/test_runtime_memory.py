@@ -95,24 +95,25 @@ def four_schedules():
 @pytest.mark.timeout(120)
 def test_measured_peaks_rank_the_schedules_like_the_simulator(four_schedules):
     def order(key):
-        return [r["schedule"] for r in sorted(four_schedules, key=lambda r: max(r[key]))]
+        return [r.schedule for r in sorted(four_schedules, key=lambda r: max(getattr(r.memory, key)))]
 
     assert order("peak_activation_bytes") == order("predicted_peak_activation_bytes")
-    assert len({max(r["peak_activation_bytes"]) for r in four_schedules}) == 4  # a real order, no ties
+    assert len({max(r.memory.peak_activation_bytes) for r in four_schedules}) == 4  # a real order, no ties
     for res in four_schedules:
-        for r, (m, p) in enumerate(zip(res["peak_activation_bytes"], res["predicted_peak_activation_bytes"])):
-            assert m == pytest.approx(p, rel=0.15), (res["schedule"], r)
+        mem = res.memory
+        for r, (m, p) in enumerate(zip(mem.peak_activation_bytes, mem.predicted_peak_activation_bytes)):
+            assert m == pytest.approx(p, rel=0.15), (res.schedule, r)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_without_split_backward_the_prediction_is_exact_and_i_grows_what_zero_bubble_holds(four_schedules):
-    by = {r["schedule"]: r for r in four_schedules}
+    by = {r.schedule: r for r in four_schedules}
     for name in ("1f1b", "gpipe"):
-        assert by[name]["peak_activation_bytes"] == pytest.approx(by[name]["predicted_peak_activation_bytes"],
-                                                                  rel=1e-9)
+        mem = by[name].memory
+        assert mem.peak_activation_bytes == pytest.approx(mem.predicted_peak_activation_bytes, rel=1e-9)
     for name in ("zb-h2", "zb-v"):  # W's gradients outweigh the output I lets go, on every stage
-        added = by[name]["stage_activation_bytes"]
+        added = by[name].memory.stage_activation_bytes
         assert all(added["I"][s] > 0 for s in added["F"]), name
 
 

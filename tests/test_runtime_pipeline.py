@@ -155,4 +155,4 @@ def test_the_cli_runtime_takes_a_schedule_value_with_no_csv_in_between():
     by_value = RunConfig(schedule=stagewise.generate("zb-v", 2, 4), ranks=2, microbatches=4, batch=4, steps=2,
                          model=model, threads=1)
     named, valued = train_many([base, by_value])
-    assert valued["schedule"] == "zb-v" and valued["losses"] == named["losses"]
+    assert valued.schedule == "zb-v" and valued.losses == named.losses

@@ -83,13 +83,13 @@ def test_recomputation_on_real_ranks_equals_the_reference_and_lowers_the_peak():
         ("1f1b", False), ("1f1b", True), ("zb-h1", (0,)), ("dualpipe", True))]
     results = train_many(cfgs)
     for cfg, res in zip(cfgs, results):
-        np.testing.assert_allclose(res["losses"], ref["losses"], rtol=1e-5, err_msg=cfg.schedule)
-        for name, copies in res["grads"].items():
-            assert max(rel_err(g, ref["grads"][name][0]) for g in copies) <= 1e-5, (cfg.schedule, name)
+        np.testing.assert_allclose(res.losses, ref.losses, rtol=1e-5, err_msg=cfg.schedule)
+        for name, copies in res.grads.items():
+            assert max(rel_err(g, ref.grads[name][0]) for g in copies) <= 1e-5, (cfg.schedule, name)
     plain, redone = results[0], results[1]
-    assert redone["recompute"] == [0, 1] and results[2]["recompute"] == [0]
+    assert redone.recompute == (0, 1) and results[2].recompute == (0,)
     # rank 0 holds two micro-batches at its peak, the last rank one: recomputation keeps two inputs and one
     # replayed forward instead of two forwards, and gains nothing where only one is in flight
-    before, after = plain["peak_activation_bytes"], redone["peak_activation_bytes"]
+    before, after = plain.memory.peak_activation_bytes, redone.memory.peak_activation_bytes
     assert after[0] < 0.6 * before[0] and after[1] <= before[1]
-    assert after == pytest.approx(redone["predicted_peak_activation_bytes"], rel=1e-9)
+    assert after == pytest.approx(redone.memory.predicted_peak_activation_bytes, rel=1e-9)

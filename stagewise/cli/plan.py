@@ -80,7 +80,7 @@ def cmd_plan(args) -> int:
 
 
 def _plan(args) -> int:
-    from ..plan.layout import parse_layout
+    from ..plan.layout import Split
     from ..plan.profile import Profile
     from ..plan.search import Searcher, Space, search
 
@@ -96,7 +96,7 @@ def _plan(args) -> int:
     for b in sizes or ():
         prof.size_index(b)
     rc = {"both": (False, True), "on": (True,), "full": (True,), "off": (False,)}[args.recompute]
-    counts = parse_layout(args.layout, prof.symbols) if args.layout else None
+    counts = Split.parse(args.layout, prof.symbols).counts if args.layout else None
     chunks = tuple(_int_list(args.chunks or "2,4", "--chunks"))
     space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts)
     _check_search_size(args, prof, cluster, space)

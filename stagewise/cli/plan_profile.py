@@ -20,7 +20,8 @@ def register(sub) -> None:
         description="Time F, B, I and W of every layer of the built-in GPT on this device at each micro-batch "
         "size, count the activation, parameter and boundary bytes, and measure the point-to-point link between "
         "two local ranks (gloo). `stagewise plan --profile FILE` reads the result. For your own model use the "
-        "Python API: stagewise.plan.measure.profile_model(Model(...)).")
+        "Python API: stagewise.plan.measure.profile_model(model), the model a runtime ModelConfig "
+        "(stagewise.runtime.models.GPTConfig, LayerModel).")
     p.add_argument("-o", "--output", default="profile.json", help="where to write the profile, default profile.json")
     p.add_argument("--micro-batch-sizes", default="1,2,4", help="sizes to measure, default 1,2,4")
     p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks, default 4 (+ embedding, head)")
@@ -102,13 +103,12 @@ def _check_sizes(args, sizes: list[int]) -> None:
 
 
 def _gpt_model(args):
-    from ..plan.measure import gpt_model
     from ..runtime.models import GPTConfig
 
     cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
                     dtype=args.dtype)
     cfg.check()
-    return gpt_model(cfg)
+    return cfg
 
 
 def _hf_model(args):

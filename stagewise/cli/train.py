@@ -29,8 +29,9 @@ def register(sub) -> None:
                    help="ranks to launch, default 4 (under torchrun: WORLD_SIZE)")
     g.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
     g.add_argument("-v", "--chunks", type=positive_int, default=None, help="stages per rank (family default)")
-    g.add_argument("--split", default=None, metavar="N,N,..",
-                   help="layers per stage of one model copy, e.g. 3,2,2,3 (default: even)")
+    g.add_argument("--split", default=None, metavar="SPLIT",
+                   help="layers per stage of one model copy: counts like 3,2,2,3 or a layout like 'E+t*2 | t*2+H' "
+                   "(E embedding, t block, H head; as `stagewise plan` prints it); default: even")
     g = p.add_argument_group("model and data (built-in GPT)")
     g.add_argument("--layers", type=positive_int, default=4, help="transformer blocks, default 4 (+ embedding, head)")
     g.add_argument("--d-model", type=positive_int, default=64, help="width, default 64")
@@ -64,7 +65,7 @@ def register(sub) -> None:
 
 def config_from(args):
     """The RunConfig of the parsed options (raises UsageError on a bad combination)."""
-    from ..runtime.config import RunConfig
+    from ..runtime.config import RunConfig, default_batch
     from ..runtime.models import GPTConfig
 
     name = args.schedule
@@ -77,16 +78,23 @@ def config_from(args):
     _check_sizes(args)
     ranks = args.ranks if args.ranks is not None else (int(os.environ["WORLD_SIZE"]) if is_torchrun() else 4)
     reference = name == "none" or (ranks == 1 and args.dp == 1 and not args.csv)
-    m = args.microbatches
-    # the same default batch for the reference as for a pipelined -m; 0 or less is an error, never "default"
-    batch = args.batch if args.batch is not None else m * -(-8 // m)
+    # the same default batch for the reference as for a pipelined -m (train_scale: x --dp); 0 or less is an error
+    batch = args.batch if args.batch is not None else default_batch(args.microbatches)
     vocab = args.vocab if args.vocab is not None else (256 if args.data else 64)
     model = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=vocab,
                       dtype=args.dtype, data=args.data, seed=args.seed)
     return RunConfig(schedule=None if reference else name, csv=args.csv, ranks=1 if reference else ranks,
                      microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
-                     model=model, split=int_list("--split", args.split, "layer counts like 3,2,2,3"), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
+                     model=model, split=_split(args.split), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
                      timeout=args.timeout, threads=args.threads)
+
+
+def _split(text: str | None):
+    """--split: counts ``3,2,2,3`` (a tuple) or layout text ``E+t*3 | t*3+H`` (read against the model's layers
+    by ``RunConfig.layer_split``)."""
+    if text is None or not ("," in text or text.strip().isdigit()):
+        return text
+    return int_list("--split", text, "layer counts like 3,2,2,3 or a layout like 'E+t*3 | t*3+H'")
 
 
 def _check_sizes(args) -> None:
@@ -132,16 +140,15 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _output(args, res: dict) -> None:
-    last = res["timelines"][-1] if res["timelines"] else None
+def _output(args, res) -> None:
+    """Print ``res`` (a ``RunResult``): its JSON, or the summary and notes; write the trace."""
+    last = res.last_timeline
     if args.trace and last is not None:
         from ..render.files import write_timeline
 
         write_timeline(last, args.trace)
     if args.json:
-        keys = ("schedule", "ranks", "microbatches", "losses", "step_time_s", "measured_bubble_fraction",
-                "predicted_bubble_fraction")
-        print_json({**{k: res[k] for k in keys}, **train_safety.json_extras(res), **train_scale.json_extras(res)})
+        print_json(res.to_json())
         return
     print(summary(res))
     for line in train_safety.lines(res) + train_scale.lines(res):
@@ -154,15 +161,15 @@ def _output(args, res: dict) -> None:
         print(f"wrote {args.trace} (measured timeline of the last step)")
 
 
-def summary(res: dict) -> str:
+def summary(res) -> str:
     """Mean step time and measured vs predicted bubble, the first step excluded when there are several."""
-    times = res["step_time_s"][1:] or res["step_time_s"]
-    warm = " (step 1 excluded as warm-up)" if len(res["step_time_s"]) > 1 else ""
-    lines = [f"{res['schedule']}: p={res['ranks']} m={res['microbatches']}, mean step {_sec(sum(times) / len(times))}"
+    times = res.step_time_s[1:] or res.step_time_s
+    warm = " (step 1 excluded as warm-up)" if len(res.step_time_s) > 1 else ""
+    lines = [f"{res.schedule}: p={res.ranks} m={res.microbatches}, mean step {_sec(sum(times) / len(times))}"
              f"{warm}"]
-    if res["ranks"] > 1:
-        lines.append(f"bubble: measured {res['measured_bubble_fraction']:.1%}, predicted "
-                     f"{res['predicted_bubble_fraction']:.1%} (simulator fed the measured mean cost of each action "
+    if res.ranks > 1:
+        lines.append(f"bubble: measured {res.measured_bubble_fraction:.1%}, predicted "
+                     f"{res.predicted_bubble_fraction:.1%} (simulator fed the measured mean cost of each action "
                      "kind per stage)")
     return "\n".join(lines)
 
@@ -233,5 +240,5 @@ def demo_run(out: Path) -> None:
     for res in results:
         print(summary(res))
         for suffix in (".json", ".png" if has_matplotlib() else ".svg"):
-            path = write_timeline(res["timelines"][-1], out / f"measured-{res['schedule']}{suffix}")
+            path = write_timeline(res.last_timeline, out / f"measured-{res.schedule}{suffix}")
             print(f"wrote {path} (measured timeline of the last step)")

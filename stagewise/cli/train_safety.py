@@ -39,15 +39,10 @@ def apply(cfg, args):
                                skip_nonfinite=args.skip_nonfinite, fault=os.environ.get(FAULT_ENV) or None)
 
 
-def json_extras(res: dict) -> dict:
-    """The result's checkpoint and skipped-step sections, when the run has them."""
-    return {k: res[k] for k in ("checkpoint", "skipped_steps") if k in res}
-
-
-def lines(res: dict) -> list[str]:
-    """What the run did with checkpoints and non-finite steps, one line each."""
+def lines(res) -> list[str]:
+    """What the run (a ``RunResult``) did with checkpoints and non-finite steps, one line each."""
     out = []
-    ck = res.get("checkpoint", {})
+    ck = res.checkpoint or {}
     out += [f"note: --resume passed over {s}" for s in ck.get("skipped", [])]
     if ck.get("removed"):
         gone = ck["removed"]
@@ -58,7 +53,7 @@ def lines(res: dict) -> list[str]:
         out.append(f"resumed from {ck['resumed_from']} after step {ck['resumed_step']}{rng}")
     for folder, seconds in zip(ck.get("saved", []), ck.get("save_s", [])):
         out.append(f"saved {folder} ({seconds * 1e3:.0f} ms)")
-    for s in res.get("skipped_steps", []):
+    for s in res.skipped_steps or ():
         at = f" at {s['where']}" if s["where"] else ""
         out.append(f"skipped the update of step {s['step']}: loss {s['loss']}{at}")
     return out

@@ -10,11 +10,6 @@ import os
 
 from .common import UsageError, int_list, positive_int
 
-#: result keys that go to --json when the run has them
-JSON_KEYS = ("dp", "recompute", "peak_activation_bytes", "predicted_peak_activation_bytes",
-             "peak_memory_allocated_bytes")
-
-
 def add_args(p) -> None:
     g = p.add_argument_group("data parallelism and memory")
     g.add_argument("--dp", type=positive_int, default=1,
@@ -41,32 +36,30 @@ def apply(cfg, args):
     if is_torchrun() and args.ranks is None and cfg.pipelined and cfg.dp > 1:
         world = int(os.environ["WORLD_SIZE"])
         cfg = dataclasses.replace(cfg, ranks=world // cfg.dp if world % cfg.dp == 0 else world)  # else preflight
-    if args.batch is None and cfg.pipelined:  # the default batch: at least 8, whole micro-batches on each replica
-        share = cfg.microbatches * cfg.dp
-        cfg = dataclasses.replace(cfg, batch=share * -(-8 // share))
+    if args.batch is None and cfg.pipelined:  # the default batch, now that --dp is known
+        from ..runtime.config import default_batch
+
+        cfg = dataclasses.replace(cfg, batch=default_batch(cfg.microbatches, cfg.dp))
     return cfg
 
 
-def json_extras(res: dict) -> dict:
-    return {k: res[k] for k in JSON_KEYS if k in res}
-
-
-def lines(res: dict) -> list[str]:
-    """Measured against predicted peak activation memory, one line."""
-    if "peak_activation_bytes" not in res:
+def lines(res) -> list[str]:
+    """Measured against predicted peak activation memory (of a ``RunResult``), one line."""
+    if res.memory is None:
         return []
     from ..plan.cluster import fmt_bytes
 
+    mem = res.memory
     pairs = ", ".join(f"{fmt_bytes(m)} / {fmt_bytes(p)}"
-                      for m, p in zip(res["peak_activation_bytes"], res["predicted_peak_activation_bytes"]))
+                      for m, p in zip(mem.peak_activation_bytes, mem.predicted_peak_activation_bytes))
     out = []
-    if res.get("dp", 1) > 1:
-        out.append(f"data parallel: {res['dp']} replicas of the {res['ranks']}-rank pipeline "
-                   f"({res['ranks'] * res['dp']} ranks), gradients summed per stage over the replicas")
+    if (res.dp or 1) > 1:
+        out.append(f"data parallel: {res.dp} replicas of the {res.ranks}-rank pipeline "
+                   f"({res.ranks * res.dp} ranks), gradients summed per stage over the replicas")
     out.append(f"peak activation memory per rank, measured / predicted by the simulator: {pairs}")
-    if res.get("peak_memory_allocated_bytes"):
+    if mem.peak_memory_allocated_bytes:
         out.append("torch.cuda.max_memory_allocated per rank: "
-                   + ", ".join(fmt_bytes(x) for x in res["peak_memory_allocated_bytes"]))
+                   + ", ".join(fmt_bytes(x) for x in mem.peak_memory_allocated_bytes))
     return out
 
 

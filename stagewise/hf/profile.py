@@ -1,4 +1,4 @@
-"""An HF causal LM as the planner's ``Model``: what ``stagewise profile --hf`` measures.
+"""An HF causal LM as a ``ModelConfig`` (the runtime's model interface): what ``stagewise profile --hf`` measures.
 
 The layers are the adapter's ``E, t * L, N, H`` (HF names as layer names), the
 batches random token ids of ``seq`` tokens, the loss transformers' own. Equal
@@ -12,17 +12,18 @@ from .model import HFModel
 
 
 def profile_model(model: HFModel, seq: int, source: str):
-    """The planner's ``plan.measure.Model`` of ``model`` (loaded from ``source``) at sequence length ``seq``."""
+    """The ``runtime.models.LayerModel`` of ``model`` (loaded from ``source``) at sequence length ``seq``."""
     import torch
 
-    from ..plan.measure import Model
+    from ..runtime.models import LayerModel
 
     vocab = int(model.config.vocab_size)
 
-    def make_batch(size: int):
+    def make_batch(step: int, size: int):
         ids = torch.randint(0, vocab, (size, seq), generator=torch.Generator().manual_seed(size))
         return ids, ids
 
-    return Model(name=f"{model.config.model_type} ({model.decoder_layers} layers)", layers=model.layers(),
-                 make_batch=make_batch, loss=model.loss, symbols=model.symbols, names=list(model.prefixes),
-                 meta={"hf": {"source": source, "seq": seq, "dtype": model.dtype}})
+    return LayerModel(name=f"{model.config.model_type} ({model.decoder_layers} layers)",
+                      layer_list=tuple(model.layers()), make_batch=make_batch, loss_fn=model.loss,
+                      symbols=model.symbols, names=list(model.prefixes),
+                      meta={"hf": {"source": source, "seq": seq, "dtype": model.dtype}})

@@ -274,7 +274,7 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
                    per_layout: bool = False) -> Result:
     """The ``keep`` fastest configurations that fit, exactly: a configuration is simulated unless its
     lower bound (``Prepared.bound``) is already slower than the ``keep``-th best simulated step
-    (with ``per_layout``, also than the best of its own t x p, so every layout's best is exact)."""
+    (with ``per_layout``, also than the best of its own t x p grid, so every grid's best is exact)."""
     check_job(job)
     skipped: dict = {}
     found = searchers(job, skipped)
@@ -304,16 +304,16 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
         return Result(ranking=[], configurations=len(work), simulated=0, pruned=0, too_big=len(prepared),
                       least_memory=min((x for _, x in prepared), key=lambda x: max(x.memory)))
     best: list[float] = []  # a max-heap (negated) of the keep fastest steps so far
-    layout_best: dict[tuple[int, int], float] = {}
+    grid_best: dict[tuple[int, int], float] = {}  # per t x p grid
     out = []
     for n, (s, x) in enumerate(fitting, 1):
-        layout = (s.t, x.config.p)
+        grid = (s.t, x.config.p)
         if len(best) >= keep and x.bound > -best[0] and (
-                not per_layout or (layout in layout_best and x.bound > layout_best[layout])):
+                not per_layout or (grid in grid_best and x.bound > grid_best[grid])):
             continue
         got = s.finish(x)
         out.append(got)
-        layout_best[layout] = min(layout_best.get(layout, float("inf")), got.step_time)
+        grid_best[grid] = min(grid_best.get(grid, float("inf")), got.step_time)
         heapq.heappush(best, -got.step_time)
         if len(best) > keep:
             heapq.heappop(best)

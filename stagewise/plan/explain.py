@@ -62,7 +62,7 @@ def train_command(best: Candidate, profile: Profile, csv_path: str | None, globa
         args = ["stagewise", "train", "--csv", csv_path, "-p", str(c.p), "-m", str(c.m)]
     else:
         args = ["stagewise", "train", "--schedule", c.family, "-p", str(c.p), "-m", str(c.m), "-v", str(c.v)]
-    args += ["--batch", str(c.m * c.mbs * c.dp), "--split", ",".join(map(str, best.counts))]
+    args += ["--batch", str(c.m * c.mbs * c.dp), "--split", str(best.split)]
     args += (["--dp", str(c.dp)] if c.dp > 1 else []) + (["--recompute"] if c.recompute else [])
     if gpt:
         for key, opt in (("layers_n", "--layers"), ("d_model", "--d-model"), ("heads", "--heads"), ("seq", "--seq"),

@@ -41,11 +41,11 @@ def holding(schedule: Schedule) -> Holding:
     """The Holding of ``schedule`` (activations freed at B, or at W for a split backward)."""
     piece, share = [0] * schedule.stages, [0.0] * schedule.stages
     pieces = 0
+    first = schedule.first_stages
     for lane in schedule.lanes:
-        n = lane.stage_hi - lane.stage_lo
-        pieces = max(pieces, n)
+        pieces = max(pieces, len(lane.stages))
         for s in lane.stages:
-            piece[s] = s - lane.stage_lo
+            piece[s] = s - first[s]
             share[s] = (lane.mb_hi - lane.mb_lo) / schedule.microbatches
     rank_stages = tuple(tuple(schedule.stages_of_rank(r)) for r in range(schedule.ranks))
     live = tuple(_live_vectors(prog, stages) for prog, stages in zip(schedule.programs, rank_stages))

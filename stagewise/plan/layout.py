@@ -1,6 +1,12 @@
-"""Layout strings: which layers each stage holds, in a form people can read and type.
+"""A split of a model's layers into stages (``Split``) and its layout text, in a form people can read and type.
 
-A layout is a count of layers per stage, in model order. Its text names each
+Vocabulary, one meaning each: a *split* is the layers per stage of one model
+copy (``Split``: counts, ranges and text are three views of it); a *layout*
+is a split's text; *partition* is the planner's search for a split (plan/partition.py);
+a *chunk* is one of a rank's stages (``-v``). No torch here: the runtime
+(``Pipeline(split=...)``, ``train --split``) and the planner share this value.
+
+A layout's text names each
 layer by its symbol (``E`` embedding, ``t`` transformer block, ``H`` head, or
 what a profile says) and collapses runs: ``E+t*7 | t*8 | t*8 | t*7+H``.
 Parsing checks the text against the model's own sequence of symbols, so a
@@ -12,7 +18,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from itertools import groupby
+from dataclasses import dataclass
+from itertools import accumulate, groupby
 from typing import Sequence
 
 from .errors import PlanError
@@ -22,6 +29,68 @@ _TERM_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*)(?:\s*\*\s*(\d+))?")
 
 class LayoutError(PlanError):
     """A layout string that does not describe the model's layers exactly once, in order."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """Layers per stage of one model copy, in model order: counts, ranges and layout text as one value.
+
+    >>> s = Split.parse("E+t*3 | t*3+H", ["E"] + ["t"] * 6 + ["H"])
+    >>> s.counts, s.ranges[1], s.text(["E"] + ["t"] * 6 + ["H"]), str(s)
+    ((4, 4), range(4, 8), 'E+t*3 | t*3+H', '4,4')
+    """
+
+    counts: tuple[int, ...]  #: layers of each stage, >= 1 each
+
+    def __post_init__(self):
+        object.__setattr__(self, "counts", tuple(int(c) for c in self.counts))
+        bad = [c for c in self.counts if c < 1]
+        if not self.counts or bad:
+            raise LayoutError(f"{self}: every stage needs at least one layer")
+
+    @classmethod
+    def even(cls, layers: int, stages: int) -> "Split":
+        """``layers`` over ``stages`` as evenly as can be, earlier stages taking the extra layers."""
+        q, r = divmod(layers, stages)
+        return cls(tuple(q + (k < r) for k in range(stages)))
+
+    @classmethod
+    def parse(cls, text: str, symbols: Sequence[str] | int) -> "Split":
+        """``3,2,2,3`` (counts) or a layout ``E+t*3 | t*3+H``, checked against the model's ``symbols`` (or, when
+        only its number of layers is known, that the counts add up to it)."""
+        if _COUNTS_RE.fullmatch(text):
+            out = cls(tuple(int(c) for c in text.split(",")))
+            layers = symbols if isinstance(symbols, int) else len(symbols)
+            if out.layers != layers:
+                raise LayoutError(f"{text!r} covers {out.layers} layers; the model has {layers}")
+            return out
+        if isinstance(symbols, int):
+            return cls(stage_counts(text, symbols))
+        return cls(parse_layout(text, symbols))
+
+    @property
+    def stages(self) -> int:
+        return len(self.counts)
+
+    @property
+    def layers(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def ranges(self) -> tuple[range, ...]:
+        """Each stage's layer indices."""
+        ends = list(accumulate(self.counts))
+        return tuple(range(e - c, e) for c, e in zip(self.counts, ends))
+
+    def text(self, symbols: Sequence[str], *, abbreviate: bool = False) -> str:
+        """The layout text over the model's ``symbols``, e.g. ``E+t*7 | t*8 | t*7+H``."""
+        return format_layout(symbols, self.counts, abbreviate=abbreviate)
+
+    def __str__(self) -> str:
+        return ",".join(map(str, self.counts))
+
+
+_COUNTS_RE = re.compile(r"\s*\d+\s*(,\s*\d+\s*)*")
 
 
 def format_layout(symbols: Sequence[str], counts: Sequence[int], *, abbreviate: bool = False) -> str:

@@ -1,7 +1,8 @@
 """Measure a Profile: per-layer F, B, I, W times and bytes, and the point-to-point link.
 
-Needs torch. A model is a sequence of layers plus ``make_batch(size) ->
-(inputs, targets)`` and ``loss(output, target)``, as the runtime takes it. Each
+Needs torch. A model is the runtime's ``ModelConfig`` (``layers()``,
+``batch(step, size)``, ``loss(output, target)``: what ``RunConfig.model``
+holds, e.g. ``GPTConfig`` or ``LayerModel``), measured on step 0's batch. Each
 layer is timed alone on the input it sees in the model, the median of
 ``repeats`` runs after ``warmup``. ``I`` and ``W`` use the runtime's own split
 backward (stagewise.runtime.split_backward), so they are the same work the
@@ -16,34 +17,23 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from ..runtime.activation_memory import SavedBytes
+from ..runtime.config import ModelConfig
 from ..runtime.split_backward import Splitter, input_grad, weight_grad
 from .profile import LayerProfile, Profile
 
 
-@dataclass(frozen=True, kw_only=True)
-class Model:
-    """What the profiler runs: layers, a batch maker and the loss (the runtime's model interface)."""
-
-    name: str
-    layers: Sequence[nn.Module]
-    make_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  #: size -> (inputs, targets)
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    symbols: Sequence[str] | None = None  #: layout letters; default E, t..., H
-    names: Sequence[str] | None = None
-    meta: dict = field(default_factory=dict)  #: how to rebuild the model (printed in train commands)
-
-
-def profile_model(model: Model, micro_batch_sizes: Sequence[int] = (1,), *, repeats: int = 5, warmup: int = 2,
+def profile_model(model: ModelConfig, micro_batch_sizes: Sequence[int] = (1,), *, repeats: int = 5, warmup: int = 2,
                   device: str = "cpu", threads: int | None = None, each_layer: bool = False,
                   optimizer: str = "adamw") -> Profile:
     """Measure every layer of ``model`` at each micro-batch size; returns a Profile (no link).
+
+    >>> prof = profile_model(GPTConfig(layers_n=2), (1, 2))  # doctest: +SKIP
 
     ``optimizer``: the torch.optim class (by name) whose step is timed per layer.
     """
@@ -53,13 +43,13 @@ def profile_model(model: Model, micro_batch_sizes: Sequence[int] = (1,), *, repe
 
     keep_freed_memory()  # the runtime's ranks run with these allocator settings: time under the same
     dev = torch.device(device)
-    layers = [layer.to(dev) for layer in model.layers]
+    layers = [layer.to(dev) for layer in model.layers()]
     n = len(layers)
-    symbols = list(model.symbols or (["E"] + ["t"] * (n - 2) + ["H"] if n > 2 else ["t"] * n))
-    names = list(model.names or [type(x).__name__ for x in layers])
+    symbols = list(getattr(model, "symbols", None) or (["E"] + ["t"] * (n - 2) + ["H"] if n > 2 else ["t"] * n))
+    names = list(_optional(model, "layer_names") or [type(x).__name__ for x in layers])
     per = [[] for _ in range(n)]  # per layer: one measurement dict per size
     for mbs in micro_batch_sizes:
-        inputs, targets = (t.to(dev) for t in model.make_batch(mbs))
+        inputs, targets = (t.to(dev) for t in model.batch(0, mbs))
         xs = _layer_inputs(layers, inputs)
         done: dict = {}
         for i, layer in enumerate(layers):
@@ -83,9 +73,16 @@ def profile_model(model: Model, micro_batch_sizes: Sequence[int] = (1,), *, repe
                                 t_opt=opt_done[key], **fields))
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "repeats": repeats, "optimizer": optimizer,
             "dtype": str(next((p.dtype for layer in layers for p in layer.parameters()), "?")).replace("torch.", ""),
-            **model.meta}
-    return Profile(model=model.name, device=_device_name(dev), micro_batch_sizes=tuple(micro_batch_sizes),
+            **(_optional(model, "profile_meta") or {})}
+    return Profile(model=getattr(model, "name", type(model).__name__), device=_device_name(dev),
+                   micro_batch_sizes=tuple(micro_batch_sizes),
                    layers=tuple(out), tied=_tied_groups(layers), meta=meta)
+
+
+def _optional(model, method: str):
+    """``model.method()`` where the model has it (the optional members of ``ModelConfig``), else None."""
+    fn = getattr(model, method, None)
+    return fn() if callable(fn) else None
 
 
 def _tied_groups(layers) -> tuple:
@@ -205,11 +202,3 @@ def _device_name(dev: torch.device) -> str:
     import platform
 
     return f"cpu ({platform.processor() or platform.machine()})"
-
-
-def gpt_model(cfg) -> Model:
-    """The runtime's built-in GPT (a ``stagewise.runtime.models.GPTConfig``) as a Model."""
-    from dataclasses import asdict
-
-    return Model(name="gpt", layers=cfg.layers(), make_batch=lambda size: cfg.batch(0, size), loss=cfg.loss,
-                 names=cfg.layer_names(), meta={"gpt": asdict(cfg)})

@@ -20,7 +20,7 @@ from ..timeline import Timeline
 from .cluster import Cluster
 from .errors import PlanError
 from .holding import Holding, holding
-from .layout import format_layout
+from .layout import Split, format_layout
 from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
                     step_sync_time)
 from .overhead import step_overhead
@@ -63,6 +63,11 @@ class Candidate:
     fits: bool
     schedule: Schedule = field(compare=False, repr=False)
     overhead: float = 0.0  #: per-step work outside the profiled layers (the profile's measured fit)
+
+    @property
+    def split(self) -> Split:
+        """``counts`` as the value the runtime takes (``RunConfig(split=...)``, ``Pipeline(split=...)``)."""
+        return Split(self.counts)
 
     def to_dict(self) -> dict:
         c = self.config

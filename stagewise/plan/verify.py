@@ -125,7 +125,7 @@ def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, 
             cfgs = [_run_config(c, gpt, profile, steps, Path(tmp, str(n))) for n, c in group]
             results = train_many(cfgs * rounds)
             for j, (n, c) in enumerate(group):
-                times = [t for res in results[j::len(group)] for t in res["step_time_s"][1:]]
+                times = [t for res in results[j::len(group)] for t in res.step_time_s[1:]]
                 rows[n] = _row(c, times, Path(tmp, str(n)))
     return [rows[n] for n in range(len(picked))]
 
@@ -139,7 +139,7 @@ def _run_config(c: Candidate, gpt, profile: Profile, steps: int, folder: Path):
     sched = dict(schedule=g.family, chunks=g.v) if g.family in FAMILIES else dict(schedule=c.schedule)
     return RunConfig(**sched, ranks=g.p, dp=g.dp, recompute=g.recompute, microbatches=g.m, steps=steps,
                      batch=g.m * g.mbs * g.dp,
-                     model=MeasuredGPT(gpt=gpt, peaks_dir=str(folder)), split=c.counts,
+                     model=MeasuredGPT(gpt=gpt, peaks_dir=str(folder)), split=c.split,
                      threads=profile.meta.get("threads"), optimizer=profile.meta.get("optimizer", "adamw"),
                      measure_memory=False)  # MeasuredGPT counts activations: no second meter in the timing
 

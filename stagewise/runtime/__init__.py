@@ -21,6 +21,7 @@ Needs torch (``pip install stagewise[torch]``). The pieces, each one job:
 - ``worker`` / ``launch``: the CLI's run of a config (a client of ``pipeline``); local spawn (ranks that die with
   the launcher) or torchrun;
 - ``memory``: host allocator settings for CPU ranks;
+- ``result``: what a run returns (``RunResult``, typed; its JSON);
 - ``reference``: the unpipelined single-process run (the oracle);
 - ``resilience``: what keeps a long run safe, attached to each rank's trainer:
   ``flight`` (each rank's last events, readable after a crash), ``nonfinite``
@@ -31,5 +32,6 @@ Needs torch (``pip install stagewise[torch]``). The pieces, each one job:
 
 from .config import RunConfig, RunError
 from .launch import RankFailure, train, train_many
+from .result import Memory, RunResult
 
-__all__ = ["RunConfig", "RunError", "RankFailure", "train", "train_many"]
+__all__ = ["RunConfig", "RunError", "RankFailure", "RunResult", "Memory", "train", "train_many"]

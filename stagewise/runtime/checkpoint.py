@@ -39,18 +39,18 @@ from .config import RunError
 class Checkpoints:
     """One rank's saves and its resume. Mutable: what it saved so far (reported in the result)."""
 
-    def __init__(self, *, cfg, schedule, layout, stages, optimizer, rank: int, world: int, pipe_rank: int,
+    def __init__(self, *, cfg, schedule, stage_map, stages, optimizer, rank: int, world: int, pipe_rank: int,
                  replica: int = 0, replicas: int = 1, device, recorder=flight.NO_FLIGHT):
-        self.cfg, self.schedule, self.layout, self.optimizer = cfg, schedule, layout, optimizer
+        self.cfg, self.schedule, self.stage_map, self.optimizer = cfg, schedule, stage_map, optimizer
         self.rank, self.world, self.device, self.recorder = rank, world, device, recorder
         self.local: dict[str, list[torch.Tensor]] = {}  # logical name -> this rank's copies
-        for name, holders in layout.params.items():
+        for name, holders in stage_map.params.items():
             copies = [stages[h.stage].param(h) for h in holders if h.stage in stages]
             if copies:
                 self.local[name] = copies
         place = schedule.placement
         writer = {}  # layer -> lowest pipeline rank holding it
-        for s, rg in enumerate(layout.ranges):
+        for s, rg in enumerate(stage_map.ranges):
             for layer in rg:
                 writer[layer] = min(writer.get(layer, place[s]), place[s])
         self.writes = sorted(i for i, r in writer.items() if r == pipe_rank and replica == 0)
@@ -92,7 +92,7 @@ class Checkpoints:
         return m["step"]
 
     def _check_compatible(self, folder, m: dict) -> None:
-        theirs, ours = set(m["params"]), set(self.layout.params)
+        theirs, ours = set(m["params"]), set(self.stage_map.params)
         if theirs != ours:
             odd = sorted(ours - theirs) or sorted(theirs - ours)
             side = "this model has" if ours - theirs else "the checkpoint has"
@@ -166,7 +166,7 @@ class Checkpoints:
                 "data": {"next_step": done, "batch": cfg.batch, "sequences": done * cfg.batch},
                 "run": self._run_section(all_params, optimizer),
                 "optimizer": optimizer,
-                "layers": len({i for rg in self.layout.ranges for i in rg}),
+                "layers": len({i for rg in self.stage_map.ranges for i in rg}),
                 "params": all_params, "files": all_files, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     def _run_section(self, params: dict, optimizer: str) -> dict:

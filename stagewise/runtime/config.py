@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 class RunError(ValueError):
@@ -28,6 +28,21 @@ MAX_TIMEOUT = 86400.0  #: --timeout, seconds (one day)
 MAX_THREADS = 4096  #: --threads per rank
 
 
+def default_batch(microbatches: int, dp: int = 1) -> int:
+    """The default sequences per step: at least 8, whole micro-batches on each replica (the one rule)."""
+    share = microbatches * dp
+    return share * -(-8 // share)
+
+
+def check_batch(batch: int, microbatches: int, dp: int = 1) -> None:
+    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` replicas (the one rule)."""
+    share = microbatches * dp
+    if batch % share:
+        into = f"--dp {dp} replicas of -m {microbatches}" if dp > 1 else f"-m {microbatches}"
+        raise RunError(f"--batch {batch} does not split into {into} equal micro-batches; use a --batch that is a "
+                       f"multiple of {share}")
+
+
 def check_range(option: str, value, low, high=None) -> None:
     """``low <= value <= high`` (``high`` None: no upper limit), else ``RunError`` naming the option and rule."""
     if value < low:
@@ -44,6 +59,29 @@ def check_positive_number(option: str, value: float, high: float | None = None) 
         raise RunError(f"{option} {value}: over the limit of {high:,}")
 
 
+@runtime_checkable
+class ModelConfig(Protocol):
+    """The one model interface of a config-driven run: what ``RunConfig.model`` holds, what ``stagewise profile``
+    measures (``plan.measure.profile_model``) and ``plan --verify`` runs. Picklable when it travels to spawned
+    ranks. ``models.GPTConfig`` (the built-in GPT) and ``models.LayerModel`` (layers you built) are two.
+
+    Optional, read where present: ``name`` (the profile's model name), ``symbols`` (layout letters, default
+    ``E t.. H``), ``layer_names()``, ``profile_meta()`` (how to rebuild it, kept in a profile), ``check()``.
+    """
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def layers(self) -> Sequence[Any]:
+        """The layer sequence (``nn.Module`` each), freshly built."""
+
+    def batch(self, step: int, size: int) -> tuple[Any, Any]:
+        """Step ``step``'s ``size`` samples: (inputs, targets)."""
+
+    def loss(self, output: Any, target: Any) -> Any:
+        """The scalar loss of the last layer's ``output``."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """One training run: schedule, model, data and optimizer settings."""
@@ -58,8 +96,8 @@ class RunConfig:
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
     steps: int = 1  #: optimizer steps
     batch: int = 8  #: sequences per step (split into m micro-batches)
-    model: Any = None  #: a model config (models.GPTConfig or one with the same methods)
-    split: tuple[int, ...] | None = None  #: layers per stage of one model copy; None = even
+    model: ModelConfig | None = None  #: the model and its data (``ModelConfig``: models.GPTConfig, LayerModel...)
+    split: Any = None  #: layers per stage of one model copy: a Split, counts (3,5) or layout text; None = even
     lr: float = 1e-3
     optimizer: str = "adamw"  #: any torch.optim class name, case-insensitive
     clip: float | None = None  #: clip the global gradient norm to this value
@@ -72,6 +110,25 @@ class RunConfig:
     overwrite: bool = False  #: let ``save`` replace another run's checkpoints (deleted at the first save)
     skip_nonfinite: bool = False  #: a nan/inf loss skips that step's update on every rank instead of stopping
     fault: str | None = None  #: tests only: a rank fails on purpose, e.g. "exit:rank=1:action=1F3" (faults.py)
+
+    def layer_split(self):
+        """``split`` as a ``Split`` (plan.layout), text read against the model's ``symbols`` when it has them;
+        None: even. Raises ``RunError`` naming --split."""
+        if self.split is None:
+            return None
+        from ..plan.layout import LayoutError, Split
+
+        if isinstance(self.split, Split):
+            return self.split
+        try:
+            if isinstance(self.split, str):
+                return Split.parse(self.split, getattr(self.model, "symbols", None) or self.model.num_layers)
+        except LayoutError as e:
+            raise RunError(f"--split {self.split}: {str(e).removeprefix('--layout ')}") from None
+        try:
+            return Split(tuple(self.split))
+        except LayoutError as e:
+            raise RunError(f"--split {e}") from None
 
     @property
     def pipelined(self) -> bool:
@@ -91,9 +148,8 @@ class RunConfig:
         if isinstance(seq, int) and seq >= 1 and self.batch * seq > MAX_TOKENS:
             raise RunError(f"--batch {self.batch} x --seq {seq} = {self.batch * seq:,} tokens per step: over the "
                            f"limit of {MAX_TOKENS:,}")
-        if self.pipelined and self.batch % self.microbatches:
-            raise RunError(f"--batch {self.batch} does not split into -m {self.microbatches} equal micro-batches; "
-                           f"use a --batch that is a multiple of {self.microbatches}")
+        if self.pipelined:
+            check_batch(self.batch, self.microbatches, self.dp if self.dp >= 1 else 1)
         self._check_scale()
         self._check_resilience()
         check_positive_number("--lr", self.lr)
@@ -105,6 +161,8 @@ class RunConfig:
             raise RunError(f"collect {bad[0]!r} is not one of {', '.join(COLLECT)}")
         if self.model is not None and hasattr(self.model, "check"):
             self.model.check()
+        if self.model is not None:
+            self.layer_split()
 
     def _check_scale(self) -> None:
         """--dp and --recompute (runtime at scale)."""
@@ -114,10 +172,6 @@ class RunConfig:
             what = f"--dp {self.dp}" if self.dp > 1 else "--recompute"
             raise RunError(f"{what} needs a --schedule run on ranks (-p or --dp >= 2); the unpipelined reference "
                            "runs in one process")
-        share = self.microbatches * self.dp
-        if self.dp > 1 and self.batch % share:
-            raise RunError(f"--batch {self.batch} does not split into --dp {self.dp} replicas of -m "
-                           f"{self.microbatches} equal micro-batches; use a --batch that is a multiple of {share}")
 
     def _check_resilience(self) -> None:
         """--save, --save-every, --resume and the test fault (checkpoint_files.py, faults.py)."""

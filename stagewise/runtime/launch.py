@@ -45,6 +45,7 @@ from typing import Callable, Sequence
 
 from . import flight
 from .config import MAX_LOCAL_RANKS, RunConfig, RunError
+from .result import RunResult
 
 #: exceptions that are the user's input (one-line error, exit 2), by class name across processes
 USER_ERRORS = ("RunError", "ScheduleError", "ScheduleArgError", "CostError", "ShapeError")
@@ -69,12 +70,14 @@ class Stopped(SystemExit):
         self.name = signal.Signals(signum).name
 
 
-def train(cfg: RunConfig, report: Callable | None = None) -> dict:
-    """Run one config: unpipelined, under torchrun, or on spawned local ranks. Returns rank 0's result."""
+def train(cfg: RunConfig, report: Callable | None = None) -> RunResult:
+    """Run one config: unpipelined, under torchrun, or on spawned local ranks. Returns rank 0's result
+    (under torchrun, this rank's: its collected copies only)."""
     return train_many([cfg], report)[0]
 
 
-def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, preflight: bool = True) -> list[dict]:
+def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, preflight: bool = True
+               ) -> list[RunResult]:
     """Run several configs with the same ranks in one launch (one process start for all).
 
     ``report(job, step, loss, seconds)`` is called after each step (from rank 0's progress).
@@ -110,7 +113,7 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
 
 
 def spawn(cfgs: Sequence[RunConfig], world: int, report: Callable | None = None, target: Callable | None = None
-          ) -> list[dict]:
+          ) -> list:
     """Start ``world`` ranks, stream their progress, and stop them all at the first failure.
 
     ``target``: the rank's main (default ``_rank_main``; ``local.launch`` runs a user's function with it); it
@@ -181,7 +184,7 @@ def _mp_context():
     return ctx
 
 
-def _watch(procs, q, report, box: str | None = None) -> list[dict]:
+def _watch(procs, q, report, box: str | None = None) -> list:
     """Collect results; on the first failure give the others a moment to report theirs, then fail."""
     done: dict[int, list] = {}
     errors: dict[int, tuple[str, str]] = {}
@@ -240,18 +243,16 @@ def _is_echo(message: str) -> bool:
     return any(k in message for k in ("Connection reset by peer", "Connection closed by peer", "remote worker"))
 
 
-def _merge(per_rank: list[list[dict]]) -> list[dict]:
-    """Rank 0's results, with the collected parameter copies of all ranks merged."""
+def _merge(per_rank: list[list]) -> list:
+    """Rank 0's results, with the collected parameter copies of all ranks merged (a ``RunResult`` each; a
+    user's function under ``local.launch`` returns its own values, kept as they are)."""
+    from .result import RunResult, merge_copies
+
     out = []
     for j, res in enumerate(per_rank[0]):
-        res = dict(res)
-        for key in ("grads", "params"):
-            if res.get(key) is not None:
-                merged: dict[str, list] = {}
-                for rank_results in per_rank:
-                    for name, copies in (rank_results[j].get(key) or {}).items():
-                        merged.setdefault(name, []).extend(copies)
-                res[key] = merged
+        if isinstance(res, RunResult):
+            res = res.with_copies(merge_copies([rr[j].grads for rr in per_rank]),
+                                  merge_copies([rr[j].params for rr in per_rank]))
         out.append(res)
     return out
 
@@ -346,7 +347,7 @@ def parent_death_signal(signum: int) -> bool:
 
 
 def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: str | None = None,
-              flight_path: str | None = None) -> list[dict]:
+              flight_path: str | None = None) -> list[RunResult]:
     import torch
 
     from .worker import Env, run_job
@@ -368,7 +369,7 @@ def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: st
     return results
 
 
-def _as_torchrun_rank(cfgs, report) -> list[dict]:
+def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
     """This process is one rank of a torchrun launch (env:// rendezvous)."""
     import torch
 

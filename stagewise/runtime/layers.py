@@ -157,14 +157,17 @@ def flat_layers(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module
 
 
 def split_counts(split, names: Sequence[str]) -> tuple[int, ...] | None:
-    """Layers per stage from counts, layout text (``E+t*7 | t*8``), or the names of the layers starting stages."""
+    """Layers per stage from a ``Split``, counts, layout text (``E+t*7 | t*8``), or the names of the layers
+    starting stages."""
+    from ..plan.layout import LayoutError, Split
+
     if split is None:
         return None
+    if isinstance(split, Split):
+        return split.counts
     if isinstance(split, str):
-        from ..plan.layout import LayoutError, stage_counts
-
         try:
-            return stage_counts(split, len(names))
+            return Split.parse(split, len(names)).counts
         except LayoutError as e:
             raise RunError(f"split {split!r}: {e}") from None
     split = list(split)

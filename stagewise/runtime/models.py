@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -97,8 +98,21 @@ class GPTConfig:
     def num_layers(self) -> int:
         return self.layers_n + 2
 
+    @property
+    def name(self) -> str:
+        return "gpt"
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """Layout letters of the layers: E, t per block, H (``--split 'E+t*2 | t*2+H'``)."""
+        return ("E",) + ("t",) * self.layers_n + ("H",)
+
     def layer_names(self) -> list[str]:
         return ["embedding"] + [f"block{i}" for i in range(self.layers_n)] + ["head"]
+
+    def profile_meta(self) -> dict:
+        """What a profile keeps to rebuild this model (``plan --verify`` runs it again)."""
+        return {"gpt": asdict(self)}
 
     def check(self) -> None:
         """Every option against its rule and limit (``RunError`` naming it), before anything is allocated."""
@@ -160,6 +174,46 @@ class GPTConfig:
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the tokens of ``output`` (B, T, vocab)."""
         return F.cross_entropy(output.flatten(0, 1).float(), target.flatten())
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerModel:
+    """A ``ModelConfig`` of layers already built and a batch maker: profile or train any layer sequence.
+
+    Example::
+
+        model = LayerModel(name="mlp", layer_list=(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)),
+                           make_batch=lambda step, n: (torch.randn(n, 16), torch.randn(n, 4)),
+                           loss_fn=F.mse_loss)
+        stagewise.plan.measure.profile_model(model, (1, 4))
+    """
+
+    name: str
+    layer_list: Sequence[nn.Module]  #: the layers, in order (``layers()`` returns these, not copies)
+    make_batch: Callable[[int, int], tuple]  #: (step, size) -> (inputs, targets)
+    loss_fn: Callable  #: (output, target) -> scalar loss
+    symbols: Sequence[str] | None = None  #: layout letters; default E, t..., H
+    names: Sequence[str] | None = None  #: each layer's name in a profile (default: its class)
+    meta: dict = field(default_factory=dict)  #: how to rebuild the model (kept in a profile)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_list)
+
+    def layers(self) -> list[nn.Module]:
+        return list(self.layer_list)
+
+    def layer_names(self) -> list[str] | None:
+        return list(self.names) if self.names else None
+
+    def profile_meta(self) -> dict:
+        return dict(self.meta)
+
+    def batch(self, step: int, size: int) -> tuple:
+        return self.make_batch(step, size)
+
+    def loss(self, output, target):
+        return self.loss_fn(output, target)
 
 
 def _init(m: nn.Module) -> None:

@@ -1,8 +1,8 @@
-"""Parameter names end to end: the whole pipeline's layout, ties by name, state_dicts keyed by original names.
+"""Parameter names end to end: the whole pipeline's stage map, ties by name, state_dicts keyed by original names.
 
 Each rank builds only its own layers, so it learns every other layer's
 parameter names in one ``all_gather_object``; then every rank holds the same
-``Layout`` (and makes the same process groups for tied copies). Logical names
+``StageMap`` (and makes the same process groups for tied copies). Logical names
 stay ``layer.param`` (``3.fc.weight``: what the layer-keyed checkpoints use);
 ``Layers.names`` maps them to the original model's (``blocks.2.fc.weight``).
 A tie group's logical name is its first member in model order.
@@ -17,11 +17,11 @@ from torch import nn
 from ..schedule import Schedule
 from .config import RunError
 from .layers import Layers
-from .stage import Layout, Stage, layout_of
+from .stage import StageMap, Stage, stage_map_of
 
 
-def gather_layout(sched: Schedule, spec: Layers, ranges, stages: dict[int, Stage], ties) -> Layout:
-    """The layout of the whole pipeline from every rank's parameter names (a collective)."""
+def gather_stage_map(sched: Schedule, spec: Layers, ranges, stages: dict[int, Stage], ties) -> StageMap:
+    """The stage map of the whole pipeline from every rank's parameter names (a collective)."""
     mine = {}
     for st in stages.values():
         for k, layer in enumerate(st.layers):
@@ -33,15 +33,15 @@ def gather_layout(sched: Schedule, spec: Layers, ranges, stages: dict[int, Stage
         names.update(part)
     canon = _tie_map(spec, names, [*spec.ties, *map(tuple, ties)])
     uses = [[(n, canon.get((i, n), f"{i}.{n}")) for n in names.get(i, [])] for i in range(spec.count)]
-    return layout_of(sched, ranges, uses)
+    return stage_map_of(sched, ranges, uses)
 
 
 class Names:
     """One rank's view of the model's names: its parameters and buffers under the original names.
     Immutable after construction (it reads the stages it is given)."""
 
-    def __init__(self, spec: Layers, layout: Layout, sched: Schedule, stages: dict[int, Stage], pipe_rank: int):
-        self.spec, self.layout, self.sched, self.stages, self.pipe_rank = spec, layout, sched, stages, pipe_rank
+    def __init__(self, spec: Layers, stage_map: StageMap, sched: Schedule, stages: dict[int, Stage], pipe_rank: int):
+        self.spec, self.stage_map, self.sched, self.stages, self.pipe_rank = spec, stage_map, sched, stages, pipe_rank
 
     def original(self, logical: str) -> str:
         """``3.fc.weight`` (layer 3's ``fc.weight``) -> its name in the original model (``blocks.2.fc.weight``)."""
@@ -58,7 +58,7 @@ class Names:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's share: each name on the lowest pipeline rank holding it."""
         place, out = self.sched.placement, {}
-        for holders in self.layout.params.values():
+        for holders in self.stage_map.params.values():
             if min(place[h.stage] for h in holders) == self.pipe_rank:
                 value = self.local(holders)[0].detach()
                 for name in self.all_of(holders):
@@ -73,7 +73,7 @@ class Names:
         """Copy this rank's parameters (every copy) and buffers from ``state``, keyed by original names."""
         missing = []
         with torch.no_grad():
-            for logical, holders in self.layout.params.items():
+            for logical, holders in self.stage_map.params.items():
                 local = self.local(holders)
                 key = next((n for n in self.all_of(holders) if n in state), None)
                 if local and key is None:
@@ -93,7 +93,7 @@ class Names:
     def _owned_layers(self) -> dict[int, nn.Module]:
         """layer -> module, for the layers whose lowest holding rank is this one (their buffers are saved here)."""
         place, low = self.sched.placement, {}
-        for s, rg in enumerate(self.layout.ranges):
+        for s, rg in enumerate(self.stage_map.ranges):
             for i in rg:
                 low[i] = min(low.get(i, place[s]), place[s])
         out = {}

@@ -29,7 +29,7 @@ from .dp import DataParallel, Topology
 from .executor import Executor, RankContext, StepOutcome
 from .flight import SYNC
 from .layers import as_layers, build_own_stages, split_counts
-from .names import Names, gather_layout
+from .names import Names, gather_stage_map
 from .recompute import Recompute, recompute_stages
 from .replicas import Replicas
 from .stage import stage_ranges
@@ -113,9 +113,9 @@ class Pipeline:
         counts = spec.split if spec.split is not None else split_counts(split, spec.all_names())
         ranges = stage_ranges(sched, spec.count, counts)
         self.stages = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
-        self.layout = gather_layout(sched, spec, ranges, self.stages, ties)
-        self.names = Names(spec, self.layout, sched, self.stages, topo.pipe)
-        self.replicas = Replicas(self.layout, self.stages, sched.placement, topo.pipe, self.device, topo)
+        self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties)
+        self.names = Names(spec, self.stage_map, sched, self.stages, topo.pipe)
+        self.replicas = Replicas(self.stage_map, self.stages, sched.placement, topo.pipe, self.device, topo)
         self.replicas.make_equal()  # tied copies built apart start from one value
         self.dp = DataParallel(topo, sched, self.stages, timeout) if dp > 1 else None
         self.recompute = recompute_stages(recompute, sched.stages)
@@ -179,7 +179,7 @@ class Pipeline:
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """(original model name, parameter) of each parameter here (a copy repeats its logical name)."""
-        for logical, holders in self.layout.params.items():
+        for logical, holders in self.stage_map.params.items():
             for p in self.names.local(holders):
                 yield self.original_name(logical), p
 

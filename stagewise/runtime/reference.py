@@ -13,19 +13,19 @@ import torch
 from torch import nn
 
 from .config import RunConfig
+from .result import RunResult
 from .stage import logical_names
 from .worker import optimizer
 
 
-def run_reference(cfg: RunConfig, report: Callable | None = None) -> dict:
+def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     cfg.check()
     layers = cfg.model.layers()
     model = nn.Sequential(*layers)
     names = {lg: (i, n) for i, uses in enumerate(logical_names(layers)) for n, lg in uses}
     params = list(model.parameters())
     opt = optimizer(cfg, params)
-    out = {"schedule": "none", "ranks": 1, "microbatches": 1, "losses": [], "step_time_s": [], "grads": None,
-           "timelines": [], "measured_bubble_fraction": 0.0, "predicted_bubble_fraction": 0.0}
+    losses, times, grads = [], [], None
     for step in range(cfg.steps):
         inputs, targets = cfg.model.batch(step, cfg.batch)
         t0 = time.perf_counter()
@@ -34,16 +34,18 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> dict:
         if cfg.clip is not None:
             torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         if step == 0 and "grads" in cfg.collect:
-            out["grads"] = {lg: [_get(layers, i, n).grad.detach().numpy().copy()] for lg, (i, n) in names.items()}
+            grads = {lg: [_get(layers, i, n).grad.detach().numpy().copy()] for lg, (i, n) in names.items()}
         opt.step()
         opt.zero_grad(set_to_none=True)
-        out["step_time_s"].append(time.perf_counter() - t0)
-        out["losses"].append(loss.item())
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
         if report:
-            report(step, out["losses"][-1], out["step_time_s"][-1])
+            report(step, losses[-1], times[-1])
+    params_out = None
     if "params" in cfg.collect:
-        out["params"] = {lg: [_get(layers, i, n).detach().numpy().copy()] for lg, (i, n) in names.items()}
-    return out
+        params_out = {lg: [_get(layers, i, n).detach().numpy().copy()] for lg, (i, n) in names.items()}
+    return RunResult(schedule="none", ranks=1, microbatches=1, losses=tuple(losses), step_time_s=tuple(times),
+                     measured_bubble_fraction=0.0, predicted_bubble_fraction=0.0, grads=grads, params=params_out)
 
 
 def _get(layers, i: int, name: str) -> torch.Tensor:

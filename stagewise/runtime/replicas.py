@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from .stage import Layout, Stage
+from .stage import StageMap, Stage
 
 
 class Replicas:
     """Sums replica gradients. Mutable: owns the process groups it created."""
 
-    def __init__(self, lay: Layout, stages: dict[int, Stage], placement: tuple[int, ...], rank: int, device,
+    def __init__(self, lay: StageMap, stages: dict[int, Stage], placement: tuple[int, ...], rank: int, device,
                  topo=None):
         """``rank``: in the pipeline; ``topo`` (a dp.Topology) places the pipeline among dp replicas."""
         self.rank, self.device = rank, device

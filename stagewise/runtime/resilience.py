@@ -32,7 +32,7 @@ class Resilience:
             ctx.loss = injector.loss(ctx.loss)
         self.guard = Guard(env.rank, env.world, cfg.skip_nonfinite)
         topo = trainer.topo
-        self.checkpoints = Checkpoints(cfg=cfg, schedule=trainer.schedule, layout=trainer.layout,
+        self.checkpoints = Checkpoints(cfg=cfg, schedule=trainer.schedule, stage_map=trainer.stage_map,
                                        stages=trainer.stages, optimizer=trainer.optimizer, rank=env.rank,
                                        world=env.world, pipe_rank=topo.pipe, replica=topo.replica,
                                        replicas=topo.dp, device=env.device, recorder=self.flight)
@@ -47,11 +47,10 @@ class Resilience:
         if self.checkpoints.due(k + 1):
             self.checkpoints.save(k + 1)
 
-    def result(self) -> dict:
-        """The result's extra sections: present only when checkpoints or skipped steps were involved."""
-        out = {}
-        if self.checkpoints.info:
-            out["checkpoint"] = dict(self.checkpoints.info)
-        if self.guard.skip:
-            out["skipped_steps"] = list(self.guard.skipped)
-        return out
+    def checkpoint_info(self) -> dict | None:
+        """What --save / --resume did, or None when no checkpoint was involved."""
+        return dict(self.checkpoints.info) if self.checkpoints.info else None
+
+    def skipped_steps(self) -> tuple[dict, ...] | None:
+        """The steps whose update was skipped, or None without --skip-nonfinite."""
+        return tuple(self.guard.skipped) if self.guard.skip else None

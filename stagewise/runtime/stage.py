@@ -21,15 +21,17 @@ from ..schedule import Schedule
 from .config import RunError
 
 
-def partition(num_layers: int, stages: int, split: Sequence[int] | None = None) -> tuple[range, ...]:
-    """Layer ranges of ``stages`` stages: even (earlier stages get the extra layers) or ``split`` counts."""
+def partition(num_layers: int, stages: int, split=None) -> tuple[range, ...]:
+    """Layer ranges of ``stages`` stages: even (earlier stages get the extra layers) or ``split`` (a ``Split`` or
+    its counts)."""
+    from ..plan.layout import Split
+
     if stages > num_layers:
         raise RunError(f"the model has {num_layers} layers but the schedule needs {stages} stages per model copy; "
                        "each stage needs at least one layer (use more --layers, or fewer ranks or chunks)")
     if split is None:
-        q, r = divmod(num_layers, stages)
-        split = [q + (k < r) for k in range(stages)]
-    split = list(split)
+        return Split.even(num_layers, stages).ranges
+    split = list(split.counts if isinstance(split, Split) else split)
     if len(split) != stages:
         raise RunError(f"--split has {len(split)} counts; the schedule has {stages} stages per model copy")
     if any(c < 1 for c in split):
@@ -38,11 +40,7 @@ def partition(num_layers: int, stages: int, split: Sequence[int] | None = None) 
         what = "loses" if sum(split) < num_layers else "duplicates or invents"
         raise RunError(f"--split {_csv(split)} covers {sum(split)} layers; the model has {num_layers}, so the split "
                        f"{what} layers; the counts must add up to {num_layers}")
-    out, lo = [], 0
-    for c in split:
-        out.append(range(lo, lo + c))
-        lo += c
-    return tuple(out)
+    return Split(tuple(split)).ranges
 
 
 def check_cover(ranges: Sequence[range], num_layers: int) -> None:
@@ -82,17 +80,17 @@ class Replica:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Layout:
-    """Layers of every stage and the parameters that have several copies."""
+class StageMap:
+    """Layers of every stage and the holders of every parameter (not a *layout*: that is a split's text)."""
 
     ranges: tuple[range, ...]  #: per stage of the schedule
     params: dict  #: logical name -> tuple of Holders (every parameter, one or more copies)
     replicas: tuple[Replica, ...]  #: the logical parameters with more than one copy
 
 
-def layout(schedule: Schedule, layers: Sequence[nn.Module], split: Sequence[int] | None = None) -> Layout:
+def stage_map(schedule: Schedule, layers: Sequence[nn.Module], split: Sequence[int] | None = None) -> StageMap:
     """Layer ranges per stage and the holders of each logical parameter."""
-    return layout_of(schedule, stage_ranges(schedule, len(layers), split), logical_names(layers))
+    return stage_map_of(schedule, stage_ranges(schedule, len(layers), split), logical_names(layers))
 
 
 def stage_ranges(schedule: Schedule, num_layers: int, split: Sequence[int] | None = None) -> tuple[range, ...]:
@@ -101,15 +99,11 @@ def stage_ranges(schedule: Schedule, num_layers: int, split: Sequence[int] | Non
     if len(sizes) != 1:
         raise RunError(f"lanes of unequal length {sorted(sizes)}; every lane must hold one whole model copy")
     pieces = partition(num_layers, schedule.stages_per_copy, split)
-    ranges = [range(0)] * schedule.stages
-    for lane in schedule.lanes:
-        for k, s in enumerate(lane.stages):
-            ranges[s] = pieces[k]
-    return tuple(ranges)
+    return tuple(pieces[s - first] for s, first in enumerate(schedule.first_stages))
 
 
-def layout_of(schedule: Schedule, ranges: Sequence[range], uses: Sequence[Sequence[tuple[str, str]]]) -> Layout:
-    """The layout from per-stage layer ranges and, per layer, its (parameter name, logical name) pairs."""
+def stage_map_of(schedule: Schedule, ranges: Sequence[range], uses: Sequence[Sequence[tuple[str, str]]]) -> StageMap:
+    """The stage map from per-stage layer ranges and, per layer, its (parameter name, logical name) pairs."""
     params: dict[str, list[Holder]] = {}
     for s, rg in enumerate(ranges):
         for layer in rg:
@@ -119,7 +113,7 @@ def layout_of(schedule: Schedule, ranges: Sequence[range], uses: Sequence[Sequen
         Replica(name=n, holders=tuple(h), ranks=tuple(sorted({schedule.placement[x.stage] for x in h})))
         for n, h in params.items() if len(h) > 1
     )
-    return Layout(ranges=tuple(ranges), params={n: tuple(h) for n, h in params.items()}, replicas=replicas)
+    return StageMap(ranges=tuple(ranges), params={n: tuple(h) for n, h in params.items()}, replicas=replicas)
 
 
 def logical_names(layers: Sequence[nn.Module]) -> list[list[tuple[str, str]]]:
@@ -149,7 +143,7 @@ class Stage(nn.Module):
         return self.layers[holder.layer - self.first_layer].get_parameter(holder.name)
 
 
-def build_stages(schedule: Schedule, lay: Layout, layers: Sequence[nn.Module], rank: int, device) -> dict[int, Stage]:
+def build_stages(schedule: Schedule, lay: StageMap, layers: Sequence[nn.Module], rank: int, device) -> dict[int, Stage]:
     """This rank's stages, each with its own copy of its layers (ties become replicas)."""
     return {
         s: Stage(s, [copy.deepcopy(layers[i]) for i in lay.ranges[s]], lay.ranges[s].start).to(device)

@@ -19,12 +19,13 @@ from ..schedule import Schedule
 from ..schedules import generate
 from . import checkpoint_files
 from .activation_memory import merge_added, predicted_peaks
-from .config import RunConfig, RunError
+from .config import RunConfig, RunError, check_batch
 from .dp import Topology
 from .faults import check_fault, parse_fault
 from .pipeline import Pipeline
 from .recompute import recompute_stages
 from .resilience import Resilience
+from .result import Memory, RunResult
 from .stage import partition
 from .timing import bubbles
 
@@ -66,13 +67,9 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
         per = f" per replica (--dp {cfg.dp})" if cfg.dp > 1 else ""
         raise RunError(f"{src}: the schedule's placement needs {sched.ranks} ranks (stage {top} is on rank "
                        f"{sched.placement[top]}); {world // cfg.dp} were launched{per} ({launched_by})")
-    if cfg.batch % (sched.microbatches * cfg.dp):
-        share = sched.microbatches * cfg.dp
-        raise RunError(f"--batch {cfg.batch} does not split into {sched.microbatches} equal micro-batches"
-                       f"{f' on each of --dp {cfg.dp} replicas' if cfg.dp > 1 else ''}; use a --batch that is a "
-                       f"multiple of {share}")
+    check_batch(cfg.batch, sched.microbatches, cfg.dp)  # a --csv schedule brings its own m
     recompute_stages(cfg.recompute, sched.stages)
-    partition(cfg.model.num_layers, sched.stages_per_copy, cfg.split)
+    partition(cfg.model.num_layers, sched.stages_per_copy, cfg.layer_split())
     optimizer_class(cfg.optimizer)
     if cfg.fault:
         check_fault(parse_fault(cfg.fault), sched, cfg.dp)
@@ -125,21 +122,24 @@ class RankTrainer:
         self.env, self.cfg = env, cfg
         self.schedule = sched = preflight(cfg, env.world, env.launched_by)
         self.topo = Topology(p=sched.ranks, dp=cfg.dp, rank=env.rank)
-        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), cfg.model.loss, split=cfg.split, dp=cfg.dp,
+        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), cfg.model.loss, split=cfg.layer_split(), dp=cfg.dp,
                                     device=env.device, recompute=cfg.recompute, static_shapes=True,
                                     timeout=cfg.timeout, measure_memory=cfg.measure_memory)
-        self.layout, self.stages, self.replicas, self.dp = pipe.layout, pipe.stages, pipe.replicas, pipe.dp
+        self.stage_map, self.stages, self.replicas, self.dp = pipe.stage_map, pipe.stages, pipe.replicas, pipe.dp
         self.executor, self.clock, self.meter, self.recompute = pipe.executor, pipe.clock, pipe.meter, pipe.recompute
         self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
         self.params = pipe.parameters()
         self.optimizer = optimizer(cfg, self.params)
-        self.out = {"losses": [], "step_time_s": [], "timelines": [], "grads": None}
+        self.losses: list[float] = []
+        self.step_time_s: list[float] = []
+        self.timelines: list = []  # rank 0's
+        self.grads = None  # collect="grads": after step 1
         self.safety = Resilience(self)  # flight recorder, non-finite guard, checkpoints (resumes here)
 
     def step(self, k: int) -> tuple[float, float]:
         """Step ``k``: the pipeline's step (program, replica and loss collectives), clipping, the optimizer.
         (loss, seconds)."""
-        env, cfg, out = self.env, self.cfg, self.out
+        env, cfg = self.env, self.cfg
         inputs, targets = cfg.model.batch(k, cfg.batch)
         self.safety.flight.step(k)
         if env.device.type == "cuda":
@@ -152,52 +152,55 @@ class RankTrainer:
         if cfg.clip is not None and update:
             self.pipe.clip_grad_norm_(cfg.clip)
         if k == 0 and "grads" in cfg.collect:
-            out["grads"] = self.copies(lambda p: p.grad)
+            self.grads = self.copies(lambda p: p.grad)
         if update:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)
-        out["losses"].append(res.loss)
-        out["step_time_s"].append(res.seconds + time.perf_counter() - t0)
+        self.losses.append(res.loss)
+        self.step_time_s.append(res.seconds + time.perf_counter() - t0)
         if env.rank == 0:
-            out["timelines"].append(res.timeline)
-        return res.loss, out["step_time_s"][-1]
+            self.timelines.append(res.timeline)
+        return res.loss, self.step_time_s[-1]
 
-    def result(self) -> dict:
-        """Losses, step times; on rank 0 also the timelines and measured vs predicted bubble."""
-        out = dict(self.out)
-        if "params" in self.cfg.collect:
-            out["params"] = self.copies(lambda p: p)
-        if self.env.rank == 0 and out["timelines"]:
-            timed = out["timelines"][1:] or out["timelines"]  # the first step warms up
-            out["measured_bubble_fraction"], out["predicted_bubble_fraction"] = bubbles(timed)
-        out["schedule"] = self.schedule.name
-        out["ranks"], out["microbatches"] = self.schedule.ranks, self.schedule.microbatches
-        out.update(self._memory())
-        out.update(self.safety.result())
-        return out
+    def result(self) -> RunResult:
+        """Losses, step times; on rank 0 also the timelines, measured vs predicted bubble and memory."""
+        measured = predicted = None
+        if self.env.rank == 0 and self.timelines:
+            timed = self.timelines[1:] or self.timelines  # the first step warms up
+            measured, predicted = bubbles(timed)
+        memory = self._memory()  # a collective: every rank calls it
+        safety = self.safety
+        return RunResult(schedule=self.schedule.name, ranks=self.schedule.ranks,
+                         microbatches=self.schedule.microbatches, losses=tuple(self.losses),
+                         step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
+                         measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
+                         dp=self.cfg.dp, recompute=tuple(sorted(self.recompute)), memory=memory,
+                         checkpoint=safety.checkpoint_info(), skipped_steps=safety.skipped_steps(),
+                         grads=self.grads,
+                         params=self.copies(lambda p: p) if "params" in self.cfg.collect else None)
 
-    def _memory(self) -> dict:
+    def _memory(self) -> Memory | None:
         """Measured peak activation bytes per rank and the simulator's prediction (on rank 0; a collective)."""
         if self.meter is None:  # --no-memory: every rank skips the gather alike
-            return {"dp": self.cfg.dp, "recompute": sorted(self.recompute)} if self.env.rank == 0 else {}
+            return None
         mine = {**self.meter.report(), "device": self.device_peak or None}
         gathered = [None] * self.env.world if self.env.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if self.env.rank != 0:
-            return {}
+            return None
         added = merge_added(gathered[:self.topo.p])
         predicted = predicted_peaks(self.schedule, added, self.recompute)
-        return {"dp": self.cfg.dp, "recompute": sorted(self.recompute), "stage_activation_bytes": added,
-                "peak_activation_bytes": [r["peak"] for r in gathered],
-                "predicted_peak_activation_bytes": predicted * self.cfg.dp,
-                "peak_memory_allocated_bytes": [r["device"] for r in gathered] if gathered[0]["device"] else None}
+        return Memory(stage_activation_bytes=added, peak_activation_bytes=tuple(r["peak"] for r in gathered),
+                      predicted_peak_activation_bytes=tuple(predicted * self.cfg.dp),
+                      peak_memory_allocated_bytes=tuple(r["device"] for r in gathered) if gathered[0]["device"]
+                      else None)
 
     def copies(self, get) -> dict:
         """logical name -> this rank's copies (as numpy), for tests that compare with the reference."""
         out: dict[str, list] = {}
-        for name, holders in self.layout.params.items():
+        for name, holders in self.stage_map.params.items():
             for h in holders:
                 if h.stage in self.stages:
                     t = get(self.stages[h.stage].param(h))
@@ -205,7 +208,7 @@ class RankTrainer:
         return out
 
 
-def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> dict:
+def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> RunResult:
     """Train ``cfg`` on this rank; rank 0's result holds the losses, step times and timelines."""
     trainer = RankTrainer(env, cfg)
     for k in range(trainer.safety.first_step, cfg.steps):  # a resumed run starts after its checkpoint's step
