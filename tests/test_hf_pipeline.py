@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STEPS, ROWS, SEQ, LR = 3, 8, 16, 0.1
 P2 = [("gpipe", 4, None), ("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("looped-bfs", 4, 2), ("zb-h1", 4, None),
-      ("zb-h2", 4, None), ("zb-v", 4, None), ("dualpipe", 4, None), ("dualpipe-v", 4, None)]
+      ("zb-h2", 4, None), ("zb-v", 4, None), ("v-half", 4, None), ("v-min", 4, None), ("dualpipe", 4, None),
+      ("dualpipe-v", 4, None)]
 P4 = [("1f1b", 8, None), ("zb-v", 8, None), ("dualpipe-v", 8, None)]
 
 
