@@ -7,13 +7,13 @@ import torch
 from torch import nn
 
 import stagewise
+from stagewise.schedules import FAMILIES
 from api_helpers import (STEPS, Net, batch, features, layers, loss_fn, reference, strict_factory_bytes, train_cases,
                          tree_reference, tree_train)
 
 pytestmark = [pytest.mark.timeout(300)]
 
-P2 = [("gpipe", 4, None), ("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("looped-bfs", 4, 2), ("zb-h1", 4, None),
-      ("zb-h2", 4, None), ("zb-v", 4, None), ("dualpipe", 4, None), ("dualpipe-v", 4, None)]
+P2 = [(name, 4, None) for name in FAMILIES]  # every family the registry has, at its default v
 P4 = [("1f1b", 4, None), ("zb-v", 8, None), ("dualpipe", 8, None)]
 
 
