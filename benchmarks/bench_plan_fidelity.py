@@ -49,7 +49,7 @@ def main() -> None:
         prof = replace(prof, meta={**prof.meta, KEY: measure_overhead(prof, log=print)})
         fit = prof.meta[KEY]
         print(f"per step outside the layers: {fit['fixed_s'] * 1e3:.1f} ms + {fit['per_action_s'] * 1e3:.2f} ms "
-              "per action of the busiest rank")
+              f"per action of the busiest rank; layers {fit['slowdown']:+.1%} slower in a run than alone")
     print(f"profile: {prof.model} {args.layers} blocks on {prof.device}; link {prof.link.latency * 1e6:.0f} us + "
           f"bytes / {prof.link.bandwidth / 1e9:.3g} GB/s")
     cl = Cluster(devices=args.devices, per_node=args.devices, memory=None, intra=prof.link, inter=prof.link)
