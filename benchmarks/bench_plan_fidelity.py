@@ -9,8 +9,8 @@ time is the median over the steps after each round's first.
 
 Acceptance (issue 6): predicted within 10% of measured for the top 3, and the
 configuration measured fastest among the planner's top 2. The profile includes
-the per-step work outside the layers (issue 14: `stagewise profile` measures it
-on 2 local ranks); --no-overhead predicts from the layers alone. This machine has 2
+the per-step work outside the layers and the layers' slowdown inside a run (issue 14:
+`stagewise profile` measures both on 2 local ranks); --no-overhead predicts from the layers alone. This machine has 2
 cores: N=2 is the honest check; N=4 oversubscribes (4 single-thread ranks on
 2 cores) and is reported for what it is.
 

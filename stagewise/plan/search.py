@@ -62,7 +62,7 @@ class Candidate:
     activations: tuple[float, ...]  #: of which activations (the simulated peak per rank)
     fits: bool
     schedule: Schedule = field(compare=False, repr=False)
-    overhead: float = 0.0  #: per-step work outside the profiled layers (the profile's measured fit)
+    overhead: float = 0.0  #: beyond the layers' profile: their slowdown in a run x makespan + per-step work (measured)
 
     @property
     def split(self) -> Split:
