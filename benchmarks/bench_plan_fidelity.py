@@ -9,8 +9,8 @@ time is the median over the steps after each round's first.
 
 Acceptance (issue 6): predicted within 10% of measured for the top 3, and the
 configuration measured fastest among the planner's top 2. The profile includes
-the per-step work outside the layers (issue 14: `stagewise profile` measures it
-on 2 local ranks); --no-overhead predicts from the layers alone. This machine has 2
+the per-step work outside the layers and the layers' slowdown inside a run (issue 14:
+`stagewise profile` measures both on 2 local ranks); --no-overhead predicts from the layers alone. This machine has 2
 cores: N=2 is the honest check; N=4 oversubscribes (4 single-thread ranks on
 2 cores) and is reported for what it is.
 
@@ -49,7 +49,7 @@ def main() -> None:
         prof = replace(prof, meta={**prof.meta, KEY: measure_overhead(prof, log=print)})
         fit = prof.meta[KEY]
         print(f"per step outside the layers: {fit['fixed_s'] * 1e3:.1f} ms + {fit['per_action_s'] * 1e3:.2f} ms "
-              "per action of the busiest rank")
+              f"per action of the busiest rank; layers {fit['slowdown']:+.1%} slower in a run than alone")
     print(f"profile: {prof.model} {args.layers} blocks on {prof.device}; link {prof.link.latency * 1e6:.0f} us + "
           f"bytes / {prof.link.bandwidth / 1e9:.3g} GB/s")
     cl = Cluster(devices=args.devices, per_node=args.devices, memory=None, intra=prof.link, inter=prof.link)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stagewise.plan.cluster import Cluster
-from stagewise.plan.overhead import KEY, fit_overhead, step_overhead
+from stagewise.plan.overhead import KEY, fit_overhead, fit_slowdown, step_overhead
 from stagewise.plan.profile import Profile
 from stagewise.plan.search import Searcher, Space, search
 
@@ -40,6 +40,28 @@ def test_plan_adds_the_measured_overhead():
     assert back.meta[KEY]["per_action_s"] == 0.25  # the profile file keeps the fit
 
 
+def test_fit_slowdown_is_measured_over_predicted_op_seconds():
+    assert fit_slowdown([(0.10, 0.11), (0.30, 0.33)]) == pytest.approx(0.10)
+    assert fit_slowdown([(0.10, 0.09)]) == 0.0  # faster than profiled: nothing added, never a discount
+    assert fit_slowdown([(0.10, None)]) == 0.0  # no measured timeline: no claim
+
+
+def test_plan_stretches_each_configuration_by_the_measured_slowdown():
+    """The slowdown scales with each configuration's own makespan, so it can reorder configurations."""
+    prof = gpt_profile(blocks=8)
+    cl = Cluster(devices=2, per_node=2, memory=None, intra=prof.link, inter=prof.link)
+    space = Space(recompute=(False,), micro_batch_sizes=(1,))
+    plain = {c.config: c for c in search(Searcher(profile=prof, cluster=cl, global_batch=8, space=space))}
+    only = replace(prof, meta={KEY: {"slowdown": 0.2}})  # a file of another version: the missing terms are 0
+    timed = search(Searcher(profile=only, cluster=cl, global_batch=8, space=space))
+    assert len(timed) == len(plain) and {c.makespan for c in timed} != {timed[0].makespan}
+    for b in timed:
+        a = plain[b.config]
+        assert b.overhead == pytest.approx(0.2 * a.makespan)
+        assert b.step_time == pytest.approx(a.makespan * 1.2 + a.allreduce + a.optimizer)
+    assert step_overhead(replace(prof, meta={KEY: {"fixed_s": 0.1, "per_action_s": 0.0}}), 9, 5.0) == 0.1
+
+
 @pytest.mark.slow
 def test_measuring_uses_the_runtime_launcher():
     from stagewise.plan.link import measure_link
@@ -63,8 +85,8 @@ def test_profile_measures_the_overhead_on_the_runtime():
     prof = profile_model(GPTConfig(layers_n=2, d_model=32, seq=8), (1,), repeats=3, threads=1)
     prof = replace(prof, link=measure_link(sizes=(1 << 10, 1 << 16), repeats=3))
     fit = measure_overhead(prof, (2, 4), steps=3, rounds=1)
-    assert fit["fixed_s"] >= 0 and fit["per_action_s"] >= 0
+    assert fit["fixed_s"] >= 0 and fit["per_action_s"] >= 0 and 0 <= fit["slowdown"] < 3
     assert [n for n, _ in fit["samples"]] == [4, 8]  # 1F1B on 2 ranks: 2m actions on each
     worst = max(abs(r) for _, r in fit["samples"])
     for n, _ in fit["samples"]:  # a least-squares line through two points stays within what was measured
-        assert step_overhead(replace(prof, meta={KEY: fit}), n) <= worst + 1e-9
+        assert step_overhead(replace(prof, meta={KEY: {**fit, "slowdown": 0.0}}), n) <= worst + 1e-9

@@ -154,5 +154,7 @@ def _profile_text(prof) -> str:
     fit = prof.meta.get("step_overhead")
     if fit:
         lines.append(f"per step outside the layers: {fmt_seconds(fit['fixed_s'])} + {fmt_seconds(fit['per_action_s'])}"
-                     " per action of the busiest rank (1F1B on 2 local ranks, measured minus predicted)")
+                     " per action of the busiest rank, and the layers "
+                     f"{fit.get('slowdown', 0.0):+.1%} slower in a run than alone (1F1B on 2 local ranks, measured "
+                     "against predicted)")
     return "\n".join(lines)

@@ -2,11 +2,15 @@
 
 The layer profile times each layer alone; a real step also runs the executor's
 dispatch of every action, the loss all-reduce, the gather of op timings and
-the rest of the step's bookkeeping. ``measure_overhead`` runs the runtime on two
-local ranks (1F1B at two micro-batch counts), subtracts the planner's own
-prediction for the same configurations, and fits the residual to
-``fixed + per_action x actions per rank``. The profile keeps the fit in
-``meta["step_overhead"]``; ``step_overhead`` (no torch) is what the planner adds.
+the rest of the step's bookkeeping; and the layers themselves run slower in a
+run than timed alone (ranks and their communication threads share the cores and
+caches). ``measure_overhead`` runs the runtime on two local ranks (1F1B at two
+micro-batch counts) and takes from the measured timelines ``slowdown``, how much
+longer a rank's ops take than the profile says (mean op seconds per rank,
+measured / predicted - 1); it then subtracts the planner's prediction with the
+makespan so stretched and fits the residual to ``fixed + per_action x actions
+per rank``. The profile keeps the fit in ``meta["step_overhead"]`` (a missing
+field is 0); ``step_overhead`` (no torch) is what the planner adds.
 """
 
 from __future__ import annotations
@@ -16,12 +20,18 @@ from typing import Callable, Sequence
 KEY = "step_overhead"
 
 
-def step_overhead(profile, actions: int) -> float:
-    """Seconds a step spends outside the profiled layers with ``actions`` ops on the busiest rank."""
+def step_overhead(profile, actions: int, makespan: float = 0.0) -> float:
+    """Seconds a step spends beyond the layers' profile with ``actions`` ops on the busiest rank and a
+    simulated ``makespan``: ``fixed + per_action x actions + slowdown x makespan``.
+
+    >>> from types import SimpleNamespace as P
+    >>> step_overhead(P(meta={KEY: {"fixed_s": 0.01, "per_action_s": 0.001, "slowdown": 0.1}}), 10, 0.5)
+    0.07
+    """
     fit = profile.meta.get(KEY) if profile is not None else None
     if not fit:
         return 0.0
-    return fit["fixed_s"] + fit["per_action_s"] * actions
+    return fit.get("fixed_s", 0.0) + fit.get("per_action_s", 0.0) * actions + fit.get("slowdown", 0.0) * makespan
 
 
 def fit_overhead(samples: Sequence[tuple[int, float]]) -> dict:
@@ -55,6 +65,17 @@ def measure_overhead(profile, microbatches: Sequence[int] = (2, 8), *, steps: in
         ranked = search(Searcher(profile=profile, cluster=cl, global_batch=m * mbs, space=space))
         cands.append(next(c for c in ranked if c.config.p == 2))
     rows = verify(profile, cands, len(cands), steps=steps, rounds=rounds, log=log)
-    samples = [(max(len(p) for p in c.schedule.programs), row["measured_step"] - row["predicted_step"])
+    slowdown = fit_slowdown([(c.makespan * (1 - c.bubble), row["measured_busy"]) for c, row in zip(cands, rows)])
+    samples = [(max(len(p) for p in c.schedule.programs),
+                row["measured_step"] - row["predicted_step"] - slowdown * c.makespan)
                for c, row in zip(cands, rows)]
-    return fit_overhead(samples)
+    return {**fit_overhead(samples), "slowdown": slowdown}
+
+
+def fit_slowdown(busy: Sequence[tuple[float, float]]) -> float:
+    """``measured / predicted - 1`` of a rank's op seconds, summed over (predicted, measured) pairs; >= 0."""
+    pred = sum(p for p, _ in busy)
+    meas = sum(m for _, m in busy if m is not None)
+    if pred <= 0 or any(m is None for _, m in busy):
+        return 0.0
+    return max(0.0, meas / pred - 1)

@@ -62,7 +62,7 @@ class Candidate:
     activations: tuple[float, ...]  #: of which activations (the simulated peak per rank)
     fits: bool
     schedule: Schedule = field(compare=False, repr=False)
-    overhead: float = 0.0  #: per-step work outside the profiled layers (the profile's measured fit)
+    overhead: float = 0.0  #: beyond the layers' profile: their slowdown in a run x makespan + per-step work (measured)
 
     @property
     def split(self) -> Split:
@@ -157,7 +157,7 @@ class Searcher:
         grads = max(fixed) / cl.state_factor
         allreduce = cl.allreduce(c.p, c.dp, grads) + step_sync_time(prof, part.counts, h, cl, c.p, c.dp)
         opt = max(rank_optimizer_time(prof, part.counts, h))
-        over = step_overhead(prof, max(len(p) for p in sched.programs))
+        over = step_overhead(prof, max(len(p) for p in sched.programs), makespan)
         step = makespan + allreduce + opt + over
         return Candidate(config=c, counts=part.counts, layout=format_layout(prof.symbols, part.counts),
                          step_time=step, makespan=makespan, allreduce=allreduce, optimizer=opt,

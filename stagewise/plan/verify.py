@@ -126,7 +126,8 @@ def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, 
             results = train_many(cfgs * rounds)
             for j, (n, c) in enumerate(group):
                 times = [t for res in results[j::len(group)] for t in res.step_time_s[1:]]
-                rows[n] = _row(c, times, Path(tmp, str(n)))
+                timelines = [tl for res in results[j::len(group)] for tl in res.timelines[1:]]
+                rows[n] = _row(c, times, Path(tmp, str(n)), timelines)
     return [rows[n] for n in range(len(picked))]
 
 
@@ -144,12 +145,18 @@ def _run_config(c: Candidate, gpt, profile: Profile, steps: int, folder: Path):
                      measure_memory=False)  # MeasuredGPT counts activations: no second meter in the timing
 
 
-def _row(c: Candidate, times: list[float], folder: Path) -> dict:
+def _busy(tl) -> float:
+    """Mean seconds of ops per rank of a measured timeline (what the simulator's (1 - bubble) x makespan is)."""
+    return sum(e - s for st, en in zip(tl.starts, tl.ends) for s, e in zip(st, en)) / len(tl.starts)
+
+
+def _row(c: Candidate, times: list[float], folder: Path, timelines=()) -> dict:
     peaks = [float((folder / f"rank{r}.txt").read_text()) if (folder / f"rank{r}.txt").exists() else None
              for r in range(c.config.p)]
     measured = statistics.median(times)
     return {"config": c.config.label(), "layout": c.layout, "predicted_step": c.step_time, "measured_step": measured,
             "measured_best": min(times), "error": c.step_time / measured - 1,
+            "measured_busy": statistics.median(map(_busy, timelines)) if timelines else None,
             "predicted_activations": list(c.activations), "measured_activations": peaks, "steps": times}
 
 
