@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from stagewise import torch_csv
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -6,7 +6,6 @@ from dataclasses import replace
 import pytest
 
 from stagewise.plan.cluster_search import Job, cluster_search, state_factor
-from stagewise.plan.data_parallel import exposed_reduction
 from stagewise.plan.errors import PlanError
 from stagewise.plan.frameworks import block_counts, megatron_options, torchtitan_options
 from stagewise.plan.hardware import Hardware

@@ -63,7 +63,7 @@ def block_activation_bytes(spec: TransformerSpec, b: int, tp: TensorParallel, re
     parallel too; selective drops the 5 a s^2 b term; full keeps the input only, 2 s b h (/ t with
     sequence parallel, whose input is scattered).
     """
-    s, h, f, a, t = spec.seq, spec.hidden, spec.ffn, spec.heads, tp.t
+    s, h, f, t = spec.seq, spec.hidden, spec.ffn, tp.t
     sbh = s * b * h
     if recompute == "full":
         return BF16 * sbh / (t if tp.sequence_parallel else 1)

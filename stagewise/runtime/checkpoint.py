@@ -162,7 +162,7 @@ class Checkpoints:
             all_files.update(written)
             all_params.update(params)
         cfg, optimizer = self.cfg, type(self.optimizer).__name__
-        return {"format": files.FORMAT, "step": done, "world": self.world, "layout": self.layout_key,
+        return {"format": manifests.FORMAT, "step": done, "world": self.world, "layout": self.layout_key,
                 "data": {"next_step": done, "batch": cfg.batch, "sequences": done * cfg.batch},
                 "run": self._run_section(all_params, optimizer),
                 "optimizer": optimizer,

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import checkpoint_manifest as manifests
-from .checkpoint_manifest import FORMAT
 from .config import RunError
 
 MANIFEST = "manifest.json"
