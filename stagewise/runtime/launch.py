@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from datetime import timedelta
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from . import flight
 from .config import MAX_LOCAL_RANKS, RunConfig, RunError
@@ -302,10 +302,15 @@ def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeo
         q.put(("done", rank, results))
         _close_groups()
     except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
-        q.put(("error", rank, type(e).__name__, _describe(e)))
-        q.close()
-        q.join_thread()
-        os._exit(1)  # skip interpreter teardown: peers may be gone
+        fail_to_launcher(q, rank, e)
+
+
+def fail_to_launcher(q, rank: int, e: BaseException) -> NoReturn:
+    """A spawned rank's end after a failure: tell the launcher what and where, then exit at once."""
+    q.put(("error", rank, type(e).__name__, _describe(e)))
+    q.close()
+    q.join_thread()
+    os._exit(1)  # skip interpreter teardown: peers may be gone
 
 
 def die_with_launcher(lifeline) -> None:

@@ -93,7 +93,4 @@ def _rank_main(rank: int, world: int, port: int, job: list, q, timeout: float, b
         q.put(("done", rank, [{"value": pickle.dumps(value) if rank == 0 else None}]))
         launcher._close_groups()
     except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
-        q.put(("error", rank, type(e).__name__, launcher._describe(e)))
-        q.close()
-        q.join_thread()
-        os._exit(1)  # skip interpreter teardown: peers may be gone
+        launcher.fail_to_launcher(q, rank, e)
