@@ -68,16 +68,8 @@ def config_from(args):
     from ..runtime.config import RunConfig, default_batch
     from ..runtime.models import GPTConfig
 
-    name = args.schedule
-    if name is None and not args.csv:
-        raise UsageError("--schedule NAME (or --csv FILE, or --schedule none) is required")
-    if name and args.csv:
-        raise UsageError(f"give either --schedule ({name}) or --csv, not both")
-    from ..runtime.launch import is_torchrun
-
+    name, ranks, reference = schedule_choice(args, world_per_replica=False)
     _check_sizes(args)
-    ranks = args.ranks if args.ranks is not None else (int(os.environ["WORLD_SIZE"]) if is_torchrun() else 4)
-    reference = name == "none" or (ranks == 1 and args.dp == 1 and not args.csv)
     # the same default batch for the reference as for a pipelined -m (train_scale: x --dp); 0 or less is an error
     batch = args.batch if args.batch is not None else default_batch(args.microbatches)
     vocab = args.vocab if args.vocab is not None else (256 if args.data else 64)
@@ -87,6 +79,23 @@ def config_from(args):
                      microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
                      model=model, split=_split(args.split), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
                      timeout=args.timeout, threads=args.threads)
+
+
+def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, bool]:
+    """(--schedule name, ranks, whether this is the unpipelined reference) from the parsed options.
+
+    Without -p the ranks are torchrun's WORLD_SIZE (divided by --dp when ``world_per_replica``), else 4.
+    """
+    from ..runtime.launch import is_torchrun
+
+    name = args.schedule
+    if name is None and not args.csv:
+        raise UsageError("--schedule NAME (or --csv FILE, or --schedule none) is required")
+    if name and args.csv:
+        raise UsageError(f"give either --schedule ({name}) or --csv, not both")
+    world = int(os.environ["WORLD_SIZE"]) // (args.dp if world_per_replica else 1) if is_torchrun() else 4
+    ranks = args.ranks if args.ranks is not None else world
+    return name, ranks, name == "none" or (ranks == 1 and args.dp == 1 and not args.csv)
 
 
 def _split(text: str | None):

@@ -41,30 +41,26 @@ def run_config(args):
             raise UsageError(f"{flag} is not available with --hf")
     if args.resume and args.schedule == "none":
         raise UsageError("--resume needs a --schedule run on ranks; --schedule none keeps no optimizer state")
-    if args.schedule is None and not args.csv:
-        raise UsageError("--schedule NAME (or --csv FILE, or --schedule none) is required")
-    if args.schedule and args.csv:
-        raise UsageError(f"give either --schedule ({args.schedule}) or --csv, not both")
+    from .train import schedule_choice
+
+    _, ranks, reference = schedule_choice(args, world_per_replica=True)
     try:
         from ..hf.data import TextData
         from ..hf.train import HFTrain
     except ImportError as e:
         raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
-    from ..runtime.launch import is_torchrun
+    from ..runtime.config import default_batch
 
     dp, m = args.dp, args.microbatches
-    ranks = args.ranks or (int(os.environ["WORLD_SIZE"]) // dp if is_torchrun() else 4)
-    reference = args.schedule == "none" or (ranks == 1 and dp == 1 and not args.csv)
     if reference and (dp > 1 or args.recompute or args.recompute_stages):
         raise UsageError("--dp and --recompute need a --schedule run on ranks; --schedule none runs in one process")
-    share = m * dp
     recompute = True if args.recompute else (int_list("--recompute-stages", args.recompute_stages, "stages like 0,2")
                                              or False)
     return HFTrain(source=args.hf, data=TextData(path=args.data, seq=args.seq, tokenizer=args.tokenizer,
                                                   seed=args.seed),
                    schedule=None if reference else args.schedule, csv=args.csv, ranks=ranks, microbatches=m,
                    chunks=args.chunks, split=int_list("--split", args.split, "layer counts like 3,2,2,3"), dp=dp,
-                   recompute=recompute, steps=args.steps, batch=args.batch or share * -(-8 // share), lr=args.lr,
+                   recompute=recompute, steps=args.steps, batch=args.batch or default_batch(m, dp), lr=args.lr,
                    optimizer=args.optimizer, clip=args.clip, dtype=args.dtype, seed=args.seed, save=args.save,
                    save_every=args.save_every, resume=args.resume,
                    timeout=args.timeout, timeline=not reference, progress=not args.json)

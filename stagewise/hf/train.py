@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..runtime.config import check_batch
 from .data import TextData
-from .errors import HFError
 from .model import HFModel, load
 
 
@@ -60,8 +60,8 @@ class HFTrain:
         return generate(self.schedule, self.ranks, self.microbatches, self.chunks)
 
     def check(self) -> None:
-        """Everything that can be checked before ranks start; raises ``HFError`` (a ``RunError``) or the
-        schedule's own errors."""
+        """Everything that can be checked before ranks start; raises ``RunError`` (``HFError`` for the model's
+        own rules) or the schedule's own errors."""
         if self.resume:
             from .resume import read_meta
 
@@ -72,10 +72,7 @@ class HFTrain:
             return
         sched = self.make_schedule()
         model.check_fit(sched.stages_per_copy, self.split)
-        share = sched.microbatches * self.dp
-        if self.batch % share:
-            raise HFError(f"--batch {self.batch} does not split into {share} equal micro-batches (-m "
-                          f"{sched.microbatches} x --dp {self.dp}); use a multiple of {share}")
+        check_batch(self.batch, sched.microbatches, self.dp)
         if self.resume:
             from . import resume
 
