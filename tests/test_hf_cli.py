@@ -82,6 +82,19 @@ def test_bad_input_is_one_line_and_exit_2(capsys, files, tmp_path):
     assert "--tokenizer needs --hf" in fails(capsys, "train", "--schedule", "1f1b", "--tokenizer", str(folder))
     assert "--resume x: no stagewise-state/state.json" in fails(capsys, *base, "--hf", str(folder), "--resume", "x")
     assert "--batch 6 does not split" in fails(capsys, *base, "--hf", str(folder), "-m", "4", "--batch", "6")
+    assert "'E+t*2 | H' has 4 layers; the model has 6" in fails(capsys, *base, "--hf", str(folder), "--split",
+                                                                "E+t*2 | H")
+
+
+def test_split_takes_layout_text_as_train_does(capsys, files):
+    root, folder, text = files
+    base = ["train", "--hf", str(folder), "--data", str(text), "--schedule", "1f1b", "-p", "2", "--seq", "16",
+            "-m", "2", "--batch", "4", "--steps", "2", "--json"]
+    rc, out, err = run(capsys, *base, "--split", "E+t*2 | t+N+H")
+    assert rc == 0, err
+    rc, out_counts, err = run(capsys, *base, "--split", "3,3")
+    assert rc == 0, err
+    assert json.loads(out)["losses"] == json.loads(out_counts)["losses"]
 
 
 def test_save_every_then_resume_continues_the_same_run(capsys, files):

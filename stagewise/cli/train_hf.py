@@ -41,7 +41,7 @@ def run_config(args):
             raise UsageError(f"{flag} is not available with --hf")
     if args.resume and args.schedule == "none":
         raise UsageError("--resume needs a --schedule run on ranks; --schedule none keeps no optimizer state")
-    from .train import schedule_choice
+    from .train import _split, schedule_choice
 
     _, ranks, reference = schedule_choice(args, world_per_replica=True)
     try:
@@ -59,7 +59,7 @@ def run_config(args):
     return HFTrain(source=args.hf, data=TextData(path=args.data, seq=args.seq, tokenizer=args.tokenizer,
                                                   seed=args.seed),
                    schedule=None if reference else args.schedule, csv=args.csv, ranks=ranks, microbatches=m,
-                   chunks=args.chunks, split=int_list("--split", args.split, "layer counts like 3,2,2,3"), dp=dp,
+                   chunks=args.chunks, split=_split(args.split), dp=dp,
                    recompute=recompute, steps=args.steps, batch=args.batch or default_batch(m, dp), lr=args.lr,
                    optimizer=args.optimizer, clip=args.clip, dtype=args.dtype, seed=args.seed, save=args.save,
                    save_every=args.save_every, resume=args.resume,

@@ -28,7 +28,7 @@ class HFTrain:
     ranks: int = 2  #: p
     microbatches: int = 4  #: m
     chunks: int | None = None  #: v
-    split: tuple[int, ...] | None = None  #: layers per stage of one model copy
+    split: tuple[int, ...] | str | None = None  #: layers per stage of one model copy: counts or layout text
     dp: int = 1
     recompute: bool | tuple[int, ...] = False
     steps: int = 3
