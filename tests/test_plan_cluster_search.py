@@ -65,7 +65,7 @@ def test_llama3_405b_on_16384_gpus_is_searched_fast():
     res = cluster_search(Job(spec=TransformerSpec.load("llama3-405b"), hardware=H100, gpus=16384,
                              global_batch_tokens=16 * 2**20))
     elapsed = time.perf_counter() - t0
-    assert elapsed < 30  # under 10 s on an idle machine (README); generous under a loaded test run
+    assert elapsed < 120  # catches a hang only: the speed is benchmarks/bench_cluster_plan.py's (README)
     assert res.configurations > 500 and res.ranking[0].t == 8
     layouts = list(dict.fromkeys((c.t, c.config.p) for c in res.ranking))
     assert (8, 16) in layouts[:5]  # Llama 3's t x p among the top five layouts

