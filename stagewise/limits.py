@@ -43,9 +43,11 @@ class Limit:
         raw = os.environ.get(self.env)
         if raw is None or raw == "":
             return self.default
-        if not raw.strip().isdigit() or len(raw.strip()) > 18 or int(raw) < 1:
-            raise LimitError(f"{self.env}={raw!r}: expected a whole number >= 1")
-        return int(raw)
+        digits = raw.strip()
+        # ASCII digits only: str.isdigit accepts '²', which int() refuses
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 18 or int(digits) < 1:
+            raise LimitError(f"{self.env}={raw!r}: expected a whole number >= 1 (at most 18 digits)")
+        return int(digits)
 
     def check(self, value: int, option: str, *, detail: str = "") -> None:
         """Raise ``LimitError`` if ``value`` is over the limit (``detail``: how the value arose)."""

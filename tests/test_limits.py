@@ -17,6 +17,10 @@ def test_a_limit_names_the_option_the_limit_and_the_variable(monkeypatch):
     monkeypatch.setenv("STAGEWISE_MAX_RANKS", "-3")
     with pytest.raises(LimitError, match="STAGEWISE_MAX_RANKS='-3': expected a whole number >= 1"):
         limits.RANKS.check(1, "--ranks")
+    for raw in ("²", "1e3", "٣"):  # digits to str.isdigit, not to int(): refused alike, never a ValueError
+        monkeypatch.setenv("STAGEWISE_MAX_RANKS", raw)
+        with pytest.raises(LimitError, match="expected a whole number >= 1"):
+            limits.RANKS.check(1, "--ranks")
 
 
 def test_generate_checks_the_actions_before_generating(monkeypatch):
