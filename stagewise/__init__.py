@@ -7,6 +7,7 @@ nor matplotlib. The runtime's public API (``Pipeline``, ``Layers``, ``StepResult
 
 from .actions import Action, Pair, parse
 from .costs import Costs
+from .errors import StagewiseError
 from .plan.layout import Split
 from .schedule import Lane, Schedule
 from .schedules import generate, names
@@ -16,7 +17,7 @@ from .validate import ScheduleError, validate
 
 __all__ = [
     "Action", "Pair", "parse", "Costs", "Lane", "Schedule", "generate", "names",
-    "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "validate", "Split",
+    "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "StagewiseError", "validate", "Split",
     "Pipeline", "Layers", "StepResult", "launch",
 ]
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
+from ..errors import StagewiseError
 
 
-class RunError(ValueError):
+class RunError(StagewiseError):
     """Bad input to a run (the message names the option, the value and the rule)."""
 
 
