@@ -75,6 +75,8 @@ AUTO_ACTIONS = Limit(env="STAGEWISE_MAX_AUTO_ACTIONS", default=30_000, what="act
 #: m=64 make 41,443)
 WORKSHOP_ACTIONS = Limit(env="STAGEWISE_MAX_WORKSHOP_ACTIONS", default=48_000, what="actions on the workshop page")
 LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers")
+#: a cluster plan's GPUs (and a hardware file's GPUs per node): its layouts are the divisors of this count
+GPUS = Limit(env="STAGEWISE_MAX_GPUS", default=131_072, what="GPUs")
 #: the built-in GPT (train, profile): one tensor, and all parameters (2**29 fp32 = 2 GiB)
 ELEMENTS = Limit(env="STAGEWISE_MAX_ELEMENTS", default=2**28, what="elements in one tensor")
 PARAMETERS = Limit(env="STAGEWISE_MAX_PARAMETERS", default=2**29, what="model parameters")
@@ -83,8 +85,8 @@ FILE_BYTES = Limit(env="STAGEWISE_MAX_FILE_BYTES", default=64 * 2**20, what="byt
 #: every limit, for the docs and ``table()``
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
        "compare_actions": COMPARE_ACTIONS, "plan_actions": PLAN_ACTIONS, "auto_actions": AUTO_ACTIONS,
-       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "elements": ELEMENTS, "parameters": PARAMETERS,
-       "file_bytes": FILE_BYTES}
+       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "gpus": GPUS, "elements": ELEMENTS,
+       "parameters": PARAMETERS, "file_bytes": FILE_BYTES}
 
 
 def check_schedule_size(ranks: int, microbatches: int, chunks: int, kinds: int, *, name: str = "",

@@ -20,9 +20,15 @@ def test_plan_a_cluster_prints_table_frameworks_and_csv(tmp_path, capsys):
     rc, out, err = run(capsys, *BASE, "-o", str(csv), "--top", "3")
     assert rc == 0, err
     assert "llama3-8b on 64 x h100" in out and "256 sequences of 8192" in out
-    assert "MFU" in out and "mem/GPU" in out and "bubble" in out
-    assert "Megatron-LM: --tensor-model-parallel-size" in out
-    assert "torchtitan:  --parallelism.tensor_parallel_degree" in out and str(csv) in out
+    assert "MFU" in out and "mem/GPU" in out and "bubble" in out and "free" in out
+    lines = {ln.split(":")[0]: ln for ln in out.splitlines() if ln.split(":")[0] in
+             ("Megatron-LM", "torchtitan", "DeepSpeed", "stagewise")}
+    assert set(lines) == {"Megatron-LM", "torchtitan", "DeepSpeed", "stagewise"}  # each framework's best, run
+    assert "--tensor-model-parallel-size" in lines["Megatron-LM"] and "(#" in lines["Megatron-LM"]
+    assert "--parallelism.tensor_parallel_degree" in lines["torchtitan"]
+    assert '"train_batch_size":256' in lines["DeepSpeed"] and "PipelineModule(num_stages=" in lines["DeepSpeed"]
+    assert "torchrun --nnodes 8 --nproc-per-node 8 -m stagewise train" in lines["stagewise"]
+    assert str(csv) in out and "ranks first:" in out
     sched = torch_csv.load(csv)
     assert sched.ranks >= 1
 
@@ -30,10 +36,13 @@ def test_plan_a_cluster_prints_table_frameworks_and_csv(tmp_path, capsys):
 def test_plan_a_cluster_json(tmp_path, capsys):
     rc, out, _ = run(capsys, *BASE, "-o", str(tmp_path / "p.csv"), "--json", "--top", "2")
     data = json.loads(out)
-    assert rc == 0 and data["global_batch"] == 256 and len(data["ranking"]) == 2
+    assert rc == 0 and data["inputs"]["global_batch"] == 256 and len(data["ranking"]) == 2
     best = data["best"]
     assert best["t"] * best["p"] * best["dp"] == 64 and best["m"] * best["micro_batch_size"] * best["dp"] == 256
     assert data["ranking"][0]["step_time"] <= data["ranking"][1]["step_time"]
+    assert set(data["frameworks"]) == {"megatron", "torchtitan", "deepspeed", "stagewise"}
+    assert all(f["command"] for f in data["frameworks"].values())
+    assert data["format"] == "stagewise-plan" and data["stagewise"] and data["inputs"]["gpus"] == 64
 
 
 def write(tmp_path, name, data):
@@ -73,7 +82,7 @@ def test_plan_a_cluster_with_selective_recomputation(tmp_path, capsys):
                        "--global-batch-tokens", "128K", "--schedules", "1f1b", "--recompute", "selective",
                        "--tensor", "1", "--pipeline", "2", "-o", str(tmp_path / "p.csv"), "--top", "2")
     assert rc == 0, err
-    rows = [ln for ln in out.splitlines() if ln.strip()[:1].isdigit() and "1f1b" in ln]
+    rows = [ln for ln in out.splitlines() if ln.split()[:1] and ln.split()[0].rstrip("=").isdigit() and "1f1b" in ln]
     assert rows and all(" sel " in ln for ln in rows)
     assert "--recompute-granularity selective" in out
 

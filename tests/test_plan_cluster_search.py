@@ -8,7 +8,7 @@ import pytest
 from stagewise.plan.cluster_search import Job, cluster_search, state_factor
 from stagewise.plan.errors import PlanError
 from stagewise.plan.frameworks import block_counts, megatron_options, torchtitan_options
-from stagewise.plan.hardware import Hardware
+from stagewise.plan.hardware import Hardware, Reserve
 from stagewise.plan.search import Space
 from stagewise.plan.transformer import TransformerSpec
 
@@ -82,7 +82,7 @@ def test_search_takes_the_least_recomputation_that_fits():
     """Megatron 2021's GPT (scores kept): off where it fits, else selective, else full."""
     spec, a100 = TransformerSpec.load("gpt-1.7b"), Hardware.load("a100")
     kw = dict(hardware=a100, gpus=8, global_batch_tokens=64 * spec.seq, tensor=(1,), pipeline=(2,),
-              space=Space(families=("1f1b",)), micro_batch_sizes=(1,))
+              space=Space(families=("1f1b",)), micro_batch_sizes=(1,), reserve=Reserve())
     need = {m: _least_memory(spec, m, **kw) for m in ("off", "selective", "full")}
     assert need["full"] < need["selective"] < need["off"]
     chosen = []  # less memory, more recomputation: off, then selective, then full
@@ -107,9 +107,11 @@ def test_flash_attention_models_skip_selective():
     def modes(j):
         return {s.recompute for s in searchers(j, {})}
 
-    assert modes(job(tensor=(8,), pipeline=(2,))) == {"off", "full"}  # selective = off with flash attention
+    # selective = off with flash attention; "stage": the stagewise runtime replays a whole stage for "full"
+    assert modes(job(tensor=(8,), pipeline=(2,))) == {"off", "full", "stage"}
     assert modes(job(tensor=(8,), pipeline=(2,), recompute=("selective",))) == {"selective"}
-    assert modes(job(model="gpt-1.7b", tensor=(8,), pipeline=(2,), tokens=2**20)) == {"off", "selective", "full"}
+    assert modes(job(model="gpt-1.7b", tensor=(8,), pipeline=(2,), tokens=2**20)) == {"off", "selective", "full",
+                                                                                     "stage"}
 
 
 def test_recompute_choices_are_checked():
@@ -133,7 +135,8 @@ def test_impossible_jobs_name_value_and_rule(kw, words):
 
 def test_nothing_fits_reports_the_least_memory():
     small = Job(spec=TransformerSpec.load("llama3-8b"), hardware=replace(H100, memory=19e9), gpus=8,
-                global_batch_tokens=2**18, tensor=(8,), recompute=("off",), space=Space(families=("1f1b",)))
+                global_batch_tokens=2**18, tensor=(8,), recompute=("off",), space=Space(families=("1f1b",)),
+                reserve=Reserve())
     res = cluster_search(small)
     assert not res.ranking and res.too_big == res.configurations and max(res.least_memory.memory) > 19e9
     with pytest.raises(PlanError, match="--gpus 8: llama3-8b's weights, fp32 gradients and optimizer state need "
