@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stagewise import torch_csv
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -104,3 +106,60 @@ assert not bad, bad
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+ONE = ("plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch-tokens", "256K", "--schedules", "1f1b",
+       "--tensor", "8", "--micro-batch-sizes", "1", "--recompute", "off", "--framework", "megatron")
+
+
+def test_the_reserve_is_kept_free_and_a_plan_that_fits_only_without_it_is_refused(tmp_path, capsys):
+    rc, out, err = run(capsys, *ONE, "--hardware", "h100", "--json", "-o", str(tmp_path / "p.csv"))
+    assert rc == 0, err
+    plan = json.loads(out)
+    reserve = plan["assumptions"]["memory_reserve"]
+    assert reserve["context"] > 0 and reserve["communication"] > 0 and 0 < reserve["fragmentation"] < 1
+    assert all(r["headroom"] >= 0 and max(r["peak_memory"]) + r["headroom"] == pytest.approx(reserve["usable"])
+               for r in plan["ranking"])
+    need = max(plan["ranking"][0]["peak_memory"])
+    hw = json.loads((ROOT / "stagewise/plan/data/hardware/h100.json").read_text())
+    tight = write(tmp_path, "tight.json", {**hw, "memory": need * 1.02})  # fits the GPU, not GPU less reserve
+    err = fails(capsys, *ONE, "--hardware", tight, "-o", str(tmp_path / "p.csv"))
+    assert "--memory-reserve: none of the" in err and "fits only without the reserve" in err
+    assert "--memory-reserve 0 to plan without it" in err
+    rc, out, err = run(capsys, *ONE, "--hardware", tight, "--memory-reserve", "0", "-o", str(tmp_path / "p.csv"))
+    assert rc == 0 and "0 B reserved" in out, err
+    rc, out, err = run(capsys, *ONE, "--hardware", "h100", "--memory-reserve", "10%", "--json", "-o",
+                       str(tmp_path / "p.csv"))
+    assert json.loads(out)["assumptions"]["memory_reserve"]["fragmentation"] == pytest.approx(0.1)
+
+
+def test_a_written_plan_records_inputs_assumptions_and_version(tmp_path, capsys):
+    import stagewise
+
+    md, js = tmp_path / "plan.md", tmp_path / "plan.json"
+    rc, out, err = run(capsys, *BASE, "-o", str(md), "--top", "2")
+    assert rc == 0, err
+    text = md.read_text()
+    assert f"stagewise {stagewise.__version__}" in text and "## Inputs" in text and "## Assumptions" in text
+    assert "## Commands" in text and "Megatron-LM" in text and "Memory:" in text and "Error band:" in text
+    assert (tmp_path / "plan.csv").is_file() and "wrote " + str(md) in out
+    rc, out, err = run(capsys, *BASE, "-o", str(js), "--top", "2")
+    plan = json.loads(js.read_text())
+    assert plan["stagewise"] == stagewise.__version__ and plan["command"][:2] == ["stagewise", "plan"]
+    assert plan["inputs"]["model"]["name"] == "llama3-8b" and plan["inputs"]["hardware"]["sources"]["peak_flops"]
+    assert set(plan["assumptions"]["frameworks"]) == {"megatron", "torchtitan", "deepspeed", "stagewise"}
+    assert plan["csv"] == str(tmp_path / "plan.csv")
+
+
+def test_megatron_gets_its_own_best_layout_and_any_split(tmp_path, capsys):
+    """The winner may be a family Megatron-LM cannot run: its line is then its own best layout, with the
+    layout flag where the split is neither even nor uneven at the ends only."""
+    rc, out, err = run(capsys, "plan", "--model", "llama3-70b", "--hardware", "h100", "--gpus", "256",
+                       "--global-batch-tokens", "2M", "--tensor", "8", "--pipeline", "4", "--schedules",
+                       "zb-v,interleaved-1f1b", "--chunks", "4", "--json", "-o", str(tmp_path / "p.csv"))
+    plan = json.loads(out)
+    mega = plan["frameworks"]["megatron"]
+    assert mega["command"] and mega["layout"]["family"] == "interleaved-1f1b" and mega["rank"] >= 1
+    from stagewise.plan.frameworks import megatron_layout
+
+    assert megatron_layout([2, 3, 0, 1]) == "Et*2|t*3||tL"

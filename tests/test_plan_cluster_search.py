@@ -180,3 +180,43 @@ def test_pipeline_bound_never_exceeds_the_simulation(family, v):
     if family == "1f1b":  # fill + steady work + drain: exact for 1F1B on even costs without links
         even = Costs(t_f=1.0, t_b=2.0)
         assert pipeline_bound(sched, even.resolve(4), False) == pytest.approx(3 * 1 + 8 * 3 + 3 * 2)
+
+
+def test_the_schedule_free_bound_prunes_without_changing_the_top():
+    lazy = cluster_search(job(space=SMALL), keep=5)
+    built = cluster_search(job(space=SMALL), keep=5, floors=False)
+    assert lazy.unbuilt > 0 and built.unbuilt == 0
+    assert [c.step_time for c in lazy.ranking[:5]] == [c.step_time for c in built.ranking[:5]]
+    assert lazy.simulated + lazy.pruned + lazy.too_big == lazy.configurations
+
+
+def test_each_frameworks_best_is_exact():
+    from stagewise.plan.overlap import FRAMEWORKS
+
+    res = cluster_search(job(space=SMALL, tensor=(8,)), keep=2)
+    assert set(res.best) == set(FRAMEWORKS)
+    for name, fw in FRAMEWORKS.items():
+        alone = cluster_search(job(space=SMALL, tensor=(8,), frameworks=(fw,)), keep=1).ranking[0]
+        assert res.best[name].step_time == pytest.approx(alone.step_time) and alone.framework == name
+
+
+def test_v_half_and_v_min_never_beat_zb_v():
+    """Why the search skips them where ZB-V fits with its fastest split (``TRADES_BUBBLE_FOR_MEMORY``):
+    the same stages and work, a bubble traded for memory, on uneven costs and links."""
+    import random
+
+    from stagewise.costs import Costs
+    from stagewise.plan.search import timing
+    from stagewise.schedules import generate
+    from stagewise.simulate import simulate
+
+    rnd = random.Random(3)
+    for _ in range(12):
+        p = rnd.choice([2, 4, 6, 8])
+        m = rnd.choice([p, 2 * p, 3 * p + 1])
+        f = [rnd.uniform(0.5, 1.5) for _ in range(2 * p)]
+        costs = Costs(t_f=f, t_b=[x * rnd.uniform(1.6, 2.4) for x in f], latency=rnd.uniform(0, 0.2),
+                      bandwidth=1.0, boundary_bytes=rnd.uniform(0, 0.3))
+        zbv = timing(simulate(generate("zb-v", p, m, 2), costs, check=False))[0]
+        for fam in ("v-half", "v-min"):
+            assert timing(simulate(generate(fam, p, m, 2), costs, check=False))[0] >= zbv * (1 - 1e-9)

@@ -34,7 +34,7 @@ def read(ref: str, kind: str, option: str, fmt: str) -> tuple[dict, str]:
     else:
         where = f"{option} {ref}"
         path = Path(ref)
-        if not path.is_file():
+        if not path.exists():
             raise SpecError(f"{option} {ref!r}: no such file and not a shipped name; shipped: "
                             f"{', '.join(shipped(kind))}")
         try:  # a regular UTF-8 file of bounded size (no FIFO, device or folder)
