@@ -38,6 +38,15 @@ def run_capped(cases: list[dict], *, memory: int = 2 * GiB, timeout: float = 240
     return json.loads(proc.stdout)
 
 
+def assert_refused(r: dict, words, seconds: float) -> None:
+    """A case's result is bad input as the CLI must answer it: exit 2, one line naming ``words``, in time."""
+    assert r["rc"] == 2, r
+    assert "Traceback" not in r["err"] and r["err"].count("\n") == 1, r["err"]
+    for w in words:
+        assert w in r["err"], (w, r["err"])
+    assert r["seconds"] < seconds, r
+
+
 def _one(case: dict) -> dict:
     from stagewise.cli import main
 

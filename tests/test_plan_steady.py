@@ -29,7 +29,7 @@ def test_a_long_step_is_its_short_steps_extended(family):
     v = (FAMILIES[family].chunks or (2,))[0]
     for p in (2, 4):
         mc = short_m(family, p, 10**6, v)
-        m = 2 * mc + 3 * p
+        m = 2 * mc + 3 * p + (0 if FAMILIES[family].chunks is None or FAMILIES[family].even_microbatches else 1)
         costs = _uneven(p * v)
         est, busy = extend(_span_busy(family, p, mc, v, costs), _span_busy(family, p, 2 * mc, v, costs), mc, m)
         span, real_busy = _span_busy(family, p, m, v, costs)
@@ -39,7 +39,8 @@ def test_a_long_step_is_its_short_steps_extended(family):
 
 def test_short_steps_are_built_in_full():
     assert short_m("1f1b", 4, 32, 1) is None  # not long: 2 mc = 32 micro-batches at p = 4
-    assert short_m("1f1b", 4, 33, 1) is None  # not whole rounds of p
+    assert short_m("interleaved-1f1b", 4, 66, 2) is None  # not whole rounds of p (interleaved's shape)
+    assert short_m("1f1b", 4, 33, 1) == 16
     assert short_m("1f1b", 4, 36, 1) == 16 and short_m("1f1b", 16, 160, 1) == 32
     assert short_m("interleaved-1f1b", 8, 1024, 4) == 64 and short_m("dualpipe", 4, 1000, 2) == 16
 

@@ -61,7 +61,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=positive_int, default=5, help="steps per verified run and round, default 5")
     p.add_argument("--rounds", type=positive_int, default=2,
                    help="verified runs alternate in this many rounds, default 2")
-    p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (with --model: as -o plan.json writes it)")
     plan_cluster.add_options(p)
     p.set_defaults(func=cmd_plan)
     plan_auto.register(sub)

@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple
 from ..costs import Costs
 from ..schedules import FAMILIES
 from ..simulate import simulate
-from .analytic import RECOMPUTE, TensorParallel, analytic_profile, replay_bytes
+from .analytic import TensorParallel, analytic_profile, replay_bytes
 from .block_split import block_split, is_block_model
 from .cluster import Cluster
 from .cluster_job import Job, _nothing_to_search, check_job, shardings, state_factor, tensor_degrees

@@ -12,7 +12,7 @@ between them, so
 and the busy time likewise. This is used only when the two shorter schedules hold the
 same peak activations (1F1B and its kin keep p micro-batches whatever m is; GPipe and
 looped BFS hold more with every micro-batch and are built at full length), only for
-m > 2 mc and m a multiple of p. tests/test_plan_steady.py checks the estimate against the
+m > 2 mc (and m a multiple of p for the families that take any v). tests/test_plan_steady.py checks the estimate against the
 full simulation for every family: exact for most, within 1% for ZB-H2 (its W-filling
 drifts with m) and interleaved 1F1B.
 """
@@ -29,10 +29,12 @@ def short_m(family: str, p: int, m: int, v: int) -> int | None:
     """The micro-batch count ``mc`` a step of ``m`` is costed from, or None when ``m`` is built in full."""
     fam = FAMILIES[family]
     mc = max(LONG * p * v, SHORTEST, fam.min_microbatches(p, v))
-    mc += -mc % p  # whole rounds of p micro-batches: interleaved 1F1B changes shape with m mod p
+    rounds = fam.chunks is None  # any v (interleaved 1F1B, looped BFS): the step changes shape with m mod p
+    if rounds:
+        mc += -mc % p
     if fam.even_microbatches:
         mc += mc % 2
-    return mc if m > 2 * mc and m % p == 0 else None
+    return mc if m > 2 * mc and (m % p == 0 or not rounds) else None
 
 
 def extend(short: tuple[float, float], longer: tuple[float, float], mc: int, m: int) -> tuple[float, float]:
