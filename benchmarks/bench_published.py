@@ -18,8 +18,11 @@ Sources (numbers copied from the sources; each row names its cluster's interconn
 - Llama Team, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 4: 405B on H100s
   (Sec. 3.3.1: 400 Gbps RoCE or InfiniBand per GPU), TP 8, CP 1, PP 16, DP 64 and 128,
   sequence 8,192, 16M tokens per batch, 430 and 400 TFLOPs/GPU (43% and 41% BF16
-  MFU); FSDP without resharding after the forward (Sec. 3.3.2). The long-context row
-  (CP 16) is left out: context parallelism is not modelled.
+  MFU); FSDP without resharding after the forward (Sec. 3.3.2). Planned as it ran, without
+  activation recomputation and with the planner's memory check off: its memory model puts
+  the layout at 88 GiB per GPU (143 layer-micro-batches of 0.5 GiB at rank 0), and whatever
+  Llama 3 saved beyond it is not modelled. The long-context row (CP 16) is left out:
+  context parallelism is not modelled.
 - Megatron-LM README, "Performance Benchmarking" (Megatron-Core r0.8.0, the weak-scaling
   table images/model_table.png, 2024): GPT 1.7B to 462B on 48 to 6,144 H100s, data
   parallel 48 throughout, vocabulary 131,072, sequence 4,096, with --overlap-grad-reduce,
@@ -27,7 +30,9 @@ Sources (numbers copied from the sources; each row names its cluster's interconn
   table's MFU column is that / 989 TFLOP/s). Each replica runs only 4 sequences per
   pipeline rank (batch = 4 x dp x p): the few-micro-batch rows, where the bubble and
   the exposed data-parallel traffic weigh most. The README names no cluster; the rows
-  assume DGX H100 nodes (NVLink 4, eight 400 Gb/s NDR InfiniBand adapters per node).
+  assume DGX H100 nodes (NVLink 4, eight 400 Gb/s NDR InfiniBand adapters per node). The
+  micro-batch size and recomputation are not given: the planner picks them (the least
+  recomputation that fits).
 
 Efficiency factors: one per GPU type, calibrated on one row each (``--calibrate``
 prints the value that reproduces the calibration row, and the error band: the largest

@@ -168,7 +168,7 @@ class ClusterSearcher(Searcher):
     sharding: str = "zero1"  #: of ``overlap.SHARDING``
     shard: int | None = None  #: HSDP's shard group
     frameworks: tuple[Framework, ...] = ()  #: those that run this sharding and recomputation
-    _timelines: dict = field(default_factory=dict)  #: (config, blocking P2P) -> timeline
+    _timelines: dict = field(default_factory=dict)  #: (config, blocking P2P) -> (timeline, makespan, bubble)
 
     def _schedule(self, name: str, p: int, m: int, v: int):
         """The family's schedule; for a long step (``steady.short_m``) the ``2 mc`` one stands in for it (same

@@ -97,6 +97,29 @@ class _PrefixMax:
     def peak(self) -> int:
         return self.best[1]
 
+    def raised(self, lo: int, hi: int) -> int:
+        """The peak once an F moves from slot ``hi`` to the free slot ``lo``: every prefix in [lo, hi) gains one
+        (a free ``lo`` adds nothing to the prefix before it, so that one may count too)."""
+        total, i = 0, lo + self.n
+        while i > 1:  # the sum of the slots before lo: the left siblings on the way up
+            if i & 1:
+                total += self.sum[i - 1]
+            i //= 2
+        run, best, rights = 0, 0, []
+        i, j = lo + self.n, hi + self.n
+        while i < j:  # the nodes covering [lo, hi), in order
+            if i & 1:
+                best, run = max(best, run + self.best[i]), run + self.sum[i]
+                i += 1
+            if j & 1:
+                j -= 1
+                rights.append(j)
+            i //= 2
+            j //= 2
+        for k in reversed(rights):
+            best, run = max(best, run + self.best[k]), run + self.sum[k]
+        return max(self.peak, total + best + 1)
+
 
 _WEIGHT = {"F": 1, "W": -1}
 
@@ -258,6 +281,11 @@ class _Grid:
             sure = with_w and a.kind != "F"
             for t in range(self.earliest(a), slot):
                 if t not in self.slots[r]:
+                    if self._tracking is True and a.kind == "F":  # the peak after the move, without making it
+                        if self._trees[r].raised(t, slot) <= limit:
+                            self.move(r, a, t)
+                            break
+                        continue
                     self.move(r, a, t)
                     if sure or self.peak(r, with_w) <= limit:
                         break
