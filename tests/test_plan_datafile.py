@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILE = "data/profiles/gpt-l32-d256-cpu.json"
 CLUSTER = ["plan", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "64", "--global-batch-tokens", "2M",
            "--schedules", "1f1b", "-o", "{tmp}/p.csv"]
-SECONDS = 20  #: per case: a hang's bound on a loaded 2-core machine, not a speed target
 
 
 def _with(flag: str, value: str) -> list[str]:
@@ -110,7 +109,7 @@ def results(tmp):
 
 @pytest.mark.parametrize("name,argv,words", CASES, ids=[c[0] for c in CASES])
 def test_bad_planner_input_is_one_line_and_exit_2(results, name, argv, words):
-    assert_refused(results[name], words, SECONDS)
+    assert_refused(results[name], words)
 
 
 def test_a_huge_batch_on_a_small_model_is_planned_in_bounded_time(results):
