@@ -8,7 +8,7 @@ nor matplotlib. The runtime's public API (``Pipeline``, ``Layers``, ``StepResult
 from .actions import Action, Pair, parse
 from .costs import Costs
 from .errors import StagewiseError
-from .plan.layout import Split
+from .layout import Split
 from .schedule import Lane, Schedule
 from .schedules import generate, names
 from .simulate import simulate
@@ -22,8 +22,8 @@ __all__ = [
 ]
 
 #: the runtime's public API, imported with torch on first use: name -> module
-_LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.layers",
-         "launch": ".runtime.local"}
+_LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.stages.layers",
+         "launch": ".runtime.launching.local"}
 
 
 def __getattr__(name: str):
