@@ -43,7 +43,7 @@ class TorchPipe:
 
         self.model, self.args = model, args
         sched = generate(name, world, args.m)
-        layers = model.layers()
+        layers = model.layers().build_all()
         ranges = partition(len(layers), sched.stages)
         self.mine = mine = sched.stages_of_rank(rank)
         mods = {s: nn.Sequential(*[copy.deepcopy(layers[i]) for i in ranges[s]]) for s in mine}

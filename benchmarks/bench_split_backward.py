@@ -26,7 +26,7 @@ CLOCK = time.thread_time
 
 
 def stage_of(model: GPTConfig, lo: int, hi: int) -> Stage:
-    layers = model.layers()
+    layers = model.layers().build_all()
     return Stage(0, layers[lo:hi], lo)
 
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from itertools import accumulate, groupby
 from typing import Sequence
 
-from .plan.errors import PlanError
+from .errors import StagewiseError
 
 _TERM_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*)(?:\s*\*\s*(\d+))?")
 
 
-class LayoutError(PlanError):
+class LayoutError(StagewiseError):
     """A layout string that does not describe the model's layers exactly once, in order."""
 
 
@@ -119,12 +119,12 @@ def parse_layout(text: str, symbols: Sequence[str]) -> tuple[int, ...]:
     stage_syms = _stages(text, len(symbols), summary(symbols))
     got = [s for stage in stage_syms for s in stage]
     if Counter(got) != Counter(symbols):
-        raise LayoutError(f"--layout {text!r} {_count_problem(got, symbols)}; the model is {summary(symbols)}")
+        raise LayoutError(f"`layout` {text!r} {_count_problem(got, symbols)}; the model is {summary(symbols)}")
     pos = 0
     for k, stage in enumerate(stage_syms):
         for sym in stage:
             if sym != symbols[pos]:
-                raise LayoutError(f"--layout {text!r}: stage {k} has {sym} where the model has {symbols[pos]} "
+                raise LayoutError(f"`layout` {text!r}: stage {k} has {sym} where the model has {symbols[pos]} "
                                   f"(layer {pos}); the model is {summary(symbols)}")
             pos += 1
     return tuple(len(stage) for stage in stage_syms)
@@ -150,7 +150,7 @@ def _stages(text: str, layers: int, model: str) -> list[list[str]]:
     room = 2 * layers + 8
     for k, part in enumerate(text.split("|")):
         if k >= room:
-            raise LayoutError(f"--layout has more than {room} stages; the model is {model}")
+            raise LayoutError(f"`layout` has more than {room} stages; the model is {model}")
         stage_syms.append(_parse_stage(part, k, room, layers))
         room -= len(stage_syms[-1])
     return stage_syms
@@ -159,19 +159,19 @@ def _stages(text: str, layers: int, model: str) -> list[list[str]]:
 def _parse_stage(part: str, k: int, room: int, layers: int) -> list[str]:
     part = part.strip()
     if part == "...":
-        raise LayoutError(f"--layout stage {k} is '...', an abbreviation in tables; write every stage")
+        raise LayoutError(f"`layout` stage {k} is '...', an abbreviation in tables; write every stage")
     if not part:
-        raise LayoutError(f"--layout stage {k} is empty; every stage needs at least one layer")
+        raise LayoutError(f"`layout` stage {k} is empty; every stage needs at least one layer")
     out: list[str] = []
     for term in part.split("+"):
         m = _TERM_RE.fullmatch(term.strip())
         if not m:
-            raise LayoutError(f"--layout stage {k}: {term.strip()!r} is not SYMBOL or SYMBOL*COUNT (e.g. t*8)")
+            raise LayoutError(f"`layout` stage {k}: {term.strip()!r} is not SYMBOL or SYMBOL*COUNT (e.g. t*8)")
         n = int(m[2]) if m[2] is not None and len(m[2]) <= 9 else 1 if m[2] is None else room + 1
         if n < 1:
-            raise LayoutError(f"--layout stage {k}: {term.strip()!r} has count 0; drop the term instead")
+            raise LayoutError(f"`layout` stage {k}: {term.strip()!r} has count 0; drop the term instead")
         if len(out) + n > room:
-            raise LayoutError(f"--layout stage {k}: {term.strip()[:40]!r} goes far past the model's {layers} layers")
+            raise LayoutError(f"`layout` stage {k}: {term.strip()[:40]!r} goes far past the model's {layers} layers")
         out += [m[1]] * n
     return out
 

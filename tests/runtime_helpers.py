@@ -62,10 +62,10 @@ class InsertedLayer(GPTConfig):
     def num_layers(self) -> int:
         return super().num_layers + 1
 
-    def layers(self):
-        out = super().layers()
-        layer = DropToken(self.at) if self.extra == "drop" else Boom(self.at, self.extra)
-        return out[:self.where] + [layer] + out[self.where:]
+    def layer(self, i: int):
+        if i == self.where:
+            return DropToken(self.at) if self.extra == "drop" else Boom(self.at, self.extra)
+        return super().layer(i if i < self.where else i - 1)
 
 
 def torch_schedule_csv(cls_name: str, ranks: int, microbatches: int, chunks: int) -> str:
@@ -82,3 +82,12 @@ def rel_err(a, b) -> float:
     """Norm-wise relative difference of two arrays."""
     a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def free_port() -> int:
+    """A free loopback port for a torchrun command line in a test (torchrun's own rendezvous binds it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -23,7 +23,8 @@ from stagewise.cli import main
 from stagewise.runtime import RunConfig, RunError
 from stagewise.runtime.resilience import checkpoint_files as files
 from stagewise.runtime.resilience.checkpoint import rng_state, set_rng_state
-from stagewise.runtime.launching.launch import RankFailure, train, train_many
+from stagewise.runtime.launching.launch import RankFailure
+from stagewise.runtime.run.train import train, train_many
 from runtime_helpers import TINY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -19,10 +19,12 @@ from hypothesis import strategies as st
 
 from stagewise.actions import Action
 from stagewise.cli import main
+from stagewise.cli.flags import say
 from stagewise.runtime import RunConfig, RunError
 from stagewise.runtime.resilience import flight
 from stagewise.runtime.resilience.faults import Fault, parse_fault
-from stagewise.runtime.launching.launch import RankFailure, train, train_many
+from stagewise.runtime.launching.launch import RankFailure
+from stagewise.runtime.run.train import train, train_many
 from runtime_helpers import TINY
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -145,8 +147,8 @@ def test_a_stalled_rank_is_named_after_the_timeout():
 @pytest.mark.slow
 def test_a_nan_loss_stops_the_run_naming_step_microbatch_stage_and_rank():
     err, _ = fails(dataclasses.replace(BASE, fault="nan:rank=1:action=1F3:step=2"))
-    assert str(err) == ("every rank: NonFiniteLoss: step 2: the loss is nan at micro-batch 3 (stage 1, rank 1); "
-                        "stopped (--skip-nonfinite skips such a step's update and goes on)")
+    assert say(str(err)) == ("every rank: NonFiniteLoss: step 2: the loss is nan at micro-batch 3 (stage 1, rank 1); "
+                             "stopped (to skip such a step's update and go on instead: --skip-nonfinite)")
     no_rank_left()
 
 

@@ -147,7 +147,7 @@ def test_eval_autocast_and_a_meta_module_with_split_points_equal_torch():
 
 def test_the_cli_runtime_takes_a_schedule_value_with_no_csv_in_between():
     from stagewise.runtime import RunConfig
-    from stagewise.runtime.launching.launch import train_many
+    from stagewise.runtime.run.train import train_many
     from stagewise.runtime.run.models import GPTConfig
 
     model = GPTConfig(layers_n=2, d_model=16, heads=2, seq=8, vocab=32)

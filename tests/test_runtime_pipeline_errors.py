@@ -67,8 +67,9 @@ def test_a_factory_that_returns_a_tensor_says_it_must_return_a_module():
 
 
 def test_a_schedule_for_other_ranks_says_what_to_launch():
-    assert fails("ranks") == ("every rank: schedule 1f1b has 4 ranks but 2 ranks were launched: launch 4 (torchrun "
-                              "--nproc-per-node 4) or make the schedule for 2 ranks")
+    assert fails("ranks") == ("every rank: schedule 1f1b: the schedule's placement needs 4 ranks (stage 3 is on rank "
+                              "3); 2 were launched (a world of 2 ranks): launch 4 (torchrun --nproc-per-node 4) or "
+                              "make the schedule for 2 ranks")
 
 
 def test_missing_inputs_or_targets_name_the_rank_and_the_stage_that_needs_them():

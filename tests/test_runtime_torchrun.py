@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from stagewise.runtime.launching.launch import free_port
+from runtime_helpers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

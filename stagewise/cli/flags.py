@@ -12,13 +12,15 @@ from ..errors import translate
 #: library argument (RunConfig, GPTConfig, Pipeline, the HF adapter, the planner) -> CLI flag
 FLAGS = {
     # the schedule and the ranks (RunConfig, Pipeline, generate)
-    "schedule": "--schedule", "csv": "--csv", "ranks": "-p", "microbatches": "-m", "chunks": "-v", "dp": "--dp",
+    "schedule": "--schedule", "csv": "--csv", "ranks": "--ranks", "microbatches": "--microbatches",
+    "chunks": "--chunks", "dp": "--dp",
     "fsdp": "--fsdp", "tp": "--tp", "ep": "--ep", "zero": "--zero",
-    "split": "--split", "recompute": "--recompute",
+    "split": "--split", "layout": "--layout", "recompute": "--recompute/--recompute-stages",
     # the run
     "steps": "--steps", "batch": "--batch", "lr": "--lr", "optimizer": "--optimizer", "clip": "--clip",
     "timeout": "--timeout", "threads": "--threads", "save": "--save", "save_every": "--save-every",
     "resume": "--resume", "overwrite": "--overwrite", "skip_nonfinite": "--skip-nonfinite",
+    "nonfinite": "--skip-nonfinite",
     # the built-in GPT (GPTConfig)
     "layers_n": "--layers", "d_model": "--d-model", "heads": "--heads", "seq": "--seq", "vocab": "--vocab",
     "dtype": "--dtype", "data": "--data", "seed": "--seed",

@@ -16,8 +16,9 @@ from .common import UsageError, check_timeline_output, int_list, positive_int, p
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "train", help="train the built-in GPT with a schedule on local ranks (or under torchrun)",
-        description="Run a schedule for real: p local ranks (gloo), the built-in GPT, m micro-batches per step. "
+        "train", help="train the built-in GPT or an --hf model with a schedule on local ranks (or under torchrun)",
+        description="Run a schedule for real: p local ranks (gloo), the built-in GPT (or an --hf model), m "
+        "micro-batches per step. "
         "Prints each step's loss, then the measured bubble next to the simulator's prediction from the measured "
         "mean cost of each action. Under torchrun (RANK/WORLD_SIZE set) this process is one rank. "
         "--schedule none (or -p 1) runs the unpipelined reference.")
@@ -73,8 +74,9 @@ def config_from(args):
     # the same default batch for the reference as for a pipelined -m (train_scale: x --dp); 0 or less is an error
     batch = args.batch if args.batch is not None else default_batch(args.microbatches)
     vocab = args.vocab if args.vocab is not None else (256 if args.data else 64)
-    model = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=vocab,
-                      dtype=args.dtype, data=args.data, seed=args.seed)
+    model = train_hf.model(args) if args.hf else GPTConfig(layers_n=args.layers, d_model=args.d_model,
+                                                           heads=args.heads, seq=args.seq, vocab=vocab,
+                                                           dtype=args.dtype, data=args.data, seed=args.seed)
     return RunConfig(schedule=None if reference else name, csv=args.csv, ranks=1 if reference else ranks,
                      microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
                      model=model, split=_split(args.split), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
@@ -86,7 +88,7 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
 
     Without -p the ranks are torchrun's WORLD_SIZE (divided by --dp when ``world_per_replica``), else 4.
     """
-    from ..runtime.launching.launch import is_torchrun
+    from ..runtime.launching.groups import is_torchrun
 
     name = args.schedule
     if name is None and not args.csv:
@@ -119,21 +121,18 @@ def cmd_train(args) -> int:
         import torch  # noqa: F401 - the runtime needs it; say so before anything else
     except ImportError:
         raise UsageError("stagewise train needs torch: pip install 'stagewise[torch]'") from None
-    from ..runtime import RankFailure, RunError, train
-    from ..runtime.launching.launch import Stopped, is_torchrun
+    from ..runtime import RankFailure, train
+    from ..runtime.launching.launch import Stopped
+    from ..runtime.launching.groups import is_torchrun
 
     if args.trace:
         check_timeline_output("--trace", args.trace)
     train_hf.check_plain(args)
-    if args.hf:
-        return train_hf.cmd(args)
     try:
         cfg = train_scale.apply(train_safety.apply(config_from(args), args), args)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
-    except RunError as e:
-        raise UsageError(str(e)) from None
     except Stopped as e:  # SIGTERM/SIGHUP: every rank is stopped; the conventional status
         sys.stderr.write(f"stagewise train: stopped by {e.name}; every rank stopped\n")
         return e.code
@@ -160,7 +159,7 @@ def _output(args, res) -> None:
         print_json(res.to_json())
         return
     print(summary(res))
-    for line in train_safety.lines(res) + train_scale.lines(res):
+    for line in train_safety.lines(res) + train_scale.lines(res) + train_hf.lines(res):
         print(line)
     if args.draw and last is not None:
         from ..render.ascii import draw_text
@@ -228,7 +227,7 @@ def demo_run(out: Path) -> None:
         print("\n(real run skipped: torch is not installed; pip install 'stagewise[torch]')")
         return
     from ..runtime import RankFailure, RunConfig
-    from ..runtime.launching.launch import train_many
+    from ..runtime.run.train import train_many
     from ..runtime.run.models import GPTConfig
 
     model = GPTConfig(layers_n=6, d_model=128, heads=4, seq=64, vocab=256)

@@ -27,7 +27,7 @@ def add_args(p) -> None:
 
 def apply(cfg, args):
     """``cfg`` with the options above."""
-    from ..runtime.launching.launch import is_torchrun
+    from ..runtime.launching.groups import is_torchrun
 
     if args.recompute and args.recompute_stages:
         raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")

@@ -31,7 +31,8 @@ Needs torch (``pip install stagewise[torch]``). The pieces, each one job:
 """
 
 from .run.config import RunConfig, RunError
-from .launching.launch import RankFailure, train, train_many
+from .launching.launch import RankFailure
+from .run.train import train, train_many
 from .run.result import Memory, RunResult
 
 __all__ = ["RunConfig", "RunError", "RankFailure", "RunResult", "Memory", "train", "train_many"]

@@ -23,6 +23,7 @@ from ..render.cells import chunk_of_stage, memory_steps, origin
 from ..schedule import Schedule
 from ..schedules import FAMILIES, ScheduleArgError, generate
 from ..timeline import Timeline
+from ..cli.flags import say
 from ..validate import ScheduleError
 
 #: page control -> the CLI option that means the same (messages name the CLI option)
@@ -228,9 +229,10 @@ def simulate_settings(s: Settings) -> list[tuple[Timeline, dict]]:
     try:
         return [tuple(e) for e in simulate_all(schedules_of(s), lambda sched: costs_for(s, sched))]
     except (ScheduleArgError, CostError) as e:
-        raise SettingError(str(e), field_of(str(e))) from None
+        said = say(str(e))  # the library's `ranks` as the option the page's controls mirror (--ranks)
+        raise SettingError(said, field_of(said)) from None
     except ScheduleError as e:
-        raise SettingError(str(e), "schedules") from None
+        raise SettingError(say(str(e)), "schedules") from None
 
 
 def payload(s: Settings) -> dict:

@@ -21,11 +21,11 @@ from typing import Callable
 
 import torch
 
-from ...actions import Action, actions_of
-from ...schedule import Schedule
+from ...actions import Action
 from ..stages import pytree
 from .activation_memory import ActivationMeter
-from ..messages.p2p import ACT, GRAD, P2P, MessagePlan, Route
+from .plan import RankPlan
+from ..messages.p2p import P2P
 from ..run.config import RunError
 from ..resilience.flight import NO_FLIGHT
 from .recompute import Recompute
@@ -37,16 +37,14 @@ from ..stages.stage import Stage
 class RankContext:
     """What one rank runs with. Mutable only through the objects it holds (stages, p2p)."""
 
-    rank: int
-    schedule: Schedule
-    plan: MessagePlan
+    plan: RankPlan  #: the rank's lowered program (plan.py): its ops with their messages and stage points
     stages: dict[int, Stage]
     p2p: P2P
     loss: Callable  #: (output, target) -> mean loss of one micro-batch
     clock: object  #: timing.WallClock or timing.CudaClock
     recompute: Recompute | None = None  #: stages whose F keeps only the input (recompute.py)
     meter: ActivationMeter | None = None  #: counts activation bytes (activation_memory.py)
-    after: Callable | None = None  #: called with each op once it ran (data parallel starts reductions)
+    after: Callable | None = None  #: called with each Step once it ran (data parallel starts reductions)
     flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
     autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
@@ -78,12 +76,11 @@ class Executor:
 
     def __init__(self, ctx: RankContext):
         self.ctx = ctx
-        self.program = ctx.schedule.programs[ctx.rank]
-        self.split = {(a.stage, a.mb) for op in self.program for a in actions_of(op) if a.kind == "I"}
-        split_stages = {s for s, _ in self.split}
-        self.splitters = {s: Splitter(st, s) for s, st in ctx.stages.items() if s in split_stages}
+        self.plan = plan = ctx.plan
+        self.rank = plan.rank
+        self.splitters = {s: Splitter(st, s) for s, st in ctx.stages.items() if s in plan.split_stages}
         self.saved: dict[tuple[int, int], Saved] = {}
-        self.scale = 1.0 / ctx.schedule.microbatches
+        self.scale = 1.0 / plan.schedule.microbatches
 
     def step(self, inputs: list | None, targets: list | None) -> StepOutcome:
         """Run the program on micro-batches ``inputs[mb]`` / ``targets[mb]``; gradients accumulate in .grad.
@@ -97,41 +94,33 @@ class Executor:
         clock, meter, after = self.ctx.clock, self.ctx.meter, self.ctx.after
         if meter is not None:
             meter.start_step()
-        for op in self.program:
-            self.ctx.flight.start(op)
-            got = [self._receive(a) for a in actions_of(op)]
+        p2p = self.ctx.p2p
+        for step in self.plan.steps:
+            self.ctx.flight.start(step.op)
+            # what the op needs from other stages arrives before its clock starts: waiting is idle time
+            got = [None if r is None else p2p.recv(r) for r in step.recv]
             start = clock.mark()
-            for a, g in zip(actions_of(op), got):
-                mb_loss = self._run(a, g)
+            for a, g, out_route in zip(step.actions, got, step.send):
+                mb_loss = self._run(a, g, out_route)
                 if mb_loss is not None:
                     losses.append(mb_loss)
                     out.mb_losses[a] = mb_loss
             out.marks.append((start, clock.mark()))
-            self.ctx.flight.end(op)
+            self.ctx.flight.end(step.op)
             if after is not None:
-                after(op)
+                after(step)
         self.ctx.p2p.finish_step()
         if meter is not None:
             meter.end_step()
         if self.saved:
-            raise RuntimeError(f"rank {self.ctx.rank}: (stage, mb) {next(iter(self.saved))} never finished its backward")
+            raise RuntimeError(f"rank {self.rank}: (stage, mb) {next(iter(self.saved))} never finished its backward")
         out.loss = float(torch.stack(losses).sum()) if losses else 0.0
         return out
 
-    def _receive(self, a: Action):
-        """What ``a`` needs from another stage, before its clock starts."""
-        kind, s, mb = a
-        plan = self.ctx.plan
-        if kind == "F" and s != plan.first[s]:
-            return self.ctx.p2p.recv(Route(ACT, s, mb))
-        if kind in ("B", "I") and s != plan.last[s]:
-            return self.ctx.p2p.recv(Route(GRAD, s, mb))
-        return None
-
-    def _run(self, a: Action, got):
+    def _run(self, a: Action, got, out_route):
         kind, s, mb = a
         if kind == "F":
-            return self._forward(s, mb, got)
+            return self._forward(s, mb, got, out_route)
         if kind == "W":
             weight_grad(self.saved.pop((s, mb)).rec)
             return None
@@ -139,9 +128,9 @@ class Executor:
         replayed = sv.rng is not None
         if replayed:
             self._replay(s, mb, sv)
-        first = s == self.ctx.plan.first[s]
+        first = self.plan.is_first(s)
         xs = [] if first else pytree.grad_leaves(sv.x)
-        roots, grads = _roots(sv.root, got, s == self.ctx.plan.last[s], replayed)
+        roots, grads = _roots(sv.root, got, self.plan.is_last(s), replayed)
         with self._measure(kind, s):
             if kind == "B":
                 if roots:
@@ -152,13 +141,13 @@ class Executor:
                 sv.root = None  # the recorded holder outputs keep what W needs
                 sv.held = sv.held[:1]  # the input's token stays, the output's goes (before W's gradients count)
                 sv.held += self._hold(*sv.rec.grads)
-        if not first:
-            self.ctx.p2p.send(Route(GRAD, s - 1, mb), dx)
+        if out_route is not None:
+            self.ctx.p2p.send(out_route, dx)
         return None
 
-    def _forward(self, s: int, mb: int, got):
-        plan = self.ctx.plan
-        x = self._input(s, mb) if s == plan.first[s] else got
+    def _forward(self, s: int, mb: int, got, out_route):
+        plan = self.plan
+        x = self._input(s, mb) if plan.is_first(s) else got
         recompute = self.ctx.recompute is not None and s in self.ctx.recompute
         with self._measure("F", s):
             if self.ctx.forward_only:
@@ -172,24 +161,24 @@ class Executor:
             else:
                 out, root, rec = self._compute(s, mb, x)
                 self.saved[(s, mb)] = Saved(x=x, root=root, rec=rec, held=self._hold(x, root))
-        if s == plan.last[s]:
+        if plan.is_last(s):
             if self.ctx.forward_only:
                 self.outcome.outputs[mb] = pytree.map_tensors(torch.Tensor.detach, out)
             return None if root is None else root.detach().double()
         if recompute:  # computed without autograd: every floating leaf may need a gradient (see _roots)
             out = pytree.map_tensors(lambda t: t.detach().requires_grad_(t.is_floating_point()), out)
-        self.ctx.p2p.send(Route(ACT, s + 1, mb), out)
+        self.ctx.p2p.send(out_route, out)
         return None
 
     def _input(self, s: int, mb: int):
         if self.inputs is None:
-            raise RunError(f"rank {self.ctx.rank} holds stage {s}, the first stage of a model copy, so it needs the "
+            raise RunError(f"rank {self.rank} holds stage {s}, the first stage of a model copy, so it needs the "
                            "inputs: pass them to step() on this rank (every rank may pass the same batch)")
         return self.inputs[mb]
 
     def _target(self, s: int, mb: int):
         if self.targets is None:
-            raise RunError(f"rank {self.ctx.rank} holds stage {s}, the last stage of a model copy, which computes "
+            raise RunError(f"rank {self.rank} holds stage {s}, the last stage of a model copy, which computes "
                            "the loss, so it needs the targets: pass them to step() on this rank (every rank may "
                            "pass the same batch)")
         return self.targets[mb]
@@ -197,8 +186,8 @@ class Executor:
     def _compute(self, s: int, mb: int, x):
         """The stage's forward: (output, what the backward differentiates: the output or the loss, Record)."""
         splitter = self.splitters.get(s)
-        record = splitter.record((s, mb) in self.split) if splitter is not None else nullcontext()
-        last = s == self.ctx.plan.last[s]
+        record = splitter.record((s, mb) in self.plan.split) if splitter is not None else nullcontext()
+        last = self.plan.is_last(s)
         autocast = self.ctx.autocast() if self.ctx.autocast is not None else nullcontext()
         with self._saving(), record as rec, autocast:
             out = self.ctx.stages[s](x)
@@ -212,7 +201,7 @@ class Executor:
 
     def _replay(self, s: int, mb: int, sv: Saved) -> None:
         """Recomputation: run the forward again from the kept input and RNG state, with autograd on."""
-        x = sv.x if s == self.ctx.plan.first[s] else pytree.detached(sv.x)
+        x = sv.x if self.plan.is_first(s) else pytree.detached(sv.x)
         with self._measure("R", s), self.ctx.recompute.replaying(sv.rng):
             _, sv.root, sv.rec = self._compute(s, mb, x)
             sv.x, sv.rng, sv.held = x, None, self._hold(x, sv.root)

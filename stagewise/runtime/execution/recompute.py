@@ -50,6 +50,6 @@ def recompute_stages(option: bool | Sequence[int], stages: int) -> frozenset[int
         return frozenset()
     bad = [s for s in option if not 0 <= s < stages]
     if bad:
-        raise RunError(f"--recompute-stages {','.join(map(str, option))}: stage {bad[0]} is not a stage of the "
+        raise RunError(f"`recompute` {','.join(map(str, option))}: stage {bad[0]} is not a stage of the "
                        f"schedule (it has stages 0..{stages - 1})")
     return frozenset(option)

@@ -14,10 +14,10 @@ import os
 import pickle
 import sys
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Callable
 
-from ..run.config import RunError
+from ... import limits
+from ..run.config import RunError, check_timeout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,14 +46,17 @@ def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, thr
             stagewise.launch(main, ranks=2)
     """
     from . import launch as launcher
+    from .groups import is_torchrun
 
-    if launcher.is_torchrun():
+    if is_torchrun():
         return fn(*args, **kwargs)
-    if ranks < 1:
-        raise RunError(f"ranks must be >= 1; got {ranks}")
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise RunError(f"`ranks` must be a whole number >= 1; got {ranks!r}")
+    limits.LOCAL_RANKS.check(ranks, "`ranks`")
+    check_timeout(timeout)
     check_importable(fn, "the function")
     job = [Job(fn=fn, args=args, kwargs=kwargs, threads=threads, timeout=timeout)]
-    return pickle.loads(launcher.spawn(job, ranks, None, target=_rank_main)[0]["value"])
+    return pickle.loads(launcher.spawn(job, ranks, _rank_main, timeout=timeout)[0]["value"])
 
 
 def check_importable(fn: Callable, what: str) -> None:
@@ -74,23 +77,23 @@ def check_importable(fn: Callable, what: str) -> None:
 def _rank_main(rank: int, world: int, port: int, job: list, q, timeout: float, box: str | None = None,
                lifeline=None) -> None:
     """A spawned rank: gloo on loopback, torchrun's environment variables, then the user's function."""
-    from . import launch as launcher
+    from . import groups
+    from .launch import die_with_launcher, fail_to_launcher
 
     if lifeline is not None:
-        launcher.die_with_launcher(lifeline)
+        die_with_launcher(lifeline)
     fn, threads = job[0].fn, job[0].threads
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
-        launcher._init_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        groups.join("gloo", rank, world, port, timeout)
         value = fn(*job[0].args, **job[0].kwargs)
         dist.barrier()  # every rank is past its last collective before any closes its connections
         # bytes, by value: a tensor put on the queue as is would be shared memory this process takes along
         q.put(("done", rank, [{"value": pickle.dumps(value) if rank == 0 else None}]))
-        launcher._close_groups()
+        groups.close_groups()
     except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
-        launcher.fail_to_launcher(q, rank, e)
+        fail_to_launcher(q, rank, e)

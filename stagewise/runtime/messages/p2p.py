@@ -33,6 +33,7 @@ import torch.distributed as dist
 from ...actions import actions_of
 from ...schedule import Schedule
 from ..stages import pytree
+from ...errors import StagewiseError
 from ..resilience.flight import FLUSH, GOT, NO_FLIGHT, POST, SEND, WAIT
 
 ACT, GRAD = 0, 1
@@ -43,8 +44,8 @@ _CONST = "const"  # a leaf that is not a tensor travels in the header
 _HEADER = "header"  # a posted receive that is still a header
 
 
-class ShapeError(RuntimeError):
-    """A tensor between stages whose shape or dtype differs from the learned one."""
+class ShapeError(StagewiseError):
+    """A tensor between stages whose shape or dtype differs from the learned one (the model's input: exit 2)."""
 
 
 class CommTimeout(RuntimeError):
@@ -84,20 +85,37 @@ class MessagePlan:
         return ((header * 2 + route.direction) * self.stages + route.stage) * self.microbatches + route.mb
 
 
+def route_in(a, first, last) -> Route | None:
+    """What action ``a`` needs from another stage: F an activation (past its lane's first stage), B or I a
+    gradient (before its lane's last stage, which starts the backward from its own loss). ``first``/``last``:
+    per stage, the first and last stage of its lane."""
+    kind, s, mb = a
+    if kind == "F" and s != first[s]:
+        return Route(ACT, s, mb)
+    if kind in ("B", "I") and s != last[s]:
+        return Route(GRAD, s, mb)
+    return None
+
+
+def route_out(a, first, last) -> Route | None:
+    """What action ``a`` hands on: F its output to the next stage, B or I the input gradient to the previous."""
+    kind, s, mb = a
+    if kind == "F" and s != last[s]:
+        return Route(ACT, s + 1, mb)
+    if kind in ("B", "I") and s != first[s]:
+        return Route(GRAD, s - 1, mb)
+    return None
+
+
 def message_plan(schedule: Schedule) -> MessagePlan:
     first, last = schedule.first_stages, schedule.last_stages
     place = schedule.placement
     order: dict[tuple[int, int], list[Route]] = defaultdict(list)
     for r, prog in enumerate(schedule.programs):
         for op in prog:
-            for kind, s, mb in actions_of(op):
-                if kind == "F" and s != last[s]:
-                    route = Route(ACT, s + 1, mb)
-                elif kind in ("B", "I") and s != first[s]:
-                    route = Route(GRAD, s - 1, mb)
-                else:
-                    continue
-                if place[route.stage] != r:
+            for a in actions_of(op):
+                route = route_out(a, first, last)
+                if route is not None and place[route.stage] != r:
                     order[(r, place[route.stage])].append(route)
     headed = {next(r for r in routes if (r.direction, r.stage) == key)
               for routes in order.values() for key in {(r.direction, r.stage) for r in routes}}
@@ -117,13 +135,14 @@ class P2P:
     """
 
     def __init__(self, plan: MessagePlan, rank: int, device: torch.device, timeout_s: float, tags: bool = True,
-                 base: int = 0, static: bool = True):
+                 peers: tuple[int, ...] | None = None, static: bool = True, flight=NO_FLIGHT):
         self.plan, self.rank, self.device = plan, rank, device
-        self.base = base  # global rank of pipeline rank 0 (data parallel replicas: stagewise.runtime.parallel.dp)
+        # the global rank of each pipeline rank (parallel/mesh.py: this pipeline within the grid of ranks)
+        self.peers = tuple(peers) if peers is not None else tuple(range(max(plan.placement) + 1))
         self.timeout = timedelta(seconds=timeout_s)
         self.tags = tags
         self.static = static
-        self.flight = NO_FLIGHT  # the rank's flight.Recorder: posts, waits and sends (set by the trainer)
+        self.flight = flight  # the rank's flight.Recorder: posts, waits and sends
         self.learning = True  # this step carries headers
         self._shape: dict[tuple[int, int], tuple] = {}  # (direction, stage) -> (spec, metas, mb it came with)
         self._pos: dict[int, int] = defaultdict(int)  # sender rank -> next route index to post
@@ -140,16 +159,16 @@ class P2P:
         if dst == self.rank:
             self._local[route] = pytree.detached(tree)
             return
-        self.flight.event(SEND, _brief(route, self.base + dst))
+        self.flight.event(SEND, _brief(route, self.peers[dst]))
         tensors = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
         if self.learning and route in self.plan.headed:
             hdr, inline = _encode(spec, metas, tensors, route)
-            self._sends.append((dist.isend(hdr.to(self.device), self.base + dst, tag=self._tag(route, True)), hdr))
+            self._sends.append((dist.isend(hdr.to(self.device), self.peers[dst], tag=self._tag(route, True)), hdr))
             if inline:  # the data rode in the header
                 tensors = []
         for k, x in enumerate(tensors):
             x = x.detach().contiguous()
-            self._sends.append((dist.isend(x, self.base + dst, tag=self._tag(route, leaf=k)), x))
+            self._sends.append((dist.isend(x, self.peers[dst], tag=self._tag(route, leaf=k)), x))
         self._sends = [s for s in self._sends if not s[0].is_completed()]
 
     def recv(self, route: Route):
@@ -163,7 +182,7 @@ class P2P:
             self._pos[src] += 1
         posted = self._posted.pop(route)
         if posted[0] == _HEADER:  # this step's header came first: now the data, in the shapes it gives
-            self._wait(posted[1], route, self.base + src)
+            self._wait(posted[1], route, self.peers[src])
             posted = self._post_data(src, route, *self._learn(route, posted[2]))
         if self._pos[src] < len(channel) and (self.tags or not self.learning or
                                               channel[self._pos[src]] not in self.plan.headed):
@@ -173,7 +192,7 @@ class P2P:
             self._pos[src] += 1
         works, spec, leaves, metas = posted
         for work in works:
-            self._wait(work, route, self.base + src)
+            self._wait(work, route, self.peers[src])
         for x, m in zip(leaves, metas):
             if m[0] != _CONST and m[2]:
                 x.requires_grad_()  # only once received: the receive writes into the buffer
@@ -185,7 +204,7 @@ class P2P:
         ahead = channel[self._pos[src] - 1] if self._pos[src] else None
         posted = self._posted.get(ahead)
         if posted is not None and posted[0] == _HEADER and posted[1].is_completed():
-            self._wait(posted[1], ahead, self.base + src)
+            self._wait(posted[1], ahead, self.peers[src])
             self._posted[ahead] = self._post_data(src, ahead, *self._learn(ahead, posted[2]))
 
     def finish_step(self) -> None:
@@ -206,24 +225,24 @@ class P2P:
         its data in the shapes its key's header gave."""
         if self.learning and route in self.plan.headed:
             hdr = torch.empty(_HEADER_BYTES, dtype=torch.uint8, device=self.device)
-            work = dist.irecv(hdr, self.base + src, tag=self._tag(route, True))
+            work = dist.irecv(hdr, self.peers[src], tag=self._tag(route, True))
             if self.tags:
                 self._posted[route] = (_HEADER, work, hdr)
-                self.flight.event(POST, _brief(route, self.base + src))
+                self.flight.event(POST, _brief(route, self.peers[src]))
                 return
-            self._wait(work, route, self.base + src)
+            self._wait(work, route, self.peers[src])
             self._posted[route] = self._post_data(src, route, *self._learn(route, hdr))
         else:
             key = (route.direction, route.stage)
             if key not in self._shape:  # its key's header is posted but not read yet: read it first
                 self._resolve(src, key)
             self._posted[route] = self._post_data(src, route, *self._shape[key][:2])
-        self.flight.event(POST, _brief(route, self.base + src))
+        self.flight.event(POST, _brief(route, self.peers[src]))
 
     def _resolve(self, src: int, key: tuple) -> None:
         first = next(r for r, p in self._posted.items() if (r.direction, r.stage) == key and p[0] == _HEADER)
         _, work, hdr = self._posted[first]
-        self._wait(work, first, self.base + src)
+        self._wait(work, first, self.peers[src])
         self._posted[first] = self._post_data(src, first, *self._learn(first, hdr))
 
     def _learn(self, route: Route, hdr: torch.Tensor) -> tuple:
@@ -243,7 +262,7 @@ class P2P:
                 leaves.append(_from_bytes(next(data), m[0], m[1]).to(self.device))
                 continue
             buf = torch.empty(m[0], dtype=m[1], device=self.device)
-            works.append(dist.irecv(buf, self.base + src, tag=self._tag(route, leaf=k)))
+            works.append(dist.irecv(buf, self.peers[src], tag=self._tag(route, leaf=k)))
             leaves.append(buf)
             k += 1
         return works, spec, leaves, metas

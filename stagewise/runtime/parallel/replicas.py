@@ -24,21 +24,18 @@ class Replicas:
     """Sums replica gradients. Mutable: owns the process groups it created."""
 
     def __init__(self, lay: StageMap, stages: dict[int, Stage], placement: tuple[int, ...], rank: int, device,
-                 topo=None):
-        """``rank``: in the pipeline; ``topo`` (a dp.Topology) places the pipeline among dp replicas."""
+                 topo):
+        """``rank``: in the pipeline; ``topo`` (mesh.Topology) places the pipeline among the other ranks."""
         self.rank, self.device = rank, device
         self.local = []  # (rank set, local copies) per replica held here
         sets = sorted({r.ranks for r in lay.replicas if len(r.ranks) > 1})
-        dp, here = (topo.dp, topo.replica) if topo is not None else (1, 0)
-
-        def glob(ranks, d: int) -> list[int]:
-            return [topo.global_rank(r, d) for r in ranks] if topo is not None else list(ranks)
-
-        # every rank makes every group (each replica's tie groups, then each replica's pipeline), same order
-        made = [{ranks: dist.new_group(glob(ranks, d)) for ranks in sets} for d in range(dp)][here]
+        pipelines = topo.groups("pp")  # every pipeline of the grid, each its global ranks in pipeline order
+        here = pipelines.index(topo.pipe_ranks)
+        self._glob = lambda r: topo.pipe_ranks[r]
+        # every rank makes every group (each pipeline's tie groups, then each pipeline), in one order
+        made = [{ranks: dist.new_group([pipe[r] for r in ranks]) for ranks in sets} for pipe in pipelines][here]
         self.groups = {ranks: g for ranks, g in made.items() if rank in ranks}
-        self._glob = lambda r: glob([r], here)[0]
-        pipes = [dist.new_group(glob(range(topo.p), d)) for d in range(dp)] if dp > 1 else [None]
+        pipes = [dist.new_group(list(pipe)) for pipe in pipelines] if len(pipelines) > 1 else [None]
         self.pipeline = pipes[here]  # the global norm is a sum over one pipeline (None: all ranks)
         for rep in lay.replicas:
             copies = [stages[h.stage].param(h) for h in rep.holders if h.stage in stages]

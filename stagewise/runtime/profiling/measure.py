@@ -35,7 +35,9 @@ def profile_model(model: ModelConfig, micro_batch_sizes: Sequence[int] = (1,), *
 
     >>> prof = profile_model(GPTConfig(layers_n=2), (1, 2))  # doctest: +SKIP
 
-    ``optimizer``: the torch.optim class (by name) whose step is timed per layer.
+    One layer is built at a time (the model's own per-rank factory, ``ModelConfig.layers()``), measured at
+    every size on the input it sees in the model, and dropped: a model larger than this machine's memory
+    profiles layer by layer. ``optimizer``: the torch.optim class (by name) whose step is timed per layer.
     """
     if threads:
         torch.set_num_threads(threads)
@@ -43,40 +45,44 @@ def profile_model(model: ModelConfig, micro_batch_sizes: Sequence[int] = (1,), *
 
     keep_freed_memory()  # the runtime's ranks run with these allocator settings: time under the same
     dev = torch.device(device)
-    layers = [layer.to(dev) for layer in model.layers()]
-    n = len(layers)
+    spec = model.layers()
+    spec.check()
+    n = spec.count
     symbols = list(getattr(model, "symbols", None) or (["E"] + ["t"] * (n - 2) + ["H"] if n > 2 else ["t"] * n))
-    names = list(_optional(model, "layer_names") or [type(x).__name__ for x in layers])
-    per = [[] for _ in range(n)]  # per layer: one measurement dict per size
-    for mbs in micro_batch_sizes:
-        inputs, targets = (t.to(dev) for t in model.batch(0, mbs))
-        xs = _layer_inputs(layers, inputs)
-        done: dict = {}
-        for i, layer in enumerate(layers):
-            key = None if each_layer else _structure(layer, xs[i])
-            last = i == n - 1
+    names = _optional(model, "layer_names")
+    batches = [tuple(t.to(dev) for t in model.batch(0, mbs)) for mbs in micro_batch_sizes]
+    xs = [inputs for inputs, _ in batches]  # per size, the input of the layer being measured
+    out, done, dtype, param_bytes = [], {}, None, []
+    for i in range(n):
+        layer = spec.make(i).to(dev)
+        dtype = dtype or next((p.dtype for p in layer.parameters()), None)
+        per = []
+        for k, (_, targets) in enumerate(batches):
+            key = None if each_layer else (k, _structure(layer, xs[k]))
+            loss = (lambda o, t=targets: model.loss(o, t)) if i == n - 1 else None
             if key is None or key not in done:
-                loss = (lambda out: model.loss(out, targets)) if last else None
-                got = _measure_layer(layer, xs[i], loss, dev, repeats, warmup)
+                got = _measure_layer(layer, xs[k], loss, dev, repeats, warmup)
                 if key is not None:
                     done[key] = got
             else:
                 got = done[key]
-            per[i].append({**got, "input_bytes": _nbytes(xs[i]), "output_bytes": _nbytes(xs[i + 1])})
-    out, opt_done = [], {}
-    for i, layer in enumerate(layers):
-        fields = {k: tuple(d[k] for d in per[i]) for k in per[i][0]}
-        key = i if each_layer else _structure(layer, torch.empty(0))
-        if key not in opt_done:
-            opt_done[key] = _optimizer_time(layer, optimizer, repeats, warmup, dev)
-        out.append(LayerProfile(name=names[i], symbol=symbols[i], param_bytes=float(_param_bytes(layer)),
-                                t_opt=opt_done[key], **fields))
+            with torch.no_grad():
+                nxt = layer(xs[k])
+            per.append({**got, "input_bytes": _nbytes(xs[k]), "output_bytes": _nbytes(nxt)})
+            xs[k] = nxt
+        fields = {f: tuple(d[f] for d in per) for f in per[0]}
+        okey = ("opt", i) if each_layer else ("opt", _structure(layer, torch.empty(0)))
+        if okey not in done:
+            done[okey] = _optimizer_time(layer, optimizer, repeats, warmup, dev)
+        param_bytes.append({id_name: p.numel() * p.element_size() for id_name, p in layer.named_parameters()})
+        out.append(LayerProfile(name=names[i] if names else type(layer).__name__, symbol=symbols[i],
+                                param_bytes=float(sum(param_bytes[-1].values())), t_opt=done[okey], **fields))
+        del layer
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "repeats": repeats, "optimizer": optimizer,
-            "dtype": str(next((p.dtype for layer in layers for p in layer.parameters()), "?")).replace("torch.", ""),
-            **(_optional(model, "profile_meta") or {})}
+            "dtype": str(dtype or "?").replace("torch.", ""), **(_optional(model, "profile_meta") or {})}
     return Profile(model=getattr(model, "name", type(model).__name__), device=_device_name(dev),
                    micro_batch_sizes=tuple(micro_batch_sizes),
-                   layers=tuple(out), tied=_tied_groups(layers), meta=meta)
+                   layers=tuple(out), tied=_tied_groups(spec, param_bytes), meta=meta)
 
 
 def _optional(model, method: str):
@@ -85,23 +91,23 @@ def _optional(model, method: str):
     return fn() if callable(fn) else None
 
 
-def _tied_groups(layers) -> tuple:
-    """Parameters held by several layers: ((layer indices), bytes) per shared parameter."""
-    users: dict[int, tuple[list[int], int]] = {}
-    for i, layer in enumerate(layers):
-        for p in layer.parameters():
-            idx, size = users.setdefault(id(p), ([], p.numel() * p.element_size()))
-            if i not in idx:
-                idx.append(i)
-    return tuple((tuple(idx), float(size)) for idx, size in users.values() if len(idx) > 1)
-
-
-def _layer_inputs(layers, inputs) -> list[torch.Tensor]:
-    xs = [inputs]
-    with torch.no_grad():
-        for layer in layers:
-            xs.append(layer(xs[-1]))
-    return xs
+def _tied_groups(spec, param_bytes: list[dict]) -> tuple:
+    """Parameters held by several layers: ((layer indices), bytes) per tie group of the model (by name)."""
+    prefixes = {spec.prefix(i): i for i in range(spec.count)}
+    out = []
+    for group in spec.ties:
+        where = []
+        for full in group:
+            parts = full.split(".")
+            for k in range(len(parts) - 1, 0, -1):  # the longest layer prefix whose layer has the rest
+                i, rest = prefixes.get(".".join(parts[:k])), ".".join(parts[k:])
+                if i is not None and rest in param_bytes[i]:
+                    where.append((i, param_bytes[i][rest]))
+                    break
+        idx = tuple(dict.fromkeys(i for i, _ in where))
+        if len(idx) > 1:
+            out.append((idx, float(where[0][1])))
+    return tuple(out)
 
 
 def _structure(layer: nn.Module, x: torch.Tensor):

@@ -39,10 +39,16 @@ from ..run.config import RunError
 class Checkpoints:
     """One rank's saves and its resume. Mutable: what it saved so far (reported in the result)."""
 
-    def __init__(self, *, cfg, schedule, stage_map, stages, optimizer, rank: int, world: int, pipe_rank: int,
-                 replica: int = 0, replicas: int = 1, device, recorder=flight.NO_FLIGHT):
+    def __init__(self, *, cfg, pipe, optimizer, rank: int, world: int, device, recorder=flight.NO_FLIGHT,
+                 export=None):
+        """``pipe``: this rank's Pipeline (its stage map, stages and place among the ranks); ``export(pipe,
+        folder)``: also write the model in its own format into each step folder (the HF adapter's
+        ``save_pretrained``), a collective run before the manifest, so a step folder is complete only with it."""
+        schedule, stage_map, stages, topo = pipe.schedule, pipe.stage_map, pipe.stages, pipe.topo
+        pipe_rank, replica, replicas = topo.pipe, topo.replica, world // schedule.ranks
         self.cfg, self.schedule, self.stage_map, self.optimizer = cfg, schedule, stage_map, optimizer
         self.rank, self.world, self.device, self.recorder = rank, world, device, recorder
+        self.pipe, self.export = pipe, export
         self.local: dict[str, list[torch.Tensor]] = {}  # logical name -> this rank's copies
         for name, holders in stage_map.params.items():
             copies = [stages[h.stage].param(h) for h in holders if h.stage in stages]
@@ -148,6 +154,8 @@ class Checkpoints:
             written[files.layer_file(layer)] = files.atomic_write(folder / files.layer_file(layer), _bytes(payload))
         written[files.rng_file(self.rank)] = files.atomic_write(folder / files.rng_file(self.rank),
                                                                 _bytes(rng_state(self.device)))
+        if self.export is not None:
+            self.export(self.pipe, folder / files.EXPORT)
         parts = [None] * self.world if self.rank == 0 else None
         dist.gather_object((written, params), parts, dst=0)
         if self.rank == 0:

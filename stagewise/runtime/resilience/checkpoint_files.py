@@ -35,6 +35,7 @@ from . import checkpoint_manifest as manifests
 from ..run.config import RunError
 
 MANIFEST = "manifest.json"
+EXPORT = "hf"  #: the model in its own library's format, beside the checkpoint (HF: a from_pretrained folder)
 MAX_MANIFEST_BYTES = 64 << 20  #: a manifest larger than this is not one of ours (read whole)
 _STEP_DIR = re.compile(r"step-(\d{8})")
 _TEMPORARY = re.compile(r"\..+\.tmp-\d+|\.probe-\d+")  #: atomic_write's temporaries, check_save_dir's probe

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
+
+from ... import limits
 from ...errors import StagewiseError
 
 
@@ -17,16 +19,6 @@ class RunError(StagewiseError):
 
 #: the ``collect`` items a run can return besides losses and timings (tests use them)
 COLLECT = ("grads", "params")
-
-# Limits of a run, checked before any rank starts or anything is allocated (README, "At scale": options checked).
-MAX_RANKS = 1024  #: -p (pipeline ranks)
-MAX_LOCAL_RANKS = 256  #: p x dp processes the local launcher starts on one machine (more: use torchrun)
-MAX_MICROBATCHES = 16384  #: -m
-MAX_CHUNKS = 64  #: -v
-MAX_BATCH = 1 << 20  #: --batch, sequences per step
-MAX_TOKENS = 1 << 24  #: --batch x --seq, tokens per step (the step's batch is made whole on every rank)
-MAX_TIMEOUT = 86400.0  #: --timeout, seconds (one day)
-MAX_THREADS = 4096  #: --threads per rank
 
 
 def default_batch(microbatches: int, dp: int = 1) -> int:
@@ -39,25 +31,33 @@ def check_batch(batch: int, microbatches: int, dp: int = 1) -> None:
     """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` replicas (the one rule)."""
     share = microbatches * dp
     if batch % share:
-        into = f"--dp {dp} replicas of -m {microbatches}" if dp > 1 else f"-m {microbatches}"
-        raise RunError(f"--batch {batch} does not split into {into} equal micro-batches; use a --batch that is a "
+        into = f"`dp` {dp} replicas of `microbatches` {microbatches}" if dp > 1 else f"`microbatches` {microbatches}"
+        raise RunError(f"`batch` {batch} does not split into {into} equal micro-batches; use a `batch` that is a "
                        f"multiple of {share}")
 
 
-def check_range(option: str, value, low, high=None) -> None:
-    """``low <= value <= high`` (``high`` None: no upper limit), else ``RunError`` naming the option and rule."""
+def check_count(option: str, value, low: int = 1, limit=None) -> None:
+    """A whole number ``>= low`` within ``limit`` (a ``limits.Limit``), else ``RunError`` naming the option and
+    the rule (``option`` in backticks: errors.py). A bool, a string or a float is refused as what it is."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RunError(f"{option} must be a whole number; got {value!r} ({type(value).__name__})")
     if value < low:
         raise RunError(f"{option} must be >= {low}; got {value}")
-    if high is not None and value > high:
-        raise RunError(f"{option} {value}: over the limit of {high:,}")
+    if limit is not None:
+        limit.check(value, option)
 
 
-def check_positive_number(option: str, value: float, high: float | None = None) -> None:
-    """A finite number > 0 (and <= ``high``): nan and inf are refused, naming the option."""
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise RunError(f"{option} must be a finite number > 0; got {value}")
-    if high is not None and value > high:
-        raise RunError(f"{option} {value}: over the limit of {high:,}")
+def check_positive_number(option: str, value: float, limit=None) -> None:
+    """A finite number > 0 (within ``limit``): nan and inf are refused, naming the option."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise RunError(f"{option} must be a finite number > 0; got {value!r}")
+    if limit is not None:
+        limit.check(value, option)
+
+
+def check_timeout(value: float) -> None:
+    """``timeout``: seconds a rank waits for a peer, > 0 and within the TIMEOUT limit."""
+    check_positive_number("`timeout`", value, limits.TIMEOUT)
 
 
 @runtime_checkable
@@ -114,7 +114,7 @@ class RunConfig:
 
     def layer_split(self):
         """``split`` as a ``Split`` (plan.layout), text read against the model's ``symbols`` when it has them;
-        None: even. Raises ``RunError`` naming --split."""
+        None: even. Raises ``RunError`` naming `split`."""
         if self.split is None:
             return None
         from ...layout import LayoutError, Split
@@ -125,11 +125,11 @@ class RunConfig:
             if isinstance(self.split, str):
                 return Split.parse(self.split, getattr(self.model, "symbols", None) or self.model.num_layers)
         except LayoutError as e:
-            raise RunError(f"--split {self.split}: {str(e).removeprefix('--layout ')}") from None
+            raise RunError(f"`split` {self.split}: {str(e).removeprefix('`layout` ')}") from None
         try:
             return Split(tuple(self.split))
         except LayoutError as e:
-            raise RunError(f"--split {e}") from None
+            raise RunError(f"`split` {e}") from None
 
     @property
     def pipelined(self) -> bool:
@@ -138,51 +138,49 @@ class RunConfig:
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""
-        for name, value, high in (("-p", self.ranks, MAX_RANKS), ("-m", self.microbatches, MAX_MICROBATCHES),
-                                  ("--batch", self.batch, MAX_BATCH), ("--steps", self.steps, None)):
-            check_range(name, value, 1, high)
+        check_count("`ranks`", self.ranks, 1, limits.RANKS)
+        check_count("`microbatches`", self.microbatches, 1, limits.MICROBATCHES)
+        check_count("`batch`", self.batch, 1, limits.BATCH)
+        check_count("`steps`", self.steps, 1)
         if self.chunks is not None:
-            check_range("-v", self.chunks, 1, MAX_CHUNKS)
+            check_count("`chunks`", self.chunks, 1, limits.CHUNKS)
         if self.threads is not None:
-            check_range("--threads", self.threads, 1, MAX_THREADS)
+            check_count("`threads`", self.threads, 1, limits.THREADS)
         seq = getattr(self.model, "seq", 1)
-        if isinstance(seq, int) and seq >= 1 and self.batch * seq > MAX_TOKENS:
-            raise RunError(f"--batch {self.batch} x --seq {seq} = {self.batch * seq:,} tokens per step: over the "
-                           f"limit of {MAX_TOKENS:,}")
+        if isinstance(seq, int) and seq >= 1:
+            limits.TOKENS.check(self.batch * seq, "", detail=f"`batch` {self.batch} x `seq` {seq} = "
+                                f"{self.batch * seq:,} tokens per step")
         if self.pipelined:
             check_batch(self.batch, self.microbatches, self.dp if self.dp >= 1 else 1)
         self._check_scale()
         self._check_resilience()
-        check_positive_number("--lr", self.lr)
+        check_positive_number("`lr`", self.lr)
         if self.clip is not None:
-            check_positive_number("--clip", self.clip)
-        check_positive_number("--timeout", self.timeout, MAX_TIMEOUT)
+            check_positive_number("`clip`", self.clip)
+        check_timeout(self.timeout)
         bad = [c for c in self.collect if c not in COLLECT]
         if bad:
             raise RunError(f"collect {bad[0]!r} is not one of {', '.join(COLLECT)}")
         if self.model is not None and hasattr(self.model, "check"):
             self.model.check()
+        if self.model is not None and hasattr(self.model, "check_sizes"):  # one micro-batch's activations
+            self.model.check_sizes(max(1, self.batch // (self.microbatches * self.dp) if self.pipelined else self.batch))
         if self.model is not None:
             self.layer_split()
 
     def _check_scale(self) -> None:
-        """--dp and --recompute (runtime at scale)."""
-        if self.dp < 1:
-            raise RunError(f"--dp must be >= 1; got {self.dp}")
+        """`dp` and `recompute` (runtime at scale)."""
+        check_count("`dp`", self.dp, 1, limits.RANKS)
         if not self.pipelined and (self.dp > 1 or self.recompute):
-            what = f"--dp {self.dp}" if self.dp > 1 else "--recompute"
-            raise RunError(f"{what} needs a --schedule run on ranks (-p or --dp >= 2); the unpipelined reference "
-                           "runs in one process")
+            what = f"`dp` {self.dp}" if self.dp > 1 else "`recompute`"
+            raise RunError(f"{what} needs a `schedule` run on ranks (`ranks` or `dp` >= 2); the unpipelined "
+                           "reference runs in one process")
 
     def _check_resilience(self) -> None:
-        """--save, --save-every, --resume and the test fault (checkpoint_files.py, faults.py)."""
-        if self.save_every is not None and self.save_every < 1:
-            raise RunError(f"--save-every must be >= 1; got {self.save_every}")
+        """`save`, `save_every`, `resume` (checkpoint_files.py; the test fault: worker.preflight)."""
+        if self.save_every is not None:
+            check_count("`save_every`", self.save_every, 1)
         if not self.pipelined and (self.save or self.resume):
-            what = "--save" if self.save else "--resume"
-            raise RunError(f"{what} needs a pipeline (a --schedule and -p >= 2); the unpipelined reference keeps "
-                           "no checkpoints")
-        if self.fault:
-            from ..resilience.faults import parse_fault
-
-            parse_fault(self.fault)
+            what = "`save`" if self.save else "`resume`"
+            raise RunError(f"{what} needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
+                           "keeps no checkpoints")

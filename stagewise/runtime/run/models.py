@@ -20,18 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import RunError, check_range
+from ... import limits
+from ..stages.layers import Layers
+from .config import RunError, check_count
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
-# Limits of the built-in GPT, checked before anything is allocated (every rank builds the whole layer list).
-MAX_LAYERS = 4096  #: --layers
-MAX_D_MODEL = 65536  #: --d-model
-MAX_VOCAB = 1 << 20  #: --vocab
-MAX_PARAMS = 1 << 30  #: parameters in all (4 GiB of float32 on every rank)
-SYNTHETIC_TOKENS = 1 << 16  #: length of the synthetic stream: --seq + 1 tokens must fit in it
-MAX_DATA_BYTES = 256 << 20  #: --data is read whole on every rank, 8 bytes per token
-MAX_SEED = (1 << 32) - 1  #: --seed
+#: the synthetic stream's length: --seq + 1 tokens must fit in it (a fact of the stream, not a limit)
+SYNTHETIC_TOKENS = 1 << 16
+MAX_SEED = (1 << 32) - 1  #: torch.manual_seed's range
 
 
 class Embedding(nn.Module):
@@ -116,28 +113,33 @@ class GPTConfig:
 
     def check(self) -> None:
         """Every option against its rule and limit (``RunError`` naming it), before anything is allocated."""
-        for name, value, high in (("--layers", self.layers_n, MAX_LAYERS), ("--d-model", self.d_model, MAX_D_MODEL),
-                                  ("--heads", self.heads, None), ("--seq", self.seq, None),
-                                  ("--vocab", self.vocab, MAX_VOCAB)):
-            check_range(name, value, 1, high)
-        check_range("--seed", self.seed, 0, MAX_SEED)
+        for name, value in (("`layers_n`", self.layers_n), ("`d_model`", self.d_model), ("`heads`", self.heads),
+                            ("`seq`", self.seq), ("`vocab`", self.vocab)):
+            check_count(name, value, 1)
+        check_count("`seed`", self.seed, 0)
+        if self.seed > MAX_SEED:
+            raise RunError(f"`seed` {self.seed}: torch seeds are 0..{MAX_SEED}")
         if self.d_model % self.heads:
-            raise RunError(f"--d-model {self.d_model} must be a multiple of --heads {self.heads}")
+            raise RunError(f"`d_model` {self.d_model} must be a multiple of `heads` {self.heads}")
         if self.dtype not in DTYPES:
-            raise RunError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype}")
-        if self.parameters() > MAX_PARAMS:
-            raise RunError(f"--layers {self.layers_n} --d-model {self.d_model} --vocab {self.vocab}: "
-                           f"{self.parameters():,} parameters, over the built-in GPT's limit of {MAX_PARAMS:,}")
+            raise RunError(f"`dtype` must be one of {', '.join(DTYPES)}; got {self.dtype}")
         if self.data is None:
             if self.seq >= SYNTHETIC_TOKENS:
-                raise RunError(f"--seq {self.seq}: over the limit of {SYNTHETIC_TOKENS - 1:,} (the synthetic stream "
-                               f"has {SYNTHETIC_TOKENS:,} tokens; give --data FILE for longer sequences)")
+                raise RunError(f"`seq` {self.seq}: the synthetic stream has {SYNTHETIC_TOKENS:,} tokens, so at most "
+                               f"{SYNTHETIC_TOKENS - 1:,}; give `data` FILE for longer sequences")
+            self.check_sizes(1)
             return
+        self.check_sizes(1)
         size = _file_size(self.data)
         if size < self.seq + 1:
-            raise RunError(f"--data {self.data}: {size} bytes; needs at least --seq + 1 = {self.seq + 1}")
+            raise RunError(f"`data` {self.data}: {size} bytes; needs at least `seq` + 1 = {self.seq + 1}")
         if self.vocab != 256:
-            raise RunError(f"--data reads byte tokens and needs --vocab 256; got {self.vocab}")
+            raise RunError(f"`data` reads byte tokens and needs `vocab` 256; got {self.vocab}")
+
+    def check_sizes(self, sequences: int) -> None:
+        """Tensor and parameter sizes against the limits (``sequences``: one micro-batch's), before building."""
+        limits.check_gpt_size(layers=self.layers_n, d_model=self.d_model, heads=self.heads, seq=self.seq,
+                              vocab=self.vocab, batch=sequences)
 
     def identity(self) -> dict:
         """The model's options, as a checkpoint records them (seed and data are the run's: checkpoint_manifest)."""
@@ -150,15 +152,28 @@ class GPTConfig:
         block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
         return self.vocab * d + self.seq * d + self.layers_n * block + 2 * d
 
-    def layers(self) -> list[nn.Module]:
-        """The layer sequence, initialised from ``torch.manual_seed(seed)``."""
-        torch.manual_seed(self.seed)
-        emb = Embedding(self.vocab, self.seq, self.d_model)
-        blocks = [Block(self.d_model, self.heads) for _ in range(self.layers_n)]
-        out = [emb, *blocks, Head(self.d_model, emb.tok.weight)]
-        for layer in out:
+    def layers(self) -> Layers:
+        """The model as a per-layer factory: each rank builds only its own layers, each from its own seed, so
+        every placement (and the unpipelined reference) starts from the same weights. The head's weight is
+        tied to the token embedding by name (``0.tok.weight``): built apart, the copies start equal (the
+        pipeline broadcasts the embedding's; ``Layers.build_all`` shares one Parameter)."""
+        n = self.num_layers
+        return Layers(count=n, build=self.layer, ties=(("0.tok.weight", f"{n - 1}.weight"),))
+
+    def layer(self, i: int) -> nn.Module:
+        """Layer ``i`` alone (0: embedding, 1..L: blocks, L + 1: head), initialised from (seed, i)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1_000_003 + i)
+            if i == 0:
+                layer = Embedding(self.vocab, self.seq, self.d_model)
+            elif i <= self.layers_n:
+                layer = Block(self.d_model, self.heads)
+            else:
+                layer = Head(self.d_model, nn.Parameter(torch.empty(self.vocab, self.d_model)))
             layer.apply(_init)
-        return [layer.to(DTYPES[self.dtype]) for layer in out]
+            if isinstance(layer, Head):  # its own copy of the tied weight (the pipeline makes copies equal)
+                nn.init.normal_(layer.weight, std=0.02)
+        return layer.to(DTYPES[self.dtype])
 
     def batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step ``step``'s ``size`` sequences: (inputs, targets), both (size, seq) token ids."""
@@ -200,8 +215,8 @@ class LayerModel:
     def num_layers(self) -> int:
         return len(self.layer_list)
 
-    def layers(self) -> list[nn.Module]:
-        return list(self.layer_list)
+    def layers(self) -> Layers:
+        return Layers.from_modules([(str(i), m) for i, m in enumerate(self.layer_list)])
 
     def layer_names(self) -> list[str] | None:
         return list(self.names) if self.names else None
@@ -252,17 +267,15 @@ def synthetic_stream(vocab: int, seed: int, length: int = 1 << 16) -> torch.Tens
 
 
 def _file_size(path: str) -> int:
-    """The size of --data, a regular readable file within ``MAX_DATA_BYTES`` (a folder or FIFO is refused
+    """The size of `data`, a regular readable file within the DATA_BYTES limit (a folder or FIFO is refused
     before anything opens it: opening a FIFO would block)."""
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise RunError(f"--data {path}: not a regular file")
+            raise RunError(f"`data` {path}: not a regular file")
         with open(path, "rb"):
             pass
     except OSError as e:
-        raise RunError(f"--data {path}: cannot read: {e.strerror}") from None
-    if st.st_size > MAX_DATA_BYTES:
-        raise RunError(f"--data {path}: {st.st_size:,} bytes, over the limit of {MAX_DATA_BYTES:,} (it is read whole "
-                       "on every rank)")
+        raise RunError(f"`data` {path}: cannot read: {e.strerror}") from None
+    limits.DATA_BYTES.check(st.st_size, "", detail=f"`data` {path}: {st.st_size:,} bytes (read whole on every rank)")
     return st.st_size

@@ -20,7 +20,7 @@ from .worker import optimizer
 
 def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     cfg.check()
-    layers = cfg.model.layers()
+    layers = cfg.model.layers().build_all()  # one process: each tie one shared Parameter
     model = nn.Sequential(*layers)
     names = {lg: (i, n) for i, uses in enumerate(logical_names(layers)) for n, lg in uses}
     params = list(model.parameters())

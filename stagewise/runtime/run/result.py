@@ -46,6 +46,8 @@ class RunResult:
     memory: Memory | None = None  #: rank 0 of a run that counted activations (not --no-memory)
     checkpoint: dict | None = None  #: what --save / --resume did (checkpoint.Checkpoints.info)
     skipped_steps: tuple[dict, ...] | None = None  #: steps whose update --skip-nonfinite skipped
+    layers_built: tuple[tuple[int, ...], ...] | None = None  #: per rank, the model layers it built (its own only)
+    read_bytes: tuple[int, ...] | None = None  #: per rank, bytes of weights read from a model folder (HF)
     grads: Copies | None = None  #: collect="grads": after step 1
     params: Copies | None = None  #: collect="params": at the end
 
@@ -72,6 +74,10 @@ class RunResult:
             out["checkpoint"] = self.checkpoint
         if self.skipped_steps is not None:
             out["skipped_steps"] = list(self.skipped_steps)
+        if self.layers_built is not None:
+            out["layers_built_per_rank"] = [list(b) for b in self.layers_built]
+        if self.read_bytes is not None:
+            out["read_bytes_per_rank"] = list(self.read_bytes)
         return out
 
     def with_copies(self, grads: Copies | None, params: Copies | None) -> "RunResult":

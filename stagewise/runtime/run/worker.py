@@ -16,15 +16,15 @@ import torch
 import torch.distributed as dist
 
 from ...schedule import Schedule
-from ...schedules import generate
 from ..resilience import checkpoint_files
 from ..execution.activation_memory import merge_added, predicted_peaks
 from .config import RunConfig, RunError, check_batch
-from ..parallel.dp import Topology
-from ..resilience.faults import check_fault, parse_fault
+from .resolve import resolve_schedule
+from ..resilience.faults import check_fault, injector_for, parse_fault
 from ..pipeline import Pipeline
 from ..execution.recompute import recompute_stages
-from ..resilience.safety import Resilience
+from ..resilience import flight
+from ..resilience.checkpoint import Checkpoints
 from .result import Memory, RunResult
 from ..stages.stage import partition
 from ..execution.timing import bubbles
@@ -45,30 +45,19 @@ class Env:
 def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None = None) -> Schedule:
     """The schedule of ``cfg``, checked against the options, the model and the ranks launched.
 
-    ``launched_by`` names what set the number of ranks (default ``-p N``; ``WORLD_SIZE`` under torchrun).
+    ``launched_by`` names what set the number of ranks (default `ranks` x `dp`; ``WORLD_SIZE`` under torchrun).
     """
     cfg.check()
-    if cfg.csv:
-        from ... import torch_csv
-
-        sched = torch_csv.load(cfg.csv)
-    elif isinstance(cfg.schedule, Schedule):  # a value (the planner's auto, a search result): no CSV between
-        sched = cfg.schedule
-    else:
-        sched = generate(cfg.schedule, cfg.ranks, cfg.microbatches, cfg.chunks)
     world = cfg.ranks * cfg.dp if world is None else world
-    launched_by = launched_by or f"-p {world // cfg.dp}" + (f" x --dp {cfg.dp}" if cfg.dp > 1 else "")
-    if world % cfg.dp:
-        raise RunError(f"--dp {cfg.dp} does not divide the {world} ranks launched ({launched_by}); launch p x dp "
-                       "ranks")
-    if sched.ranks != world // cfg.dp:
-        src = f"--csv {cfg.csv}" if cfg.csv else f"{sched.name}"
-        top = max(range(sched.stages), key=lambda s: sched.placement[s])
-        per = f" per replica (--dp {cfg.dp})" if cfg.dp > 1 else ""
-        raise RunError(f"{src}: the schedule's placement needs {sched.ranks} ranks (stage {top} is on rank "
-                       f"{sched.placement[top]}); {world // cfg.dp} were launched{per} ({launched_by})")
+    named = isinstance(cfg.schedule, str) and not cfg.csv
+    sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.dp, csv=cfg.csv, launched_by=launched_by,
+                             microbatches=cfg.microbatches if named else None, chunks=cfg.chunks if named else None,
+                             ranks=cfg.ranks if named else None)
     check_batch(cfg.batch, sched.microbatches, cfg.dp)  # a --csv schedule brings its own m
     recompute_stages(cfg.recompute, sched.stages)
+    fit = getattr(cfg.model, "check_fit", None)  # a model may say it in its own terms (HF: decoder layers)
+    if fit is not None:
+        fit(sched.stages_per_copy, cfg.layer_split())
     partition(cfg.model.num_layers, sched.stages_per_copy, cfg.layer_split())
     optimizer_class(cfg.optimizer)
     if cfg.fault:
@@ -113,7 +102,9 @@ def optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimiz
 
 class RankTrainer:
     """One rank's training of one config, a step at a time: a client of ``Pipeline`` (the per-rank API) that
-    adds the CLI's loop: data from the model config, resilience, clipping, the optimizer and results.
+    adds the config-driven loop: data from the model config, clipping, the optimizer, checkpoints and results.
+    What the pipeline runs with (the flight recorder, the loss, the non-finite policy) is given to it when it is
+    built, never patched on later.
 
     Mutable: weights, optimizer, results so far.
     """
@@ -121,39 +112,45 @@ class RankTrainer:
     def __init__(self, env: Env, cfg: RunConfig):
         self.env, self.cfg = env, cfg
         self.schedule = sched = preflight(cfg, env.world, env.launched_by)
-        self.topo = Topology(p=sched.ranks, dp=cfg.dp, rank=env.rank)
-        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), cfg.model.loss, split=cfg.layer_split(), dp=cfg.dp,
+        injector = injector_for(cfg.fault, env.rank)  # tests only: a failure on purpose, at an op's start
+        self.flight = flight.Recorder(path=env.flight_path, on_start=injector.at if injector else None)
+        loss = injector.loss(cfg.model.loss) if injector is not None and injector.fault.how == "nan" else \
+            cfg.model.loss
+        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), dp=cfg.dp,
                                     device=env.device, recompute=cfg.recompute, static_shapes=True,
-                                    timeout=cfg.timeout, measure_memory=cfg.measure_memory)
-        self.stage_map, self.stages, self.replicas, self.dp = pipe.stage_map, pipe.stages, pipe.replicas, pipe.dp
-        self.executor, self.clock, self.meter, self.recompute = pipe.executor, pipe.clock, pipe.meter, pipe.recompute
+                                    timeout=cfg.timeout, measure_memory=cfg.measure_memory, flight=self.flight,
+                                    nonfinite="skip" if cfg.skip_nonfinite else "raise")
         self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
-        self.params = pipe.parameters()
-        self.optimizer = optimizer(cfg, self.params)
+        self.optimizer = optimizer(cfg, pipe.parameters())
         self.losses: list[float] = []
         self.step_time_s: list[float] = []
         self.timelines: list = []  # rank 0's
+        self.skipped: list[dict] = []  # the steps whose update a non-finite loss skipped
         self.grads = None  # collect="grads": after step 1
-        self.safety = Resilience(self)  # flight recorder, non-finite guard, checkpoints (resumes here)
+        self.checkpoints = Checkpoints(cfg=cfg, pipe=pipe, optimizer=self.optimizer, rank=env.rank, world=env.world,
+                                       device=env.device, recorder=self.flight,
+                                       export=getattr(cfg.model, "export", None))
+        self.first_step = self.checkpoints.restore() if cfg.resume else 0  # a resume continues after its step
 
     def step(self, k: int) -> tuple[float, float]:
         """Step ``k``: the pipeline's step (program, replica and loss collectives), clipping, the optimizer.
         (loss, seconds)."""
         env, cfg = self.env, self.cfg
         inputs, targets = cfg.model.batch(k, cfg.batch)
-        self.safety.flight.step(k)
+        self.flight.step(k)
         if env.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(env.device)
         res = self.pipe.step(inputs, targets, timeline=True)  # starts with a barrier: op times line up
         t0 = time.perf_counter()
         if env.device.type == "cuda":
             self.device_peak = max(self.device_peak, torch.cuda.max_memory_allocated(env.device))
-        update = self.safety.update(k, res.loss, self.pipe.last_outcome.mb_losses)  # every rank alike
-        if cfg.clip is not None and update:
+        if res.skipped is not None:  # every rank alike: the loss was all-reduced
+            self.skipped.append({"step": k + 1, "loss": res.loss, "where": res.skipped})
+        elif cfg.clip is not None:
             self.pipe.clip_grad_norm_(cfg.clip)
         if k == 0 and "grads" in cfg.collect:
             self.grads = self.copies(lambda p: p.grad)
-        if update:
+        if res.skipped is None:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if env.device.type == "cuda":
@@ -164,6 +161,11 @@ class RankTrainer:
             self.timelines.append(res.timeline)
         return res.loss, self.step_time_s[-1]
 
+    def after_step(self, k: int) -> None:
+        """Save a checkpoint after step ``k`` (0-based) when one is due."""
+        if self.checkpoints.due(k + 1):
+            self.checkpoints.save(k + 1)
+
     def result(self) -> RunResult:
         """Losses, step times; on rank 0 also the timelines, measured vs predicted bubble and memory."""
         measured = predicted = None
@@ -171,39 +173,48 @@ class RankTrainer:
             timed = self.timelines[1:] or self.timelines  # the first step warms up
             measured, predicted = bubbles(timed)
         memory = self._memory()  # a collective: every rank calls it
-        safety = self.safety
+        built = self._gather(self.pipe.built_layers)
         return RunResult(schedule=self.schedule.name, ranks=self.schedule.ranks,
                          microbatches=self.schedule.microbatches, losses=tuple(self.losses),
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
                          measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
-                         dp=self.cfg.dp, recompute=tuple(sorted(self.recompute)), memory=memory,
-                         checkpoint=safety.checkpoint_info(), skipped_steps=safety.skipped_steps(),
-                         grads=self.grads,
+                         dp=self.cfg.dp, recompute=tuple(sorted(self.pipe.recompute)), memory=memory,
+                         checkpoint=dict(self.checkpoints.info) if self.checkpoints.info else None,
+                         skipped_steps=tuple(self.skipped) if self.cfg.skip_nonfinite else None,
+                         layers_built=tuple(built) if built else None,
+                         read_bytes=self._gather(self.cfg.model.read_bytes()) if hasattr(self.cfg.model, "read_bytes")
+                         else None, grads=self.grads,
                          params=self.copies(lambda p: p) if "params" in self.cfg.collect else None)
+
+    def _gather(self, value) -> list | None:
+        """Every rank's ``value`` on rank 0 (a collective; None elsewhere)."""
+        gathered = [None] * self.env.world if self.env.rank == 0 else None
+        dist.gather_object(value, gathered, dst=0)
+        return gathered
 
     def _memory(self) -> Memory | None:
         """Measured peak activation bytes per rank and the simulator's prediction (on rank 0; a collective)."""
-        if self.meter is None:  # --no-memory: every rank skips the gather alike
+        meter = self.pipe.meter
+        if meter is None:  # --no-memory: every rank skips the gather alike
             return None
-        mine = {**self.meter.report(), "device": self.device_peak or None}
-        gathered = [None] * self.env.world if self.env.rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
+        gathered = self._gather({**meter.report(), "device": self.device_peak or None})
         if self.env.rank != 0:
             return None
-        added = merge_added(gathered[:self.topo.p])
-        predicted = predicted_peaks(self.schedule, added, self.recompute)
+        added = merge_added(gathered[:self.schedule.ranks])
+        predicted = predicted_peaks(self.schedule, added, self.pipe.recompute)
         return Memory(stage_activation_bytes=added, peak_activation_bytes=tuple(r["peak"] for r in gathered),
-                      predicted_peak_activation_bytes=tuple(predicted * self.cfg.dp),
+                      predicted_peak_activation_bytes=tuple(predicted * (self.env.world // self.schedule.ranks)),
                       peak_memory_allocated_bytes=tuple(r["device"] for r in gathered) if gathered[0]["device"]
                       else None)
 
     def copies(self, get) -> dict:
         """logical name -> this rank's copies (as numpy), for tests that compare with the reference."""
         out: dict[str, list] = {}
-        for name, holders in self.stage_map.params.items():
+        stages = self.pipe.stages
+        for name, holders in self.pipe.stage_map.params.items():
             for h in holders:
-                if h.stage in self.stages:
-                    t = get(self.stages[h.stage].param(h))
+                if h.stage in stages:
+                    t = get(stages[h.stage].param(h))
                     out.setdefault(name, []).append(None if t is None else t.detach().cpu().numpy().copy())
         return out
 
@@ -211,9 +222,9 @@ class RankTrainer:
 def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> RunResult:
     """Train ``cfg`` on this rank; rank 0's result holds the losses, step times and timelines."""
     trainer = RankTrainer(env, cfg)
-    for k in range(trainer.safety.first_step, cfg.steps):  # a resumed run starts after its checkpoint's step
+    for k in range(trainer.first_step, cfg.steps):
         loss, seconds = trainer.step(k)
         if report and env.rank == 0:
             report(k, loss, seconds)
-        trainer.safety.after_step(k)
+        trainer.after_step(k)
     return trainer.result()

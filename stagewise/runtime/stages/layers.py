@@ -23,16 +23,18 @@ inputs and the loss function gets the last layer's output.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from torch import nn
 
+from ... import limits
 from ..run.config import RunError
 from .stage import Stage
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class Layers:
     """A model as ``count`` layers; ``build(i)`` makes layer ``i`` (called only for the rank's own layers).
 
@@ -40,14 +42,17 @@ class Layers:
 
         def build(i):
             return nn.Linear(64, 64) if i < 7 else nn.Linear(64, 10)
-        model = stagewise.Layers(count=8, build=build)
+        model = stagewise.Layers(8, build)          # or Layers(count=8, build=build)
     """
 
     count: int  #: layers in the model
     build: Callable[[int], nn.Module]  #: layer i, a new module (or one the caller keeps: see ``shared``)
-    names: tuple[str, ...] | None = None  #: each layer's prefix in the original state_dict; default "0", "1", ...
-    ties: tuple[tuple[str, ...], ...] = ()  #: groups of full parameter names that are one parameter
-    split: tuple[int, ...] | None = None  #: layers per stage of one model copy, when the model says (split points)
+    #: each layer's prefix in the original state_dict; default "0", "1", ...
+    names: tuple[str, ...] | None = field(default=None, kw_only=True)
+    #: groups of full parameter names that are one parameter
+    ties: tuple[tuple[str, ...], ...] = field(default=(), kw_only=True)
+    #: layers per stage of one model copy, when the model says (split points)
+    split: tuple[int, ...] | None = field(default=None, kw_only=True)
 
     @classmethod
     def from_modules(cls, named: Sequence[tuple[str, nn.Module]], ties: Sequence[Sequence[str]] = ()) -> "Layers":
@@ -68,10 +73,35 @@ class Layers:
         return [self.prefix(i) for i in range(self.count)]
 
     def check(self) -> None:
+        """The count, names and ties, before any layer is built (``RunError`` naming the rule)."""
+        if not isinstance(self.count, int) or isinstance(self.count, bool):
+            raise RunError(f"Layers `count` must be a whole number; got {self.count!r}")
         if self.count < 1:
             raise RunError(f"the model has {self.count} layers; it needs at least one")
-        if self.names is not None and len(self.names) != self.count:
-            raise RunError(f"Layers.names has {len(self.names)} names for {self.count} layers")
+        limits.LAYERS.check(self.count, "Layers `count`")
+        if not callable(self.build):
+            raise RunError(f"Layers `build` must be a function of the layer index; got {type(self.build).__name__}")
+        if self.names is not None:
+            if len(self.names) != self.count:
+                raise RunError(f"Layers `names` has {len(self.names)} names for {self.count} layers")
+            twice = next((n for n, k in Counter(self.names).items() if k > 1), None)
+            if twice is not None:
+                raise RunError(f"Layers `names` gives {twice!r} to two layers; each layer needs its own prefix")
+
+    def build_all(self) -> list[nn.Module]:
+        """Every layer, in one process, each tie one shared Parameter: the unpipelined model (the reference,
+        a profile), as ``nn.Sequential(*layers.build_all())`` would be written by hand."""
+        built = [self.make(i) for i in range(self.count)]
+        prefixes = {self.prefix(i): i for i in range(self.count)}
+        for group in self.ties:
+            owners = [_owner(full, prefixes, built) for full in group]
+            (_, _, first), rest = owners[0], owners[1:]
+            for module, attr, p in rest:
+                if p.shape != first.shape:
+                    raise RunError(f"ties: {group[0]!r} has shape {tuple(first.shape)} and the parameter tied to it "
+                                   f"has {tuple(p.shape)}; tied parameters must have one shape")
+                setattr(module, attr, first)
+        return built
 
     def make(self, i: int) -> nn.Module:
         """Layer ``i``, checked to be a module."""
@@ -122,9 +152,10 @@ def _module_layers(model: nn.Module, split, init, device) -> Layers:
     return Layers(count=len(named), build=build, names=names, ties=identity_ties(named), split=counts)
 
 
-def build_own_stages(spec: Layers, ranges, mine: list[int], device) -> dict[int, Stage]:
-    """This rank's stages. Each layer is built once; a second use (DualPipe's other lane) is a copy, and so is
-    a layer sharing a parameter with one already placed here (a tie becomes two copies summed at step end)."""
+def build_own_stages(spec: Layers, ranges, mine: list[int], device) -> tuple[dict[int, Stage], tuple[int, ...]]:
+    """This rank's stages, and the layers it built (each asked of the factory once, only these). A second use
+    of a layer (DualPipe's other lane) is a copy, and so is a layer sharing a parameter with one already placed
+    here (a tie becomes two copies summed at step end)."""
     built: dict[int, nn.Module] = {}
     seen: set[int] = set()
     stages = {}
@@ -141,7 +172,7 @@ def build_own_stages(spec: Layers, ranges, mine: list[int], device) -> dict[int,
             seen.update(id(p) for p in m.parameters())
             mods.append(m)
         stages[s] = Stage(s, mods, ranges[s].start).to(device)
-    return stages
+    return stages, tuple(sorted(built))
 
 
 
@@ -210,3 +241,19 @@ def materialize(module: nn.Module, name: str, init: Callable | None, device) -> 
 
 def _some(names: list[str]) -> str:
     return ", ".join(names[:4]) + (f", ... {names[-1]}" if len(names) > 4 else "")
+
+
+def _owner(full: str, prefixes: dict[str, int], built: list[nn.Module]):
+    """(module holding it, its attribute name, the Parameter) of a full parameter name ``prefix.path.name``."""
+    parts = full.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        i = prefixes.get(".".join(parts[:k]))
+        if i is None:
+            continue
+        *path, attr = parts[k:]
+        try:
+            module = built[i].get_submodule(".".join(path))
+            return module, attr, module.get_parameter(attr)
+        except AttributeError:
+            continue
+    raise RunError(f"ties: {full!r} is not a parameter of the model")

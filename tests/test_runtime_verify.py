@@ -47,5 +47,5 @@ def test_verify_refuses_what_the_runtime_cannot_run():
     from stagewise.plan.errors import PlanError
 
     prof = gpt_profile()
-    with pytest.raises(PlanError, match="--verify runs the built-in GPT"):
+    with pytest.raises(PlanError, match="does not say how to rebuild it"):
         verify(prof, [], 1, log=None)

@@ -52,7 +52,7 @@ class Ops(TorchDispatchMode):
 
 
 def stage_and_input(lo: int, hi: int, extra: nn.Module | None = None):
-    layers = TINY.layers()
+    layers = TINY.layers().build_all()
     chosen = layers[lo:hi] if extra is None else [layers[lo], extra, *layers[lo + 1:hi]]
     x, y = TINY.batch(0, 4)
     if lo > 0:
