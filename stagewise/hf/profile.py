@@ -8,6 +8,8 @@ and head come out lighter than a decoder layer, as in Llama 3's stages.
 
 from __future__ import annotations
 
+from .. import limits
+from .errors import HFError, within
 from .model import HFModel
 
 
@@ -18,8 +20,11 @@ def profile_model(model: HFModel, seq: int, source: str):
     from ..runtime.run.models import LayerModel
 
     vocab = int(model.config.vocab_size)
+    if not isinstance(seq, int) or seq < 1:
+        raise HFError(f"`seq` {seq!r}: must be a whole number >= 1")
 
     def make_batch(step: int, size: int):
+        within(limits.TOKENS, size * seq, f"`micro_batch_sizes` {size} x `seq` {seq} = {size * seq} tokens")
         ids = torch.randint(0, vocab, (size, seq), generator=torch.Generator().manual_seed(size))
         return ids, ids
 
