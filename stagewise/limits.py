@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import os
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Iterator
+
 from .errors import StagewiseError
 
 
@@ -192,3 +195,43 @@ def markdown() -> str:
     """The defaults as the README's limits table (tests/test_limits.py holds the README to it)."""
     rows = [f"| `{lim.env}` | {lim.default:,} | {lim.what} | {lim.where} |" for lim in ALL.values()]
     return "\n".join(["| variable | default | what it counts | where |", "|---|---|---|---|", *rows])
+
+
+@contextmanager
+def open_regular(path: str | Path, option: str) -> Iterator[BinaryIO]:
+    """``path`` opened for binary reading, once it is known to be a regular file (``read_text``'s rule).
+
+    Opened without blocking (a FIFO with no writer), then refused unless regular (a FIFO, a device such
+    as ``/dev/zero``, a folder), so nothing is read from what is not a file. For binary formats that read
+    a few parts of a file (a safetensors header) rather than all of it.
+
+    Example:
+        >>> with open_regular("/dev/zero", "`source`") as fh:    # doctest: +SKIP
+        ...     pass
+        LimitError: `source` /dev/zero: not a regular file (a device)
+    """
+    path = Path(path)
+    try:
+        fh = open(path, "rb", opener=_open_nonblocking)
+    except IsADirectoryError:
+        raise LimitError(f"{option} {path}: not a regular file (a folder)") from None
+    except OSError as e:
+        raise LimitError(f"{option} {path}: cannot read: {e.strerror or e}") from None
+    with fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise LimitError(f"{option} {path}: not a regular file ({_kind(mode)})")
+        yield fh
+
+
+def read_bytes(path: str | Path, option: str) -> bytes:
+    """The bytes of a regular file no larger than ``FILE_BYTES`` (``read_text`` without the decoding)."""
+    cap = FILE_BYTES.value
+    with open_regular(path, option) as fh:
+        try:
+            data = fh.read(cap + 1)
+        except OSError as e:
+            raise LimitError(f"{option} {path}: cannot read: {e.strerror or e}") from None
+    if len(data) > cap:
+        FILE_BYTES.check(len(data), option, detail=f"{option} {path}: more than {cap} bytes")
+    return data

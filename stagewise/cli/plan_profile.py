@@ -95,8 +95,10 @@ def _check_sizes(args, sizes: list[int]) -> None:
         raise UsageError(f"--micro-batch-sizes names {twice} twice; each size is measured once")
     limits.REPEATS.check(args.repeats, "--repeats")
     limits.THREADS.check(args.threads, "--threads")
-    if args.hf:
-        return  # the model's own sizes are checked when its config is read (stagewise.hf)
+    if args.hf:  # the model's own sizes are checked when its config is read (stagewise.hf)
+        limits.TOKENS.check(max(sizes) * args.seq, "", detail=f"--micro-batch-sizes {max(sizes)} x --seq {args.seq}"
+                            f" = {max(sizes) * args.seq:,} tokens")
+        return
     try:
         limits.check_gpt_size(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
                               vocab=args.vocab, batch=max(sizes))

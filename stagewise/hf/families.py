@@ -55,8 +55,8 @@ COVERED: dict[str, tuple[Family, str]] = {
 
 def family_of(model_type: str, architectures: list[str] | None = None) -> tuple[Family, str]:
     """The family of a config's ``model_type``; ``HFError`` naming it and the covered ones otherwise."""
-    if model_type not in COVERED:
-        arch = f" ({', '.join(architectures)})" if architectures else ""
-        raise HFError(f"model_type {model_type!r}{arch} is not supported; stagewise.hf covers the Llama family "
+    if not isinstance(model_type, str) or model_type not in COVERED:
+        arch = f" ({', '.join(map(str, architectures))})" if architectures else ""
+        raise HFError(f"model_type {model_type!r:.60}{arch:.200} is not supported; stagewise.hf covers the Llama family "
                       "(llama, mistral, qwen2, qwen3) and gpt2")
     return COVERED[model_type]
