@@ -84,11 +84,11 @@ WORKSHOP_ACTIONS = Limit(env="STAGEWISE_MAX_WORKSHOP_ACTIONS", default=48_000, w
                          where="every schedule of one view together")
 LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers",
                where="a model (--layers, an HF config, Layers(count)), a profile")
-#: the built-in GPT (train, profile): one tensor, and all parameters (2**29 fp32 = 2 GiB)
+#: a model (train, profile): one tensor, and all parameters (2**31 fp32 = 8 GiB: a 1B model fits, 7B does not)
 ELEMENTS = Limit(env="STAGEWISE_MAX_ELEMENTS", default=2**28, what="elements in one tensor",
                  where="the built-in GPT and HF configs in train and profile: weights, activations, logits")
-PARAMETERS = Limit(env="STAGEWISE_MAX_PARAMETERS", default=2**29, what="model parameters",
-                   where="the built-in GPT and HF configs, before anything is built (2 GiB in fp32)")
+PARAMETERS = Limit(env="STAGEWISE_MAX_PARAMETERS", default=2**31, what="model parameters",
+                   where="the built-in GPT and HF configs, before anything is built (8 GiB in fp32; Llama-3.2-1B fits)")
 #: a torch CSV of zb-v at p=64, m=1024 is 2.8 MB; the largest CSV of the ACTIONS limit about 20 MB
 FILE_BYTES = Limit(env="STAGEWISE_MAX_FILE_BYTES", default=64 * 2**20, what="bytes per input file",
                    where="CSVs, profiles, model and hardware files, manifests, configs")

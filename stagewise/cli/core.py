@@ -13,7 +13,9 @@ from .common import UsageError, add_cost_args, add_schedule_args, costs_from, fa
 
 
 def register(sub) -> None:
-    p = sub.add_parser("list", help="list the schedule families")
+    p = sub.add_parser("list", help="list the schedule families",
+                       description="Every schedule family stagewise generates, with the chunks per rank (v) it takes "
+                       "and what it is; `stagewise simulate NAME` plays one, `stagewise compare` all.")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("simulate", help="simulate one schedule and print its metrics")
@@ -42,7 +44,11 @@ def register(sub) -> None:
     add_schedule_args(p)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("demo", help="the tour: every family at p=4, m=8, figures, report and a real run")
+    p = sub.add_parser("demo", help="the tour: every family at p=4, m=8, figures, report and a real run",
+                       description="Simulate every family at p=4, m=8 on one model and print the table, write the "
+                       "comparison figure and an offline HTML report into -o, then train the built-in GPT for real "
+                       "on 4 local ranks under 1F1B and ZB-H1 and print the measured bubble (the mean over the "
+                       "steps after the first) next to the simulator's prediction.")
     p.add_argument("-o", "--output", default="stagewise-demo", help="output folder, default ./stagewise-demo")
     p.add_argument("--no-run", action="store_true", help="skip the real run on local ranks")
     p.set_defaults(func=cmd_demo)

@@ -176,7 +176,8 @@ def summary(res) -> str:
     lines = [f"{res.schedule}: p={res.ranks} m={res.microbatches}, mean step {_sec(sum(times) / len(times))}"
              f"{warm}"]
     if res.ranks > 1:
-        lines.append(f"bubble: measured {res.measured_bubble_fraction:.1%}, predicted "
+        over = "the mean over steps 2.." + str(len(res.step_time_s)) if len(res.step_time_s) > 1 else "step 1"
+        lines.append(f"bubble: measured {res.measured_bubble_fraction:.1%} ({over}), predicted "
                      f"{res.predicted_bubble_fraction:.1%} (simulator fed the measured mean cost of each action "
                      "kind per stage)")
     return "\n".join(lines)
@@ -245,8 +246,11 @@ def demo_run(out: Path) -> None:
         return
     from ..render.files import has_matplotlib, write_timeline
 
+    from ..timeline import metrics
+
     for res in results:
         print(summary(res))
+        last = metrics(res.last_timeline).bubble_fraction
         for suffix in (".json", ".png" if has_matplotlib() else ".svg"):
             path = write_timeline(res.last_timeline, out / f"measured-{res.schedule}{suffix}")
-            print(f"wrote {path} (measured timeline of the last step)")
+            print(f"wrote {path} (the last step's measured timeline: its own bubble {last:.1%})")

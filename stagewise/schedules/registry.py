@@ -116,12 +116,11 @@ def family(name: str) -> Family:
 
 def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
     """Raise ``ScheduleArgError`` naming the option and the rule it breaks."""
-    if not isinstance(ranks, int) or ranks < 1:
-        raise ScheduleArgError(f"`ranks` must be >= 1; got {ranks}")
-    if not isinstance(microbatches, int) or microbatches < 1:
-        raise ScheduleArgError(f"`microbatches` must be >= 1; got {microbatches}")
-    if not isinstance(chunks, int) or chunks < 1:
-        raise ScheduleArgError(f"`chunks` must be >= 1; got {chunks}")
+    for name, value in (("ranks", ranks), ("microbatches", microbatches), ("chunks", chunks)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ScheduleArgError(f"`{name}` must be a whole number; got {value!r} ({type(value).__name__})")
+        if value < 1:
+            raise ScheduleArgError(f"`{name}` must be >= 1; got {value}")
     if fam.chunks is not None and chunks not in fam.chunks:
         allowed = " or ".join(map(str, fam.chunks))
         raise ScheduleArgError(f"{fam.name} needs `chunks` {allowed}; got {chunks}")

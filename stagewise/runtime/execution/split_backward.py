@@ -111,10 +111,13 @@ def weight_grad(rec: Record) -> None:
 
 
 def _linear_weight_grad(module: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
+    """dW = g^T x, as autograd forms it: under autocast the product runs in the output's dtype (bf16) with the
+    input cast to it, and the result is cast to the parameter's dtype (an fp32 master weight)."""
     g2 = g.reshape(-1, g.shape[-1])
-    _accumulate(module.weight, g2.t().mm(x.detach().reshape(-1, x.shape[-1])))
+    x2 = x.detach().reshape(-1, x.shape[-1]).to(g2.dtype)
+    _accumulate(module.weight, g2.t().mm(x2).to(module.weight.dtype))
     if module.bias is not None and module.bias.requires_grad:
-        _accumulate(module.bias, g2.sum(0))
+        _accumulate(module.bias, g2.sum(0).to(module.bias.dtype))
 
 
 def _accumulate(p: torch.Tensor, dw: torch.Tensor | None) -> None:

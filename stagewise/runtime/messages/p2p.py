@@ -144,7 +144,8 @@ class P2P:
         self.static = static
         self.flight = flight  # the rank's flight.Recorder: posts, waits and sends
         self.learning = True  # this step carries headers
-        self._shape: dict[tuple[int, int], tuple] = {}  # (direction, stage) -> (spec, metas, mb it came with)
+        self._shape: dict[tuple[int, int], tuple] = {}  # (direction, stage) -> (spec, metas, mb, step learned)
+        self.steps = 0  # steps finished (a shape learned in an earlier one is named so)
         self._pos: dict[int, int] = defaultdict(int)  # sender rank -> next route index to post
         self._posted: dict[Route, tuple] = {}
         self._local: dict[Route, object] = {}
@@ -217,6 +218,7 @@ class P2P:
             left = next(iter(self._posted or self._local))
             raise RuntimeError(f"rank {self.rank}: {left.describe()} was never used; the programs disagree")
         self.learning = not self.static
+        self.steps += 1
         if not self.static:
             self._shape.clear()
 
@@ -269,12 +271,15 @@ class P2P:
 
     def _check(self, route: Route, spec, metas: tuple, verb: str) -> None:
         key = (route.direction, route.stage)
-        known = self._shape.setdefault(key, (spec, metas, route.mb))
+        known = self._shape.setdefault(key, (spec, metas, route.mb, self.steps))
         if known[:2] != (spec, metas):
             who = f"stage {route.source}" if verb == "sends" else f"stage {route.stage}"
+            earlier = known[3] != self.steps  # learned in an earlier step: static shapes were promised
+            rule = ("with static_shapes every step must have the shapes of the first" if earlier else
+                    "every micro-batch of a step must have the same structure, shapes and dtypes between stages")
             raise ShapeError(f"{who} micro-batch {route.mb}: {verb} {_WHAT[route.direction]} "
-                             f"(stage {route.source} -> {route.stage}) {_difference(known, spec, metas)}; every "
-                             "micro-batch of a step must have the same structure, shapes and dtypes between stages")
+                             f"(stage {route.source} -> {route.stage}) {_difference(known, spec, metas, earlier)}; "
+                             f"{rule}")
 
     def _wait(self, work, route: Route, src: int) -> None:
         self.flight.event(WAIT, _brief(route, src))
@@ -341,15 +346,15 @@ def _from_bytes(data: bytes, shape: tuple, dtype) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def _difference(known: tuple, spec, metas: tuple) -> str:
+def _difference(known: tuple, spec, metas: tuple, earlier: bool = False) -> str:
     """What differs from the learned message: its structure, or the first leaf whose shape or dtype does."""
+    had = f"micro-batch {known[2]} of step {known[3] + 1} had" if earlier else f"micro-batch {known[2]} had"
     if known[0] != spec or len(known[1]) != len(metas):
-        return (f"as {pytree.describe(spec)}, but micro-batch {known[2]} had {pytree.describe(known[0])} "
-                f"(structures differ)")
+        return f"as {pytree.describe(spec)}, but {had} {pytree.describe(known[0])} (structures differ)"
     for name, old, new in zip(pytree.paths(spec), known[1], metas):
         if old != new:
             leaf = f"whose leaf {name} is" if name else "of shape"
-            return f"{leaf} {_fmt_meta(new)}, but micro-batch {known[2]} had {_fmt_meta(old)}"
+            return f"{leaf} {_fmt_meta(new)}, but {had} {_fmt_meta(old)}"
     return "differently"
 
 

@@ -79,11 +79,14 @@ class Checkpoints:
         for name, copies in self.local.items():
             layer = home_layer(name)
             if layer not in payloads:
-                data = files.read_verified(folder, files.layer_file(layer), m)
-                payloads[layer] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                payloads[layer] = _payload(folder, layer, files.read_verified(folder, files.layer_file(layer), m))
+            if name not in payloads[layer]["params"]:
+                held = ", ".join(sorted(payloads[layer]["params"])[:2]) or "nothing"
+                raise RunError(f"`resume` {folder}: {files.layer_file(layer)} does not hold {name} (it holds {held}): "
+                               "the layer files were swapped or edited; resume from another checkpoint")
             value = payloads[layer]["params"][name]
             if tuple(value.shape) != tuple(copies[0].shape):
-                raise RunError(f"--resume {folder}: parameter {name} has shape {tuple(value.shape)} there and "
+                raise RunError(f"`resume` {folder}: parameter {name} has shape {tuple(value.shape)} there and "
                                f"{tuple(copies[0].shape)} in this model")
             with torch.no_grad():
                 for p in copies:
@@ -102,7 +105,7 @@ class Checkpoints:
         if theirs != ours:
             odd = sorted(ours - theirs) or sorted(theirs - ours)
             side = "this model has" if ours - theirs else "the checkpoint has"
-            raise RunError(f"--resume {folder}: saved from another model ({side} parameter {odd[0]}, the other "
+            raise RunError(f"`resume` {folder}: saved from another model ({side} parameter {odd[0]}, the other "
                            f"does not; {len(theirs)} parameters there, {len(ours)} here)")
         # the optimizer and the layer count were checked by checkpoint_files.preflight
 
@@ -131,6 +134,9 @@ class Checkpoints:
         """Every rank writes its layers and RNG state; rank 0 writes the manifest last."""
         t0 = time.perf_counter()
         folder = files.step_dir(self.cfg.save, done)
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise RunError(f"`save` {self.cfg.save}: {folder.name} is a symlink or a file; a checkpoint is never "
+                           "written through a link or over a file (give another `save` folder)")
         self.recorder.event(flight.SAVE, str(folder))
         if self.rank == 0:
             if not self.prepared:
@@ -182,6 +188,22 @@ class Checkpoints:
         if self.run is None:
             self.run = manifests.run_section(self.cfg, self.run_id, params, optimizer)
         return self.run
+
+
+def _payload(folder, layer: int, data: bytes) -> dict:
+    """A layer file's contents: {"params": {name: tensor}, "optim": {name: state}}, or ``RunError`` naming the
+    file (its bytes match the manifest but are not one of our layer files)."""
+    name = files.layer_file(layer)
+    try:
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is not ours
+        raise RunError(f"`resume` {folder}: {name} is not a layer file of a checkpoint ({type(e).__name__}); "
+                       "resume from another checkpoint") from None
+    if not (isinstance(payload, dict) and isinstance(payload.get("params"), dict)
+            and isinstance(payload.get("optim"), dict)):
+        raise RunError(f"`resume` {folder}: {name} is not a layer file of a checkpoint (no params and optim "
+                       "state); resume from another checkpoint")
+    return payload
 
 
 def home_layer(logical: str) -> int:

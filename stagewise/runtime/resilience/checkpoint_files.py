@@ -31,12 +31,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ... import limits
 from . import checkpoint_manifest as manifests
 from ..run.config import RunError
 
 MANIFEST = "manifest.json"
 EXPORT = "hf"  #: the model in its own library's format, beside the checkpoint (HF: a from_pretrained folder)
-MAX_MANIFEST_BYTES = 64 << 20  #: a manifest larger than this is not one of ours (read whole)
 _STEP_DIR = re.compile(r"step-(\d{8})")
 _TEMPORARY = re.compile(r"\..+\.tmp-\d+|\.probe-\d+")  #: atomic_write's temporaries, check_save_dir's probe
 
@@ -103,7 +103,7 @@ def drop_manifest(folder: Path) -> None:
     fsync_dir(folder)
 
 
-def read_verified(folder: Path, name: str, manifest: dict, option: str = "--resume") -> bytes:
+def read_verified(folder: Path, name: str, manifest: dict, option: str = "`resume`") -> bytes:
     """The bytes of ``name``, checked against its manifest entry (``RunError`` when it differs)."""
     entry = manifest["files"].get(name)
     if entry is None:
@@ -128,7 +128,7 @@ class Found:
     skipped: tuple[str, ...] = field(default=())  #: newer step folders passed over, each with the reason
 
 
-def find(path: str, option: str = "--resume") -> Found:
+def find(path: str, option: str = "`resume`") -> Found:
     """The complete checkpoint at ``path``: a step folder itself, or the newest complete one under a --save
     folder. ``RunError`` naming the problem when there is none."""
     root = Path(path)
@@ -150,7 +150,7 @@ def find(path: str, option: str = "--resume") -> Found:
         skipped.append(problem)
     if skipped:
         raise RunError(f"{option} {path}: no complete checkpoint ({'; '.join(skipped)})")
-    raise RunError(f"{option} {path}: no checkpoint there (expected step-NNNNNNNN folders written by --save)")
+    raise RunError(f"{option} {path}: no checkpoint there (expected step-NNNNNNNN folders written by `save`)")
 
 
 def incomplete(folder: Path) -> str:
@@ -174,21 +174,43 @@ def incomplete(folder: Path) -> str:
     return ""
 
 
-def check_save_dir(path: str) -> None:
-    """Create ``--save`` DIR if needed and prove it writable (``RunError`` otherwise), before any step runs."""
+def check_save_dir(path: str, overwrite: bool = False, steps=()) -> None:
+    """Create `save` DIR if needed and prove it writable (``RunError`` otherwise), before any step runs.
+
+    DIR holds checkpoints only: a file or folder of another kind (a corpus, a model's weights) is refused
+    unless ``overwrite`` (then written beside, never removed); a symlink inside it is refused always (a save
+    must not write through it to elsewhere), and so is anything but a folder where one of ``steps``' folders
+    will go.
+    """
     root = Path(path)
     if root.exists() and not root.is_dir():
-        raise RunError(f"--save {path}: exists and is not a directory")
+        raise RunError(f"`save` {path}: exists and is not a directory")
     if _STEP_DIR.fullmatch(root.name) or (root / MANIFEST).exists():
-        raise RunError(f"--save {path}: is one checkpoint's step folder; give the folder that holds the "
+        raise RunError(f"`save` {path}: is one checkpoint's step folder; give the folder that holds the "
                        f"step-NNNNNNNN folders ({root.parent})")
+    entries = sorted(root.iterdir()) if root.is_dir() else []
+    links = [e.name for e in entries if e.is_symlink()]
+    if links:
+        raise RunError(f"`save` {path}: {links[0]} is a symlink; a checkpoint folder holds its own files and "
+                       "folders, never links to others (give another `save` folder)")
+    foreign = [e.name for e in entries if not (e.is_dir() and _STEP_DIR.fullmatch(e.name))
+               and not _TEMPORARY.fullmatch(e.name)]
+    if foreign and not overwrite:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise RunError(f"`save` {path}: holds {foreign[0]}{more}, which is not a checkpoint; give an empty or new "
+                       "folder (`overwrite` writes beside them and removes none of them)")
+    for k in steps:
+        d = step_dir(root, k)
+        if d.exists() and not d.is_dir():
+            raise RunError(f"`save` {path}: {d.name} is a file where step {k}'s checkpoint folder goes; move it "
+                           "away or give another `save` folder")
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise RunError(f"--save {path}: cannot write there ({e.strerror or e})") from None
+        raise RunError(f"`save` {path}: cannot write there ({e.strerror or e})") from None
 
 
 def preflight(cfg, optimizer: str | None = None, layers: int | None = None) -> Found | None:
@@ -199,12 +221,13 @@ def preflight(cfg, optimizer: str | None = None, layers: int | None = None) -> F
     the model, seed and data (``checkpoint_manifest.differences``).
     """
     if cfg.save_every is not None and cfg.save is None:
-        raise RunError(f"--save-every {cfg.save_every} needs --save DIR")
+        raise RunError(f"`save_every` {cfg.save_every} needs `save` DIR")
     if getattr(cfg, "overwrite", False) and cfg.save is None:
-        raise RunError("--overwrite needs --save DIR (it lets --save replace another run's checkpoints)")
+        raise RunError("`overwrite` needs `save` DIR (it lets `save` replace another run's checkpoints)")
     found = None if cfg.resume is None else find(cfg.resume)
     if cfg.save is not None:
-        check_save_dir(cfg.save)
+        first = found.manifest["step"] if found is not None else 0
+        check_save_dir(cfg.save, getattr(cfg, "overwrite", False), saved_steps(cfg, first))
         if not getattr(cfg, "overwrite", False):
             check_not_another_run(cfg.save, found.manifest["run"]["id"] if found else None)
     if found is None:
@@ -212,18 +235,25 @@ def preflight(cfg, optimizer: str | None = None, layers: int | None = None) -> F
     m, step = found.manifest, found.manifest["step"]
     differ = manifests.differences(m["run"], cfg)
     if differ:
-        raise RunError(f"--resume {found.folder}: a checkpoint of another model or data ({'; '.join(differ)}); "
+        raise RunError(f"`resume` {found.folder}: a checkpoint of another model or data ({'; '.join(differ)}); "
                        "give the options of the run that saved it")
     if layers is not None and m["layers"] != layers:
-        raise RunError(f"--resume {found.folder}: saved from a model of {m['layers']} layers; this one has {layers} "
+        raise RunError(f"`resume` {found.folder}: saved from a model of {m['layers']} layers; this one has {layers} "
                        "(give the model options of the run that saved it)")
     if optimizer is not None and m["optimizer"] != optimizer:
-        raise RunError(f"--resume {found.folder}: it holds {m['optimizer']} state; --optimizer is {optimizer} "
-                       f"(give --optimizer {m['optimizer'].lower()})")
+        raise RunError(f"`resume` {found.folder}: it holds {m['optimizer']} state; `optimizer` is {optimizer} "
+                       f"(give `optimizer` {m['optimizer'].lower()})")
     if step >= cfg.steps:
-        raise RunError(f"--resume {found.folder}: the checkpoint is at step {step} and --steps is {cfg.steps} "
-                       f"(the total, counted from the start), so nothing is left to run; give --steps > {step}")
+        raise RunError(f"`resume` {found.folder}: the checkpoint is at step {step} and `steps` is {cfg.steps} "
+                       f"(the total, counted from the start), so nothing is left to run; give `steps` > {step}")
     return found
+
+
+def saved_steps(cfg, first: int = 0) -> list[int]:
+    """The steps after which a run of ``cfg`` resumed after ``first`` steps saves: every `save_every` and the
+    last (checked before the first step, so no run trains for hours to fail at its save)."""
+    every = cfg.save_every or 0
+    return [k for k in range(first + 1, cfg.steps + 1) if k == cfg.steps or (every and k % every == 0)]
 
 
 def other_runs(root: str | os.PathLike, run_id: str | None) -> list[tuple[Path, dict]]:
@@ -243,8 +273,8 @@ def check_not_another_run(path: str, run_id: str | None) -> None:
     if others:
         d, m = others[-1]
         more = f" and {len(others) - 1} more" if len(others) > 1 else ""
-        raise RunError(f"--save {path}: holds checkpoints of another run ({d.name}{more}, run {m['run']['id'][:8]}, "
-                       f"saved {m['saved_at']}); give --overwrite to replace them, or another --save folder")
+        raise RunError(f"`save` {path}: holds checkpoints of another run ({d.name}{more}, run {m['run']['id'][:8]}, "
+                       f"saved {m['saved_at']}); give `overwrite` to replace them, or another `save` folder")
 
 
 def prepare_save(path: str, run_id: str, overwrite: bool) -> list[str]:
@@ -277,10 +307,18 @@ def _step_dirs(root: Path) -> list[Path]:
 
 
 def _manifest(folder: Path) -> dict:
+    """The manifest of ``folder``: a regular file of ours (a symlink, FIFO or device is refused unread),
+    within the file-size limit."""
     path = folder / MANIFEST
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise ValueError(f"over {MAX_MANIFEST_BYTES:,} bytes")
-    return json.loads(path.read_bytes().decode())
+    if path.is_symlink():
+        raise ValueError("a symlink (a checkpoint's files are its own, never links)")
+    if not path.exists():
+        raise FileNotFoundError(path)
+    try:
+        text = limits.read_text(path, "manifest")
+    except limits.LimitError as e:
+        raise ValueError(str(e).removeprefix(f"manifest {path}: ")) from None
+    return json.loads(text)
 
 
 def _hint_older(root: Path, name: str) -> str:

@@ -173,10 +173,10 @@ def differences(run: dict, cfg) -> list[str]:
             out.append(f"{_option(key)} {_value(theirs.get(key))} there, {_value(ours.get(key))} here")
     seed = getattr(cfg.model, "seed", None)
     if run["seed"] != seed:
-        out.append(f"--seed {run['seed']} there, {seed} here")
+        out.append(f"`seed` {run['seed']} there, {seed} here")
     data = data_identity(cfg.model)
     if (run["data"].get("source"), run["data"].get("sha256")) != (data.get("source"), data.get("sha256")):
-        out.append(f"--data {_data(run['data'])} there, {_data(data)} here")
+        out.append(f"`data` {_data(run['data'])} there, {_data(data)} here")
     return out
 
 

@@ -226,16 +226,26 @@ def identity_ties(named: Sequence[tuple[str, nn.Module]]) -> tuple[tuple[str, ..
 
 
 def materialize(module: nn.Module, name: str, init: Callable | None, device) -> nn.Module:
-    """A meta-device layer made real on ``device``: ``init(name, module)``, or each submodule's
-    ``reset_parameters`` (a buffer computed only in ``__init__`` must come from ``init`` or a state_dict)."""
+    """A meta-device layer made real on ``device``, every parameter and buffer initialised: each submodule's
+    ``reset_parameters`` (which initialises that submodule's own tensors), then ``init(path, submodule)``
+    for each submodule whose own tensors nothing reset yet (a bare ``nn.Parameter``, a buffer computed in
+    ``__init__``); a tensor still left is an error naming it, never uninitialised memory."""
     module = module.to_empty(device=device or "cpu")
-    if init is not None:
-        init(name, module)
-        return module
-    for sub in module.modules():
+    left = []  # (path, submodule) whose own parameters or buffers nothing has initialised
+    for path, sub in module.named_modules():
+        own = [n for n, t in [*sub._parameters.items(), *sub._buffers.items()] if t is not None]
         reset = getattr(sub, "reset_parameters", None)
         if callable(reset):
             reset()
+        elif own:
+            left.append((path, sub, own))
+    for path, sub, own in left:
+        full = f"{name}.{path}" if path else name
+        if init is None:
+            raise RunError(f"layer {name!r} built on the meta device: {full}.{own[0]} is initialised by no "
+                           f"reset_parameters (a bare nn.Parameter or a buffer made in __init__); pass "
+                           f"init=fn(name, module), called for {full!r}, or build the model off the meta device")
+        init(full, sub)
     return module
 
 

@@ -25,13 +25,17 @@ def gather_stage_map(sched: Schedule, spec: Layers, ranges, stages: dict[int, St
     mine = {}
     for st in stages.values():
         for k, layer in enumerate(st.layers):
-            mine[st.first_layer + k] = [n for n, _ in layer.named_parameters()]
+            mine[st.first_layer + k] = [(n, tuple(p.shape)) for n, p in layer.named_parameters()]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
+    shapes: dict[tuple[int, str], tuple] = {}
     names: dict[int, list[str]] = {}
     for part in gathered:
-        names.update(part)
+        for i, pairs in part.items():
+            names[i] = [n for n, _ in pairs]
+            shapes.update({(i, n): shape for n, shape in pairs})
     canon = _tie_map(spec, names, [*spec.ties, *map(tuple, ties)])
+    _check_tie_shapes(spec, canon, shapes)  # on every rank alike, before any collective moves the copies
     uses = [[(n, canon.get((i, n), f"{i}.{n}")) for n in names.get(i, [])] for i in range(spec.count)]
     return stage_map_of(sched, ranges, uses)
 
@@ -115,6 +119,17 @@ def _tie_map(spec: Layers, names: dict[int, list[str]], groups) -> dict[tuple[in
         for m in members:
             out[m] = first
     return out
+
+
+def _check_tie_shapes(spec: Layers, canon: dict, shapes: dict) -> None:
+    """Parameters tied into one must have one shape (``RunError`` naming both, on every rank)."""
+    first_of: dict[str, tuple[int, str]] = {}
+    for member, logical in sorted(canon.items()):
+        first = first_of.setdefault(logical, member)
+        if shapes[member] != shapes[first]:
+            name = lambda m: f"{spec.prefix(m[0])}.{m[1]}"  # noqa: E731 - the original model's name
+            raise RunError(f"ties: {name(first)!r} has shape {shapes[first]} and {name(member)!r} has "
+                           f"{shapes[member]}; tied parameters must have one shape")
 
 
 def _resolve(full: str, prefixes: dict[str, int], names: dict[int, list[str]]) -> tuple[int, str]:

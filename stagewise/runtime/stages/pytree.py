@@ -1,4 +1,5 @@
-"""What crosses a stage boundary: a pytree of tensors (tuple, list, dict, dataclass, NamedTuple).
+"""What crosses a stage boundary: a pytree of tensors (tuple, list, dict and its subclasses such as
+OrderedDict, dataclass (transformers' ModelOutput), NamedTuple, SimpleNamespace).
 
 ``flatten`` turns a tree into its leaves and a *spec* (a small picklable value
 that rebuilds the tree with ``unflatten``); ``paths`` names each leaf the way a
@@ -11,6 +12,8 @@ micro-batches along dimension 0, leaf by leaf.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -34,9 +37,15 @@ def _flatten(tree, leaves: list):
     if type(tree) is dict:
         keys = tuple(tree)
         return ("dict", keys, tuple(_flatten(tree[k], leaves) for k in keys))
+    if isinstance(tree, SimpleNamespace):
+        keys = tuple(vars(tree))
+        return ("namespace", keys, tuple(_flatten(getattr(tree, k), leaves) for k in keys))
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         names = tuple(f.name for f in dataclasses.fields(tree) if f.init)
         return ("dataclass", type(tree), names, tuple(_flatten(getattr(tree, n), leaves) for n in names))
+    if isinstance(tree, Mapping):  # OrderedDict and other mappings: rebuilt as their own type from pairs
+        keys = tuple(tree)
+        return ("mapping", type(tree), keys, tuple(_flatten(tree[k], leaves) for k in keys))
     leaves.append(tree)
     return LEAF
 
@@ -59,6 +68,10 @@ def _build(spec, it):
         return spec[1](*(_build(s, it) for s in spec[2]))
     if kind == "dict":
         return {k: _build(s, it) for k, s in zip(spec[1], spec[2])}
+    if kind == "namespace":
+        return SimpleNamespace(**{k: _build(s, it) for k, s in zip(spec[1], spec[2])})
+    if kind == "mapping":
+        return spec[1]((k, _build(s, it)) for k, s in zip(spec[2], spec[3]))
     return spec[1](**{n: _build(s, it) for n, s in zip(spec[2], spec[3])})
 
 
@@ -83,6 +96,12 @@ def _paths(spec, prefix: str, out: list) -> None:
     elif kind == "dict":
         for key, s in zip(spec[1], spec[2]):
             _paths(s, f"{prefix}[{key!r}]", out)
+    elif kind == "mapping":
+        for key, s in zip(spec[2], spec[3]):
+            _paths(s, f"{prefix}[{key!r}]", out)
+    elif kind == "namespace":
+        for key, s in zip(spec[1], spec[2]):
+            _paths(s, f"{prefix}.{key}", out)
     else:
         for name, s in zip(spec[2], spec[3]):
             _paths(s, f"{prefix}.{name}", out)
@@ -97,6 +116,10 @@ def describe(spec) -> str:
         return f"{kind} of {len(spec[1])}"
     if kind == "dict":
         return f"dict with keys {', '.join(map(repr, spec[1]))}"
+    if kind == "mapping":
+        return f"{spec[1].__name__} with keys {', '.join(map(repr, spec[2]))}"
+    if kind == "namespace":
+        return f"SimpleNamespace with {', '.join(spec[1])}"
     return f"{spec[1].__name__}"
 
 
