@@ -12,7 +12,7 @@ import sys
 from .common import USER_ERRORS, Parser
 
 #: subcommand modules, in --help order
-MODULES = ["core", "draw", "workshop", "train", "plan"]
+MODULES = ["core", "explain", "draw", "workshop", "train", "plan"]
 
 
 def build_parser() -> Parser:
