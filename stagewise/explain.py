@@ -272,12 +272,27 @@ def explain_ranks(timeline: Timeline, ranks) -> list[Gap]:
     return [_done(w, r, start) if at is None else _gap(w, at, start, why) for r, start, at, why in found]
 
 
-def gap_causes(timeline: Timeline) -> list[tuple[int, float, float, int, str]]:
-    """Every gap as (rank, start, end, position of the op that waits or -1 at the step's end, cause), times from
-    the timeline's start: what the workshop draws; the text of one is ``explain_at``."""
+class Brief(NamedTuple):
+    """A gap in brief (``gap_causes``): times from the timeline's start; ``pos`` of the op that waits, -1 at
+    the rank's end."""
+
+    rank: int
+    start: float
+    end: float
+    pos: int
+    cause: str
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+
+def gap_causes(timeline: Timeline) -> list[Brief]:
+    """Every gap and its cause, without the chains' text (what the workshop draws; one gap's text is
+    ``explain_at``): as fast as ``explain`` is thorough."""
     w, found = _scan(timeline)
-    return [(r, start - w.t0, (w.start(at) if at else w.t1) - w.t0, at.pos if at else -1, why.cause if at else "drain")
-            for r, start, at, why in found]
+    return [Brief(r, start - w.t0, (w.start(at) if at else w.t1) - w.t0, at.pos if at else -1,
+                  why.cause if at else "drain") for r, start, at, why in found]
 
 
 def _scan(timeline: Timeline, ranks=None):
@@ -424,8 +439,9 @@ def _durations(tl: Timeline) -> dict[tuple[str, int], float]:
     return out
 
 
-def idle_by_cause(gaps: list[Gap]) -> dict[str, float]:
-    """Idle time of all ranks together, per cause (every cause listed; they sum to the bubble's idle time)."""
+def idle_by_cause(gaps) -> dict[str, float]:
+    """Idle time of all ranks together, per cause, of ``Gap``s or ``Brief``s (every cause listed; they sum to
+    the bubble's idle time)."""
     out = dict.fromkeys(CAUSES, 0.0)
     for g in gaps:
         out[g.cause] += g.length
@@ -510,5 +526,5 @@ def _n(x: float) -> str:
     return f"{x:.4g}"
 
 
-__all__ = ["At", "Input", "Step", "Gap", "Deadlock", "CAUSES", "inputs", "explain", "explain_at", "gap_causes",
+__all__ = ["At", "Input", "Step", "Gap", "Deadlock", "CAUSES", "inputs", "explain", "explain_at", "Brief", "gap_causes",
            "idle_by_cause", "gap_dict", "messages", "deadlock"]

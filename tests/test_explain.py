@@ -1,5 +1,6 @@
 """Why each idle gap waits: chains that follow real dependencies back to a named cause."""
 
+import doctest
 from dataclasses import replace
 
 import pytest
@@ -167,3 +168,12 @@ def test_pairs_wait_for_both_halves():
                 dep = tl.schedule.programs[step.waits_for.rank][step.waits_for.pos]
                 assert needs(tl.schedule, op.forward, dep) or needs(tl.schedule, op.backward, dep)
     assert Action("F", 0, 0) in {a for op in tl.schedule.programs[0] for a in actions_of(op)}
+
+
+def test_the_examples_in_the_docstrings_run():
+    import stagewise.explain
+    import stagewise.workshop.api
+    import stagewise.workshop.teach
+
+    for module in (stagewise.explain, stagewise.workshop.api, stagewise.workshop.teach):
+        assert doctest.testmod(module).failed == 0, module.__name__
