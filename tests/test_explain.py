@@ -170,10 +170,7 @@ def test_pairs_wait_for_both_halves():
     assert Action("F", 0, 0) in {a for op in tl.schedule.programs[0] for a in actions_of(op)}
 
 
-def test_the_examples_in_the_docstrings_run():
+def test_the_example_in_the_docstring_runs():
     import stagewise.explain
-    import stagewise.workshop.api
-    import stagewise.workshop.teach
 
-    for module in (stagewise.explain, stagewise.workshop.api, stagewise.workshop.teach):
-        assert doctest.testmod(module).failed == 0, module.__name__
+    assert doctest.testmod(stagewise.explain).failed == 0

@@ -248,3 +248,9 @@ def test_each_result_carries_its_gaps_and_on_request_its_messages():
     assert sum(b - a for _, a, b, _, _ in res["gaps"]) == sum(res["idle"])
     msgs = api.payload(api.parse_settings({"p": 4, "m": 8}), with_messages=True)["results"][0]["messages"]
     assert len(msgs) == 2 * 3 * 8 and [0, 0, 1, 0, 1.0, 0] in msgs  # 0F0's activation reaches rank 1 at 1
+
+
+def test_the_examples_in_the_docstrings_run():
+    import doctest
+
+    assert doctest.testmod(api).failed == 0

@@ -41,3 +41,9 @@ def test_the_lesson_simulates_each_taught_family_at_the_page_settings():
     assert "error" not in rows["dualpipe-v"]
     rows = {r["schedule"]: r for r in teach.payload(api.parse_settings({"p": 4, "m": 6}))["rows"]}
     assert rows["dualpipe-v"]["error"].startswith("dualpipe-v needs --microbatches >= 2 * --ranks")
+
+
+def test_the_examples_in_the_docstrings_run():
+    import doctest
+
+    assert doctest.testmod(teach).failed == 0

@@ -23,6 +23,7 @@ from ..render import palette
 from ..render.cells import chunk_of_stage, memory_steps, origin
 from ..schedule import Schedule
 from ..schedules import FAMILIES, ScheduleArgError, generate
+from ..simulate import simulate
 from ..timeline import Timeline
 from ..validate import ScheduleError
 
@@ -278,8 +279,18 @@ def why(s: Settings, schedule: str, rank, pos) -> dict:
     op ``pos`` of ``rank``, or at the rank's end for ``pos`` -1."""
     if schedule not in s.schedules:
         raise SettingError(f"schedule {schedule!r} is not in this view ({', '.join(s.schedules)})", "schedules")
-    tl = dict((res["schedule"], tl) for tl, res in simulate_settings(s))[schedule]
-    return gap_of(tl, rank, pos)
+    return gap_of(simulated(s, schedule), rank, pos)
+
+
+def simulated(s: Settings, name: str) -> Timeline:
+    """The timeline of one schedule of the view (the view's schedules are kept: only this one is simulated)."""
+    try:
+        sched = schedules_of(s)[s.schedules.index(name)]
+        return simulate(sched, costs_for(s, sched))
+    except (ScheduleArgError, CostError, limits.LimitError) as e:
+        raise SettingError(str(e), field_of(str(e), "m")) from None
+    except ScheduleError as e:
+        raise SettingError(str(e), "schedules") from None
 
 
 def gap_of(tl: Timeline, rank, pos) -> dict:

@@ -166,6 +166,7 @@ function redraw() {
   $("legend").innerHTML = legendHtml(results);
   $("charts").innerHTML = chartSvg(results, Math.max(560, $("charts").clientWidth));
   Modes.drawn(results);
+  $("view").dataset.redrawn = Number($("view").dataset.redrawn || 0) + 1; // every picture, an answer's or a mode's
 }
 
 function summaryHtml(results) {
@@ -329,16 +330,16 @@ function cell(op, r, x0, y, x1, h, key, cls = "") {
   const [, kind, chunk, mb, , , bkind, bchunk] = op;
   const w = Math.max(0.5, x1 - x0 - 0.6);
   const xs = `x="${x0.toFixed(2)}" width="${w.toFixed(2)}"`;
-  const klass = `op k${kind === "F&B" ? "FB" : kind}${cls ? " " + cls : ""}`;
+  const klass = cls ? ` class="${cls}"` : ""; // cells are most of the page: nothing more on each
   let out, fill;
   if (kind === "F&B") { // forward over backward in one cell, as the SVG renderer draws a pair
     fill = r.colours.F[chunk];
     const half = (h - 2) / 2;
-    out = `<g data-k="${key}" class="${klass}"><rect ${xs} y="${y + 1}" height="${half}" fill="${fill}"/>` +
+    out = `<g data-k="${key}"${klass}><rect ${xs} y="${y + 1}" height="${half}" fill="${fill}"/>` +
       `<rect ${xs} y="${y + 1 + half}" height="${half}" fill="${r.colours[bkind][bchunk]}"/></g>`;
   } else {
     fill = r.colours[kind][chunk];
-    out = `<rect data-k="${key}" class="${klass}" ${xs} y="${y + 1}" height="${h - 2}" fill="${fill}"/>`;
+    out = `<rect data-k="${key}"${klass} ${xs} y="${y + 1}" height="${h - 2}" fill="${fill}"/>`;
   }
   // the micro-batch number, as large as fits (down to 6 px), at any m
   const digits = String(mb).length;

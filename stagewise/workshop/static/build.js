@@ -78,7 +78,6 @@ const Build = {
 
   drawn(results) {
     const r = results[0], a = this.answer;
-    for (const el of document.querySelectorAll("#timeline .op")) el.classList.add("movable");
     if (!a || a.valid || !a.cycle) { overlay(0).innerHTML = ""; return; }
     const place = (rank, k) => { const op = opAt(r, rank, k); return [L.x(op[4]), L.x(op[5]), rowY(0, rank)]; };
     const parts = [];

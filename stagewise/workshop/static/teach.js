@@ -135,9 +135,16 @@ function light(termKey) { // the place on the picture a term names, in the first
   svg.classList.toggle("hl-any", !!termKey);
   if (!termKey) return;
   const [what, arg] = termKey.split(":");
+  if (what === "kind") { // a kind's cells of the first chart, found from the data (cells carry no class)
+    const r = Modes.results(shown)[0];
+    for (const el of svg.querySelectorAll('[data-k^="0,"]')) {
+      const [, rank, k] = el.dataset.k.split(",").map(Number);
+      if (opAt(r, rank, k)[1] === arg) el.classList.add("hl");
+    }
+    return;
+  }
   const sel = {
     gaps: `.gaps[data-i="0"] .gap${arg ? `[data-cause="${arg}"]` : ""}`,
-    kind: `[data-k^="0,"].k${arg}`,
     ranks: '.rank-label, [data-k^="0,"]',
     memory: ".strip",
     axis: ".axis",
