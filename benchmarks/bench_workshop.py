@@ -18,8 +18,9 @@ server keeps from the last request (``api.generated``) instead of regenerating t
 Then the modes (issue 22), for the slowest single family and for all families compared, each
 beside the same request answered in-process:
 
-- Play: entering it (the answer now carries every message between ranks) and one frame of the
-  cursor (masks, arrows, memory markers and counters moved; median of 40 moves to a painted frame);
+- Play: entering it from View (``/api/messages``: every message between ranks; the cells stay,
+  the layers are drawn) and one frame of the cursor (masks, arrows, memory markers and counters
+  moved; median of 40 moves to a painted frame);
 - Why it waits: a click on an idle gap to its explanation and chain drawn (``/api/why``);
 - Build your own: a drag (one op moved in rank 0's program) to the checked, simulated, redrawn
   order (``/api/edit``).
@@ -108,8 +109,8 @@ ENTER = """
 const [mode, done] = arguments;
 const view = document.getElementById("view"), seen = () => Number(view.dataset.drawn || 0);
 const before = seen(), redrawn = Number(view.dataset.redrawn || 0);
-// Play and Build your own ask the server again (drawn counts answers); the others only redraw
-const asks = mode === "play" || mode === "build" || page.mode === "build";
+// Build your own asks the server again (drawn counts answers); the other modes redraw their layers
+const asks = mode === "build" || page.mode === "build";
 const t0 = performance.now();
 document.querySelector(`#modes button[data-mode="${mode}"]`).click();
 (function poll() {
@@ -157,8 +158,7 @@ def modes(driver, url: str, settings: dict, repeats: int) -> dict:
     for _ in range(repeats):
         enter.append(driver.execute_async_script(ENTER, "play"))
         driver.execute_async_script(ENTER, "view")
-    out["play enter"] = (statistics.median(enter), in_process_ms(
-        lambda: api.dumps(api.payload(s, with_messages=True)), repeats))
+    out["play enter"] = (statistics.median(enter), in_process_ms(lambda: api.dumps(api.messages_of(s)), repeats))
     driver.execute_async_script(ENTER, "play")
     span = driver.execute_script("return L.span")
     frames = driver.execute_async_script(FRAME, [span * k / 40 for k in range(40)])

@@ -60,6 +60,19 @@ def test_play_advances_the_cursor_and_the_counters(server, browser, shots):
     assert cursor_t(browser) == 31  # 0B7 starts at 31
 
 
+def test_switching_modes_keeps_the_picture_and_adds_the_mode_layers(server, browser):
+    open_page(browser, server, "?schedules=gpipe,1f1b&p=4&m=8")
+    first = browser.find_element(By.ID, "timeline")
+    browser.find_element(By.CSS_SELECTOR, '#modes button[data-mode="play"]').click()
+    wait_for(browser, lambda d: count(d, "#timeline .cursor") == 2)  # one cursor per chart, on the same picture
+    assert browser.find_element(By.ID, "timeline") == first and "mode=play" in browser.current_url
+    browser.find_element(By.ID, "step").click()
+    wait_for(browser, lambda d: count(d, "#timeline .msg") == 2)  # the messages came for Play: 0F0's, twice
+    browser.find_element(By.CSS_SELECTOR, '#modes button[data-mode="view"]').click()
+    wait_for(browser, lambda d: count(d, "#timeline .cursor") == 0)
+    assert "mode=" not in browser.current_url
+
+
 def gap_index(browser, rank, pos) -> int:
     return browser.execute_script("return Modes.results(shown)[0].gaps.findIndex(g => g[0] === arguments[0] "
                                   "&& g[3] === arguments[1])", rank, pos)

@@ -178,6 +178,9 @@ def test_why_edit_and_teach_routes(server):
     assert status == 200 and {r["schedule"] for r in json.loads(body)["rows"]} >= {"gpipe", "1f1b"}
     status, _, body = request(server, "GET", "/api/simulate?p=4&m=8&messages=1")
     assert status == 200 and len(json.loads(body)["results"][0]["messages"]) == 48
+    status, _, body = request(server, "GET", "/api/messages?schedules=gpipe,1f1b&p=4&m=8")
+    got = json.loads(body)["results"]
+    assert status == 200 and [r["schedule"] for r in got] == ["gpipe", "1f1b"] and len(got[1]["messages"]) == 48
 
 
 def test_a_view_over_the_page_limit_is_a_400_before_any_schedule_is_made(server, monkeypatch):

@@ -274,6 +274,13 @@ def waits(tl: Timeline, with_messages: bool = False) -> dict:
     return out
 
 
+def messages_of(s: Settings) -> dict:
+    """The /api/messages answer: per schedule of the view, its messages as ``waits`` gives them (for Play,
+    without sending the ops again)."""
+    return {"results": [{"schedule": name, "messages": waits(simulated(s, name), True)["messages"]}
+                        for name in s.schedules]}
+
+
 def why(s: Settings, schedule: str, rank, pos) -> dict:
     """The explanation (``explain.gap_dict``) of one gap of ``schedule`` in the view ``s``: the one before
     op ``pos`` of ``rank``, or at the rank's end for ``pos`` -1."""

@@ -3,7 +3,7 @@
 Standard library only (``http.server``). It serves exactly the files in
 ``static/`` (an allow-list read at start, so no path can reach outside it),
 and answers ``/api/families``, ``/api/simulate`` (GET query or POST JSON), ``/api/why``
-(one gap's explanation), ``/api/edit`` (POST: programs typed or dragged on the page),
+(one gap's explanation), ``/api/messages`` (what crosses ranks, for Play), ``/api/edit`` (POST: programs typed or dragged on the page),
 ``/api/teach`` and ``/api/download``. Errors are JSON ``{"error": message, "field": control}``.
 Every ``STAGEWISE_MAX_*`` variable is read when the server starts, so a bad one is refused then
 (``LimitError`` naming it) rather than answered with a 500 later.
@@ -93,6 +93,8 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/api/why":
             extra, settings = _split(query, "schedule", "rank", "pos")
             return self._json(api.why(api.parse_settings(settings), extra["schedule"], extra["rank"], extra["pos"]))
+        if path == "/api/messages":
+            return self._json(api.messages_of(api.parse_settings(query)))
         if path == "/api/teach":
             return self._json(teach.payload(api.parse_settings(query)))
         if path == "/api/download":

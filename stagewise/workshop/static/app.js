@@ -513,7 +513,7 @@ const Modes = {
   settingsChanged() { for (const m of Object.values(this.all)) if (m.settingsChanged) m.settingsChanged(); },
 };
 
-function setMode(mode) {
+async function setMode(mode) {
   if (mode === page.mode) return;
   const was = page.mode;
   Modes.call("leave");
@@ -521,9 +521,21 @@ function setMode(mode) {
   syncModeTabs();
   Modes.call("enter");
   saveUrl();
-  // Play needs the messages and Build your own its own schedule: ask again; the others redraw
-  if (mode === "play" || mode === "build" || was === "build") update();
-  else if (shown) redraw();
+  // Build your own draws its own schedule: ask again; the other modes add their layers to the picture
+  if (mode === "build" || was === "build") return update();
+  if (!shown) return;
+  await Modes.arrive(shown); // Play fetches the messages, Teach its numbers
+  if (mode === "teach" || was === "teach") redraw(); // the lesson takes width from the picture
+  else relayer();
+}
+
+function relayer() { // a mode's layers on the picture already drawn (the cells stay)
+  const results = Modes.results(shown);
+  $("legend").innerHTML = legendHtml(results);
+  for (const el of document.querySelectorAll("#timeline .overlay")) el.innerHTML = "";
+  $("why-detail").hidden = true;
+  Modes.drawn(results);
+  $("view").dataset.redrawn = Number($("view").dataset.redrawn || 0) + 1;
 }
 
 function syncModeTabs() {

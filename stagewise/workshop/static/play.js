@@ -15,6 +15,14 @@ const Play = {
   enter() { if (page.t === null) page.t = 0; },
   leave() { this.pause(); },
 
+  async arrive(results) { // the messages, when the answer came without them (the page was in another mode)
+    if (results.every((r) => r.messages)) return;
+    const resp = await fetch(`/api/messages?${shownQuery}`);
+    if (!resp.ok) return;
+    const got = await resp.json();
+    got.results.forEach((x, i) => { if (results[i] && results[i].schedule === x.schedule) results[i].messages = x.messages; });
+  },
+
   bind() {
     $("play").addEventListener("click", () => (this.playing ? this.pause() : this.play()));
     $("step-back").addEventListener("click", () => this.step(-1));
@@ -31,11 +39,19 @@ const Play = {
     this.times = [...new Set(results.flatMap((r) => r.ops.flat().flatMap((op) => [op[4], op[5]])))].sort((a, b) => a - b);
     this.sent = results.map((r) => {
       const ms = (r.messages || []).map((msg) => [r.ops[msg[0]][msg[1]][5], msg]).sort((a, b) => a[0] - b[0]);
-      const ops = r.ops.flat();
-      const hold = Math.min(...ops.map((op) => op[5] - op[4]).filter((d) => d > 0), span / 20);
-      return { times: ms.map((x) => x[0]), msgs: ms.map((x) => x[1]), hold,
-        flight: Math.max(0, ...ms.map(([t, msg]) => msg[4] - t)) };
+      let hold = span / 20;
+      for (const row of r.ops) for (const op of row) if (op[5] > op[4] && op[5] - op[4] < hold) hold = op[5] - op[4];
+      let flight = 0;
+      for (const [t, msg] of ms) flight = Math.max(flight, msg[4] - t);
+      return { times: ms.map((x) => x[0]), msgs: ms.map((x) => x[1]), hold, flight };
     });
+    // per rank: op starts and the busy time before each op, so a frame costs ranks x log(ops)
+    this.busy = results.map((r) => r.ops.map((row) => {
+      const starts = row.map((op) => op[4]), before = [0];
+      for (const op of row) before.push(before[before.length - 1] + op[5] - op[4]);
+      return { starts, before, row };
+    }));
+    this.memTimes = results.map((r) => r.memory.map((steps) => steps.map((x) => x[0])));
     results.forEach((r, i) => {
       const g = geo[i], right = L.x(Modes.span(r));
       overlay(i).innerHTML =
@@ -74,7 +90,8 @@ const Play = {
     }
     layer.querySelector(".arrows").innerHTML = this.arrows(r, i, t);
     layer.querySelector(".levels").innerHTML = r.memory.map((steps, rank) => {
-      const h = L.mem - 1, level = levelAt(steps, t);
+      const j = upperBound(this.memTimes[i][rank], t) - 1; // the last step at or before t
+      const h = L.mem - 1, level = j >= 0 ? steps[j][1] : 0;
       return `<circle cx="${x.toFixed(2)}" cy="${(geo[i].mem + rank * L.mem + h - (level / L.top) * h).toFixed(2)}" ` +
         `r="2" data-level="${level}"/>`;
     }).join("");
@@ -100,7 +117,10 @@ const Play = {
 
   count(r, i, t) { // busy and idle up to t, and the idle's causes so far
     let busy = 0;
-    for (const row of r.ops) for (const op of row) busy += Math.max(0, Math.min(t, op[5]) - op[4]);
+    for (const { starts, before, row } of this.busy[i]) { // the ops begun by t: all of them but the last, whole
+      const j = upperBound(starts, t) - 1;
+      if (j >= 0) busy += before[j] + Math.min(t, row[j][5]) - row[j][4];
+    }
     const upto = Math.min(t, r.makespan), total = r.ranks * upto, idle = Math.max(0, total - busy);
     const by = {};
     for (const [, a, b, , cause] of r.gaps || []) by[cause] = (by[cause] || 0) + Math.max(0, Math.min(b, t) - a);
@@ -155,14 +175,14 @@ const Play = {
   },
 };
 
-function levelAt(steps, t) { // live activations at time t: the last step at or before t
-  let level = 0;
-  for (const [time, v] of steps) { if (time > t) break; level = v; }
-  return level;
-}
-
 function lowerBound(xs, x) {
   let lo = 0, hi = xs.length;
   while (lo < hi) { const mid = (lo + hi) >> 1; if (xs[mid] < x) lo = mid + 1; else hi = mid; }
+  return lo;
+}
+
+function upperBound(xs, x) { // the first index whose value is above x
+  let lo = 0, hi = xs.length;
+  while (lo < hi) { const mid = (lo + hi) >> 1; if (xs[mid] <= x) lo = mid + 1; else hi = mid; }
   return lo;
 }
