@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def cursor_t(browser) -> float:
-    return float(browser.execute_script("return document.querySelector('#timeline .cursor').dataset.t"))
+    return float(browser.execute_script("return document.querySelector('#layers .cursor').dataset.t"))
 
 
 def counter(browser, schedule, column):
@@ -36,7 +36,7 @@ def test_play_advances_the_cursor_and_the_counters(server, browser, shots):
     browser.find_element(By.ID, "step").click()  # to the next start or end: 0F0 ends at 1
     assert cursor_t(browser) == 1 and counter(browser, "1f1b", "busy") == "1"
     assert counter(browser, "1f1b", "idle") == "3 of 4" and counter(browser, "1f1b", "sofar") == "75.0%"
-    assert count(browser, "#timeline .msg.activation") == 1  # 0F0's activation, sent to rank 1 at 1
+    assert count(browser, "#layers .msg.activation") == 1  # 0F0's activation, sent to rank 1 at 1
     browser.find_element(By.ID, "play").click()
     wait_for(browser, lambda d: cursor_t(d) > 6)
     browser.find_element(By.ID, "play").click()  # pause
@@ -45,11 +45,11 @@ def test_play_advances_the_cursor_and_the_counters(server, browser, shots):
     busy = float(counter(browser, "1f1b", "busy"))
     assert busy > 1
     # the cells ahead of the cursor are pale: the mask starts at the cursor
-    x = browser.execute_script("return [document.querySelector('#timeline .cursor').getAttribute('x1'), "
-                               "document.querySelector('#timeline .ahead').getAttribute('x')]")
+    x = browser.execute_script("return [document.querySelector('#layers .cursor').getAttribute('x1'), "
+                               "document.querySelector('#layers .ahead').getAttribute('x')]")
     assert x[0] == x[1]
     seek(browser, 3.5)  # rank 0 has started its four warm-up forwards: four activations live
-    levels = browser.execute_script("return [...document.querySelectorAll('#timeline .levels circle')]"
+    levels = browser.execute_script("return [...document.querySelectorAll('#layers .levels circle')]"
                                     ".map(c => Number(c.dataset.level))")
     assert levels == [4, 3, 2, 1]
     assert counter(browser, "1f1b", "fill") == "6 of 18"  # 1 + 2 + 3: ranks 1-3 waiting for micro-batch 0
@@ -64,12 +64,12 @@ def test_switching_modes_keeps_the_picture_and_adds_the_mode_layers(server, brow
     open_page(browser, server, "?schedules=gpipe,1f1b&p=4&m=8")
     first = browser.find_element(By.ID, "timeline")
     browser.find_element(By.CSS_SELECTOR, '#modes button[data-mode="play"]').click()
-    wait_for(browser, lambda d: count(d, "#timeline .cursor") == 2)  # one cursor per chart, on the same picture
+    wait_for(browser, lambda d: count(d, "#layers .cursor") == 2)  # one cursor per chart, on the same picture
     assert browser.find_element(By.ID, "timeline") == first and "mode=play" in browser.current_url
     browser.find_element(By.ID, "step").click()
-    wait_for(browser, lambda d: count(d, "#timeline .msg") == 2)  # the messages came for Play: 0F0's, twice
+    wait_for(browser, lambda d: count(d, "#layers .msg") == 2)  # the messages came for Play: 0F0's, twice
     browser.find_element(By.CSS_SELECTOR, '#modes button[data-mode="view"]').click()
-    wait_for(browser, lambda d: count(d, "#timeline .cursor") == 0)
+    wait_for(browser, lambda d: count(d, "#layers .cursor") == 0)
     assert "mode=" not in browser.current_url
 
 
@@ -86,7 +86,7 @@ def test_clicking_a_known_idle_gap_of_1f1b_names_what_it_waits_for(server, brows
     detail = text(browser, "#why-detail")
     assert "rank 0 idle 4..10 (6)" in detail and "0B0 waits for 1B0 (gradient from rank 1)" in detail
     assert "2B0 \u2190 3B0 \u2190 3F0 \u2190 2F0 \u2190 1F0 \u2190 0F0" in detail and "fill" in detail
-    assert count(browser, "#timeline .overlay .wait") == 7  # one arrow per wait on the chain
+    assert count(browser, "#layers .overlay .wait") == 7  # one arrow per wait on the chain
     assert "gap=0%2C0%2C4" in browser.current_url or "gap=0,0,4" in browser.current_url
     browser.save_screenshot(str(shots / "why-1f1b-p4-m8.png"))
     # the late op after a gap explains the same gap; an op that did not wait says so
@@ -146,7 +146,7 @@ def test_a_drag_that_deadlocks_shows_the_cycle_and_a_valid_drag_updates_the_bubb
                                               "position 3; rank 1 position 2 (1F2) waits for 0F2 at rank 0 position 3; "
                                               "back to rank 0")
     assert first_line(browser).startswith("0F0 0F1 0B0 0F2 0F3")
-    assert count(browser, "#timeline .cycle") == 2 and count(browser, "#timeline .stuck") == 2
+    assert count(browser, "#layers .cycle") == 2 and count(browser, "#layers .stuck") == 2
     assert count(browser, "#timeline .pending") > 0 and "does not run" in text(browser, "#build-bubble")
     browser.save_screenshot(str(shots / "build-deadlock-1f1b-p4-m8.png"))
 
@@ -156,7 +156,7 @@ def test_a_drag_that_deadlocks_shows_the_cycle_and_a_valid_drag_updates_the_bubb
     wait_for(browser, lambda d: "33.3%" in (text(d, "#build-bubble") or ""))
     assert "27.3% (1f1b) \u2192 33.3% (your order)" in text(browser, "#build-bubble")
     assert text(browser, '#summary tr[data-schedule="1f1b (edited)"] td.bubble') == "33.3%"
-    assert count(browser, "#timeline .cycle") == 0
+    assert count(browser, "#layers .cycle") == 0
     browser.save_screenshot(str(shots / "build-valid-1f1b-p4-m8.png"))
 
     capture_saves(browser)
@@ -224,3 +224,20 @@ def test_every_chart_has_a_time_axis_labels_fit_and_numbers_show_at_any_m(server
     labels = browser.execute_script("return [...document.querySelectorAll('#timeline text[pointer-events]')]"
                                     ".map(t => t.textContent)")
     assert labels.count("15") >= 2 + 4  # gpipe's F and B of micro-batch 15, interleaved's on its 2 chunks
+
+
+def test_the_downloaded_picture_has_what_the_mode_drew(server, browser):
+    open_page(browser, server, "?p=4&m=8&mode=why&gap=0,0,4")
+    wait_for(browser, lambda d: count(d, "#layers .wait") == 7)
+    capture_saves(browser)
+    browser.find_element(By.ID, "dl-svg").click()
+    name, kind, svg = wait_for(browser, lambda d: d.execute_script("return window.__saved[0]"))
+    assert name == "1f1b-p4-m8.svg" and kind == "image/svg+xml" and svg.startswith("<svg")
+    assert svg.count('class="wait"') == 7 and 'class="chosen-gap"' in svg  # the chain, on the picture
+    assert 'class="gap"' in svg and 'display="none"' not in svg.split('class="gap"')[1].split(">")[0]
+    browser.find_element(By.CSS_SELECTOR, '#modes button[data-mode="view"]').click()
+    wait_for(browser, lambda d: count(d, "#layers .wait") == 0)
+    capture_saves(browser)
+    browser.find_element(By.ID, "dl-svg").click()
+    _, _, svg = wait_for(browser, lambda d: d.execute_script("return window.__saved[0]"))
+    assert 'class="wait"' not in svg and 'display="none"' in svg.split('class="gap"')[1].split(">")[0]

@@ -262,9 +262,14 @@ function chartSvg(results, width) {
   const parts = [defs()];
   let y = 4;
   results.forEach((r, i) => { y = block(parts, r, i, y); });
+  // the modes draw on a second SVG over the first, a layer of its own: moving the Play cursor repaints
+  // only it, not the cells (tens of thousands at p=16, m=64)
+  const layers = geo.map((g) => `<g class="overlay" data-i="${g.i}"></g>`).join("");
   return `<svg xmlns="${SVGNS}" id="timeline" width="${width}" height="${y}" ` +
     `viewBox="0 0 ${width} ${y}" font-family="system-ui, sans-serif" font-size="11">` +
-    `<rect width="${width}" height="${y}" fill="#fff"/>${parts.join("")}</svg>`;
+    `<rect width="${width}" height="${y}" fill="#fff"/>${parts.join("")}</svg>` +
+    `<svg xmlns="${SVGNS}" id="layers" width="${width}" height="${y}" viewBox="0 0 ${width} ${y}" ` +
+    `font-family="system-ui, sans-serif" font-size="11">${layers}</svg>`;
 }
 
 function defs() { // arrowheads for the modes' arrows, and the hatching of idle gaps
@@ -311,7 +316,6 @@ function block(parts, r, i, y) {
   });
   y += r.ranks * L.mem + 4;
   g.end = y;
-  parts.push(`<g class="overlay" data-i="${i}"></g>`); // the modes draw here: cursor, arrows, chains
   geo.push(g);
   return axis(parts, y, Modes.span(r), i === L.count - 1) + 8;
 }
@@ -403,7 +407,7 @@ function niceStep(raw) {
 // where things are on the picture, for the modes' layers
 const rowY = (i, rank) => geo[i].y + rank * L.row;
 const opAt = (r, rank, k) => (k < r.ops[rank].length ? r.ops[rank][k] : Modes.extraOp(r, rank, k));
-const overlay = (i) => document.querySelector(`#timeline .overlay[data-i="${i}"]`);
+const overlay = (i) => document.querySelector(`#layers .overlay[data-i="${i}"]`); // the modes draw here
 
 function arrow(x0, y0, x1, y1, head, cls, stroke) { // a slightly bent arrow from (x0, y0) to (x1, y1)
   const mx = (x0 + x1) / 2 + Math.min(12, Math.abs(y1 - y0) / 4);
@@ -453,8 +457,23 @@ function stem() { // names the file after what is on screen (the controls may ho
   return `${rs.map((r) => r.schedule.replace(/ \(edited\)$/, "-edited")).join("-")}-p${rs[0].ranks}-m${rs[0].microbatches}`;
 }
 
-function svgText() {
-  return new XMLSerializer().serializeToString($("timeline"));
+// the page's CSS does not travel with a file: what it sets on classed elements goes in as attributes
+const STYLED = ["fill", "fill-opacity", "stroke", "stroke-width", "stroke-dasharray", "opacity", "display"];
+
+function styledCopy(live) {
+  const copy = live.cloneNode(true);
+  const from = live.querySelectorAll("[class]"), to = copy.querySelectorAll("[class]");
+  from.forEach((el, k) => {
+    const cs = getComputedStyle(el);
+    for (const prop of STYLED) to[k].setAttribute(prop, cs.getPropertyValue(prop));
+  });
+  return copy;
+}
+
+function svgText() { // the picture with what the mode drew on it
+  const svg = styledCopy($("timeline"));
+  for (const g of styledCopy($("layers")).children) svg.append(g);
+  return new XMLSerializer().serializeToString(svg);
 }
 
 function downloadSvg() {
@@ -532,7 +551,7 @@ async function setMode(mode) {
 function relayer() { // a mode's layers on the picture already drawn (the cells stay)
   const results = Modes.results(shown);
   $("legend").innerHTML = legendHtml(results);
-  for (const el of document.querySelectorAll("#timeline .overlay")) el.innerHTML = "";
+  for (const el of document.querySelectorAll("#layers .overlay")) el.innerHTML = "";
   $("why-detail").hidden = true;
   Modes.drawn(results);
   $("view").dataset.redrawn = Number($("view").dataset.redrawn || 0) + 1;
