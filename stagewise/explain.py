@@ -9,15 +9,16 @@ follows these waits back until an op that started as soon as its own rank was
 free. Where the chain ends names the first cause:
 
 - **fill**: at the step's first action: the first micro-batch has not got here yet;
-- **link**: the waited-for result was computed in time; the gap is the message in flight;
-- **slow stage**: the rank at the chain's end was busy with an op of a stage slower
-  than the fastest stage for that kind of op;
+- **link**: the waited-for result was ready in time and the gap is the message in flight,
+  or more than half of the gap goes when the timeline is simulated again with free links;
+- **slow stage**: an op on the chain, or the one keeping the chain's last rank busy, is of a
+  stage slower than the fastest stage for that kind of op;
 - **drain**: the waiting rank has no forward left to fill the wait (its cooldown),
   or its program is done and it waits for the step to end;
 - **order**: the rank at the chain's end was busy with other work its program runs first.
 
-Only the timeline's times are read (and the link times of ``meta["costs"]`` to break
-ties), so a measured timeline is explained the same way.
+Only the timeline's times are read (and the costs in ``meta["costs"]``, when there, for
+the link times and the stages' durations), so a measured timeline is explained the same way.
 
 >>> from stagewise.schedules import generate
 >>> from stagewise.simulate import simulate
@@ -98,13 +99,6 @@ class Gap:
     @property
     def waits_for(self) -> At | None:
         return self.chain[0].waits_for if self.chain else None
-
-
-def inputs(schedule: Schedule, message: list[float] | None = None) -> list[list[tuple[Input, ...]]]:
-    """Per rank and position, the inputs of the op there (``message``: link time per stage boundary,
-    as ``StageCosts.message``; None: free links)."""
-    index = _Index(schedule, message)
-    return [[index.inputs(At(r, k)) for k in range(len(prog))] for r, prog in enumerate(schedule.programs)]
 
 
 class _Index:
@@ -526,5 +520,5 @@ def _n(x: float) -> str:
     return f"{x:.4g}"
 
 
-__all__ = ["At", "Input", "Step", "Gap", "Deadlock", "CAUSES", "inputs", "explain", "explain_at", "Brief", "gap_causes",
+__all__ = ["At", "Input", "Step", "Gap", "Deadlock", "CAUSES", "explain", "explain_at", "explain_ranks", "Brief", "gap_causes",
            "idle_by_cause", "gap_dict", "messages", "deadlock"]

@@ -32,7 +32,11 @@ const Build = {
 
   async send() {
     const [resp, data] = await post("/api/edit", { ...readControls(), programs: $("programs").value });
-    if (!resp.ok) { showError(data.field, data.error); return; }
+    if (!resp.ok) { // a setting (shown at its control) or the request itself (too long: shown here)
+      if (data.field && data.field !== "programs" && $(data.field)) showError(data.field, data.error);
+      else $("err-programs").textContent = data.error;
+      return;
+    }
     this.answer = data;
     if (data.valid) this.programs = data.results[0].ops.map((row) => row.map((op) => op[0]));
     else if (data.drawing) this.programs = data.drawing.ops.map((row, r) => [...row, ...data.drawing.pending[r]].map((op) => op[0]));
@@ -87,6 +91,8 @@ const Build = {
         `height="${L.row - 1}"/>`);
       if (wr === null) continue;
       const [w0, w1, y1] = place(wr, wk);
+      parts.push(`<rect class="awaited" x="${w0.toFixed(2)}" y="${y1 + 0.5}" width="${Math.max(2, w1 - w0).toFixed(2)}" ` +
+        `height="${L.row - 1}"/>`);
       const down = y1 > y0, same = br === wr;
       parts.push(arrow((x0 + x1) / 2, y0 + (same ? 3 : down ? L.row - 3 : 3), (w0 + w1) / 2,
         y1 + (same ? 3 : down ? 3 : L.row - 3), "head-x", "cycle", BAD));
