@@ -81,7 +81,8 @@ AUTO_ACTIONS = Limit(env="STAGEWISE_MAX_AUTO_ACTIONS", default=30_000, what="act
 #: the workshop page redraws on every change: all schedules of one view together (11 families at p=16,
 #: m=64 make 41,443)
 WORKSHOP_ACTIONS = Limit(env="STAGEWISE_MAX_WORKSHOP_ACTIONS", default=48_000, what="actions on the workshop page",
-                         where="every schedule of one view together")
+                         where="one workshop view, counted from p, m and v before any schedule is made (11 "
+                         "families at p=16, m=64 make up to 46,080; the page also caps p <= 64, m <= 256, v <= 8)")
 LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers",
                where="a model (--layers, an HF config, Layers(count)), a profile")
 #: a model (train, profile): one tensor, and all parameters (2**31 fp32 = 8 GiB: a 1B model fits, 7B does not)
