@@ -122,7 +122,7 @@ class Metrics:
     @property
     def hidden_a2a(self) -> tuple[float, ...]:
         """All-to-all that ran while the rank computed."""
-        return tuple(a - x for a, x in zip(self.a2a, self.exposed_a2a))
+        return tuple(max(0.0, a - x) for a, x in zip(self.a2a, self.exposed_a2a))
 
     @property
     def exposed_a2a_fraction(self) -> float:
