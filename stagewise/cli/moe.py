@@ -19,21 +19,21 @@ def add_a2a_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "expert-parallel all-to-all (MoE): its own resource beside compute; a plain F, B or I pays it after its "
         "compute, an F&B pair hides one half's behind the other's compute, W has none")
-    g.add_argument("--a2a", type=per_stage_value, default=None,
+    g.add_argument("--a2a", type=per_stage_value, metavar="T[,T..]", default=None,
                    help="all-to-all time of one forward action (dispatch + combine of the stage's MoE layers), "
                         "default 0; a comma list gives one per stage")
-    g.add_argument("--a2a-b", type=per_stage_value, default=None,
+    g.add_argument("--a2a-b", type=per_stage_value, metavar="T[,T..]", default=None,
                    help="all-to-all time of one backward action (B or I), default --a2a")
-    g.add_argument("--moe-tokens", type=positive_int, default=None,
+    g.add_argument("--moe-tokens", type=positive_int, metavar="N", default=None,
                    help="tokens one rank routes per micro-batch: with --hidden-size, --top-k, --ep and "
                         "--a2a-bandwidth, derive --a2a (x --layers-per-stage MoE layers)")
-    g.add_argument("--top-k", type=positive_int, default=None, help="experts each token is routed to")
-    g.add_argument("--ep", type=positive_int, default=None, help="ranks of the expert-parallel group")
-    g.add_argument("--experts-per-rank", type=positive_int, default=1,
+    g.add_argument("--top-k", type=positive_int, metavar="K", default=None, help="experts each token is routed to")
+    g.add_argument("--ep", type=positive_int, metavar="G", default=None, help="ranks of the expert-parallel group")
+    g.add_argument("--experts-per-rank", type=positive_int, metavar="E", default=1,
                    help="routed experts each rank of the group holds, default 1")
-    g.add_argument("--a2a-bandwidth", type=finite_float, default=None,
+    g.add_argument("--a2a-bandwidth", type=finite_float, metavar="BYTES", default=None,
                    help="bytes per time unit one rank sends in an all-to-all")
-    g.add_argument("--a2a-latency", type=finite_float, default=0.0, help="fixed time of one all-to-all, default 0")
+    g.add_argument("--a2a-latency", type=finite_float, metavar="T", default=0.0, help="fixed time of one all-to-all, default 0")
 
 
 def derives_a2a(args: argparse.Namespace) -> bool:
