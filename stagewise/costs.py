@@ -251,10 +251,16 @@ def expert_copies(top_k: int, ep: int, experts_per_rank: int = 1) -> float:
     if top_k > experts:
         raise CostError(f"--top-k ({top_k}) must be at most the experts of the group, --ep x --experts-per-rank "
                         f"({experts})")
-    miss = 1.0  # chance that none of a token's k experts is on one given other rank: C(E-e, k) / C(E, k)
-    for j in range(top_k):
-        miss *= max(0.0, (experts - experts_per_rank - j) / (experts - j))
-    return (ep - 1) * (1.0 - miss)
+    # chance that none of a token's k experts is on one given other rank: C(E-e, k) / C(E, k)
+    if experts - experts_per_rank < top_k:
+        miss = 0.0
+    elif top_k <= 4096:  # exact product
+        miss = 1.0
+        for j in range(top_k):
+            miss *= (experts - experts_per_rank - j) / (experts - j)
+    else:  # bounded time for any size the options allow: each factor at the midpoint's
+        miss = math.exp(top_k * math.log1p(-experts_per_rank / (experts - (top_k - 1) / 2)))
+    return (ep - 1) * (1.0 - min(1.0, max(0.0, miss)))
 
 
 def expert_all_to_all(tokens: int, hidden: int, top_k: int, ep: int, experts_per_rank: int = 1, *,
@@ -274,7 +280,11 @@ def expert_all_to_all(tokens: int, hidden: int, top_k: int, ep: int, experts_per
     if not 0 < layers < math.inf:
         raise CostError(f"--layers-per-stage must be > 0; got {layers}")
     one = latency + expert_dispatch_bytes(tokens, hidden, top_k, ep, experts_per_rank, bytes_per_element) / bandwidth
-    return 2 * one * layers if ep > 1 else 0.0
+    total = 2 * one * layers if ep > 1 else 0.0
+    if not math.isfinite(total):
+        raise CostError(f"the all-to-all of --moe-tokens {tokens} x --hidden-size {hidden} over --a2a-bandwidth "
+                        f"{bandwidth:g} is not a finite time; count time in a larger unit (so the bandwidth per unit is larger)")
+    return total
 
 
 def with_transformer_memory(costs: Costs, act: Activation) -> Costs:
