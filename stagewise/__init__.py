@@ -7,7 +7,8 @@ nor matplotlib. The runtime's public API (``Pipeline``, ``Layers``, ``StepResult
 
 from .actions import Action, Pair, parse
 from .costs import Costs
-from .plan.layout import Split
+from .errors import StagewiseError
+from .layout import Split
 from .schedule import Lane, Schedule
 from .schedules import generate, names
 from .simulate import simulate
@@ -16,13 +17,13 @@ from .validate import ScheduleError, validate
 
 __all__ = [
     "Action", "Pair", "parse", "Costs", "Lane", "Schedule", "generate", "names",
-    "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "validate", "Split",
+    "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "StagewiseError", "validate", "Split",
     "Pipeline", "Layers", "StepResult", "launch",
 ]
 
 #: the runtime's public API, imported with torch on first use: name -> module
-_LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.layers",
-         "launch": ".runtime.local"}
+_LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.stages.layers",
+         "launch": ".runtime.launching.local"}
 
 
 def __getattr__(name: str):

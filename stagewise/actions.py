@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from typing import NamedTuple, Union
+from .errors import StagewiseError
 
 F, B, I, W = "F", "B", "I", "W"
 KINDS = (F, B, I, W)
@@ -49,7 +50,7 @@ _ACTION_RE = re.compile(r"(\d+)([FBIW])(\d+)")
 _PAIR_RE = re.compile(r"\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B")
 
 
-class ParseError(ValueError):
+class ParseError(StagewiseError):
     """A cell of text that is not an action."""
 
 

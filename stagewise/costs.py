@@ -26,12 +26,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence, Union
+from .errors import StagewiseError
 
 Num = Union[float, int]
 PerStage = Union[Num, Sequence[Num], None]
 
 
-class CostError(ValueError):
+class CostError(StagewiseError):
     """A cost option that makes no sense (negative, wrong length)."""
 
 

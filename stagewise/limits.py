@@ -23,9 +23,10 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from .errors import StagewiseError
 
 
-class LimitError(ValueError):
+class LimitError(StagewiseError):
     """A size over its limit; the message names the option, the limit and how to raise it."""
 
 

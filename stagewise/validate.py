@@ -12,11 +12,12 @@ from .actions import Action, Pair, actions_of
 from .costs import Costs
 from .engine import Stuck, play
 from .schedule import Schedule
+from .errors import StagewiseError
 
 _KIND_INDEX = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 
-class ScheduleError(ValueError):
+class ScheduleError(StagewiseError):
     """A schedule that cannot be executed; the message says where and why."""
 
 

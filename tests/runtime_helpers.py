@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.run.models import GPTConfig
 
 #: the tiny GPT every runtime test uses (8 layers: 8 stages at p=4, v=2)
 TINY = GPTConfig(layers_n=6, d_model=32, heads=4, seq=16, vocab=64)

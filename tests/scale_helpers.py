@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stagewise.runtime.activation_memory import ActivationMeter
-from stagewise.runtime.comm import P2P, message_plan
-from stagewise.runtime.executor import Executor, RankContext
-from stagewise.runtime.models import GPTConfig
-from stagewise.runtime.recompute import Recompute
-from stagewise.runtime.stage import build_stages, stage_map
-from stagewise.runtime.timing import WallClock
+from stagewise.runtime.execution.activation_memory import ActivationMeter
+from stagewise.runtime.messages.p2p import P2P, message_plan
+from stagewise.runtime.execution.executor import Executor, RankContext
+from stagewise.runtime.run.models import GPTConfig
+from stagewise.runtime.execution.recompute import Recompute
+from stagewise.runtime.stages.stage import build_stages, stage_map
+from stagewise.runtime.execution.timing import WallClock
 
 
 @dataclass(frozen=True, kw_only=True)

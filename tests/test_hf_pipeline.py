@@ -118,6 +118,6 @@ def test_save_then_from_pretrained_gives_the_pipelines_logits(setup):
 
 
 def _ranges(sched, layers):
-    from stagewise.runtime.stage import stage_ranges
+    from stagewise.runtime.stages.stage import stage_ranges
 
     return stage_ranges(sched, layers)

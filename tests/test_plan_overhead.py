@@ -64,9 +64,9 @@ def test_plan_stretches_each_configuration_by_the_measured_slowdown():
 
 @pytest.mark.slow
 def test_measuring_uses_the_runtime_launcher():
-    from stagewise.plan.link import measure_link
-    from stagewise.runtime.launch import RankFailure
-    from stagewise.runtime.local import launch
+    from stagewise.runtime.profiling.link import measure_link
+    from stagewise.runtime.launching.launch import RankFailure
+    from stagewise.runtime.launching.local import launch
 
     with pytest.raises(RankFailure, match="every rank: ValueError: math domain error"):
         launch(math.log, 2, 0.0)  # a failure on the ranks comes back named
@@ -77,10 +77,10 @@ def test_measuring_uses_the_runtime_launcher():
 @pytest.mark.slow
 def test_profile_measures_the_overhead_on_the_runtime():
     """Two short 1F1B runs on 2 local ranks; the fit explains what the layers alone do not."""
-    from stagewise.plan.link import measure_link
-    from stagewise.plan.measure import profile_model
-    from stagewise.plan.overhead import measure_overhead
-    from stagewise.runtime.models import GPTConfig
+    from stagewise.runtime.profiling.link import measure_link
+    from stagewise.runtime.profiling.measure import profile_model
+    from stagewise.runtime.profiling.overhead import measure_overhead
+    from stagewise.runtime.run.models import GPTConfig
 
     prof = profile_model(GPTConfig(layers_n=2, d_model=32, seq=8), (1,), repeats=3, threads=1)
     prof = replace(prof, link=measure_link(sizes=(1 << 10, 1 << 16), repeats=3))

@@ -66,8 +66,8 @@ def test_measure_a_user_sequence_of_layers():
     torch = pytest.importorskip("torch")
     from torch import nn
 
-    from stagewise.plan.measure import profile_model
-    from stagewise.runtime.models import LayerModel
+    from stagewise.runtime.profiling.measure import profile_model
+    from stagewise.runtime.run.models import LayerModel
 
     torch.manual_seed(0)
     layers = [nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 4)]
@@ -91,8 +91,8 @@ def test_measure_a_user_sequence_of_layers():
 
 def test_measure_finds_the_tied_embedding_of_the_built_in_gpt():
     pytest.importorskip("torch")
-    from stagewise.plan.measure import profile_model
-    from stagewise.runtime.models import GPTConfig
+    from stagewise.runtime.profiling.measure import profile_model
+    from stagewise.runtime.run.models import GPTConfig
 
     gpt = GPTConfig(layers_n=1, d_model=16, heads=2, seq=8, vocab=32)
     prof = profile_model(gpt, (1,), repeats=1, warmup=0)
@@ -102,7 +102,7 @@ def test_measure_finds_the_tied_embedding_of_the_built_in_gpt():
 
 
 def test_link_fit():
-    from stagewise.plan.link import fit_link
+    from stagewise.runtime.profiling.link import fit_link
 
     lat, bw = fit_link([(1e3, 1e-5 + 1e3 / 1e9), (1e6, 1e-5 + 1e6 / 1e9), (4e6, 1e-5 + 4e6 / 1e9)])
     assert lat == pytest.approx(1e-5, rel=1e-6) and bw == pytest.approx(1e9, rel=1e-6)

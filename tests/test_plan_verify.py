@@ -8,15 +8,15 @@ import pytest
 pytest.importorskip("torch")
 
 from stagewise.plan.cluster import Cluster  # noqa: E402
-from stagewise.plan.measure import profile_model  # noqa: E402
+from stagewise.runtime.profiling.measure import profile_model  # noqa: E402
 from stagewise.plan.profile import Link  # noqa: E402
 from stagewise.plan.search import Searcher, Space, search  # noqa: E402
-from stagewise.plan.verify import verify, verify_table  # noqa: E402
+from stagewise.runtime.profiling.verify import verify, verify_table  # noqa: E402
 
 
 @pytest.mark.slow
 def test_verify_runs_the_top_configurations_and_predicts_them():
-    from stagewise.runtime.models import GPTConfig
+    from stagewise.runtime.run.models import GPTConfig
 
     gpt = GPTConfig(layers_n=2, d_model=256, heads=4, seq=128, vocab=64)
     prof = profile_model(gpt, (2, 4), repeats=3, warmup=1, threads=1)

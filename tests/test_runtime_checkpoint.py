@@ -21,9 +21,9 @@ import torch
 
 from stagewise.cli import main
 from stagewise.runtime import RunConfig, RunError
-from stagewise.runtime import checkpoint_files as files
-from stagewise.runtime.checkpoint import rng_state, set_rng_state
-from stagewise.runtime.launch import RankFailure, train, train_many
+from stagewise.runtime.resilience import checkpoint_files as files
+from stagewise.runtime.resilience.checkpoint import rng_state, set_rng_state
+from stagewise.runtime.launching.launch import RankFailure, train, train_many
 from runtime_helpers import TINY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -230,7 +230,7 @@ def test_another_runs_folder_is_refused_before_any_rank_starts_and_left_as_it_wa
     _, root = saved
     mine = copy_of(root, tmp_path)
     before = manifests_of(mine)
-    import stagewise.runtime.launch as launch
+    import stagewise.runtime.launching.launch as launch
 
     monkeypatch.setattr(launch, "spawn", lambda *a, **k: pytest.fail("ranks started"))
     for extra in ([], ["--resume", str(tmp_path / "other")]):  # a fresh run; a resume of another run

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stagewise.runtime import RunConfig
-from stagewise.runtime import checkpoint_manifest as manifests
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.resilience import checkpoint_manifest as manifests
+from stagewise.runtime.run.models import GPTConfig
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stagewise.actions import actions_of
-from stagewise.runtime.comm import ACT, GRAD, Route, message_plan
+from stagewise.runtime.messages.p2p import ACT, GRAD, Route, message_plan
 from stagewise.schedules import FAMILIES, generate
 from stagewise.schedules.registry import ScheduleArgError
 

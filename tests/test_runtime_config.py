@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-import stagewise.runtime.launch as launch
-import stagewise.runtime.reference as reference
+import stagewise.runtime.launching.launch as launch
+import stagewise.runtime.run.reference as reference
 from cli_helpers import fails
 from stagewise.runtime import RunConfig, RunError
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.run.models import GPTConfig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,9 +22,9 @@ from runtime_helpers import TINY, rel_err
 
 from stagewise.cli import main
 from stagewise.runtime import RunConfig, RunError
-from stagewise.runtime.dp import Topology, last_backward
-from stagewise.runtime.launch import train, train_many
-from stagewise.runtime.worker import preflight
+from stagewise.runtime.parallel.dp import Topology, last_backward
+from stagewise.runtime.launching.launch import train, train_many
+from stagewise.runtime.run.worker import preflight
 from stagewise.schedules import generate
 
 M, BATCH = 4, 16
@@ -178,7 +178,7 @@ def test_the_planners_verify_and_train_command_run_dp_and_recompute(tmp_path):
     from stagewise.plan.explain import train_command
     from stagewise.plan.profile import Link
     from stagewise.plan.search import Searcher, Space, search
-    from stagewise.plan.verify import _run_config
+    from stagewise.runtime.profiling.verify import _run_config
 
     prof = dataclasses.replace(gpt_profile(blocks=6), meta={"gpt": dataclasses.asdict(TINY), "threads": 1})
     link = Link(latency=1e-4, bandwidth=1e9)

@@ -14,9 +14,9 @@ import torch
 
 from stagewise import torch_csv
 from stagewise.runtime import RunConfig
-from stagewise.runtime.comm import ACT, P2P, Route, ShapeError, message_plan
-from stagewise.runtime.launch import RankFailure, train_many
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError, message_plan
+from stagewise.runtime.launching.launch import RankFailure, train_many
+from stagewise.runtime.run.models import GPTConfig
 from stagewise.schedules import generate
 from runtime_helpers import TINY, InsertedLayer
 

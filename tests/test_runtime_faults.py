@@ -1,6 +1,6 @@
 """Faults never hang: a rank that dies, raises, stalls or produces a NaN loss ends the run, fast, naming it.
 
-The injected faults (stagewise.runtime.faults) fire when the chosen rank
+The injected faults (stagewise.runtime.resilience.faults) fire when the chosen rank
 starts the chosen op. Elapsed times are measured from the moment the faulty
 step began (the progress report of the step before it), so they bound the
 detection, not the start of the processes.
@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 from stagewise.actions import Action
 from stagewise.cli import main
-from stagewise.runtime import RunConfig, RunError, flight
-from stagewise.runtime.faults import Fault, parse_fault
-from stagewise.runtime.launch import RankFailure, train, train_many
+from stagewise.runtime import RunConfig, RunError
+from stagewise.runtime.resilience import flight
+from stagewise.runtime.resilience.faults import Fault, parse_fault
+from stagewise.runtime.launching.launch import RankFailure, train, train_many
 from runtime_helpers import TINY
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -91,7 +92,7 @@ def test_where_a_rank_stopped():
 
 
 def test_a_rank_that_dies_after_its_result_still_fails_the_local_launch():
-    from stagewise.runtime.launch import _reap
+    from stagewise.runtime.launching.launch import _reap
 
     class Exited:  # a rank process that has exited with ``exitcode``
         def __init__(self, exitcode):

@@ -8,9 +8,9 @@ from torch import nn
 
 from api_helpers import Net, layers
 from stagewise import Layers, generate
-from stagewise.runtime.config import RunError
-from stagewise.runtime.layers import as_layers, build_own_stages, flat_layers, split_counts
-from stagewise.runtime.stage import stage_ranges
+from stagewise.runtime.run.config import RunError
+from stagewise.runtime.stages.layers import as_layers, build_own_stages, flat_layers, split_counts
+from stagewise.runtime.stages.stage import stage_ranges
 
 
 def test_a_sequence_is_named_by_position_and_its_shared_parameter_is_a_tie():

@@ -21,8 +21,8 @@ from torch import nn
 
 from stagewise.costs import CostError, Costs
 from stagewise.runtime import RunConfig
-from stagewise.runtime.activation_memory import SavedBytes, predicted_peaks
-from stagewise.runtime.launch import train_many
+from stagewise.runtime.execution.activation_memory import SavedBytes, predicted_peaks
+from stagewise.runtime.launching.launch import train_many
 from stagewise.schedules import FAMILIES, generate
 from stagewise.schedules.registry import ScheduleArgError
 from stagewise.simulate import simulate

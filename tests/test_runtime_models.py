@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from stagewise.runtime.config import RunConfig, RunError
-from stagewise.runtime.models import GPTConfig, synthetic_stream
+from stagewise.runtime.run.config import RunConfig, RunError
+from stagewise.runtime.run.models import GPTConfig, synthetic_stream
 from runtime_helpers import TINY
 
 

@@ -147,8 +147,8 @@ def test_eval_autocast_and_a_meta_module_with_split_points_equal_torch():
 
 def test_the_cli_runtime_takes_a_schedule_value_with_no_csv_in_between():
     from stagewise.runtime import RunConfig
-    from stagewise.runtime.launch import train_many
-    from stagewise.runtime.models import GPTConfig
+    from stagewise.runtime.launching.launch import train_many
+    from stagewise.runtime.run.models import GPTConfig
 
     model = GPTConfig(layers_n=2, d_model=16, heads=2, seq=8, vocab=32)
     base = RunConfig(schedule="zb-v", ranks=2, microbatches=4, batch=4, steps=2, model=model, threads=1)

@@ -103,7 +103,7 @@ def test_a_script_from_stdin_under_the_spawning_launcher_says_how_to_run_it():
 TRAIN_SCRIPT = """
 import dataclasses
 from stagewise.runtime import RunConfig, RunError, train
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.run.models import GPTConfig
 
 @dataclasses.dataclass(frozen=True)
 class Mine(GPTConfig):

@@ -20,8 +20,8 @@ from runtime_helpers import TINY, rel_err
 from scale_helpers import SMALL, DropoutGPT, run_local
 
 from stagewise.runtime import RunConfig, RunError
-from stagewise.runtime.launch import train, train_many
-from stagewise.runtime.recompute import Recompute, recompute_stages
+from stagewise.runtime.launching.launch import train, train_many
+from stagewise.runtime.execution.recompute import Recompute, recompute_stages
 from stagewise.schedules import generate
 
 DROPOUT = DropoutGPT(layers_n=2, d_model=32, heads=4, seq=16, vocab=64)

@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from .common import USER_ERRORS, Parser
+from .flags import say
 
 #: subcommand modules, in --help order
 MODULES = ["core", "draw", "workshop", "train", "plan"]
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as e:
-        sys.stderr.write(f"stagewise {args.command}: error: {e}\n")
+        sys.stderr.write(f"stagewise {args.command}: error: {say(str(e))}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("stagewise: interrupted\n")

@@ -7,17 +7,15 @@ import math
 import sys
 
 from ..costs import CostError, Costs, rank_share_weights, scaled
-from ..limits import LimitError
-from ..schedules.registry import ScheduleArgError
-from ..validate import ScheduleError
+from ..errors import StagewiseError
 
 
-class UsageError(ValueError):
+class UsageError(StagewiseError):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
 #: errors that are the user's input, not our bug: one line on stderr, exit 2
-USER_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, ScheduleArgError, CostError, LimitError)
+USER_ERRORS: tuple[type[BaseException], ...] = (StagewiseError,)  # every library input error (errors.py)
 
 
 class Parser(argparse.ArgumentParser):

@@ -9,8 +9,7 @@ from .. import jsonout, torch_csv
 from ..report import result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
-from .common import (UsageError, add_cost_args, add_schedule_args, costs_from, family_names, positive_int, print_json,
-                     schedule_from)
+from .common import UsageError, add_cost_args, add_schedule_args, costs_from, family_names, positive_int, print_json, schedule_from
 
 
 def register(sub) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..report import table
-from .common import (UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, positive_int,
-                     schedule_from)
+from .common import UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, positive_int, schedule_from
 
 
 MAX_WIDTH = 10_000  #: text columns: wider is no picture, and each row is built in memory

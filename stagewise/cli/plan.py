@@ -80,7 +80,7 @@ def cmd_plan(args) -> int:
 
 
 def _plan(args) -> int:
-    from ..plan.layout import Split
+    from ..layout import Split
     from ..plan.profile import Profile
     from ..plan.search import Searcher, Space, search
 
@@ -127,7 +127,7 @@ def _report(args, prof, cluster, cands, elapsed, searcher) -> int:
     command = train_command(best, prof, args.output if csv_ok else None, args.global_batch)
     verified = None
     if args.verify is not None:
-        from ..plan.verify import verify
+        from ..runtime.profiling.verify import verify
 
         verified = verify(prof, cands, args.verify, steps=args.steps, rounds=args.rounds,
                           log=None if args.json else print)
@@ -144,7 +144,7 @@ def _report(args, prof, cluster, cands, elapsed, searcher) -> int:
     print(f"wrote {args.output} (torch compute-only CSV of the winner, {best.schedule.ranks} ranks)")
     print(f"run it: {command}")
     if verified:
-        from ..plan.verify import verify_table
+        from ..runtime.profiling.verify import verify_table
 
         print("\n" + verify_table(verified))
     return 0

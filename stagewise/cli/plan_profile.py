@@ -20,8 +20,8 @@ def register(sub) -> None:
         description="Time F, B, I and W of every layer of the built-in GPT on this device at each micro-batch "
         "size, count the activation, parameter and boundary bytes, and measure the point-to-point link between "
         "two local ranks (gloo). `stagewise plan --profile FILE` reads the result. For your own model use the "
-        "Python API: stagewise.plan.measure.profile_model(model), the model a runtime ModelConfig "
-        "(stagewise.runtime.models.GPTConfig, LayerModel).")
+        "Python API: stagewise.runtime.profiling.measure.profile_model(model), the model a runtime ModelConfig "
+        "(stagewise.runtime.run.models.GPTConfig, LayerModel).")
     p.add_argument("-o", "--output", default="profile.json", help="where to write the profile, default profile.json")
     p.add_argument("--micro-batch-sizes", default="1,2,4", help="sizes to measure, default 1,2,4")
     p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks, default 4 (+ embedding, head)")
@@ -51,9 +51,9 @@ def cmd_profile(args) -> int:
     sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes")
     _check_sizes(args, sizes)  # before torch is imported or anything allocated
     try:
-        from ..plan.link import measure_link
-        from ..plan.measure import profile_model
-        from ..runtime.config import RunError
+        from ..runtime.profiling.link import measure_link
+        from ..runtime.profiling.measure import profile_model
+        from ..runtime.run.config import RunError
     except ImportError as e:
         raise UsageError(f"stagewise profile needs torch ({e.name} is missing): pip install 'stagewise[torch]'") \
             from None
@@ -74,7 +74,8 @@ def cmd_profile(args) -> int:
             raise UsageError(f"{e}; rerun with --no-link to skip the link (plan then takes --intra-bandwidth)") \
                 from None
     if not args.no_overhead and prof.link is not None and args.device == "cpu":  # the check runs on gloo CPU ranks
-        from ..plan.overhead import KEY, measure_overhead
+        from ..plan.overhead import KEY
+        from ..runtime.profiling.overhead import measure_overhead
 
         fit = measure_overhead(prof, log=None if args.json else print)
         prof = replace(prof, meta={**prof.meta, KEY: fit})
@@ -103,7 +104,7 @@ def _check_sizes(args, sizes: list[int]) -> None:
 
 
 def _gpt_model(args):
-    from ..runtime.models import GPTConfig
+    from ..runtime.run.models import GPTConfig
 
     cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
                     dtype=args.dtype)

@@ -65,8 +65,8 @@ def register(sub) -> None:
 
 def config_from(args):
     """The RunConfig of the parsed options (raises UsageError on a bad combination)."""
-    from ..runtime.config import RunConfig, default_batch
-    from ..runtime.models import GPTConfig
+    from ..runtime.run.config import RunConfig, default_batch
+    from ..runtime.run.models import GPTConfig
 
     name, ranks, reference = schedule_choice(args, world_per_replica=False)
     _check_sizes(args)
@@ -86,7 +86,7 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
 
     Without -p the ranks are torchrun's WORLD_SIZE (divided by --dp when ``world_per_replica``), else 4.
     """
-    from ..runtime.launch import is_torchrun
+    from ..runtime.launching.launch import is_torchrun
 
     name = args.schedule
     if name is None and not args.csv:
@@ -120,7 +120,7 @@ def cmd_train(args) -> int:
     except ImportError:
         raise UsageError("stagewise train needs torch: pip install 'stagewise[torch]'") from None
     from ..runtime import RankFailure, RunError, train
-    from ..runtime.launch import Stopped, is_torchrun
+    from ..runtime.launching.launch import Stopped, is_torchrun
 
     if args.trace:
         check_timeline_output("--trace", args.trace)
@@ -228,8 +228,8 @@ def demo_run(out: Path) -> None:
         print("\n(real run skipped: torch is not installed; pip install 'stagewise[torch]')")
         return
     from ..runtime import RankFailure, RunConfig
-    from ..runtime.launch import train_many
-    from ..runtime.models import GPTConfig
+    from ..runtime.launching.launch import train_many
+    from ..runtime.run.models import GPTConfig
 
     model = GPTConfig(layers_n=6, d_model=128, heads=4, seq=64, vocab=256)
     cfgs = [RunConfig(schedule=name, ranks=4, microbatches=8, batch=16, steps=4, model=model)

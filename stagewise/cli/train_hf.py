@@ -49,7 +49,7 @@ def run_config(args):
         from ..hf.train import HFTrain
     except ImportError as e:
         raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
-    from ..runtime.config import default_batch
+    from ..runtime.run.config import default_batch
 
     dp, m = args.dp, args.microbatches
     if reference and (dp > 1 or args.recompute or args.recompute_stages):
@@ -69,7 +69,7 @@ def run_config(args):
 def cmd(args) -> int:
     """Run ``--hf``; print the summary (rank 0 under torchrun)."""
     from ..runtime import RankFailure, RunError
-    from ..runtime.launch import is_torchrun
+    from ..runtime.launching.launch import is_torchrun
 
     cfg = run_config(args)
     from ..hf.train import run

@@ -27,7 +27,7 @@ def add_args(p) -> None:
 
 def apply(cfg, args):
     """``cfg`` with the options above."""
-    from ..runtime.launch import is_torchrun
+    from ..runtime.launching.launch import is_torchrun
 
     if args.recompute and args.recompute_stages:
         raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")
@@ -37,7 +37,7 @@ def apply(cfg, args):
         world = int(os.environ["WORLD_SIZE"])
         cfg = dataclasses.replace(cfg, ranks=world // cfg.dp if world % cfg.dp == 0 else world)  # else preflight
     if args.batch is None and cfg.pipelined:  # the default batch, now that --dp is known
-        from ..runtime.config import default_batch
+        from ..runtime.run.config import default_batch
 
         cfg = dataclasses.replace(cfg, batch=default_batch(cfg.microbatches, cfg.dp))
     return cfg

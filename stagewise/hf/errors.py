@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..runtime.config import RunError
+from ..runtime.run.config import RunError
 
 
 class HFError(RunError):

@@ -107,7 +107,7 @@ class HFModel:
         names are HF's module paths and the tied embedding and head are declared by name."""
         from functools import partial
 
-        from ..runtime.layers import Layers
+        from ..runtime.stages.layers import Layers
 
         return Layers(count=self.num_layers, build=partial(self.layer, device=device or "cpu"),
                       names=self.prefixes, ties=self.ties)

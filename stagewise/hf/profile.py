@@ -15,7 +15,7 @@ def profile_model(model: HFModel, seq: int, source: str):
     """The ``runtime.models.LayerModel`` of ``model`` (loaded from ``source``) at sequence length ``seq``."""
     import torch
 
-    from ..runtime.models import LayerModel
+    from ..runtime.run.models import LayerModel
 
     vocab = int(model.config.vocab_size)
 

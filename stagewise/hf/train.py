@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..runtime.config import check_batch
+from ..runtime.run.config import check_batch
 from .data import TextData
 from .model import HFModel, load
 
@@ -94,7 +94,7 @@ def rank_main(cfg: HFTrain) -> dict:
     """One rank: its pipeline, the user-style loop, the optional save. Returns losses, step times, timeline."""
     import torch.distributed as dist
 
-    from ..runtime.worker import optimizer_class
+    from ..runtime.run.worker import optimizer_class
     from . import resume
     from .pipeline import pipeline
 
@@ -132,7 +132,7 @@ def reference(cfg: HFTrain) -> dict:
     """The unpipelined run in this process: the same layers, data and optimizer, the whole batch at once."""
     import torch
 
-    from ..runtime.worker import optimizer_class
+    from ..runtime.run.worker import optimizer_class
 
     model = cfg.model()
     layers = torch.nn.Sequential(*model.layers())

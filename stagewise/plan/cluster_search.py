@@ -30,9 +30,8 @@ from .cluster import Cluster
 from .cluster_job import Job, _nothing_to_search, check_job, state_factor, tensor_degrees
 from .data_parallel import exposed_reduction, reduce_scatter_time
 from .errors import PlanError
-from .layout import format_layout
-from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
-                    step_sync_time)
+from ..layout import format_layout
+from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
 from .partition import evaluate as evaluate_split
 from .profile import Link
 from .search import Candidate, Config, Searcher, peak_activation_bytes, timing

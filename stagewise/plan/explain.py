@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from .cluster import fmt_bytes
-from .layout import format_layout
+from ..layout import format_layout
 from .profile import Profile
 from .search import Candidate
 

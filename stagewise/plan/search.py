@@ -20,9 +20,8 @@ from ..timeline import Timeline
 from .cluster import Cluster
 from .errors import PlanError
 from .holding import Holding, holding
-from .layout import Split, format_layout
-from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
-                    step_sync_time)
+from ..layout import Split, format_layout
+from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
 from .overhead import step_overhead
 from .partition import Partition, best_split, evaluate
 from .profile import Profile

@@ -14,13 +14,14 @@ from typing import Sequence
 
 from ..costs import Costs
 from ..timeline import Timeline
+from ..errors import StagewiseError
 
 FIGURE = (".png", ".svg", ".pdf")
 TIMELINE_SUFFIXES = FIGURE + (".json", ".html", ".txt")
 COMPARE_SUFFIXES = FIGURE + (".html",)
 
 
-class OutputError(ValueError):
+class OutputError(StagewiseError):
     """An output path we cannot write (message names the path and the rule)."""
 
 

@@ -21,19 +21,19 @@ from torch import nn
 
 from ..schedule import Schedule
 from ..timeline import Timeline
-from . import pytree
-from .activation_memory import ActivationMeter
-from .comm import P2P, message_plan
-from .config import RunError
-from .dp import DataParallel, Topology
-from .executor import Executor, RankContext, StepOutcome
-from .flight import SYNC
-from .layers import as_layers, build_own_stages, split_counts
-from .names import Names, gather_stage_map
-from .recompute import Recompute, recompute_stages
-from .replicas import Replicas
-from .stage import stage_ranges
-from .timing import CudaClock, WallClock, measured_timeline
+from .stages import pytree
+from .execution.activation_memory import ActivationMeter
+from .messages.p2p import P2P, message_plan
+from .run.config import RunError
+from .parallel.dp import DataParallel, Topology
+from .execution.executor import Executor, RankContext, StepOutcome
+from .resilience.flight import SYNC
+from .stages.layers import as_layers, build_own_stages, split_counts
+from .stages.names import Names, gather_stage_map
+from .execution.recompute import Recompute, recompute_stages
+from .parallel.replicas import Replicas
+from .stages.stage import stage_ranges
+from .execution.timing import CudaClock, WallClock, measured_timeline
 
 
 class RankSum:
@@ -306,7 +306,7 @@ def _process_group(timeout: float) -> tuple[int, int]:
     if not dist.is_initialized():
         from datetime import timedelta
 
-        from .launch import _close_groups, _init_group, is_torchrun
+        from .launching.launch import _close_groups, _init_group, is_torchrun
 
         if not is_torchrun():
             raise RunError("no process group: run the script under torchrun (torchrun --nproc-per-node N "

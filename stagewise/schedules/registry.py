@@ -17,9 +17,10 @@ from .. import limits
 from ..schedule import Schedule
 from . import forms
 from .forms import Uniform
+from ..errors import StagewiseError
 
 
-class ScheduleArgError(ValueError):
+class ScheduleArgError(StagewiseError):
     """An option a family does not accept (message names option, value and rule)."""
 
 

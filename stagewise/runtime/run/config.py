@@ -1,0 +1,188 @@
+"""What one training run is: a frozen, picklable config (it travels to every rank).
+
+No torch here, so options are checked before any process starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+from ...errors import StagewiseError
+
+
+class RunError(StagewiseError):
+    """Bad input to a run (the message names the option, the value and the rule)."""
+
+
+#: the ``collect`` items a run can return besides losses and timings (tests use them)
+COLLECT = ("grads", "params")
+
+# Limits of a run, checked before any rank starts or anything is allocated (README, "At scale": options checked).
+MAX_RANKS = 1024  #: -p (pipeline ranks)
+MAX_LOCAL_RANKS = 256  #: p x dp processes the local launcher starts on one machine (more: use torchrun)
+MAX_MICROBATCHES = 16384  #: -m
+MAX_CHUNKS = 64  #: -v
+MAX_BATCH = 1 << 20  #: --batch, sequences per step
+MAX_TOKENS = 1 << 24  #: --batch x --seq, tokens per step (the step's batch is made whole on every rank)
+MAX_TIMEOUT = 86400.0  #: --timeout, seconds (one day)
+MAX_THREADS = 4096  #: --threads per rank
+
+
+def default_batch(microbatches: int, dp: int = 1) -> int:
+    """The default sequences per step: at least 8, whole micro-batches on each replica (the one rule)."""
+    share = microbatches * dp
+    return share * -(-8 // share)
+
+
+def check_batch(batch: int, microbatches: int, dp: int = 1) -> None:
+    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` replicas (the one rule)."""
+    share = microbatches * dp
+    if batch % share:
+        into = f"--dp {dp} replicas of -m {microbatches}" if dp > 1 else f"-m {microbatches}"
+        raise RunError(f"--batch {batch} does not split into {into} equal micro-batches; use a --batch that is a "
+                       f"multiple of {share}")
+
+
+def check_range(option: str, value, low, high=None) -> None:
+    """``low <= value <= high`` (``high`` None: no upper limit), else ``RunError`` naming the option and rule."""
+    if value < low:
+        raise RunError(f"{option} must be >= {low}; got {value}")
+    if high is not None and value > high:
+        raise RunError(f"{option} {value}: over the limit of {high:,}")
+
+
+def check_positive_number(option: str, value: float, high: float | None = None) -> None:
+    """A finite number > 0 (and <= ``high``): nan and inf are refused, naming the option."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise RunError(f"{option} must be a finite number > 0; got {value}")
+    if high is not None and value > high:
+        raise RunError(f"{option} {value}: over the limit of {high:,}")
+
+
+@runtime_checkable
+class ModelConfig(Protocol):
+    """The one model interface of a config-driven run: what ``RunConfig.model`` holds, what ``stagewise profile``
+    measures (``plan.measure.profile_model``) and ``plan --verify`` runs. Picklable when it travels to spawned
+    ranks. ``models.GPTConfig`` (the built-in GPT) and ``models.LayerModel`` (layers you built) are two.
+
+    Optional, read where present: ``name`` (the profile's model name), ``symbols`` (layout letters, default
+    ``E t.. H``), ``layer_names()``, ``profile_meta()`` (how to rebuild it, kept in a profile), ``check()``.
+    """
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def layers(self) -> Sequence[Any]:
+        """The layer sequence (``nn.Module`` each), freshly built."""
+
+    def batch(self, step: int, size: int) -> tuple[Any, Any]:
+        """Step ``step``'s ``size`` samples: (inputs, targets)."""
+
+    def loss(self, output: Any, target: Any) -> Any:
+        """The scalar loss of the last layer's ``output``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run: schedule, model, data and optimizer settings."""
+
+    schedule: Any = "1f1b"  #: family name or a Schedule value; None runs the unpipelined reference
+    csv: str | None = None  #: read the schedule from torch's compute-only CSV instead
+    ranks: int = 4  #: p, the ranks launched
+    microbatches: int = 8  #: m
+    chunks: int | None = None  #: v (family default when None)
+    dp: int = 1  #: pipeline replicas (data parallel); p x dp ranks in all
+    measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
+    recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
+    steps: int = 1  #: optimizer steps
+    batch: int = 8  #: sequences per step (split into m micro-batches)
+    model: ModelConfig | None = None  #: the model and its data (``ModelConfig``: models.GPTConfig, LayerModel...)
+    split: Any = None  #: layers per stage of one model copy: a Split, counts (3,5) or layout text; None = even
+    lr: float = 1e-3
+    optimizer: str = "adamw"  #: any torch.optim class name, case-insensitive
+    clip: float | None = None  #: clip the global gradient norm to this value
+    timeout: float = 30.0  #: seconds any rank waits for a message or a collective: the bound on a stalled peer
+    threads: int | None = None  #: torch threads per rank; default: cores / ranks
+    collect: tuple[str, ...] = field(default=())  #: extra results: "grads" (after step 1), "params" (at the end)
+    save: str | None = None  #: checkpoint folder: a step-NNNNNNNN folder every save_every steps and at the end
+    save_every: int | None = None  #: steps between checkpoints (None: at the end only)
+    resume: str | None = None  #: continue from this checkpoint (a --save folder: its newest complete one)
+    overwrite: bool = False  #: let ``save`` replace another run's checkpoints (deleted at the first save)
+    skip_nonfinite: bool = False  #: a nan/inf loss skips that step's update on every rank instead of stopping
+    fault: str | None = None  #: tests only: a rank fails on purpose, e.g. "exit:rank=1:action=1F3" (faults.py)
+
+    def layer_split(self):
+        """``split`` as a ``Split`` (plan.layout), text read against the model's ``symbols`` when it has them;
+        None: even. Raises ``RunError`` naming --split."""
+        if self.split is None:
+            return None
+        from ...layout import LayoutError, Split
+
+        if isinstance(self.split, Split):
+            return self.split
+        try:
+            if isinstance(self.split, str):
+                return Split.parse(self.split, getattr(self.model, "symbols", None) or self.model.num_layers)
+        except LayoutError as e:
+            raise RunError(f"--split {self.split}: {str(e).removeprefix('--layout ')}") from None
+        try:
+            return Split(tuple(self.split))
+        except LayoutError as e:
+            raise RunError(f"--split {e}") from None
+
+    @property
+    def pipelined(self) -> bool:
+        """Runs on ranks (p x dp > 1), not as the in-process reference."""
+        return (self.schedule is not None or self.csv is not None) and self.ranks * self.dp > 1
+
+    def check(self) -> None:
+        """Checks that need neither torch nor the schedule; raise ``RunError``."""
+        for name, value, high in (("-p", self.ranks, MAX_RANKS), ("-m", self.microbatches, MAX_MICROBATCHES),
+                                  ("--batch", self.batch, MAX_BATCH), ("--steps", self.steps, None)):
+            check_range(name, value, 1, high)
+        if self.chunks is not None:
+            check_range("-v", self.chunks, 1, MAX_CHUNKS)
+        if self.threads is not None:
+            check_range("--threads", self.threads, 1, MAX_THREADS)
+        seq = getattr(self.model, "seq", 1)
+        if isinstance(seq, int) and seq >= 1 and self.batch * seq > MAX_TOKENS:
+            raise RunError(f"--batch {self.batch} x --seq {seq} = {self.batch * seq:,} tokens per step: over the "
+                           f"limit of {MAX_TOKENS:,}")
+        if self.pipelined:
+            check_batch(self.batch, self.microbatches, self.dp if self.dp >= 1 else 1)
+        self._check_scale()
+        self._check_resilience()
+        check_positive_number("--lr", self.lr)
+        if self.clip is not None:
+            check_positive_number("--clip", self.clip)
+        check_positive_number("--timeout", self.timeout, MAX_TIMEOUT)
+        bad = [c for c in self.collect if c not in COLLECT]
+        if bad:
+            raise RunError(f"collect {bad[0]!r} is not one of {', '.join(COLLECT)}")
+        if self.model is not None and hasattr(self.model, "check"):
+            self.model.check()
+        if self.model is not None:
+            self.layer_split()
+
+    def _check_scale(self) -> None:
+        """--dp and --recompute (runtime at scale)."""
+        if self.dp < 1:
+            raise RunError(f"--dp must be >= 1; got {self.dp}")
+        if not self.pipelined and (self.dp > 1 or self.recompute):
+            what = f"--dp {self.dp}" if self.dp > 1 else "--recompute"
+            raise RunError(f"{what} needs a --schedule run on ranks (-p or --dp >= 2); the unpipelined reference "
+                           "runs in one process")
+
+    def _check_resilience(self) -> None:
+        """--save, --save-every, --resume and the test fault (checkpoint_files.py, faults.py)."""
+        if self.save_every is not None and self.save_every < 1:
+            raise RunError(f"--save-every must be >= 1; got {self.save_every}")
+        if not self.pipelined and (self.save or self.resume):
+            what = "--save" if self.save else "--resume"
+            raise RunError(f"{what} needs a pipeline (a --schedule and -p >= 2); the unpipelined reference keeps "
+                           "no checkpoints")
+        if self.fault:
+            from ..resilience.faults import parse_fault
+
+            parse_fault(self.fault)

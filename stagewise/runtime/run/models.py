@@ -1,0 +1,268 @@
+"""The built-in model: a small GPT decoder as a sequence of layers, and its data.
+
+``GPTConfig`` is what the runtime (and the planner's profiler) consume:
+``layers()`` builds the layer list (embedding first, head last; the head's
+weight *is* the embedding's, a tied weight), ``batch(step, size)`` makes one
+step's (inputs, targets), and ``loss`` is the mean token cross-entropy. Weights
+come from ``torch.manual_seed(seed)``, so every rank and the unpipelined
+reference build identical ones. Any model config with these methods runs too.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import RunError, check_range
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+# Limits of the built-in GPT, checked before anything is allocated (every rank builds the whole layer list).
+MAX_LAYERS = 4096  #: --layers
+MAX_D_MODEL = 65536  #: --d-model
+MAX_VOCAB = 1 << 20  #: --vocab
+MAX_PARAMS = 1 << 30  #: parameters in all (4 GiB of float32 on every rank)
+SYNTHETIC_TOKENS = 1 << 16  #: length of the synthetic stream: --seq + 1 tokens must fit in it
+MAX_DATA_BYTES = 256 << 20  #: --data is read whole on every rank, 8 bytes per token
+MAX_SEED = (1 << 32) - 1  #: --seed
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embedding: (B, T) ids -> (B, T, d)."""
+
+    def __init__(self, vocab: int, seq: int, d_model: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq, d_model)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(pos)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and a 4x MLP, both residual."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.out = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=2)
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, T, D))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Head(nn.Module):
+    """Final norm and the LM head; ``weight`` is tied to the token embedding."""
+
+    def __init__(self, d_model: int, weight: nn.Parameter):
+        super().__init__()
+        self.ln = nn.LayerNorm(d_model)
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.ln(x), self.weight)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    """The built-in GPT and its data (synthetic stream by default, or a file's bytes)."""
+
+    layers_n: int = 4  #: transformer blocks (the layer sequence adds an embedding and a head)
+    d_model: int = 32
+    heads: int = 4
+    seq: int = 16  #: tokens per sequence
+    vocab: int = 64  #: 256 when reading --data (byte tokens)
+    dtype: str = "float32"
+    data: str | None = None  #: a text file read as bytes; None = synthetic stream
+    seed: int = 0
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers_n + 2
+
+    @property
+    def name(self) -> str:
+        return "gpt"
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """Layout letters of the layers: E, t per block, H (``--split 'E+t*2 | t*2+H'``)."""
+        return ("E",) + ("t",) * self.layers_n + ("H",)
+
+    def layer_names(self) -> list[str]:
+        return ["embedding"] + [f"block{i}" for i in range(self.layers_n)] + ["head"]
+
+    def profile_meta(self) -> dict:
+        """What a profile keeps to rebuild this model (``plan --verify`` runs it again)."""
+        return {"gpt": asdict(self)}
+
+    def check(self) -> None:
+        """Every option against its rule and limit (``RunError`` naming it), before anything is allocated."""
+        for name, value, high in (("--layers", self.layers_n, MAX_LAYERS), ("--d-model", self.d_model, MAX_D_MODEL),
+                                  ("--heads", self.heads, None), ("--seq", self.seq, None),
+                                  ("--vocab", self.vocab, MAX_VOCAB)):
+            check_range(name, value, 1, high)
+        check_range("--seed", self.seed, 0, MAX_SEED)
+        if self.d_model % self.heads:
+            raise RunError(f"--d-model {self.d_model} must be a multiple of --heads {self.heads}")
+        if self.dtype not in DTYPES:
+            raise RunError(f"--dtype must be one of {', '.join(DTYPES)}; got {self.dtype}")
+        if self.parameters() > MAX_PARAMS:
+            raise RunError(f"--layers {self.layers_n} --d-model {self.d_model} --vocab {self.vocab}: "
+                           f"{self.parameters():,} parameters, over the built-in GPT's limit of {MAX_PARAMS:,}")
+        if self.data is None:
+            if self.seq >= SYNTHETIC_TOKENS:
+                raise RunError(f"--seq {self.seq}: over the limit of {SYNTHETIC_TOKENS - 1:,} (the synthetic stream "
+                               f"has {SYNTHETIC_TOKENS:,} tokens; give --data FILE for longer sequences)")
+            return
+        size = _file_size(self.data)
+        if size < self.seq + 1:
+            raise RunError(f"--data {self.data}: {size} bytes; needs at least --seq + 1 = {self.seq + 1}")
+        if self.vocab != 256:
+            raise RunError(f"--data reads byte tokens and needs --vocab 256; got {self.vocab}")
+
+    def identity(self) -> dict:
+        """The model's options, as a checkpoint records them (seed and data are the run's: checkpoint_manifest)."""
+        return {"--layers": self.layers_n, "--d-model": self.d_model, "--heads": self.heads, "--seq": self.seq,
+                "--vocab": self.vocab, "--dtype": self.dtype}
+
+    def parameters(self) -> int:
+        """The parameter count (the head's weight is the embedding's), without building the model."""
+        d = self.d_model
+        block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+        return self.vocab * d + self.seq * d + self.layers_n * block + 2 * d
+
+    def layers(self) -> list[nn.Module]:
+        """The layer sequence, initialised from ``torch.manual_seed(seed)``."""
+        torch.manual_seed(self.seed)
+        emb = Embedding(self.vocab, self.seq, self.d_model)
+        blocks = [Block(self.d_model, self.heads) for _ in range(self.layers_n)]
+        out = [emb, *blocks, Head(self.d_model, emb.tok.weight)]
+        for layer in out:
+            layer.apply(_init)
+        return [layer.to(DTYPES[self.dtype]) for layer in out]
+
+    def batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step ``step``'s ``size`` sequences: (inputs, targets), both (size, seq) token ids."""
+        stream = _stream(self)
+        window = self.seq + 1
+        n = len(stream) - window + 1
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        starts = torch.randint(0, n, (size,), generator=g)
+        rows = torch.stack([stream[s:s + window] for s in starts.tolist()])
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    @staticmethod
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the tokens of ``output`` (B, T, vocab)."""
+        return F.cross_entropy(output.flatten(0, 1).float(), target.flatten())
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerModel:
+    """A ``ModelConfig`` of layers already built and a batch maker: profile or train any layer sequence.
+
+    Example::
+
+        model = LayerModel(name="mlp", layer_list=(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)),
+                           make_batch=lambda step, n: (torch.randn(n, 16), torch.randn(n, 4)),
+                           loss_fn=F.mse_loss)
+        stagewise.runtime.profiling.measure.profile_model(model, (1, 4))
+    """
+
+    name: str
+    layer_list: Sequence[nn.Module]  #: the layers, in order (``layers()`` returns these, not copies)
+    make_batch: Callable[[int, int], tuple]  #: (step, size) -> (inputs, targets)
+    loss_fn: Callable  #: (output, target) -> scalar loss
+    symbols: Sequence[str] | None = None  #: layout letters; default E, t..., H
+    names: Sequence[str] | None = None  #: each layer's name in a profile (default: its class)
+    meta: dict = field(default_factory=dict)  #: how to rebuild the model (kept in a profile)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_list)
+
+    def layers(self) -> list[nn.Module]:
+        return list(self.layer_list)
+
+    def layer_names(self) -> list[str] | None:
+        return list(self.names) if self.names else None
+
+    def profile_meta(self) -> dict:
+        return dict(self.meta)
+
+    def batch(self, step: int, size: int) -> tuple:
+        return self.make_batch(step, size)
+
+    def loss(self, output, target):
+        return self.loss_fn(output, target)
+
+
+def _init(m: nn.Module) -> None:
+    """GPT-2's initialisation: N(0, 0.02) weights, zero biases (keeps tied logits small)."""
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, std=0.02)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
+_STREAMS: dict = {}
+
+
+def _stream(cfg: GPTConfig) -> torch.Tensor:
+    """The token stream (cached per process): the file's bytes, or a seeded learnable sequence."""
+    key = (cfg.data, cfg.vocab, cfg.seed)
+    if key not in _STREAMS:
+        if cfg.data is not None:
+            _STREAMS[key] = torch.frombuffer(bytearray(Path(cfg.data).read_bytes()), dtype=torch.uint8).long()
+        else:
+            _STREAMS[key] = synthetic_stream(cfg.vocab, cfg.seed)
+    return _STREAMS[key]
+
+
+def synthetic_stream(vocab: int, seed: int, length: int = 1 << 16) -> torch.Tensor:
+    """A seeded token stream with structure to learn: a fixed random successor, 1 time in 8 a random token."""
+    g = torch.Generator().manual_seed(seed)
+    succ = torch.randperm(vocab, generator=g).tolist()
+    noise = torch.randint(0, vocab, (length,), generator=g).tolist()
+    jump = (torch.rand(length, generator=g) < 0.125).tolist()
+    toks, tok = [], 0
+    for n, j in zip(noise, jump):
+        tok = n if j else succ[tok]
+        toks.append(tok)
+    return torch.tensor(toks, dtype=torch.long)
+
+
+def _file_size(path: str) -> int:
+    """The size of --data, a regular readable file within ``MAX_DATA_BYTES`` (a folder or FIFO is refused
+    before anything opens it: opening a FIFO would block)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise RunError(f"--data {path}: not a regular file")
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise RunError(f"--data {path}: cannot read: {e.strerror}") from None
+    if st.st_size > MAX_DATA_BYTES:
+        raise RunError(f"--data {path}: {st.st_size:,} bytes, over the limit of {MAX_DATA_BYTES:,} (it is read whole "
+                       "on every rank)")
+    return st.st_size
