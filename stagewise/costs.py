@@ -232,8 +232,8 @@ def expert_dispatch_bytes(tokens: int, hidden: int, top_k: int, ep: int, experts
     >>> expert_dispatch_bytes(4096, 1024, 2, ep=4)  # 3/4 of the 2 copies of each 2 KB token leave
     12582912.0
     """
-    for name, x in (("moe-tokens", tokens), ("hidden-size", hidden), ("top-k", top_k), ("ep", ep),
-                    ("experts-per-rank", experts_per_rank)):
+    for name, x in (("moe-tokens", tokens), ("hidden-size", hidden), ("moe-top-k", top_k), ("ep", ep),
+                    ("moe-experts / --ep", experts_per_rank)):
         if not (isinstance(x, int) and not isinstance(x, bool) and x >= 1):
             raise CostError(f"--{name} must be a whole number >= 1; got {x}")
     if not 0 < bytes_per_element < math.inf:
@@ -250,7 +250,7 @@ def expert_copies(top_k: int, ep: int, experts_per_rank: int = 1) -> float:
     """
     experts = ep * experts_per_rank
     if top_k > experts:
-        raise CostError(f"--top-k ({top_k}) must be at most the experts of the group, --ep x --experts-per-rank "
+        raise CostError(f"--moe-top-k ({top_k}) must be at most the experts of the group, --moe-experts "
                         f"({experts})")
     # chance that none of a token's k experts is on one given other rank: C(E-e, k) / C(E, k)
     if experts - experts_per_rank < top_k:

@@ -7,7 +7,7 @@ from cli_helpers import fails, run
 
 from stagewise.costs import expert_all_to_all
 
-SHAPE = ["--moe-tokens", "4096", "--hidden-size", "1024", "--top-k", "2", "--ep", "4", "--a2a-bandwidth", "1e7"]
+SHAPE = ["--moe-tokens", "4096", "--hidden-size", "1024", "--moe-top-k", "2", "--ep", "4", "--a2a-bandwidth", "1e7"]
 
 
 def test_simulate_and_compare_report_exposed_all_to_all(capsys):
@@ -42,16 +42,17 @@ def test_draw_shows_the_lane(capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--moe-tokens", "4096", "--top-k", "2"], "deriving --a2a needs --moe-tokens, --hidden-size, --top-k, --ep, "
-                                               "--a2a-bandwidth together; missing --hidden-size, --ep, "
-                                               "--a2a-bandwidth"),
+    (["--moe-tokens", "4096", "--moe-top-k", "2"],
+     "deriving --a2a needs --moe-tokens, --hidden-size, --moe-top-k, --ep, --a2a-bandwidth together; missing "
+     "--hidden-size, --ep, --a2a-bandwidth"),
     (SHAPE + ["--a2a", "1"], "give either --a2a (a time) or --moe-tokens and the rest (derived), not both"),
     (["--a2a", "1", "--tfb", "2"], "--tfb sets an F&B pair's duration by hand"),
     (["--a2a", "-1"], "--a2a must be a finite number >= 0"),
     (["--a2a", "1,2,3"], "--a2a has 3 per-stage values; the schedule has 4 stages"),
     (["--a2a", "inf"], "--a2a: every value must be a finite number"),
     (SHAPE[:-2] + ["--a2a-bandwidth", "0"], "--a2a-bandwidth must be > 0"),
-    (SHAPE + ["--top-k", "9"], "--top-k (9) must be at most the experts of the group"),
+    (SHAPE + ["--moe-top-k", "9"], "--moe-top-k (9) must be at most the experts of the group"),
+    (SHAPE + ["--moe-experts", "6"], "--moe-experts 6 must be a multiple of --ep 4"),
     (["--hidden-size", "1024"], "--hidden-size needs --hidden-size, --heads and --seq-length together"),
 ])
 def test_bad_all_to_all_options_exit_2_naming_the_option(capsys, argv, words):

@@ -52,8 +52,8 @@ def test_all_to_all_time_is_two_per_moe_layer_and_none_without_a_group():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(top_k=9, ep=4, experts_per_rank=2), r"--top-k \(9\) must be at most the experts of the group"),
-    (dict(top_k=0, ep=4), "--top-k must be a whole number >= 1; got 0"),
+    (dict(top_k=9, ep=4, experts_per_rank=2), r"--moe-top-k \(9\) must be at most the experts of the group"),
+    (dict(top_k=0, ep=4), "--moe-top-k must be a whole number >= 1; got 0"),
     (dict(top_k=2, ep=4, bandwidth=0), "--a2a-bandwidth must be > 0"),
     (dict(top_k=2, ep=4, latency=-1), "--a2a-latency must be a finite number >= 0"),
 ])

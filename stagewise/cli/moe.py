@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..costs import Costs, expert_all_to_all
 
 #: the options that derive --a2a, with their argparse names
-DERIVE = (("--moe-tokens", "moe_tokens"), ("--hidden-size", "hidden_size"), ("--top-k", "top_k"), ("--ep", "ep"),
+DERIVE = (("--moe-tokens", "moe_tokens"), ("--hidden-size", "hidden_size"), ("--moe-top-k", "moe_top_k"), ("--ep", "ep"),
           ("--a2a-bandwidth", "a2a_bandwidth"))
 
 
@@ -25,12 +25,12 @@ def add_a2a_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--a2a-b", type=per_stage_value, metavar="T[,T..]", default=None,
                    help="all-to-all time of one backward action (B or I), default --a2a")
     g.add_argument("--moe-tokens", type=positive_int, metavar="N", default=None,
-                   help="tokens one rank routes per micro-batch: with --hidden-size, --top-k, --ep and "
+                   help="tokens one rank routes per micro-batch: with --hidden-size, --moe-top-k, --ep and "
                         "--a2a-bandwidth, derive --a2a (x --layers-per-stage MoE layers)")
-    g.add_argument("--top-k", type=positive_int, metavar="K", default=None, help="experts each token is routed to")
+    g.add_argument("--moe-top-k", type=positive_int, metavar="K", default=None, help="experts each token is routed to")
     g.add_argument("--ep", type=positive_int, metavar="G", default=None, help="ranks of the expert-parallel group")
-    g.add_argument("--experts-per-rank", type=positive_int, metavar="E", default=1,
-                   help="routed experts each rank of the group holds, default 1")
+    g.add_argument("--moe-experts", type=positive_int, metavar="E", default=None,
+                   help="routed experts of the group, a multiple of --ep (default --ep: one a rank)")
     g.add_argument("--a2a-bandwidth", type=finite_float, metavar="BYTES", default=None,
                    help="bytes per time unit one rank sends in an all-to-all")
     g.add_argument("--a2a-latency", type=finite_float, metavar="T", default=0.0, help="fixed time of one all-to-all, default 0")
@@ -53,7 +53,11 @@ def a2a_costs(args: argparse.Namespace, costs: Costs) -> Costs:
                              f"{', '.join(missing)}")
         if a2a is not None:
             raise UsageError("give either --a2a (a time) or --moe-tokens and the rest (derived), not both")
-        a2a = expert_all_to_all(args.moe_tokens, args.hidden_size, args.top_k, args.ep, args.experts_per_rank,
+        experts = args.ep if getattr(args, "moe_experts", None) is None else args.moe_experts
+        if experts % args.ep:
+            raise UsageError(f"--moe-experts {experts} must be a multiple of --ep {args.ep} (the experts are "
+                             "sharded evenly over the group)")
+        a2a = expert_all_to_all(args.moe_tokens, args.hidden_size, args.moe_top_k, args.ep, experts // args.ep,
                                 bandwidth=args.a2a_bandwidth, latency=args.a2a_latency,
                                 layers=getattr(args, "layers_per_stage", 1.0))
     if a2a is None and a2a_b is None:
