@@ -32,6 +32,7 @@ def test_save_load_round_trip(tmp_path):
     (lambda d: {**d, "micro_batch_sizes": []}, "micro_batch_sizes must be a non-empty list"),
     (lambda d: {**d, "link": {"latency": 0.0, "bandwidth": 0}}, "link.bandwidth must be > 0"),
     (lambda d: {**d, "version": 9}, "version 9"),
+    (lambda d: {**d, "layers": [{**d["layers"][0], "a2a": [1.0]}]}, "a2a must be 2 finite numbers >= 0"),
 ])
 def test_bad_profiles_are_named(mutate, words):
     data = gpt_profile(blocks=1).to_json()
@@ -41,6 +42,18 @@ def test_bad_profiles_are_named(mutate, words):
     with pytest.raises(ProfileError) as e:
         Profile.loads(text, "x.json")
     assert words in str(e.value) and "x.json" in str(e.value)
+
+
+def test_an_moe_profile_keeps_its_all_to_all_and_expert_bytes_through_a_file(tmp_path):
+    from stagewise.plan.analytic import ExpertParallel, TensorParallel, analytic_profile
+    from stagewise.plan.hardware import Hardware
+    from stagewise.plan.transformer import TransformerSpec
+
+    prof = analytic_profile(TransformerSpec.load("deepseek-v3"), Hardware.load("h800"), TensorParallel(t=1), (1, 2),
+                            expert=ExpertParallel(ep=8))
+    prof.save(tmp_path / "moe.json")
+    back = Profile.load(tmp_path / "moe.json")
+    assert back.layers == prof.layers and back.layers[10].a2a and back.layers[10].expert_param_bytes > 0
 
 
 def test_unknown_micro_batch_size():

@@ -8,6 +8,8 @@ for f in gpipe 1f1b interleaved-1f1b zb-h1 zb-v dualpipe-v; do
 done
 $run compare -p 4 -m 8 --costs-per rank -o docs/img/compare-p4-m8.png > /dev/null
 $run draw 1f1b -p 4 -m 8 -o docs/img/1f1b-p4-m8.txt
+$run draw dualpipe -p 4 -m 8 --a2a 0.8 -o docs/img/dualpipe-a2a-p4-m8.png
+PYTHONPATH=$PWD ${PYTHON:-.venv/bin/python} benchmarks/bench_moe_ratio.py -o docs/img/moe-a2a-ratio.png > /dev/null
 if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then  # the page itself, in headless Chromium
   shot="env PYTHONPATH=$PWD ${PYTHON:-.venv/bin/python} docs/img/workshop_shot.py"
   $shot '?schedules=1f1b,zb-h1,zb-v&p=4&m=8' docs/img/workshop.png --hover '#timeline [data-k="2,1,12"]'

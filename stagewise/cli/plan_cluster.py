@@ -29,6 +29,9 @@ def add_options(p) -> None:
     g.add_argument("--tensor", default=None, metavar="T,..", help="tensor-parallel degrees to try (default: "
                    "every divisor of a node)")
     g.add_argument("--pipeline", default=None, metavar="P,..", help="pipeline degrees to try (default: all)")
+    g.add_argument("--expert", default=None, metavar="EP,..",
+                   help="expert-parallel degrees to try for an MoE model (default: every one that divides its experts "
+                        "and the data-parallel ranks)")
     g.add_argument("--no-sequence-parallel", action="store_true",
                    help="keep norms and dropouts whole under tensor parallel (Megatron-LM 2021)")
     g.add_argument("--no-zero", action="store_true",
@@ -107,6 +110,7 @@ def _job(args):
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
                tensor=tuple(_int_list(args.tensor, "--tensor")) if args.tensor else None,
                pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline else None,
+               expert=tuple(_int_list(args.expert, "--expert")) if getattr(args, "expert", None) else None,
                micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks))
 
 
@@ -148,12 +152,15 @@ def cluster_table(cands) -> str:
     from ..plan.cluster import fmt_bytes
     from ..plan.explain import fmt_seconds
 
-    head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4}"
+    moe = any(c.ep > 1 for c in cands)
+    ep_head = f"{'ep':>5}" if moe else ""
+    head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4}"
             f"{'step':>9}{'MFU':>7}{'mem/GPU':>11}{'bubble':>8}  blocks per stage")
     lines = [head, "-" * len(head)]
     for n, c in enumerate(cands, 1):
         g = c.config
-        lines.append(f"{n:>3}  {c.t:>2}{g.p:>4}{g.dp:>6}  {g.family:<17}{g.v:>2}{g.m:>5}{g.mbs:>4} "
+        ep = f"{c.ep:>5}" if moe else ""
+        lines.append(f"{n:>3}  {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}{g.m:>5}{g.mbs:>4} "
                      f"{_RC[c.recompute]:<4}{fmt_seconds(c.step_time):>9}{c.mfu:>7.1%}"
                      f"{fmt_bytes(max(c.candidate.memory)):>11}{c.candidate.bubble:>8.1%}  {_blocks(c)}")
     return "\n".join(lines)

@@ -50,6 +50,8 @@ class ClusterCandidate:
     mfu: float  #: model FLOPs per second / (GPUs x peak)
     tokens_per_second: float
     recompute: str = "off"  #: of ``RECOMPUTE``: what the blocks recompute (the profile's; config.recompute is off)
+    ep: int = 1  #: expert-parallel degree (MoE models): routed experts sharded over ep of a stage's dp peers
+    ep_nodes: int = 1  #: nodes one expert-parallel group spans (1: its all-to-all stays inside a node)
 
     @property
     def config(self) -> Config:
@@ -64,10 +66,12 @@ class ClusterCandidate:
         return self.candidate.fits
 
     def label(self) -> str:
-        return f"t={self.t} {self.config.label()} recompute={self.recompute}"
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return f"t={self.t}{ep} {self.config.label()} recompute={self.recompute}"
 
     def to_dict(self) -> dict:
-        return {"t": self.t, **self.candidate.to_dict(), "recompute": self.recompute,
+        return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes, **self.candidate.to_dict(),
+                "recompute": self.recompute,
                 "exposed_dp": self.exposed_dp, "mfu": self.mfu,
                 "tokens_per_second": self.tokens_per_second}
 
@@ -112,6 +116,7 @@ class ClusterSearcher(Searcher):
     job: Job
     t: int
     recompute: str = "off"  #: of ``RECOMPUTE``: what the profile's blocks recompute
+    ep: int = 1  #: expert-parallel degree (``expert_parallel.MoESearcher``)
     replay: dict = field(default_factory=dict)  #: mbs -> bytes of the one block replayed (full recomputation)
 
     def prepare(self, c: Config) -> Prepared:
@@ -119,17 +124,17 @@ class ClusterSearcher(Searcher):
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl = self.profile, self.cluster
         counts = self._split(h, c)
-        lc = layer_costs(prof, c.mbs, c.recompute, cl.state_factor)
+        lc = layer_costs(prof, c.mbs, c.recompute, cl.state_factor, cl)
         part = evaluate_split(lc, h, counts, cl.memory)
         costs = stage_costs(prof, counts, h, c.mbs, c.recompute, cl, c.p, c.dp)
         resolved = costs.resolve(sched.stages)
         acts = peak_activation_bytes(h, resolved.activation_bytes)
-        fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor)
+        fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor, cl)
         transient = rank_transient_bytes(prof, counts, h, c.mbs, c.recompute)
         replay = self.replay.get(c.mbs, 0.0)
         memory = tuple(f + a + x + replay for f, a, x in zip(fixed, acts, transient))
         zero = self.job.zero
-        gather = reduce_scatter_time(max(fixed) / cl.state_factor, c.dp, dp_link(cl, c.p, c.dp)) if zero else 0.0
+        gather = self._gather(c, counts, h, fixed) if zero else 0.0
         opt = max(rank_optimizer_time(prof, counts, h)) / (c.dp if zero else 1)
         end = gather + step_sync_time(prof, counts, h, cl, c.p, c.dp) + opt
         split = FAMILIES[c.family].split_backward if c.family in FAMILIES else True
@@ -138,9 +143,18 @@ class ClusterSearcher(Searcher):
                         fits=max(memory) <= cl.memory * (1 + 1e-9), bound=bound, step_end=end, optimizer=opt,
                         costs=costs)
 
+    def _gather(self, c: Config, counts, h, fixed: list[float]) -> float:
+        """ZeRO-1's all-gather of the updated bf16 weights over the data-parallel group."""
+        cl = self.cluster
+        return reduce_scatter_time(max(fixed) / cl.state_factor, c.dp, dp_link(cl, c.p, c.dp))
+
+    def _reduction_bytes(self, counts) -> list[list[float]]:
+        """Per piece, the gradient bytes of each layer that the data-parallel reduction moves."""
+        return _piece_layer_bytes(self.profile, counts)
+
     def _split(self, h, c: Config) -> tuple[int, ...]:
         """The block water-fill where it applies (cached per holding), else the exact partitioner."""
-        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor)
+        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
         key = ("blocks", h, c.mbs, c.recompute)
         if key not in self._partitions:
             room = self.cluster.memory - self.replay.get(c.mbs, 0.0)  # leave room for the block being replayed
@@ -158,7 +172,7 @@ class ClusterSearcher(Searcher):
         prof, cl, hw = self.profile, self.cluster, self.job.hardware
         tl = simulate(sched, pre.costs, check=False)
         makespan, bubble = timing(tl)
-        exposed = exposed_reduction(tl, _piece_layer_bytes(prof, pre.counts), h.stage_piece, c.dp,
+        exposed = exposed_reduction(tl, self._reduction_bytes(pre.counts), h.stage_piece, c.dp,
                                     dp_link(cl, c.p, c.dp), all_reduce=not self.job.zero)
         step = makespan + exposed + pre.step_end
         tokens = self.global_batch * self.job.spec.seq
@@ -199,7 +213,11 @@ def pipeline_bound(sched, sc, split_backward: bool) -> float:
 
 
 def dp_link(cl: Cluster, p: int, dp: int) -> Link:
-    """The link data-parallel peers use: inside the node when all replicas fit in one."""
+    """The link data-parallel peers use: inside the node when all replicas fit in one (or the cluster's
+    own rule, ``data_parallel_link``, for another device order)."""
+    own = getattr(cl, "data_parallel_link", None)
+    if own is not None:
+        return own(p, dp)
     return cl.inter if dp > 1 and p * dp > cl.per_node else cl.intra
 
 
@@ -217,6 +235,11 @@ def searchers(job: Job, skipped: dict) -> list[ClusterSearcher]:
     for t in tensor_degrees(job):
         tp = TensorParallel(t=t, sequence_parallel=job.sequence_parallel)
         for mode in recompute_modes(job):
+            if spec.moe is not None:  # the profile depends on ep too
+                from .expert_parallel import moe_pipelines
+
+                out += moe_pipelines(job, t, tp, mode, shared, skipped)
+                continue
             prof = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=mode)
             replay = {b: replay_bytes(spec, b, tp) for b in job.micro_batch_sizes} if mode == "full" else {}
             out += _pipelines(job, t, prof, mode, replay, shared, skipped)
@@ -293,10 +316,10 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
     least: dict = {}
     for s, x in prepared:
         if x.fits:
-            key = (s.t, s.cluster.pipeline, _without_rc(x.config))
+            key = (s.t, s.ep, s.cluster.pipeline, _without_rc(x.config))
             least[key] = min(least.get(key, 9), _level(s, x.config))
     fitting = sorted(((s, x) for s, x in prepared if x.fits
-                      and least[(s.t, s.cluster.pipeline, _without_rc(x.config))] == _level(s, x.config)),
+                      and least[(s.t, s.ep, s.cluster.pipeline, _without_rc(x.config))] == _level(s, x.config)),
                      key=lambda sx: sx[1].bound)
     dominated = sum(x.fits for _, x in prepared) - len(fitting)
     if not fitting:

@@ -69,6 +69,11 @@ def number(data: dict, key: str, where: str, *, positive: bool = True, integer: 
     return int(v) if integer else float(v)
 
 
+def whole(data: dict, key: str, where: str, *, default: int) -> int:
+    """An optional whole number >= 0 field (``default`` when absent)."""
+    return number(data, key, where, positive=False, integer=True) if key in data else default
+
+
 def flag(data: dict, key: str, where: str) -> bool:
     if key not in data:
         raise SpecError(f"{where} lacks the field {key!r}")

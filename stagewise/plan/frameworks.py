@@ -46,6 +46,9 @@ def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
         args.append("--sequence-parallel")
     if job.zero and g.dp > 1:
         args.append("--use-distributed-optimizer")
+    if c.ep > 1:  # experts sharded over ep of the data-parallel ranks; expert tensor parallel = t
+        args += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
+                 "--expert-model-parallel-size", str(c.ep)]
     if c.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     if c.recompute == "full":  # every block its own checkpoint, as the analytic profile assumes
@@ -78,6 +81,8 @@ def torchtitan_options(c: ClusterCandidate, job: Job, csv_path: str | None) -> s
              "--parallelism.data_parallel_replicate_degree"), str(g.dp),
             "--parallelism.pipeline_parallel_microbatch_size", str(g.mbs),
             "--training.local_batch_size", str(g.m * g.mbs), "--training.seq_len", str(spec.seq)]
+    if c.ep > 1:
+        args += ["--parallelism.expert_parallel_degree", str(c.ep)]
     if csv_path:
         args += ["--parallelism.pipeline_parallel_schedule_csv", csv_path]
     if cuts:

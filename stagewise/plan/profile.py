@@ -42,6 +42,12 @@ class LayerProfile:
     input_bytes: tuple[float, ...]  #: what the layer receives (kept alone when recomputing)
     output_bytes: tuple[float, ...]  #: what it sends on when a stage boundary follows it
     t_opt: float = 0.0  #: optimizer step over the layer's parameters (once per step)
+    #: expert-parallel all-to-all of a forward and of a backward (per size; empty: none), beside compute
+    a2a: tuple[float, ...] = ()
+    a2a_b: tuple[float, ...] = ()
+    #: of ``param_bytes``, the routed experts' share held on this GPU (their optimizer state and gradients
+    #: go over the data-parallel peers that hold the same experts, dp / ep of them)
+    expert_param_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,8 +183,16 @@ def _layer(raw, k: int, n_sizes: int, ctx: str) -> LayerProfile:
             raise ProfileError(f"{where}: {name} must be finite numbers >= 0; got {vals}")
         per[name] = tuple(float(x) for x in vals)
     t_opt = _number(raw, "t_opt", where) if "t_opt" in raw else 0.0
+    for name in ("a2a", "a2a_b"):  # optional: an MoE layer's all-to-all
+        vals = raw.get(name) or []
+        if not isinstance(vals, list) or (vals and len(vals) != n_sizes) or any(
+                not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 <= x < math.inf for x in vals):
+            raise ProfileError(f"{where}: {name} must be {n_sizes} finite numbers >= 0 (one per micro-batch size) "
+                               f"or absent; got {vals!r}")
+        per[name] = tuple(float(x) for x in vals)
+    experts = _number(raw, "expert_param_bytes", where) if "expert_param_bytes" in raw else 0.0
     return LayerProfile(name=str(raw.get("name", symbol)), symbol=symbol,
-                        param_bytes=_number(raw, "param_bytes", where), t_opt=t_opt, **per)
+                        param_bytes=_number(raw, "param_bytes", where), t_opt=t_opt, expert_param_bytes=experts, **per)
 
 
 def _get(d: dict, key: str, typ, where: str):

@@ -166,7 +166,7 @@ class Searcher:
 
     def _partition(self, h: Holding, c: Config) -> Partition:
         """The exact split; the memory-free one is shared by every m and reused when it fits."""
-        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor)
+        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
         limit = self.cluster.memory
         if self.space.counts is not None:
             return evaluate(lc, h, self.space.counts, limit)
