@@ -97,7 +97,7 @@ def test_the_balance_loss_by_hand():
     probs = torch.softmax(m.router(x), -1)[0]  # (4, 2)
     counts = torch.bincount(probs.argmax(-1), minlength=2).float()
     f = counts * 2 / 4
-    want = float((f * probs.mean(0)).sum())
+    want = float((f * probs.mean(0)).sum().detach())
     assert m(x)[1].item() == pytest.approx(want, rel=1e-6)
 
 
@@ -142,3 +142,38 @@ def test_bad_options_name_the_argument(kw, needle):
     with pytest.raises(RunError) as e:
         _block(**kw)
     assert needle in str(e.value)
+
+
+# ---- an own model with stagewise.MoE, pipelined under every family at p=2 (one launch)
+
+@pytest.fixture(scope="module")
+def every_family():
+    from stagewise.schedules import FAMILIES
+    from runtime_helpers import pipelined_own_moe
+
+    import stagewise
+
+    cases = [(name, name, {"microbatches": 4, "chunks": 2 if name in ("interleaved-1f1b", "looped-bfs") else None})
+             for name in FAMILIES]
+    return stagewise.launch(pipelined_own_moe, 2, cases, 8, 3, capacity=1.0, shared=1, timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_own_moe_model_under_every_family_equals_the_unpipelined_model(every_family):
+    from stagewise.schedules import FAMILIES
+    from runtime_helpers import own_moe_reference, rel_err
+
+    loss, grads = own_moe_reference(8, 3, capacity=1.0, shared=1)
+    assert set(every_family) == set(FAMILIES)
+    worst = 0.0
+    for case, (got, per_rank, _) in every_family.items():
+        assert got == pytest.approx(loss, rel=1e-5), case
+        seen = set()
+        for ranks_grads in per_rank:
+            for name, g in ranks_grads.items():
+                seen.add(name)
+                worst = max(worst, rel_err(g, grads[name]))
+                assert rel_err(g, grads[name]) <= 1e-5, (case, name)
+        assert seen == set(grads), (case, set(grads) - seen)
+    assert worst > 0  # different summation orders really were compared

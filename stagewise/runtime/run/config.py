@@ -27,11 +27,14 @@ def default_batch(microbatches: int, dp: int = 1) -> int:
     return share * -(-8 // share)
 
 
-def check_batch(batch: int, microbatches: int, dp: int = 1) -> None:
-    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` replicas (the one rule)."""
-    share = microbatches * dp
+def check_batch(batch: int, microbatches: int, dp: int = 1, ep: int = 1) -> None:
+    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` x ``ep`` data shards (the one
+    rule: replicas and expert-parallel ranks take different rows)."""
+    share = microbatches * dp * ep
     if batch % share:
         into = f"`dp` {dp} replicas of `microbatches` {microbatches}" if dp > 1 else f"`microbatches` {microbatches}"
+        if ep > 1:
+            into = f"`dp` {dp} x `ep` {ep} shares of `microbatches` {microbatches}"
         raise RunError(f"`batch` {batch} does not split into {into} equal micro-batches; use a `batch` that is a "
                        f"multiple of {share}")
 
@@ -162,9 +165,9 @@ class RunConfig:
         if isinstance(seq, int) and seq >= 1:
             limits.TOKENS.check(self.batch * seq, "", detail=f"`batch` {self.batch} x `seq` {seq} = "
                                 f"{self.batch * seq:,} tokens per step")
-        if self.pipelined:
-            check_batch(self.batch, self.microbatches, self.shards if self.shards >= 1 else 1)
         self._check_scale()
+        if self.pipelined:
+            check_batch(self.batch, self.microbatches, self.dp, self.ep)
         self._check_resilience()
         check_positive_number("`lr`", self.lr)
         if self.clip is not None:

@@ -53,7 +53,7 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
     sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.shards, csv=cfg.csv, launched_by=launched_by,
                              microbatches=cfg.microbatches if named else None, chunks=cfg.chunks if named else None,
                              ranks=cfg.ranks if named else None)
-    check_batch(cfg.batch, sched.microbatches, cfg.shards)  # a --csv schedule brings its own m
+    check_batch(cfg.batch, sched.microbatches, cfg.dp, cfg.ep)  # a --csv schedule brings its own m
     recompute_stages(cfg.recompute, sched.stages)
     fit = getattr(cfg.model, "check_fit", None)  # a model may say it in its own terms (HF: decoder layers)
     if fit is not None:
