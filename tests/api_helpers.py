@@ -323,11 +323,12 @@ def train_tied_by_name(cases) -> dict:
     return out
 
 
-def train_on_mesh(cases) -> dict:
-    """Rank function: train_cases with the replicas given as a (dp, pp) DeviceMesh instead of dp=."""
+def train_on_mesh(cases, names=("dp", "pp")) -> dict:
+    """Rank function: train_cases with the replicas given as a named DeviceMesh instead of dp=: the names say
+    which dimension is the pipeline, in either order."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
     return train_cases(cases, mesh=mesh)
 
 
