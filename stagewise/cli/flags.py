@@ -28,8 +28,8 @@ FLAGS = {
     "moe_capacity": "--moe-capacity", "moe_pad": "--moe-pad", "moe_aux": "--moe-aux", "overlap": "--no-overlap",
     # the Hugging Face adapter
     "source": "--hf", "tokenizer": "--tokenizer",
-    # profile
-    "micro_batch_sizes": "--micro-batch-sizes",
+    # profile, plan
+    "micro_batch_sizes": "--micro-batch-sizes", "verify": "--verify", "memory": "--memory",
 }
 
 
