@@ -1,8 +1,8 @@
 """Expert parallel (parallel/ep.py): the built-in GPT's MoE blocks with their experts sharded over an ep group.
 
 One launch of 4 ranks runs pp 2 x ep 2 under 1f1b, dualpipe and dualpipe-v (dropless; with capacity, and
-padded to it), pp 1 x dp 2 x ep 2 (experts summed over dp, dense weights over dp x ep), and SGD with
-global-norm clipping over the shards: step 1's loss and every gradient equal the unpipelined, unsharded
+padded to it), zb-h1 with recomputation (the all-to-alls replayed in I, none in W), pp 1 x dp 2 x ep 2
+(experts summed over dp, dense weights over dp x ep), and SGD with global-norm clipping over the shards: step 1's loss and every gradient equal the unpipelined, unsharded
 model on the whole batch (relative 1e-5), each expert exists on exactly one rank of its pipeline, and the
 weights after the steps equal the reference's. The rest is checked without ranks.
 """
@@ -33,6 +33,7 @@ CASES = [  # (label, config)
     ("dualpipe-v capped", dataclasses.replace(BASE, schedule="dualpipe-v", ranks=2, ep=2, model=CAPPED)),
     ("1f1b padded clipped", dataclasses.replace(BASE, schedule="1f1b", ranks=2, ep=2, model=PADDED, clip=0.05)),
     ("dp 2 x ep 2", dataclasses.replace(BASE, schedule="1f1b", ranks=1, dp=2, ep=2)),
+    ("zb-h1 recomputed", dataclasses.replace(BASE, schedule="zb-h1", ranks=2, ep=2, recompute=True)),
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -153,7 +153,7 @@ class Pipeline:
         counts = spec.split if spec.split is not None else split_counts(split, spec.all_names())
         ranges = stage_ranges(sched, spec.count, counts)
         self.stages, self.built_layers = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
-        self.ep = ExpertParallel(topo, self.stages) if topo.size("ep") > 1 else None  # keeps this rank's experts
+        self.ep = ExpertParallel(topo, self.stages, self.device) if topo.size("ep") > 1 else None  # its experts only
         self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties, ranks=topo.pipe_ranks)
         self.names = Names(spec, self.stage_map, sched, self.stages, topo.pipe)
         self.replicas = Replicas(self.stage_map, self.stages, sched.placement, topo.pipe, self.device, topo)

@@ -114,7 +114,7 @@ class ExpertParallel:
     block of ``stages`` in place.
     """
 
-    def __init__(self, topo: Topology, stages: dict[int, nn.Module]):
+    def __init__(self, topo: Topology, stages: dict[int, nn.Module], device=None):
         self.size = topo.size("ep")
         self.rank = topo.coords["ep"]
         mine = topo.group_of("ep")
@@ -124,6 +124,11 @@ class ExpertParallel:
             if ranks == mine:
                 self.group = g
         self.blocks = moe_blocks(stages)
+        count = torch.tensor([len(self.blocks)], dtype=torch.int64, device=device)
+        dist.all_reduce(count)
+        if not int(count):
+            raise RunError(f"`ep` {self.size}: the model has no stagewise.MoE block to shard its experts (an HF "
+                           "model's experts stay whole: run it with `ep` 1)")
         for block in self.blocks:
             shard(block, self.group, self.rank, self.size)
         #: the parameters sharded over the group (the routed experts): summed over dp only, normed over ep
