@@ -67,6 +67,26 @@ def hf_model(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder).train()
 
 
+def plain_loop(folder: Path, text: str, steps: int, rows: int, seq: int, lr: float):
+    """transformers' model trained by hand with SGD: loss per step, step-1 gradients, final parameters (HF names)."""
+    from stagewise.hf.data import TextData
+
+    model = hf_model(folder)
+    data = TextData(path=text, seq=seq)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, grads = [], None
+    for k in range(steps):
+        ids, labels = data.batch(k, rows)
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        losses.append(loss.item())
+        if k == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+    return losses, grads, model.state_dict()
+
+
 def batch(n: int = 4, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
 

@@ -16,11 +16,10 @@ import torch
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
-from hf_helpers import batch, hf_model, moe_cases, save_and_logits, save_tiny, write_config  # noqa: E402
+from hf_helpers import batch, hf_model, moe_cases, plain_loop, save_and_logits, save_tiny, write_config  # noqa: E402
 
 import stagewise  # noqa: E402
 from stagewise.hf import load  # noqa: E402
-from stagewise.hf.data import TextData  # noqa: E402
 from stagewise.hf.errors import HFError  # noqa: E402
 from stagewise.runtime.stages.stage import stage_ranges  # noqa: E402
 from stagewise.schedules import FAMILIES  # noqa: E402
@@ -114,23 +113,6 @@ def test_a_bad_moe_field_is_refused_naming_it(tmp_path, kind, over, needle):
 CASES = [(name, 4, 2 if name in ("interleaved-1f1b", "looped-bfs") else None) for name in FAMILIES]
 
 
-def plain_loop(folder: Path, text: str):
-    model = hf_model(folder)
-    data = TextData(path=text, seq=SEQ)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses, grads = [], None
-    for k in range(STEPS):
-        ids, labels = data.batch(k, ROWS)
-        loss = model(ids, labels=labels).loss
-        loss.backward()
-        losses.append(loss.item())
-        if k == 0:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        opt.step()
-        opt.zero_grad()
-    return losses, grads, model.state_dict()
-
-
 @pytest.fixture(scope="module")
 def pipelined(folders):
     _, text, paths = folders
@@ -144,7 +126,7 @@ def pipelined(folders):
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_moe_family_pipelined_equals_transformers(folders, pipelined, kind):
     _, text, paths = folders
-    want_losses, want_grads, want_state = plain_loop(paths[kind], text)
+    want_losses, want_grads, want_state = plain_loop(paths[kind], text, STEPS, ROWS, SEQ, LR)
     got = pipelined[kind]["cases"]
     assert {c[0] for c in got} == ({"dualpipe-v", "zb-v"} | (set(FAMILIES) if kind == "mixtral" else set()))
     for case, (losses, grads, state, _) in got.items():

@@ -46,37 +46,26 @@ class Embedding(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention and a 4x MLP, both residual."""
+    """Pre-norm transformer block: causal self-attention and a 4x MLP, both residual. With ``moe`` its MLP is a
+    mixture of experts (``stages/moe.py``): it takes the hidden states, or the pair (hidden, running aux loss)
+    after an earlier MoE block, and gives the pair."""
 
-    def __init__(self, d_model: int, heads: int):
+    def __init__(self, d_model: int, heads: int, moe: MoE | None = None):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.ln2 = nn.LayerNorm(d_model)
-        self.fc = nn.Linear(d_model, 4 * d_model)
-        self.out = nn.Linear(4 * d_model, d_model)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _attend(self, x)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class MoEBlock(nn.Module):
-    """The block with its MLP replaced by a mixture of experts (``stages/moe.py``): hidden states, or the pair
-    (hidden, running aux loss) after an earlier MoE block, in; the pair out."""
-
-    def __init__(self, d_model: int, heads: int, moe: MoE):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.ln2 = nn.LayerNorm(d_model)
+        if moe is None:
+            self.fc = nn.Linear(d_model, 4 * d_model)
+            self.out = nn.Linear(4 * d_model, d_model)
         self.moe = moe
 
     def forward(self, x):
+        if self.moe is None:
+            x = _attend(self, x)
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
         h, aux = unpack(x)
         h = _attend(self, h)
         y, a = self.moe(self.ln2(h))
@@ -220,7 +209,7 @@ class GPTConfig:
             if i == 0:
                 layer = Embedding(self.vocab, self.seq, self.d_model)
             elif i <= self.layers_n:
-                layer = MoEBlock(self.d_model, self.heads, self._moe()) if self.moe else Block(self.d_model, self.heads)
+                layer = Block(self.d_model, self.heads, self._moe() if self.moe else None)
             else:
                 layer = Head(self.d_model, nn.Parameter(torch.empty(self.vocab, self.d_model)))
             layer.apply(_init)
