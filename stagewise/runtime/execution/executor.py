@@ -75,7 +75,7 @@ class StepOutcome:
     loss: float = 0.0  #: sum of the micro-batch losses computed on this rank
     mb_losses: dict = field(default_factory=dict)  #: F action -> its loss tensor (names a non-finite one)
     outputs: dict = field(default_factory=dict)  #: forward-only: mb -> the last stage's output (detached)
-    overlaps: list = field(default_factory=list)  #: overlap.OverlapPair of each F&B pair run through a hook
+    overlaps: list = field(default_factory=list)  #: overlap.Overlapped (the op, its events) of each pair run by a hook
 
 
 class Executor:

@@ -47,6 +47,13 @@ class Event(NamedTuple):
     time: float  #: time.perf_counter()
 
 
+class Overlapped(NamedTuple):
+    """What a step keeps of a pair run through a hook (``StepOutcome.overlaps``): no tensor, no closure."""
+
+    op: object  #: the Pair
+    events: list  #: its ``Event``s (empty unless the generic interleave ran it)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Half:
     """One half of an F&B pair, as a hook sees it."""
@@ -201,5 +208,5 @@ def run_pair(executor, step, got: list, hook: Callable) -> list:
         if not done.get(k):
             raise RunError(f"`overlap` hook returned without running the pair's {a} ({step.op}); a hook runs "
                            "pair.forward.run() and pair.backward.run() once each")
-    executor.outcome.overlaps.append(pair)
+    executor.outcome.overlaps.append(Overlapped(pair.op, pair.events))
     return [done[0], done[1]]
