@@ -45,3 +45,17 @@ def test_an_expert_parallel_run_equals_the_one_process_model(capsys):
 ])
 def test_mistakes_exit_2_naming_the_flag(capsys, argv, needle):
     assert needle in fails(capsys, "train", "--schedule", "1f1b", "-p", "2", *argv)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--ep", "2"], "--ep 2 shards the experts of stagewise's MoE blocks; an --hf model's experts are"),
+    (["--moe-experts", "4"], "--moe-experts shapes the built-in GPT's MoE blocks; an --hf model brings its own"),
+])
+def test_an_hf_model_takes_no_moe_shape_and_no_ep(capsys, tmp_path, argv, needle):
+    from hf_helpers import CONFIGS, write_config
+
+    config = write_config(tmp_path / "config.json", **CONFIGS["mixtral"])
+    data = tmp_path / "t.txt"
+    data.write_text("x" * 200)
+    assert needle in fails(capsys, "train", "--hf", str(config), "--data", str(data), "--schedule", "1f1b", "-p", "2",
+                           *argv)

@@ -44,10 +44,12 @@ def apply(cfg, args):
     """``cfg`` with the options above: the GPT's MoE shape, ``ep`` and ``overlap``."""
     given = {field: getattr(args, arg) for arg, field in SHAPE.items()
              if getattr(args, arg) is not None and getattr(args, arg) is not False}
-    if args.hf and (given or args.ep > 1):
-        what = "--ep" if args.ep > 1 else "--" + next(iter(given)).replace("_", "-")
-        raise UsageError(f"{what} shapes the built-in GPT's MoE blocks; an --hf model brings its own experts "
-                         "(run it with --ep 1)")
+    if args.hf and args.ep > 1:
+        raise UsageError(f"--ep {args.ep} shards the experts of stagewise's MoE blocks; an --hf model's experts are "
+                         "transformers' own and stay whole (run it with --ep 1)")
+    if args.hf and given:
+        raise UsageError(f"--{next(iter(given)).replace('_', '-')} shapes the built-in GPT's MoE blocks; an --hf "
+                         "model brings its own experts")
     if given and "moe_experts" not in given:
         raise UsageError(f"--{next(iter(given)).replace('_', '-')} shapes MoE blocks: give --moe-experts E too")
     model = dataclasses.replace(cfg.model, **given) if given else cfg.model
