@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import train_hf, train_safety, train_scale
+from . import train_hf, train_moe, train_safety, train_scale
 from .common import UsageError, check_timeline_output, int_list, positive_int, print_json
 
 
@@ -56,6 +56,7 @@ def register(sub) -> None:
     train_hf.add_args(p)
     train_safety.add_args(p)
     train_scale.add_args(p)
+    train_moe.add_args(p)
     g = p.add_argument_group("output")
     g.add_argument("--trace", metavar="FILE", default=None,
                    help="write the last step's measured timeline: .json Chrome trace, or .png .svg .html .txt")
@@ -97,7 +98,8 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
         raise UsageError(f"give either --schedule ({name}) or --csv, not both")
     world = int(os.environ["WORLD_SIZE"]) // (args.dp if world_per_replica else 1) if is_torchrun() else 4
     ranks = args.ranks if args.ranks is not None else world
-    return name, ranks, name == "none" or (ranks == 1 and args.dp == 1 and not args.csv)
+    return name, ranks, name == "none" or (ranks == 1 and args.dp == 1 and getattr(args, "ep", 1) == 1
+                                           and not args.csv)
 
 
 def _split(text: str | None):
@@ -129,7 +131,7 @@ def cmd_train(args) -> int:
         check_timeline_output("--trace", args.trace)
     train_hf.check_plain(args)
     try:
-        cfg = train_scale.apply(train_safety.apply(config_from(args), args), args)
+        cfg = train_scale.apply(train_moe.apply(train_safety.apply(config_from(args), args), args), args)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
@@ -159,7 +161,7 @@ def _output(args, res) -> None:
         print_json(res.to_json())
         return
     print(summary(res))
-    for line in train_safety.lines(res) + train_scale.lines(res) + train_hf.lines(res):
+    for line in train_safety.lines(res) + train_scale.lines(res) + train_moe.lines(res) + train_hf.lines(res):
         print(line)
     if args.draw and last is not None:
         from ..render.ascii import draw_text

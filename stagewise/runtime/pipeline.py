@@ -30,6 +30,8 @@ from .execution.plan import lower
 from .run.config import RunError, check_positive_number, check_timeout
 from .run.resolve import resolve_schedule
 from .parallel.dp import DataParallel
+from .parallel.ep import ExpertParallel
+from .execution.overlap import interleave
 from .parallel.mesh import Topology
 from .execution.executor import Executor, RankContext, StepOutcome
 from .resilience.flight import NO_FLIGHT, SYNC
@@ -101,6 +103,12 @@ class Pipeline:
     - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp); or ``mesh``, a DeviceMesh whose
       dimensions are named, in any order, ``pp`` and ``dp`` (``init_device_mesh("cpu", (2, 2),
       mesh_dim_names=("pp", "dp"))``): the pipeline runs along ``pp``, replicas along ``dp``.
+    - ``ep``: expert parallel (parallel/ep.py): the ``ep`` ranks of a pipeline rank take different rows, like
+      replicas, and share each MoE block's experts (world = ranks x dp x ep; or an ``ep`` dimension of ``mesh``).
+    - ``overlap``: how an F&B pair runs: None (default) interleaves its halves at the all-to-alls of
+      expert-parallel MoE blocks when the rank holds any (execution/overlap.py), else forward then backward;
+      False: always forward then backward; a function ``fn(pair)``: your own (it runs ``pair.forward.run()``
+      and ``pair.backward.run()`` once each).
     - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
     - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages).
     - ``measure_memory``: count the activation bytes each op holds (``meter``; activation_memory.py).
@@ -124,16 +132,18 @@ class Pipeline:
                  device: str | torch.device | None = None, recompute: bool | Sequence[int] = False,
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
                  init: Callable | None = None, measure_memory: bool = False, mesh=None, nonfinite: str = "raise",
-                 flight=None):
+                 flight=None, ep: int = 1, overlap: Callable | bool | None = None):
         check_timeout(timeout)
         if nonfinite not in NONFINITE:
             raise RunError(f"`nonfinite` must be one of {', '.join(map(repr, NONFINITE))}; got {nonfinite!r}")
         if not callable(loss_fn):
             raise RunError(f"`loss_fn` must be a function (output, target) -> loss; got {type(loss_fn).__name__}")
+        if not (overlap is None or overlap is False or callable(overlap)):
+            raise RunError(f"`overlap` must be None, False or a function of the F&B pair; got {overlap!r}")
         self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
         spec.check()
         rank, world = _process_group(timeout)
-        self.topo = topo = _topology(mesh, dp, world, rank)
+        self.topo = topo = _topology(mesh, dp, world, rank, ep)
         self.device = _device(device)
         self.schedule = sched = resolve_schedule(schedule, world=world, dp=topo.data_shards * topo.size("tp"),
                                                  microbatches=microbatches, chunks=chunks,
@@ -143,11 +153,14 @@ class Pipeline:
         counts = spec.split if spec.split is not None else split_counts(split, spec.all_names())
         ranges = stage_ranges(sched, spec.count, counts)
         self.stages, self.built_layers = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
-        self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties)
+        self.ep = ExpertParallel(topo, self.stages, self.device) if topo.size("ep") > 1 else None  # its experts only
+        self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties, ranks=topo.pipe_ranks)
         self.names = Names(spec, self.stage_map, sched, self.stages, topo.pipe)
         self.replicas = Replicas(self.stage_map, self.stages, sched.placement, topo.pipe, self.device, topo)
         self.replicas.make_equal()  # tied copies built apart start from one value
-        self.dp = DataParallel(topo, sched, self.stages, timeout) if topo.dp > 1 else None
+        self.dp = self.ep.reduction(topo, self.stages, timeout) if self.ep is not None else \
+            DataParallel(topo, sched, self.stages, timeout) if topo.dp > 1 else None
+        self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
         self.meter = ActivationMeter(self.stages) if measure_memory else None
@@ -230,7 +243,7 @@ class Pipeline:
         """Scale every rank's gradients so the global norm (each logical parameter once) is at most
         ``max_norm``; returns the norm before clipping (``torch.nn.utils.clip_grad_norm_``'s rule; collective)."""
         check_positive_number("`max_norm`", max_norm)
-        return self.replicas.clip(self.params, max_norm)
+        return self.replicas.clip(self.params, max_norm, sharded=(self.ep.sharded, self.ep.group) if self.ep else None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -282,7 +295,8 @@ class Pipeline:
                            loss=self._loss, clock=self.clock, autocast=self._autocast, forward_only=forward_only,
                            recompute=None if forward_only else Recompute(self.recompute, self.device),
                            meter=None if forward_only else self.meter,
-                           after=None if forward_only or self.dp is None else self.dp.after, flight=self.flight)
+                           after=None if forward_only or self.dp is None else self.dp.after, flight=self.flight,
+                           overlap=None if forward_only else self._overlap)
 
     def _check_usable(self) -> None:
         if self._broken is not None:
@@ -381,20 +395,31 @@ def _process_group(timeout: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _topology(mesh, dp: int, world: int, rank: int) -> Topology:
-    """This rank's place in the grid: a named DeviceMesh, or ``dp`` replicas of world / dp pipeline ranks."""
+def _topology(mesh, dp: int, world: int, rank: int, ep: int = 1) -> Topology:
+    """This rank's place in the grid: a named DeviceMesh, or ``dp`` replicas (and ``ep`` expert-parallel ranks) of
+    world / (dp x ep) pipeline ranks."""
     if mesh is not None:
-        if dp != 1:
-            raise RunError("give either `mesh` or `dp`, not both (the mesh's 'dp' dimension is the replicas)")
+        if dp != 1 or ep != 1:
+            raise RunError("give either `mesh` or `dp` / `ep`, not both (the mesh's 'dp' and 'ep' dimensions say them)")
         topo = Topology.of_mesh(mesh, world, rank)
     else:
-        topo = Topology.of_sizes(world=world, rank=rank, dp=dp)
-    running = {"pp", "dp"}  # what this runtime composes today; the other dimensions are torch's own parts
+        topo = Topology.of_sizes(world=world, rank=rank, dp=dp, ep=ep)
+    running = {"pp", "dp", "ep"}  # what this runtime composes today; the other dimensions are torch's own parts
     extra = [d for d in topo.dims if d not in running and topo.size(d) > 1]
     if extra:
         raise RunError(f"mesh {topo.describe()}: the {extra[0]!r} dimension is not run by this Pipeline; give "
-                       "a mesh of 'pp' and 'dp'")
+                       "a mesh of 'pp', 'dp' and 'ep'")
     return topo
+
+
+def _overlap_hook(overlap, ep) -> Callable | None:
+    """What runs each F&B pair (``Pipeline(overlap=...)``): the user's function, the generic interleave where
+    MoE blocks communicate over an ep group, or None (forward, then backward)."""
+    if overlap is False:
+        return None
+    if callable(overlap):
+        return overlap
+    return interleave if ep is not None and ep.blocks else None
 
 
 def _rows(tree) -> int | None:

@@ -82,14 +82,20 @@ class Replicas:
                 for p in copies:
                     p.grad = total.clone()
 
-    def clip(self, params: list[torch.Tensor], max_norm: float) -> float:
-        """Scale all gradients so the global norm (each logical parameter once) is at most ``max_norm``."""
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+    def clip(self, params: list[torch.Tensor], max_norm: float, sharded=None) -> float:
+        """Scale all gradients so the global norm (each logical parameter once) is at most ``max_norm``.
+
+        ``sharded``: (ids of parameters, group) held in shares over ``group`` (ep.py's experts): each share of
+        every rank of the group counts too."""
+        ids, group = sharded if sharded is not None else ((), None)
+        sq = torch.zeros(2, dtype=torch.float64, device=self.device)  # the pipeline's own, then its shares
         for p in self.owned:
             if p.grad is not None:
-                sq += p.grad.detach().double().pow(2).sum()
+                sq[int(id(p) in ids)] += p.grad.detach().double().pow(2).sum()
         dist.all_reduce(sq, group=self.pipeline)
-        norm = math.sqrt(float(sq))
+        if group is not None:
+            dist.all_reduce(sq[1:], group=group)
+        norm = math.sqrt(float(sq.sum()))
         coef = min(1.0, max_norm / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
         for p in params:
             if p.grad is not None:

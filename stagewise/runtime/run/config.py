@@ -27,11 +27,14 @@ def default_batch(microbatches: int, dp: int = 1) -> int:
     return share * -(-8 // share)
 
 
-def check_batch(batch: int, microbatches: int, dp: int = 1) -> None:
-    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` replicas (the one rule)."""
-    share = microbatches * dp
+def check_batch(batch: int, microbatches: int, dp: int = 1, ep: int = 1) -> None:
+    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` x ``ep`` data shards (the one
+    rule: replicas and expert-parallel ranks take different rows)."""
+    share = microbatches * dp * ep
     if batch % share:
         into = f"`dp` {dp} replicas of `microbatches` {microbatches}" if dp > 1 else f"`microbatches` {microbatches}"
+        if ep > 1:
+            into = f"`dp` {dp} x `ep` {ep} shares of `microbatches` {microbatches}"
         raise RunError(f"`batch` {batch} does not split into {into} equal micro-batches; use a `batch` that is a "
                        f"multiple of {share}")
 
@@ -93,6 +96,8 @@ class RunConfig:
     microbatches: int = 8  #: m
     chunks: int | None = None  #: v (family default when None)
     dp: int = 1  #: pipeline replicas (data parallel); p x dp ranks in all
+    ep: int = 1  #: expert-parallel ranks per pipeline rank (MoE experts sharded over them); p x dp x ep ranks in all
+    overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/overlap.py); False: F then B
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
     steps: int = 1  #: optimizer steps
@@ -132,9 +137,19 @@ class RunConfig:
             raise RunError(f"`split` {e}") from None
 
     @property
+    def shards(self) -> int:
+        """The shares a step's batch is cut into across ranks: dp x ep."""
+        return self.dp * self.ep
+
+    @property
+    def world(self) -> int:
+        """Ranks launched: p x dp x ep."""
+        return self.ranks * self.shards
+
+    @property
     def pipelined(self) -> bool:
-        """Runs on ranks (p x dp > 1), not as the in-process reference."""
-        return (self.schedule is not None or self.csv is not None) and self.ranks * self.dp > 1
+        """Runs on ranks (p x dp x ep > 1), not as the in-process reference."""
+        return (self.schedule is not None or self.csv is not None) and self.world > 1
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""
@@ -150,9 +165,9 @@ class RunConfig:
         if isinstance(seq, int) and seq >= 1:
             limits.TOKENS.check(self.batch * seq, "", detail=f"`batch` {self.batch} x `seq` {seq} = "
                                 f"{self.batch * seq:,} tokens per step")
-        if self.pipelined:
-            check_batch(self.batch, self.microbatches, self.dp if self.dp >= 1 else 1)
         self._check_scale()
+        if self.pipelined:
+            check_batch(self.batch, self.microbatches, self.dp, self.ep)
         self._check_resilience()
         check_positive_number("`lr`", self.lr)
         if self.clip is not None:
@@ -164,15 +179,29 @@ class RunConfig:
         if self.model is not None and hasattr(self.model, "check"):
             self.model.check()
         if self.model is not None and hasattr(self.model, "check_sizes"):  # one micro-batch's activations
-            self.model.check_sizes(max(1, self.batch // (self.microbatches * self.dp) if self.pipelined else self.batch))
+            self.model.check_sizes(max(1, self.batch // (self.microbatches * self.shards) if self.pipelined
+                                       else self.batch))
         if self.model is not None:
             self.layer_split()
 
     def _check_scale(self) -> None:
-        """`dp` and `recompute` (runtime at scale)."""
+        """`dp`, `ep` and `recompute` (runtime at scale)."""
         check_count("`dp`", self.dp, 1, limits.RANKS)
-        if not self.pipelined and (self.dp > 1 or self.recompute):
-            what = f"`dp` {self.dp}" if self.dp > 1 else "`recompute`"
+        check_count("`ep`", self.ep, 1, limits.RANKS)
+        experts = getattr(self.model, "moe_experts", None)
+        if self.ep > 1 and isinstance(experts, int):
+            if experts < 1:
+                raise RunError(f"`ep` {self.ep} shards the experts of MoE blocks; the model has none: give "
+                               "`moe_experts`")
+            if experts % self.ep:
+                raise RunError(f"`ep` {self.ep} must divide `moe_experts` {experts}: each rank of the "
+                               "expert-parallel group holds as many experts")
+        if self.ep > 1 and (self.save or self.resume):
+            raise RunError(f"{'`save`' if self.save else '`resume`'} with `ep` {self.ep}: checkpoints keep whole "
+                           "layers and an expert-parallel rank holds a share of each MoE block; run with `ep` 1 "
+                           "to save or resume")
+        if not self.pipelined and (self.dp > 1 or self.ep > 1 or self.recompute):
+            what = f"`dp` {self.dp}" if self.dp > 1 else f"`ep` {self.ep}" if self.ep > 1 else "`recompute`"
             raise RunError(f"{what} needs a `schedule` run on ranks (`ranks` or `dp` >= 2); the unpipelined "
                            "reference runs in one process")
 

@@ -42,6 +42,7 @@ class RunResult:
     measured_bubble_fraction: float | None = None  #: over the steps after the first (rank 0)
     predicted_bubble_fraction: float | None = None  #: the simulator's, fed the measured mean cost per action kind
     dp: int | None = None  #: pipeline replicas (None: the unpipelined reference)
+    ep: int = 1  #: expert-parallel ranks per pipeline rank
     recompute: tuple[int, ...] | None = None  #: stages that recompute their forward
     memory: Memory | None = None  #: rank 0 of a run that counted activations (not --no-memory)
     checkpoint: dict | None = None  #: what --save / --resume did (checkpoint.Checkpoints.info)
@@ -64,6 +65,8 @@ class RunResult:
                "predicted_bubble_fraction": self.predicted_bubble_fraction}
         if self.dp is not None:
             out.update(dp=self.dp, recompute=list(self.recompute or ()))
+        if self.ep > 1:
+            out["ep"] = self.ep
         if self.memory is not None:
             m = self.memory
             out.update(peak_activation_bytes=list(m.peak_activation_bytes),

@@ -48,12 +48,12 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
     ``launched_by`` names what set the number of ranks (default `ranks` x `dp`; ``WORLD_SIZE`` under torchrun).
     """
     cfg.check()
-    world = cfg.ranks * cfg.dp if world is None else world
+    world = cfg.world if world is None else world
     named = isinstance(cfg.schedule, str) and not cfg.csv
-    sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.dp, csv=cfg.csv, launched_by=launched_by,
+    sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.shards, csv=cfg.csv, launched_by=launched_by,
                              microbatches=cfg.microbatches if named else None, chunks=cfg.chunks if named else None,
                              ranks=cfg.ranks if named else None)
-    check_batch(cfg.batch, sched.microbatches, cfg.dp)  # a --csv schedule brings its own m
+    check_batch(cfg.batch, sched.microbatches, cfg.dp, cfg.ep)  # a --csv schedule brings its own m
     recompute_stages(cfg.recompute, sched.stages)
     fit = getattr(cfg.model, "check_fit", None)  # a model may say it in its own terms (HF: decoder layers)
     if fit is not None:
@@ -61,7 +61,7 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
     partition(cfg.model.num_layers, sched.stages_per_copy, cfg.layer_split())
     optimizer_class(cfg.optimizer)
     if cfg.fault:
-        check_fault(parse_fault(cfg.fault), sched, cfg.dp)
+        check_fault(parse_fault(cfg.fault), sched, cfg.shards)
     checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
     return sched
 
@@ -116,7 +116,8 @@ class RankTrainer:
         self.flight = flight.Recorder(path=env.flight_path, on_start=injector.at if injector else None)
         loss = injector.loss(cfg.model.loss) if injector is not None and injector.fault.how == "nan" else \
             cfg.model.loss
-        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), dp=cfg.dp,
+        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), dp=cfg.dp, ep=cfg.ep,
+                                    overlap=None if cfg.overlap else False,
                                     device=env.device, recompute=cfg.recompute, static_shapes=True,
                                     timeout=cfg.timeout, measure_memory=cfg.measure_memory, flight=self.flight,
                                     nonfinite="skip" if cfg.skip_nonfinite else "raise")
@@ -178,7 +179,7 @@ class RankTrainer:
                          microbatches=self.schedule.microbatches, losses=tuple(self.losses),
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
                          measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
-                         dp=self.cfg.dp, recompute=tuple(sorted(self.pipe.recompute)), memory=memory,
+                         dp=self.cfg.dp, ep=self.cfg.ep, recompute=tuple(sorted(self.pipe.recompute)), memory=memory,
                          checkpoint=dict(self.checkpoints.info) if self.checkpoints.info else None,
                          skipped_steps=tuple(self.skipped) if self.cfg.skip_nonfinite else None,
                          layers_built=tuple(built) if built else None,
