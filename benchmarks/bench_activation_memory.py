@@ -6,7 +6,7 @@ the bytes it holds for in-flight micro-batches (autograd's saved tensors, the
 stage inputs and outputs, and W's gradients from I to W; once per storage,
 weights excluded); the prediction is the simulator's peak for the same
 schedule, fed what each (kind, stage) op was measured to add
-(stagewise.runtime.activation_memory). Memory is deterministic, so one step
+(stagewise.runtime.execution.activation_memory). Memory is deterministic, so one step
 suffices and 4 ranks on 2 cores are fine.
 
 Targets: the order of the schedules by peak memory (the largest rank of each)
@@ -80,24 +80,25 @@ def overhead(d_model: int, seq: int, name: str, reps: int = 15) -> float:
 
     import torch
 
-    from stagewise.runtime.activation_memory import ActivationMeter
-    from stagewise.runtime.comm import P2P, message_plan
-    from stagewise.runtime.executor import Executor, RankContext
-    from stagewise.runtime.models import GPTConfig
-    from stagewise.runtime.stage import build_stages, stage_map
-    from stagewise.runtime.timing import WallClock
+    from stagewise.runtime.execution.activation_memory import ActivationMeter
+    from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.messages.p2p import P2P
+    from stagewise.runtime.execution.executor import Executor, RankContext
+    from stagewise.runtime.run.models import GPTConfig
+    from stagewise.runtime.stages.stage import build_stages, stage_map
+    from stagewise.runtime.execution.timing import WallClock
     from stagewise.schedules import generate
 
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
     model = GPTConfig(layers_n=4, d_model=d_model, heads=4, seq=seq, vocab=64)
     sched = generate(name, 1, 8)
-    layers = model.layers()
+    layers = model.layers().build_all()
     stages = build_stages(sched, stage_map(sched, layers), layers, 0, cpu)
-    plan = message_plan(sched)
+    plan = lower(sched, 0)
     runs = {}
     for metered in (True, False):
-        ctx = RankContext(rank=0, schedule=sched, plan=plan, stages=stages, p2p=P2P(plan, 0, cpu, 10),
+        ctx = RankContext(plan=plan, stages=stages, p2p=P2P(plan.messages, 0, cpu, 10),
                           loss=model.loss, clock=WallClock(), meter=ActivationMeter(stages) if metered else None)
         runs[metered] = Executor(ctx)
     xs, ys = model.batch(0, 16)
@@ -125,8 +126,8 @@ def main() -> int:
     ap.add_argument("--overhead", action="store_true", help="also time a step with the meter against without")
     args = ap.parse_args()
     from stagewise.runtime import RunConfig
-    from stagewise.runtime.launch import train_many
-    from stagewise.runtime.models import GPTConfig
+    from stagewise.runtime.run.train import train_many
+    from stagewise.runtime.run.models import GPTConfig
 
     model = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=4, seq=args.seq, vocab=64)
     base = RunConfig(ranks=4, microbatches=8, batch=16, steps=1, model=model, threads=1)

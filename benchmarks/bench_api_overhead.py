@@ -48,7 +48,7 @@ class TorchPipe:
         from torch import nn
         from torch.distributed import pipelining
 
-        from stagewise.runtime.stage import stage_ranges
+        from stagewise.runtime.stages.stage import stage_ranges
 
         ranges = stage_ranges(sched, sched.stages)
         all_layers = layers(sched.stages, width)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from stagewise.actions import Action
 from stagewise.runtime import RunConfig, train
-from stagewise.runtime.comm import Route, _brief, message_plan
-from stagewise.runtime.flight import SEND, Recorder
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.messages.p2p import Route, _brief, message_plan
+from stagewise.runtime.resilience.flight import SEND, Recorder
+from stagewise.runtime.run.models import GPTConfig
 from stagewise.schedules import generate
 
 

@@ -47,7 +47,7 @@ class TorchPipe:
         from torch import nn
         from torch.distributed import pipelining
 
-        from stagewise.runtime.stage import stage_ranges
+        from stagewise.runtime.stages.stage import stage_ranges
 
         ranges = stage_ranges(sched, model.num_layers)
         self.mine = sched.stages_of_rank(rank)

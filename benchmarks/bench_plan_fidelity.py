@@ -24,11 +24,12 @@ import os
 from dataclasses import replace
 
 from stagewise.plan.cluster import Cluster
-from stagewise.plan.link import measure_link
-from stagewise.plan.measure import profile_model
-from stagewise.plan.overhead import KEY, measure_overhead
+from stagewise.runtime.profiling.link import measure_link
+from stagewise.runtime.profiling.measure import profile_model
+from stagewise.plan.overhead import KEY
+from stagewise.runtime.profiling.overhead import measure_overhead
 from stagewise.plan.search import Searcher, Space, search
-from stagewise.plan.verify import verify, verify_table
+from stagewise.runtime.profiling.verify import verify, verify_table
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--no-overhead", action="store_true", help="predict from the layers alone (as before)")
     args = ap.parse_args()
-    from stagewise.runtime.models import GPTConfig
+    from stagewise.runtime.run.models import GPTConfig
 
     load0 = os.getloadavg()[0]
     gpt = GPTConfig(layers_n=args.layers, d_model=256, heads=8, seq=128, vocab=256)

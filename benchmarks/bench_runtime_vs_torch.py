@@ -38,12 +38,12 @@ class TorchPipe:
         from torch import nn
         from torch.distributed import pipelining
 
-        from stagewise.runtime.stage import partition
+        from stagewise.runtime.stages.stage import partition
         from stagewise.schedules import generate
 
         self.model, self.args = model, args
         sched = generate(name, world, args.m)
-        layers = model.layers()
+        layers = model.layers().build_all()
         ranges = partition(len(layers), sched.stages)
         self.mine = mine = sched.stages_of_rank(rank)
         mods = {s: nn.Sequential(*[copy.deepcopy(layers[i]) for i in ranges[s]]) for s in mine}
@@ -89,8 +89,8 @@ def compare(rank, world, name, cls_name, model, args) -> dict:
     """Both runtimes built side by side, stepped alternately (who goes first alternates too)."""
     import torch
 
-    from stagewise.runtime.config import RunConfig
-    from stagewise.runtime.worker import Env, RankTrainer
+    from stagewise.runtime.run.config import RunConfig
+    from stagewise.runtime.run.worker import Env, RankTrainer
 
     # torch counts no activation bytes: neither does stagewise here unless --measure-memory
     cfg = RunConfig(schedule=name, ranks=world, microbatches=args.m, batch=args.batch, steps=args.steps,
@@ -122,8 +122,8 @@ def rank_main(args) -> dict:
     """One rank (started by ``stagewise.launch``, gloo initialised): both runtimes, schedule by schedule."""
     import torch.distributed as dist
 
-    from stagewise.runtime.memory import keep_freed_memory
-    from stagewise.runtime.models import GPTConfig
+    from stagewise.runtime.launching.memory import keep_freed_memory
+    from stagewise.runtime.run.models import GPTConfig
 
     keep_freed_memory()  # both runtimes run in this process with the same allocator settings
     rank, world = dist.get_rank(), dist.get_world_size()

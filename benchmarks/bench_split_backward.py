@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from stagewise.runtime.memory import keep_freed_memory
-from stagewise.runtime.models import GPTConfig
-from stagewise.runtime.split_backward import Splitter, input_grad, weight_grad
-from stagewise.runtime.stage import Stage
+from stagewise.runtime.launching.memory import keep_freed_memory
+from stagewise.runtime.run.models import GPTConfig
+from stagewise.runtime.execution.split_backward import Splitter, input_grad, weight_grad
+from stagewise.runtime.stages.stage import Stage
 
 #: CPU time of this thread: with one torch thread all of F, B, I and W run here, and time other
 #: processes take on a shared machine does not count (wall clock: --wall)
@@ -26,7 +26,7 @@ CLOCK = time.thread_time
 
 
 def stage_of(model: GPTConfig, lo: int, hi: int) -> Stage:
-    layers = model.layers()
+    layers = model.layers().build_all()
     return Stage(0, layers[lo:hi], lo)
 
 

@@ -1,10 +1,17 @@
 """The cost and memory model the simulator plays a schedule against.
 
 Durations are per action (one stage, one micro-batch). The seed convention is
-``t_f = 1, t_b = 2``; ``t_i`` and ``t_w`` default to half of ``t_b`` and an
-overlapped pair ``t_fb`` to the sum of its halves (no overlap gain unless
-given). Any duration may be one number or one number per stage, which is how
-uneven layers (a heavy embedding or head) reach the simulator.
+``t_f = 1, t_b = 2``; ``t_i`` and ``t_w`` default to half of ``t_b``. Any
+duration may be one number or one number per stage, which is how uneven layers
+(a heavy embedding or head) reach the simulator.
+
+Communication is its own resource: ``a2a`` is the expert-parallel all-to-all
+time of a forward (dispatch and combine of the stage's MoE layers), mirrored by
+the backward (B or I; W has none); ``expert_all_to_all`` derives it from the
+model's shape and the link. A plain action pays its compute and its all-to-all
+in turn; an overlapped F&B pair hides one half's all-to-all behind the other's
+compute (``overlap.pair_time``), so its duration is derived; ``t_fb`` still sets
+it by hand (without all-to-all only: the two do not mix).
 
 Memory, as the Zero Bubble paper models it: F allocates a stage's activation
 (M_B); I frees ``free_at_i`` of it; W frees the rest (M_W, what the weight
@@ -37,7 +44,10 @@ class Costs:
     t_b: PerStage = 2.0  #: full backward (input + weight gradients)
     t_i: PerStage = None  #: input-gradient backward; default t_b / 2
     t_w: PerStage = None  #: weight-gradient backward; default t_b / 2
-    t_fb: PerStage = None  #: overlapped F&B pair, by forward stage; default sum of halves
+    t_fb: PerStage = None  #: overlapped F&B pair, by forward stage, set by hand; default derived (overlap.pair_time)
+    #: expert-parallel all-to-all time of one forward action: dispatch + combine of the stage's MoE layers
+    a2a: PerStage = 0.0
+    a2a_b: PerStage = None  #: the same for a backward (B or I); default a2a (gradients retrace the routes)
     latency: float = 0.0  #: fixed time of one point-to-point message between ranks
     bandwidth: float | None = None  #: bytes per time unit of a link; None = free
     boundary_bytes: PerStage = 0.0  #: bytes of the activation a stage sends on (= its gradient back)
@@ -61,6 +71,15 @@ class Costs:
         b = [x + fx if r else x for x, fx, r in zip(b, f, rec)]
         i = [x + fx if r else x for x, fx, r in zip(i, f, rec)]
         fb = per_stage("t_fb", self.t_fb, stages, None) if self.t_fb is not None else None
+        a2a_f = per_stage("a2a", self.a2a, stages)
+        a2a_b = per_stage("a2a_b", self.a2a_b, stages, a2a_f)
+        # a recomputed stage replays its forward, all-to-alls included, inside the backward
+        a2a_b = [x + fx if r else x for x, fx, r in zip(a2a_b, a2a_f, rec)]
+        if not any(a2a_f) and not any(a2a_b):
+            a2a_f = a2a_b = None
+        elif fb is not None:
+            raise CostError("--tfb sets an F&B pair's duration by hand; with --a2a it is derived from the halves' "
+                            "compute and all-to-all: give one of them")
         act = per_stage("activation", self.activation, stages)
         keep = per_stage("recompute_keep", self.recompute_keep, stages)
         act = [k if r else a for a, k, r in zip(act, keep, rec)]
@@ -82,25 +101,41 @@ class Costs:
         if self.cap is not None and self.cap.unit == "bytes" and act_b is None:
             raise CostError("--cap-bytes needs the activation sizes in bytes (--activation-bytes or --hidden-size)")
         return StageCosts(f=f, b=b, i=i, w=w, fb=fb, message=msg, activation=act,
-                          activation_bytes=act_b, free_at_i=self.free_at_i)
+                          activation_bytes=act_b, free_at_i=self.free_at_i, a2a_f=a2a_f, a2a_b=a2a_b)
 
 
 @dataclass(frozen=True, kw_only=True)
 class StageCosts:
-    """Costs resolved to one value per stage (what the simulator reads)."""
+    """Costs resolved to one value per stage (what the simulator reads).
+
+    ``f``, ``b``, ``i``, ``w`` are compute; the all-to-all is apart (``comm``), and a plain
+    action takes both in turn (``duration``).
+    """
 
     f: list[float]
     b: list[float]
     i: list[float]
     w: list[float]
-    fb: list[float] | None  #: None: a pair costs the sum of its halves
+    fb: list[float] | None  #: a pair's duration set by hand; None: derived (``overlap.pair_time``)
     message: list[float]  #: time to send stage s's activation (or gradient) to a neighbour rank
     activation: list[float]
     activation_bytes: list[float] | None
     free_at_i: float
+    a2a_f: list[float] | None = None  #: all-to-all of a forward per stage; None: no all-to-all anywhere
+    a2a_b: list[float] | None = None  #: of a backward (B or I), recomputed forward's included
+
+    def compute(self, kind: str, stage: int) -> float:
+        return {"F": self.f, "B": self.b, "I": self.i, "W": self.w}[kind][stage]
+
+    def comm(self, kind: str, stage: int) -> float:
+        """All-to-all seconds of an action: the forward's, the backward's for B and I, none for W."""
+        if self.a2a_f is None or kind == "W":
+            return 0.0
+        return (self.a2a_f if kind == "F" else self.a2a_b)[stage]
 
     def duration(self, kind: str, stage: int) -> float:
-        return {"F": self.f, "B": self.b, "I": self.i, "W": self.w}[kind][stage]
+        """A plain action's time: its compute, then its all-to-all."""
+        return self.compute(kind, stage) + self.comm(kind, stage)
 
     def sizes(self, unit_bytes: bool = False) -> list[float]:
         """Activation of one micro-batch per stage, in chunk-units or bytes."""
@@ -184,6 +219,75 @@ def transformer_activation(hidden: int, heads: int, seq_length: int, micro_batch
     return Activation(m_b=(34 * hidden + 5 * heads * seq_length) * sb * layers, m_w=32 * hidden * sb * layers)
 
 
+def expert_dispatch_bytes(tokens: int, hidden: int, top_k: int, ep: int, experts_per_rank: int = 1,
+                          bytes_per_element: float = 2.0) -> float:
+    """Bytes one rank sends to the other ranks of its expert-parallel group in one dispatch all-to-all
+    (the combine sends as many back), routing uniform at random.
+
+    Each of the rank's ``tokens`` goes to its ``top_k`` experts among ``ep * experts_per_rank``, once per
+    rank that holds any of them (DeepEP and DeepSeek-V3's kernels send a token to a rank once), so the
+    other ranks it reaches are ``(ep - 1) * (1 - C(E - e, k) / C(E, k))`` on average; with one expert per
+    rank that is ``(ep - 1) k / ep``, the plain count of routed copies that leave the rank.
+
+    >>> expert_dispatch_bytes(4096, 1024, 2, ep=4)  # 3/4 of the 2 copies of each 2 KB token leave
+    12582912.0
+    """
+    for name, x in (("moe-tokens", tokens), ("hidden-size", hidden), ("moe-top-k", top_k), ("ep", ep),
+                    ("moe-experts / --ep", experts_per_rank)):
+        if not (isinstance(x, int) and not isinstance(x, bool) and x >= 1):
+            raise CostError(f"--{name} must be a whole number >= 1; got {x}")
+    if not 0 < bytes_per_element < math.inf:
+        raise CostError(f"bytes per element must be > 0; got {bytes_per_element}")
+    return tokens * hidden * bytes_per_element * expert_copies(top_k, ep, experts_per_rank)
+
+
+def expert_copies(top_k: int, ep: int, experts_per_rank: int = 1) -> float:
+    """How many other ranks of a group of ``ep`` one token reaches on average, its ``top_k`` experts drawn
+    uniformly from the ``ep * experts_per_rank``: (ep - 1) (1 - C(E - e, k) / C(E, k)).
+
+    >>> round(expert_copies(8, 8, 32), 2)  # DeepSeek-V3's 256 experts, top-8, over 8 nodes: 4.6 other nodes
+    4.63
+    """
+    experts = ep * experts_per_rank
+    if top_k > experts:
+        raise CostError(f"--moe-top-k ({top_k}) must be at most the experts of the group, --moe-experts "
+                        f"({experts})")
+    # chance that none of a token's k experts is on one given other rank: C(E-e, k) / C(E, k)
+    if experts - experts_per_rank < top_k:
+        miss = 0.0
+    elif top_k <= 4096:  # exact product
+        miss = 1.0
+        for j in range(top_k):
+            miss *= (experts - experts_per_rank - j) / (experts - j)
+    else:  # bounded time for any size the options allow: each factor at the midpoint's
+        miss = math.exp(top_k * math.log1p(-experts_per_rank / (experts - (top_k - 1) / 2)))
+    return (ep - 1) * (1.0 - min(1.0, max(0.0, miss)))
+
+
+def expert_all_to_all(tokens: int, hidden: int, top_k: int, ep: int, experts_per_rank: int = 1, *,
+                      bandwidth: float, latency: float = 0.0, bytes_per_element: float = 2.0,
+                      layers: float = 1) -> float:
+    """All-to-all time of one forward action: ``layers`` MoE layers, each a dispatch and a combine of
+    ``expert_dispatch_bytes`` over a link of ``bandwidth`` bytes per time unit and ``latency``.
+    The backward mirrors it (the gradients go back along the same routes).
+
+    >>> expert_all_to_all(4096, 1024, 2, ep=4, bandwidth=50e9)  # seconds, two all-to-alls of 12.6 MB
+    0.00050331648
+    """
+    if not 0 < bandwidth < math.inf:
+        raise CostError(f"--a2a-bandwidth must be > 0; got {bandwidth}")
+    if not 0 <= latency < math.inf:
+        raise CostError(f"--a2a-latency must be a finite number >= 0; got {latency}")
+    if not 0 < layers < math.inf:
+        raise CostError(f"--layers-per-stage must be > 0; got {layers}")
+    one = latency + expert_dispatch_bytes(tokens, hidden, top_k, ep, experts_per_rank, bytes_per_element) / bandwidth
+    total = 2 * one * layers if ep > 1 else 0.0
+    if not math.isfinite(total):
+        raise CostError(f"the all-to-all of --moe-tokens {tokens} x --hidden-size {hidden} over --a2a-bandwidth "
+                        f"{bandwidth:g} is not a finite time; count time in a larger unit (so the bandwidth per unit is larger)")
+    return total
+
+
 def with_transformer_memory(costs: Costs, act: Activation) -> Costs:
     """``costs`` whose activation bytes per stage and ``free_at_i`` are the transformer's (M_B, M_W)."""
     from dataclasses import replace
@@ -252,7 +356,8 @@ def scaled(costs: Costs, weights: list[float], *, durations: bool = True, activa
             return x * weights[0] if uniform else [x * w for w in weights]
         return [v * w for v, w in zip(per_stage("cost", x, len(weights)), weights)]
 
-    fields = {k: times(getattr(costs, k)) for k in ("t_f", "t_b", "t_i", "t_w", "t_fb")} if durations else {}
+    fields = {k: times(getattr(costs, k)) for k in ("t_f", "t_b", "t_i", "t_w", "t_fb", "a2a", "a2a_b")} \
+        if durations else {}
     if activation:
         fields["activation"] = times(costs.activation)
         if costs.activation_bytes is not None:

@@ -2,7 +2,9 @@
 
 An action starts when its rank is free and its dependencies (DESIGN.md) have
 arrived; sends are asynchronous, so a message adds link time to the receiver's
-ready time but never occupies the sender. Start times do not depend on the
+ready time but never occupies the sender. An op's duration depends on the op
+alone (compute, its all-to-all, and for an F&B pair what of that is hidden:
+``overlap``), never on when it runs. Start times do not depend on the
 order in which ranks are advanced, so a plain work list (no event heap) gives
 the exact timeline in time linear in the number of actions.
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from .actions import Action, Pair
 from .costs import StageCosts
+from .overlap import pair_parts, pair_time
 from .schedule import Schedule
 
 
@@ -44,8 +47,12 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     m = schedule.microbatches
     n_keys = schedule.stages * m
     first, last, fwd_link, bwd_link = _routes(schedule, costs)
-    dur = {"F": costs.f, "B": costs.b, "I": costs.i, "W": costs.w}
+    S = schedule.stages
+    # a plain action pays its compute, then its all-to-all
+    dur = {k: [costs.duration(k, s) for s in range(S)] for k in "FBIW"} if costs.a2a_f is not None else \
+        {"F": costs.f, "B": costs.b, "I": costs.i, "W": costs.w}
     fb = costs.fb
+    comm = costs.a2a_f is not None
 
     done = [-1.0] * (2 * n_keys)  # [0, n): F done; [n, 2n): input gradient done (B or I)
     programs = schedule.programs
@@ -103,7 +110,12 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
                     waiting.setdefault(kb, []).append(r)
                     break
                 start = max(t, rf, rb)
-                d = fb[fa.stage] if fb is not None else dur["F"][fa.stage] + dur[ba.kind][ba.stage]
+                if fb is not None:
+                    d = fb[fa.stage]
+                elif comm:  # one half's all-to-all behind the other's compute
+                    d = pair_time(*pair_parts(op, costs))
+                else:
+                    d = dur["F"][fa.stage] + dur[ba.kind][ba.stage]
                 t = start + d
                 finished = (fa, ba)
             else:

@@ -17,13 +17,18 @@ the largest idle time of a rank, makespan - busy.
 from __future__ import annotations
 
 from .costs import Costs
+from .overlap import pair_time
 from .schedules.forms import Uniform
 from .schedules.registry import FAMILIES
 
 
 def uniform(costs: Costs) -> Uniform | None:
-    """The durations when every stage costs the same and links are free (else None)."""
-    vals = [costs.t_f, costs.t_b, costs.t_i, costs.t_w, costs.t_fb]
+    """The durations when every stage costs the same and links are free (else None).
+
+    A plain action's duration includes its all-to-all; an F&B pair's is derived (``overlap.pair_time``)
+    unless ``t_fb`` sets it.
+    """
+    vals = [costs.t_f, costs.t_b, costs.t_i, costs.t_w, costs.t_fb, costs.a2a, costs.a2a_b]
     if any(v is not None and not isinstance(v, (int, float)) for v in vals):
         return None
     if costs.latency or (costs.bandwidth and costs.boundary_bytes) or costs.recompute is not False:
@@ -31,10 +36,12 @@ def uniform(costs: Costs) -> Uniform | None:
     f, b = float(costs.t_f), float(costs.t_b)
     w = float(costs.t_w) if costs.t_w is not None else b / 2
     i = float(costs.t_i) if costs.t_i is not None else b / 2
-    fb = float(costs.t_fb) if costs.t_fb is not None else f + b
+    a_f = float(costs.a2a)
+    a_b = float(costs.a2a_b) if costs.a2a_b is not None else a_f
+    fb = float(costs.t_fb) if costs.t_fb is not None else pair_time(f, a_f, b, a_b, min(i, b))
     if abs(i + w - b) > 1e-12 * max(1.0, b):
         return None  # split and full backward would cost different amounts
-    return Uniform(f=f, b=b, i=i, w=w, fb=fb)
+    return Uniform(f=f + a_f, b=b + a_b, i=i + a_b, w=w, fb=fb)
 
 
 def idle_per_rank(name: str, p: int, m: int, v: int, costs: Costs) -> float | None:

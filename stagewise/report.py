@@ -55,16 +55,32 @@ def memory_line(res: dict) -> str | None:
             f"{' '.join(map(fmt, res['memory_cap']))}: {verdict}")
 
 
+def a2a_cells(res: dict) -> tuple[str, str]:
+    """(exposed all-to-all of the busiest rank, share of all all-to-all hidden) as table text."""
+    total = sum(res["a2a"])
+    if not total:
+        return "-", "-"
+    return f"{max(res['exposed_a2a']):.4g}", f"{sum(res['hidden_a2a']) / total:.0%}"
+
+
 def table(results: list[dict]) -> str:
-    """A plain-text table of results, one row per schedule."""
-    head = f"{'schedule':<18} {'p':>3} {'m':>4} {'v':>2} {'makespan':>9} {'bubble':>7} {'formula':>7}  peak activations per rank"
+    """A plain-text table of results, one row per schedule (all-to-all columns when there is any)."""
+    comm = any(sum(r.get("a2a") or ()) for r in results)
+    extra = f" {'exp a2a':>8} {'hidden':>6}" if comm else ""
+    head = (f"{'schedule':<18} {'p':>3} {'m':>4} {'v':>2} {'makespan':>9} {'bubble':>7} {'formula':>7}{extra}  "
+            "peak activations per rank")
     lines = [head, "-" * len(head)]
     for r in results:
         formula = f"{r['formula_bubble_fraction']:.1%}" if r["formula_bubble_fraction"] is not None else "-"
         peaks = " ".join(f"{x:g}" for x in r["peak_activations"])
+        exposed, hidden = a2a_cells(r)
+        cells = f" {exposed:>8} {hidden:>6}" if comm else ""
         lines.append(
             f"{r['schedule']:<18} {r['ranks']:>3} {r['microbatches']:>4} {r['chunks']:>2} "
-            f"{r['makespan']:>9.4g} {r['bubble_fraction']:>7.1%} {formula:>7}  {peaks}"
+            f"{r['makespan']:>9.4g} {r['bubble_fraction']:>7.1%} {formula:>7}{cells}  {peaks}"
         )
+    if comm:
+        lines += ["", "exp a2a: all-to-all the busiest rank waits for (not hidden behind compute); hidden: share of "
+                  "all all-to-all that ran while the rank computed"]
     caps = [line for r in results if (line := memory_line(r))]
     return "\n".join(lines + ([""] + caps if caps else []))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .costs import Costs
 from .engine import Stuck, play
+from .overlap import comm_lanes
 from .schedule import Schedule
 from .timeline import Metrics, Timeline, metrics
 from .validate import ScheduleError, check_structure, describe_deadlock
@@ -31,6 +32,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = Tr
         free_at_i=sc.free_at_i,
         cap=tuple(costs.cap.per_rank(schedule.ranks)) if costs.cap is not None else None,
         cap_unit=costs.cap.unit if costs.cap is not None else "chunks",
+        comm=comm_lanes(schedule, sc, starts, ends),
         meta={"costs": costs},
     )
 

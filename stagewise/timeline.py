@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .actions import Pair, actions_of
 from .costs import freed
+from .overlap import Comm, totals
 from .schedule import Schedule
 
 
@@ -28,6 +29,8 @@ class Timeline:
     free_at_i: float = 0.0
     cap: tuple[float, ...] | None = None  #: most activation each rank may hold (None: no cap)
     cap_unit: str = "chunks"  #: "chunks" (compared with peak_activations) or "bytes"
+    #: per rank, the all-to-all of each action that has one (its own lane beside compute); None: none
+    comm: tuple[tuple[Comm, ...], ...] | None = None
     meta: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +116,18 @@ class Metrics:
     span_idle: tuple[float, ...] = ()
     memory_cap: tuple[float, ...] | None = None  #: per rank, in ``cap_unit``
     cap_unit: str | None = None  #: "chunks" or "bytes"
+    a2a: tuple[float, ...] = ()  #: expert-parallel all-to-all seconds per rank (hidden or not)
+    exposed_a2a: tuple[float, ...] = ()  #: of which the rank's compute waits for (inside ``busy``)
+
+    @property
+    def hidden_a2a(self) -> tuple[float, ...]:
+        """All-to-all that ran while the rank computed."""
+        return tuple(max(0.0, a - x) for a, x in zip(self.a2a, self.exposed_a2a))
+
+    @property
+    def exposed_a2a_fraction(self) -> float:
+        """Exposed all-to-all over ranks x makespan: the share of the step it costs, as the bubble is idle's."""
+        return sum(self.exposed_a2a) / (len(self.busy) * self.makespan) if self.makespan > 0 else 0.0
 
     @property
     def peak_in_cap_unit(self) -> tuple[float, ...]:
@@ -139,6 +154,10 @@ class Metrics:
             "memory_cap": list(self.memory_cap) if self.memory_cap is not None else None,
             "cap_unit": self.cap_unit,
             "within_cap": self.within_cap,
+            "a2a": list(self.a2a),
+            "exposed_a2a": list(self.exposed_a2a),
+            "hidden_a2a": list(self.hidden_a2a),
+            "exposed_a2a_fraction": self.exposed_a2a_fraction,
         }
 
 
@@ -153,6 +172,7 @@ def metrics(tl: Timeline) -> Metrics:
     bubble = 1.0 - sum(busy) / (R * makespan) if makespan > 0 else 0.0
     sched = tl.schedule
     peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i)) if tl.activation_bytes else None
+    a2a, exposed = totals(tl.comm, R)
     return Metrics(
         makespan=makespan,
         bubble_fraction=bubble,
@@ -166,4 +186,6 @@ def metrics(tl: Timeline) -> Metrics:
         ),
         memory_cap=tl.cap,
         cap_unit=tl.cap_unit if tl.cap is not None else None,
+        a2a=a2a,
+        exposed_a2a=exposed,
     )

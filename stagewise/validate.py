@@ -8,9 +8,11 @@ the action and, for a deadlock, the cycle of waits.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .actions import Action, Pair, actions_of
 from .costs import Costs
-from .engine import Stuck, play
+from .engine import Blocked, Stuck, play
 from .schedule import Schedule
 from .errors import StagewiseError
 
@@ -103,24 +105,40 @@ def _check_complete(schedule: Schedule, seen: bytearray) -> None:
                     raise ScheduleError(f"rank {rank}: {problem}")
 
 
-def describe_deadlock(schedule: Schedule, stuck: Stuck) -> str:
-    """The cycle of waits, as 'rank r position i (op) waits for X on rank q' links."""
+class Wait(NamedTuple):
+    """One link of a deadlock: ``blocked`` waits for ``waits_for``, which sits at ``target`` (rank, position)."""
+
+    blocked: Blocked
+    target: tuple[int, int] | None
+
+
+def wait_cycle(schedule: Schedule, stuck: Stuck) -> tuple[list[Wait], bool]:
+    """The waits from the first blocked rank on, until a rank repeats: the cycle (True), or the chain
+    to a rank that is not blocked (False). The validator's message and the workshop's drawing of it."""
     head = {b.rank: b for b in stuck.blocked}
     where = _locate(schedule)
-    # follow waits from the first blocked rank until a rank repeats
-    chain, r = [], stuck.blocked[0].rank
+    chain: list[Wait] = []
     visited: list[int] = []
+    r = stuck.blocked[0].rank
     while r in head and r not in visited:
         visited.append(r)
-        b = head[r]
-        target = _find_dep(where, b.waits_for)
-        q, qpos = target if target else (None, None)
-        chain.append(f"rank {r} position {b.position} ({b.op}) waits for {target_text(b.waits_for, where)}")
-        r = q
+        target = _find_dep(where, head[r].waits_for)
+        chain.append(Wait(head[r], target))
+        r = target[0] if target else None
     if r in visited:
-        chain = chain[visited.index(r):]
-        return "deadlock: wait cycle: " + "; ".join(chain) + f"; back to rank {r}"
-    return "deadlock: " + "; ".join(chain)
+        return chain[visited.index(r):], True
+    return chain, False
+
+
+def describe_deadlock(schedule: Schedule, stuck: Stuck) -> str:
+    """The cycle of waits, as 'rank r position i (op) waits for X on rank q' links."""
+    waits, cycle = wait_cycle(schedule, stuck)
+    where = _locate(schedule)
+    links = "; ".join(f"rank {w.blocked.rank} position {w.blocked.position} ({w.blocked.op}) waits for "
+                      f"{target_text(w.blocked.waits_for, where)}" for w in waits)
+    if cycle:
+        return f"deadlock: wait cycle: {links}; back to rank {waits[0].blocked.rank}"
+    return f"deadlock: {links}"
 
 
 def target_text(dep: Action, where: dict) -> str:

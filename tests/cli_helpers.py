@@ -1,5 +1,9 @@
 """Run the `stagewise` CLI in-process as a user would, for the CLI tests of every area."""
 
+from contextlib import contextmanager
+
+import pytest
+
 from stagewise.cli import main
 
 
@@ -19,3 +23,17 @@ def fails(capsys, *argv: str) -> str:
     assert rc == 2, (argv, out, err)
     assert err.count("\n") == 1 and "Traceback" not in err, err
     return err
+
+
+@contextmanager
+def raises_said(exc, pattern: str):
+    """``pytest.raises(exc)`` whose message, said in the CLI's words (cli/flags.py), matches ``pattern``: a
+    library error names `microbatches`, the CLI -m; one expectation checks both the rule and the wording."""
+    import re
+
+    from stagewise.cli.flags import say
+
+    with pytest.raises(exc) as info:
+        yield info
+    text = say(str(info.value))
+    assert re.search(pattern, text), f"{pattern!r} not in {text!r}"

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stagewise.runtime.activation_memory import ActivationMeter
-from stagewise.runtime.comm import P2P, message_plan
-from stagewise.runtime.executor import Executor, RankContext
-from stagewise.runtime.models import GPTConfig
-from stagewise.runtime.recompute import Recompute
-from stagewise.runtime.stage import build_stages, stage_map
-from stagewise.runtime.timing import WallClock
+from stagewise.runtime.execution.activation_memory import ActivationMeter
+from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.messages.p2p import P2P
+from stagewise.runtime.execution.executor import Executor, RankContext
+from stagewise.runtime.run.models import GPTConfig
+from stagewise.runtime.execution.recompute import Recompute
+from stagewise.runtime.stages.stage import build_stages, stage_map
+from stagewise.runtime.execution.timing import WallClock
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,9 +29,9 @@ class DropoutGPT(GPTConfig):
 
     dropout: float = 0.3
 
-    def layers(self):
-        out = super().layers()
-        return [out[0], *(nn.Sequential(b, nn.Dropout(self.dropout)) for b in out[1:-1]), out[-1]]
+    def layer(self, i: int):
+        out = super().layer(i)
+        return nn.Sequential(out, nn.Dropout(self.dropout)) if 0 < i < self.num_layers - 1 else out
 
 
 SMALL = GPTConfig(layers_n=2, d_model=32, heads=4, seq=16, vocab=64)  # 4 layers
@@ -39,12 +40,13 @@ SMALL = GPTConfig(layers_n=2, d_model=32, heads=4, seq=16, vocab=64)  # 4 layers
 def run_local(schedule, model, recompute=frozenset(), batch: int = 8, meter: bool = True):
     """One step of ``schedule`` (p = 1) on ``model``: ({stage.param: grad}, meter, loss)."""
     assert schedule.ranks == 1
-    layers = model.layers()  # seeds torch's RNG: every run starts from the same state
+    layers = model.layers().build_all()
+    torch.manual_seed(0)  # dropout draws from here: every run starts from the same state
     lay = stage_map(schedule, layers)
     stages = build_stages(schedule, lay, layers, 0, torch.device("cpu"))
     m = ActivationMeter(stages) if meter else None
-    plan = message_plan(schedule)
-    ctx = RankContext(rank=0, schedule=schedule, plan=plan, stages=stages, p2p=P2P(plan, 0, torch.device("cpu"), 10),
+    plan = lower(schedule, 0)
+    ctx = RankContext(plan=plan, stages=stages, p2p=P2P(plan.messages, 0, torch.device("cpu"), 10),
                       loss=model.loss, clock=WallClock(), recompute=Recompute(frozenset(recompute),
                                                                                torch.device("cpu")), meter=m)
     inputs, targets = model.batch(0, batch)

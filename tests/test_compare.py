@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_helpers import raises_said
 
 from cli_helpers import run
 from stagewise.compare import compare, schedules_for
@@ -20,7 +21,7 @@ def test_v_goes_only_to_the_families_that_take_it():
 def test_all_families_skip_those_that_refuse_p_and_m_but_a_named_one_raises():
     names = [s.name for s in schedules_for(None, 3, 4)]
     assert "dualpipe" not in names and "v-half" in names  # dualpipe needs an even p
-    with pytest.raises(ScheduleArgError, match="dualpipe needs an even --ranks"):
+    with raises_said(ScheduleArgError, "dualpipe needs an even --ranks"):
         schedules_for(["dualpipe"], 3, 4)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.runtime.launch import free_port
+from runtime_helpers import free_port
 
 pytestmark = [pytest.mark.timeout(180)]
 

@@ -1,4 +1,8 @@
-"""`stagewise train --hf` as a user meets it: a folder or a config.json, the JSON result, the saved folder, errors."""
+"""`stagewise train --hf` as a user meets it: a folder or a config.json, the JSON result, the saved folder, errors.
+
+An --hf run is the runtime's one run path (RunConfig -> RankTrainer -> RunResult): the same JSON as the built-in
+GPT's, the same checkpoints (resumable under another schedule and p), each with an HF folder from_pretrained loads.
+"""
 
 import json
 import sys
@@ -48,7 +52,9 @@ def test_train_a_folder_under_zbv_equals_the_plain_loop_and_saves_an_hf_folder(c
         opt.zero_grad()
     both = sum(res["read_bytes_per_rank"])  # each rank read its share; together the checkpoint once
     assert 0 < min(res["read_bytes_per_rank"]) and both == sum(p.numel() * 4 for p in hf_model(folder).parameters())
-    back = AutoModelForCausalLM.from_pretrained(out_dir)
+    # zb-v at p=2: stages 0 and 3 on rank 0, 1 and 2 on rank 1; 6 layers cut 2, 2, 1, 1: each rank built its own
+    assert res["layers_built_per_rank"] == [[0, 1, 5], [2, 3, 4]]
+    back = AutoModelForCausalLM.from_pretrained(out_dir / "step-00000003" / "hf")
     for name, p in model.state_dict().items():  # Adam: near-zero gradients' rounding becomes +-lr, so a norm
         assert (back.state_dict()[name] - p).norm() <= 1e-4 * p.norm(), name
 
@@ -60,7 +66,7 @@ def test_a_config_json_trains_from_random_weights_with_text_output(capsys, files
     rc, out, err = run(capsys, "train", "--hf", str(config), "--data", str(text), "--schedule", "1f1b", "-p", "2",
                        *TINY, "--trace", str(trace), "--draw")
     assert rc == 0, err
-    assert "1f1b: p=2 m=4, mean step" in out and "measured bubble" in out
+    assert "1f1b: p=2 m=4, mean step" in out and "bubble: measured" in out
     assert "rank 1 |" in out and f"wrote {trace}" in out  # the drawn and the written measured timeline
     events = json.loads(trace.read_text())
     assert any("F" in str(e.get("name", "")) for e in events.get("traceEvents", events))
@@ -80,9 +86,9 @@ def test_bad_input_is_one_line_and_exit_2(capsys, files, tmp_path):
            "needs 8 stages per model copy" in err
     assert "--hf needs --data" in fails(capsys, "train", "--hf", str(folder), "--schedule", "1f1b")
     assert "--tokenizer needs --hf" in fails(capsys, "train", "--schedule", "1f1b", "--tokenizer", str(folder))
-    assert "--resume x: no stagewise-state/state.json" in fails(capsys, *base, "--hf", str(folder), "--resume", "x")
+    assert "--resume x: no such directory" in fails(capsys, *base, "--hf", str(folder), "--resume", "x")
     assert "--batch 6 does not split" in fails(capsys, *base, "--hf", str(folder), "-m", "4", "--batch", "6")
-    assert "'E+t*2 | H' has 4 layers; the model has 6" in fails(capsys, *base, "--hf", str(folder), "--split",
+    assert "--split E+t*2 | H: 'E+t*2 | H' has 4 layers and loses 1 t, 1 N" in fails(capsys, *base, "--hf", str(folder), "--split",
                                                                 "E+t*2 | H")
 
 
@@ -97,7 +103,7 @@ def test_split_takes_layout_text_as_train_does(capsys, files):
     assert json.loads(out)["losses"] == json.loads(out_counts)["losses"]
 
 
-def test_save_every_then_resume_continues_the_same_run(capsys, files):
+def test_save_every_then_resume_continues_the_same_run_under_another_layout(capsys, files):
     root, folder, text = files
     base = ["train", "--hf", str(folder), "--data", str(text), "--schedule", "1f1b", "-p", "2", "--seq", "16",
             "-m", "4", "--batch", "8", "--json"]
@@ -107,14 +113,38 @@ def test_save_every_then_resume_continues_the_same_run(capsys, files):
     saved = root / "ckpt"
     rc, out, err = run(capsys, *base, "--steps", "3", "--save", str(saved), "--save-every", "2")
     assert rc == 0, err
-    assert json.loads((saved / "stagewise-state" / "state.json").read_text())["step"] == 3
+    assert sorted(d.name for d in saved.iterdir()) == ["step-00000002", "step-00000003"]
+    assert (saved / "step-00000003" / "hf" / "config.json").is_file()  # the HF export beside the checkpoint
     rc, out, err = run(capsys, *base, "--steps", "4", "--resume", str(saved))
     assert rc == 0, err
     res = json.loads(out)
-    assert res["first_step"] == 3 and len(res["losses"]) == 1
+    assert res["checkpoint"]["resumed_step"] == 3 and len(res["losses"]) == 1
     assert abs(res["losses"][0] - straight[3]) <= 1e-6 * straight[3]  # weights, Adam state and data continue
     err = fails(capsys, *base[:-1], "--steps", "3", "--resume", str(saved))
-    assert "is at step 3; --steps 3 must be larger" in err
-    err = fails(capsys, *[a if a != "1f1b" else "gpipe" for a in base[:-1]], "-p", "3", "--steps", "5", "--resume",
-                str(saved))
-    assert "was saved on 2 ranks with stage placement [0, 1]; resume with the same schedule" in err
+    assert "the checkpoint is at step 3 and --steps is 3" in err
+    other = [a if a != "1f1b" else "gpipe" for a in base]
+    rc, out, err = run(capsys, *other[:other.index("-p")], "-p", "3", *other[other.index("-p") + 2:], "--steps", "4",
+                       "--resume", str(saved))
+    assert rc == 0, err  # another schedule and p: the checkpoint is keyed by layer, not by rank
+    assert abs(json.loads(out)["losses"][0] - straight[3]) <= 1e-5 * straight[3]
+
+
+def test_an_hf_run_and_a_gpt_run_are_one_run_path(capsys, files, tmp_path, monkeypatch):
+    """A newcomer's walk: train --hf and plain train give one result type (the same JSON, memory measured
+    against the simulator's prediction), one checkpoint format, and the same flight recorder on a fault."""
+    root, folder, text = files
+    common = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--batch", "8", "--seq", "16", "--steps", "2", "--json"]
+    rc, out, err = run(capsys, "train", *common, "--layers", "2", "--d-model", "32", "--save", str(tmp_path / "g"))
+    assert rc == 0, err
+    gpt = json.loads(out)
+    rc, out, err = run(capsys, "train", "--hf", str(folder), "--data", str(text), *common, "--save",
+                       str(tmp_path / "h"))
+    assert rc == 0, err
+    hf = json.loads(out)
+    assert set(hf) - set(gpt) == {"read_bytes_per_rank"} and set(gpt) <= set(hf)
+    assert len(hf["predicted_peak_activation_bytes"]) == 2 and all(b > 0 for b in hf["peak_activation_bytes"])
+    manifests = [json.loads((tmp_path / k / "step-00000002" / "manifest.json").read_text()) for k in ("g", "h")]
+    assert manifests[0]["format"] == manifests[1]["format"] and manifests[1]["run"]["model"]["class"] == "HFRun"
+    monkeypatch.setenv("STAGEWISE_FAULT", "raise:rank=1:action=1F1")
+    rc, out, err = run(capsys, "train", "--hf", str(folder), "--data", str(text), *common[:-1])
+    assert rc == 1 and "rank 1 at 1F1 (step 1): InjectedFault" in err and "flight recorder, rank 1 (failed)" in err

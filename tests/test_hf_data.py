@@ -35,11 +35,11 @@ def test_byte_batches_are_seeded_windows_of_the_file(text):
 
 
 def test_byte_tokens_need_256_and_positions_bound_seq(text):
-    with pytest.raises(HFError, match="byte tokens .* vocab_size is 128; give --tokenizer"):
+    with pytest.raises(HFError, match="byte tokens .* vocab_size is 128; give a `tokenizer` folder"):
         TextData(path=str(text), seq=16).check(hf_config("llama", vocab_size=128))
-    with pytest.raises(HFError, match="--seq 100 exceeds the model's 64 learned positions"):
+    with pytest.raises(HFError, match="`seq` 100 exceeds the model's 64 learned positions"):
         TextData(path=str(text), seq=100).check(hf_config("gpt2"))
-    with pytest.raises(HFError, match="needs at least --seq"):
+    with pytest.raises(HFError, match="needs at least `seq`"):
         TextData(path=str(text), seq=5000).check(hf_config("llama", max_position_embeddings=8192))
     with pytest.raises(HFError, match="cannot read"):
         TextData(path=str(text) + ".missing", seq=16).check(hf_config("llama"))

@@ -110,5 +110,5 @@ def test_bad_config_files(tmp_path):
         load(tmp_path / "bad.json")
     with pytest.raises(HFError, match="no model_type"):
         load(write_config(tmp_path / "c.json", hidden_size=4))
-    with pytest.raises(HFError, match="--dtype"):
+    with pytest.raises(HFError, match="`dtype` .int8.: must be one of"):
         load(write_config(tmp_path / "d.json", **CONFIGS["gpt2"]), dtype="int8")

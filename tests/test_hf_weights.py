@@ -93,20 +93,50 @@ def test_folder_without_weights(tmp_path):
         load(tmp_path)
 
 
-def test_missing_or_misshapen_tensor_is_named(folders, tmp_path):
+def _variant(folders, folder, edit):
+    """A copy of the tiny Llama whose tensors ``edit`` changed (a dict of name -> tensor)."""
     from safetensors.torch import save_file
 
     tensors = _all(folders["llama"])
-    del tensors["model.norm.weight"]
-    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:10]
-    save_file(tensors, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text((folders["llama"] / "config.json").read_text())
-    model = load(tmp_path)
+    edit(tensors)
+    folder.mkdir()
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text((folders["llama"] / "config.json").read_text())
+    return folder
+
+
+def test_missing_misshapen_or_integer_tensor_is_named_before_any_layer_is_built(folders, tmp_path):
+    def drop(t):
+        del t["model.norm.weight"]
+
+    def shrink(t):
+        t["model.embed_tokens.weight"] = t["model.embed_tokens.weight"][:10]
+
+    def integer(t):
+        t["model.layers.1.mlp.up_proj.weight"] = t["model.layers.1.mlp.up_proj.weight"].long()
+
     with pytest.raises(HFError, match="tensor model.norm.weight is missing"):
-        model.layer(model.num_layers - 2)
-    with pytest.raises(HFError, match=r"model.embed_tokens.weight has shape \(10, 64\) in the checkpoint; the config "
-                                      r"makes \(256, 64\)"):
-        model.layer(0)
+        load(_variant(folders, tmp_path / "drop", drop))
+    with pytest.raises(HFError, match=r"shrink/model.safetensors: tensor model.embed_tokens.weight has shape "
+                                      r"\(10, 64\); the config makes \(256, 64\)"):
+        load(_variant(folders, tmp_path / "shrink", shrink))
+    with pytest.raises(HFError, match=r"tensor model.layers.1.mlp.up_proj.weight is I64; weights must be F64, F32, "
+                                      "F16, BF16"):
+        load(_variant(folders, tmp_path / "int", integer))
+
+
+def test_a_model_made_without_load_is_checked_before_its_first_layer(folders, tmp_path):
+    """``HFModel(...)`` skips ``load``'s check; ``layer(i)`` runs it first, so a wrong tensor anywhere is refused
+    from the headers before anything is built or read."""
+    from stagewise.hf import HFModel
+
+    def shrink(t):
+        t["model.embed_tokens.weight"] = t["model.embed_tokens.weight"][:10]
+
+    model = HFModel(config=load(folders["llama"]).config, folder=str(_variant(folders, tmp_path / "s", shrink)))
+    with pytest.raises(HFError, match=r"model.embed_tokens.weight has shape \(10, 64\)"):
+        model.layer(2)
+    assert model.checkpoint().read_names == []
 
 
 def _all(folder):

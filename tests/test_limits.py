@@ -10,7 +10,7 @@ from stagewise.schedules import generate
 
 
 def test_a_limit_names_the_option_the_limit_and_the_variable(monkeypatch):
-    with pytest.raises(LimitError, match=r"^--ranks 5000: over the limit of 4096 ranks; set STAGEWISE_MAX_RANKS=N"):
+    with pytest.raises(LimitError, match=r"^--ranks 5000: over the limit of 4,096 ranks; set STAGEWISE_MAX_RANKS=N"):
         limits.RANKS.check(5000, "--ranks")
     monkeypatch.setenv("STAGEWISE_MAX_RANKS", "8000")
     limits.RANKS.check(5000, "--ranks")  # raised: fine now
@@ -26,7 +26,7 @@ def test_a_limit_names_the_option_the_limit_and_the_variable(monkeypatch):
 def test_generate_checks_the_actions_before_generating(monkeypatch):
     monkeypatch.setenv("STAGEWISE_MAX_ACTIONS", "1000")
     generate("zb-v", 4, 40)  # 4 x 2 x 40 x 3 = 960 actions at most
-    with pytest.raises(LimitError, match=r"-p 4 -m 48 -v 2 \(zb-v\) make up to 1152 actions: over the limit of 1000"):
+    with pytest.raises(LimitError, match=r"-p 4 -m 48 -v 2 \(zb-v\) make up to 1152 actions: over the limit of 1,000"):
         generate("zb-v", 4, 48)
 
 
@@ -58,3 +58,13 @@ def test_read_text_caps_the_size_and_names_bad_bytes(tmp_path, monkeypatch):
     f.write_bytes(b"0F0,\xff\n")
     with pytest.raises(LimitError, match="not UTF-8 text \\(byte 4 is 0xff\\)"):
         limits.read_text(f, "--csv")
+
+
+def test_the_readme_table_is_the_modules_limits():
+    """Every limit of the README's table comes from limits.py, with its default, and every limit is in it."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert limits.markdown() in readme
+    rows = [ln for ln in readme.splitlines() if ln.startswith("| `STAGEWISE_MAX_")]
+    assert [r.split("`")[1] for r in rows] == [lim.env for lim in limits.ALL.values()]

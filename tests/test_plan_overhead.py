@@ -60,34 +60,3 @@ def test_plan_stretches_each_configuration_by_the_measured_slowdown():
         assert b.overhead == pytest.approx(0.2 * a.makespan)
         assert b.step_time == pytest.approx(a.makespan * 1.2 + a.allreduce + a.optimizer)
     assert step_overhead(replace(prof, meta={KEY: {"fixed_s": 0.1, "per_action_s": 0.0}}), 9, 5.0) == 0.1
-
-
-@pytest.mark.slow
-def test_measuring_uses_the_runtime_launcher():
-    from stagewise.plan.link import measure_link
-    from stagewise.runtime.launch import RankFailure
-    from stagewise.runtime.local import launch
-
-    with pytest.raises(RankFailure, match="every rank: ValueError: math domain error"):
-        launch(math.log, 2, 0.0)  # a failure on the ranks comes back named
-    link = measure_link(sizes=(1 << 10, 1 << 16), repeats=2)
-    assert link.latency >= 0 and link.bandwidth > 0 and len(link.samples) == 2
-
-
-@pytest.mark.slow
-def test_profile_measures_the_overhead_on_the_runtime():
-    """Two short 1F1B runs on 2 local ranks; the fit explains what the layers alone do not."""
-    from stagewise.plan.link import measure_link
-    from stagewise.plan.measure import profile_model
-    from stagewise.plan.overhead import measure_overhead
-    from stagewise.runtime.models import GPTConfig
-
-    prof = profile_model(GPTConfig(layers_n=2, d_model=32, seq=8), (1,), repeats=3, threads=1)
-    prof = replace(prof, link=measure_link(sizes=(1 << 10, 1 << 16), repeats=3))
-    fit = measure_overhead(prof, (2, 4), steps=3, rounds=1)
-    assert fit["fixed_s"] >= 0 and fit["per_action_s"] >= 0 and fit["slowdown"] >= 0
-    assert [n for n, _ in fit["samples"]] == [4, 8]  # 1F1B on 2 ranks: 2m actions on each
-    worst = max(abs(r) for _, r in fit["samples"])
-    for n, _ in fit["samples"]:  # a least-squares line through two points stays within what was measured
-        bound = worst + 1e-9
-        assert step_overhead(replace(prof, meta={KEY: {**fit, "slowdown": 0.0}}), n) <= bound  # structural: a fit

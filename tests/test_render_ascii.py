@@ -86,3 +86,19 @@ def test_pairs_show_both_microbatches():
         pairs = [f"{op.forward.mb}/{op.backward.mb}" for op in prog if op.kind == "F&B"]
         labels = [t[1:] for t in row.replace(IDLE, " ").split() if t[0] in "Pp"]
         assert labels == pairs and pairs
+
+
+def test_the_all_to_all_lane_marks_hidden_and_exposed_columns():
+    from stagewise.timeline import metrics
+
+    tl = sim("dualpipe", 4, 8, a2a=1.0)
+    text = draw_text(tl, width=400, color=False)
+    lines = text.splitlines()
+    lanes = [line for line in lines if line.startswith(" " * len("rank 3 ") + ":")]
+    assert len(lanes) == 4
+    mt = metrics(tl)
+    cols = 400 - len("rank 3 ") - 1
+    exposed = sum(line.count("#") for line in lanes) * mt.makespan / cols
+    assert exposed == pytest.approx(sum(mt.exposed_a2a), rel=0.05)
+    assert any("=" in line for line in lanes) and "= hidden # exposed" in text
+    assert ":" not in "".join(draw_text(sim("dualpipe", 4, 8), width=120).splitlines()[2:-2])  # none without

@@ -78,3 +78,20 @@ def test_large_schedule_writes_a_small_file(tmp_path):
     for suffix in (".png", ".svg"):
         path = draw_figure(tl, tmp_path / f"big{suffix}")
         assert 10_000 < path.stat().st_size < 10 * 2**20
+
+
+def test_the_all_to_all_lane_shows_exposed_and_hidden_time_to_scale(tmp_path):
+    from stagewise.timeline import metrics
+
+    path = tmp_path / "dp.png"
+    tl = sim("dualpipe-v", 4, 8, a2a=0.75)
+    mt = metrics(tl)
+    draw_figure(tl, path)
+    dark, pale = pixels(path, palette.A2A, tol=4), pixels(path, palette.A2A_HIDDEN, tol=4)
+    assert dark > 2000 and pale > 500  # the lane has the same height everywhere: areas are times
+    assert pale / dark == pytest.approx(sum(mt.hidden_a2a) / sum(mt.exposed_a2a), rel=0.12)
+    plain = tmp_path / "plain.png"
+    draw_figure(sim("1f1b", 4, 8, a2a=0.75), plain)
+    dark = pixels(plain, palette.A2A, tol=4)
+    assert dark > 2000 and pixels(plain, palette.A2A_HIDDEN, tol=4) < 0.05 * dark  # only anti-aliased edges
+    compare_figure([tl, sim("zb-v", 4, 8, a2a=0.75)], tmp_path / "cmp.png")  # the table's a2a columns draw

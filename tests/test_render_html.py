@@ -84,6 +84,22 @@ def test_tables_hold_the_results_and_the_costs():
     assert cost_rows["t_b"] == "3" and cost_rows["latency"] == "0.5" and cost_rows["t_i"] == "default t_b / 2"
 
 
+def test_the_summary_shows_exposed_and_hidden_all_to_all_when_there_is_any():
+    from stagewise.simulate import simulate
+    from stagewise.schedules import generate
+
+    costs = Costs(a2a=0.5)
+    es = [(result(tl.schedule, costs, tl), tl) for tl in (simulate(generate(n, 2, 4), costs) for n in
+                                                           ("1f1b", "dualpipe"))]
+    parser = Tables()
+    parser.feed(report_html(es, costs))
+    rows = parser.tables["summary"]
+    assert rows[0][-2:] == ["exposed all-to-all (max per rank)", "all-to-all hidden"]
+    assert [r[-2:] for r in rows[1:]] == [["4", "0%"], ["3", "25%"]]  # tests/test_overlap.py's hand counts
+    assert {r[0]: r[1] for r in parser.tables["costs"][1:]}["a2a"] == "0.5"
+    assert "exposed all-to-all" not in report_html(entries(2, 4), Costs())
+
+
 def _browser():
     if not (Path(CHROMIUM).exists() and Path(DRIVER).exists()):
         pytest.skip(f"headless Chromium not installed ({CHROMIUM}, {DRIVER}): apt-get install chromium chromium-driver")

@@ -96,3 +96,29 @@ def test_svg_needs_no_matplotlib():
     code = ("import sys; import stagewise.render.svg, stagewise.render.ascii, stagewise.render.trace, "
             "stagewise.render.html; assert 'matplotlib' not in sys.modules, 'matplotlib imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _widths(svg: str, cls: str) -> list[float]:
+    root = ET.fromstring(svg)
+    return [float(r.get("width")) for r in root.iter(f"{NS}rect") if r.get("class") == cls]
+
+
+@pytest.mark.parametrize("name, a2a", [("1f1b", 0.5), ("dualpipe-v", 0.5), ("dualpipe", 2.0)])
+def test_the_all_to_all_lane_is_drawn_to_scale_hidden_pale_exposed_dark_and_hatched(name, a2a):
+    from stagewise.timeline import metrics
+
+    tl = sim(name, 4, 8, a2a=a2a)
+    mt = metrics(tl)
+    width = 1200
+    svg = timeline_svg(tl, width=width)
+    scale = (width - LEFT - RIGHT) / mt.makespan
+    assert sum(_widths(svg, "exp")) / scale == pytest.approx(sum(mt.exposed_a2a), rel=1e-3)
+    assert sum(_widths(svg, "hid")) / scale == pytest.approx(sum(mt.hidden_a2a), rel=1e-3, abs=1e-6)
+    assert sum(_widths(svg, "exposed")) / scale == pytest.approx(sum(mt.exposed_a2a), rel=1e-3)  # the hatch
+    assert 'id="a2a-hatch"' in svg and "exposed all-to-all inside its op" in svg
+    assert "a2a" not in timeline_svg(sim(name, 4, 8))  # no all-to-all, no lane
+
+
+def test_the_comparison_table_shows_exposed_all_to_all():
+    svg = compare_svg([sim("1f1b", 4, 8, a2a=0.5), sim("dualpipe", 4, 8, a2a=0.5)])
+    assert ">exposed a2a</text>" in svg and ">8</text>" in svg  # 1F1B exposes all 16 x 0.5 on rank 0

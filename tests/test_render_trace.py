@@ -80,3 +80,19 @@ def test_memory_counters_reach_the_peak():
     for r in range(3):
         levels = [e["args"]["chunks"] for e in counters if e["name"] == f"live activations rank {r}"]
         assert max(levels) == 5 and levels[-1] == 0
+
+
+def test_all_to_all_gets_its_own_track_per_rank_with_what_was_exposed():
+    from stagewise.timeline import metrics
+
+    tl = sim("dualpipe-v", 4, 8, a2a=0.5)
+    trace = chrome_trace(tl)
+    k = scale_of(tl.unit)
+    comm = [e for e in events(trace, "X") if e["cat"] == "a2a"]
+    assert len(comm) == sum(len(lane) for lane in tl.comm)
+    assert {e["tid"] for e in comm} == {4, 5, 6, 7}
+    names = {e["tid"]: e["args"]["name"] for e in events(trace, "M") if e["name"] == "thread_name"}
+    assert names[5] == "rank 1 all-to-all"
+    mt = metrics(tl)
+    assert sum(e["args"]["exposed"] for e in comm) / k == pytest.approx(sum(mt.exposed_a2a), rel=1e-3)
+    assert sum(e["dur"] for e in comm) / k == pytest.approx(sum(mt.a2a), rel=1e-3)

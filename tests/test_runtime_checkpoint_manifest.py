@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stagewise.runtime import RunConfig
-from stagewise.runtime import checkpoint_manifest as manifests
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.resilience import checkpoint_manifest as manifests
+from stagewise.runtime.run.models import GPTConfig
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
@@ -58,7 +58,7 @@ def test_the_differences_name_the_options_and_both_values():
     run = manifests.run_section(cfg, manifests.new_run_id(), {}, "AdamW")
     assert manifests.differences(run, cfg) == []
     other = RunConfig(model=GPTConfig(layers_n=2, seed=3), schedule="zb-v", ranks=8, batch=64, lr=0.5)
-    assert manifests.differences(run, other) == ["--layers 1 there, 2 here", "--seed 0 there, 3 here"]
+    assert manifests.differences(run, other) == ["--layers 1 there, 2 here", "`seed` 0 there, 3 here"]
 
 
 @dataclass(frozen=True, kw_only=True)

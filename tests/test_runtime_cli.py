@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 TINY = ["--layers", "2", "--d-model", "32", "--seq", "16", "--steps", "2"]
 KEYS = {"schedule", "ranks", "microbatches", "losses", "step_time_s", "measured_bubble_fraction",
         "predicted_bubble_fraction", "dp", "recompute", "peak_activation_bytes", "predicted_peak_activation_bytes",
-        "peak_memory_allocated_bytes"}
+        "peak_memory_allocated_bytes", "layers_built_per_rank"}
 
 
 
@@ -43,6 +43,7 @@ def test_json_follows_the_contract_and_equals_the_reference(capsys, reference_lo
     res = json.loads(out)
     assert set(res) == KEYS
     assert (res["schedule"], res["ranks"], res["microbatches"]) == ("zb-h1", 2, 4)
+    assert res["layers_built_per_rank"] == [[0, 1], [2, 3]]  # each rank built only its own stage's layers
     np.testing.assert_allclose(res["losses"], reference_losses, rtol=1e-5)
     assert len(res["step_time_s"]) == 2 and all(t > 0 for t in res["step_time_s"])
     assert 0 <= res["measured_bubble_fraction"] < 1 and 0 <= res["predicted_bubble_fraction"] < 1
@@ -67,7 +68,7 @@ def test_text_output_a_csv_schedule_and_a_trace(capsys, tmp_path, reference_loss
 @pytest.mark.parametrize("argv, needle", [
     ([], "--schedule NAME (or --csv FILE, or --schedule none) is required"),
     (["--schedule", "nope"], "unknown schedule 'nope'"),
-    (["--schedule", "1f1b", "-m", "4", "--batch", "7"], "--batch 7 does not split into -m 4"),
+    (["--schedule", "1f1b", "-m", "4", "--batch", "7"], "--batch 7 does not split into --microbatches 4"),
     (["--schedule", "interleaved-1f1b", "-p", "4", "--layers", "2"], "the model has 4 layers but the schedule "
      "needs 8 stages"),
     (["--schedule", "1f1b", "-p", "2", "--split", "1,1"], "--split 1,1 covers 2 layers; the model has 6"),
@@ -99,7 +100,7 @@ def test_a_csv_for_more_ranks_than_launched(capsys, tmp_path):
     csv = tmp_path / "four.csv"
     torch_csv.dump(generate("1f1b", 4, 4), csv)
     err = fails(capsys, "train", "--csv", str(csv), "-p", "2", "-m", "4")
-    assert "needs 4 ranks (stage 3 is on rank 3); 2 were launched (-p 2)" in err
+    assert "needs 4 ranks (stage 3 is on rank 3); 2 were launched (--ranks 2)" in err
 
 
 def test_a_text_file_as_data(capsys, tmp_path):

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-import stagewise.runtime.launch as launch
-import stagewise.runtime.reference as reference
+import stagewise.runtime.launching.launch as launch
+import stagewise.runtime.run.reference as reference
 from cli_helpers import fails
 from stagewise.runtime import RunConfig, RunError
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.run.models import GPTConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,7 +27,7 @@ def no_ranks(monkeypatch):
     def tripwire(*_, **__):
         raise AssertionError("ranks started: the option was not checked before the launch")
 
-    monkeypatch.setattr(launch, "spawn", tripwire)
+    monkeypatch.setattr(launch, "spawn", tripwire)  # every local launch goes through it
     monkeypatch.setattr(reference, "run_reference", tripwire)
 
 
@@ -44,23 +44,24 @@ CASES = [
     (["--heads", "0"], "argument --heads: must be >= 1; got 0"),
     (["--seed", "-1"], "--seed must be >= 0; got -1"),
     # documented limits, before anything is allocated
-    (["--layers", "1000000"], "--layers 1000000: over the limit of 4,096"),
-    (["--batch", "1000000000"], "--batch 1000000000: over the limit of 1,048,576"),
+    (["--layers", "1000000"], "--layers 1000000: over the limit of 100,000 layers"),
+    (["--batch", "1000000000"], "--batch 1000000000: over the limit of 1,048,576 sequences per step"),
     (["--batch", "65536", "--seq", "1024"], "= 67,108,864 tokens per step: over the limit of 16,777,216"),
-    (["--seq", "100000"], "--seq 100000: over the limit of 65,535 (the synthetic stream has 65,536 tokens"),
-    (["--d-model", "100000"], "--d-model 100000: over the limit of 65,536"),
-    (["--layers", "4000", "--d-model", "4096"], "parameters, over the built-in GPT's limit of 1,073,741,824"),
-    (["-p", "100000"], "-p 100000: over the limit of 1,024"),
+    (["--seq", "100000"], "--seq 100000: the synthetic stream has 65,536 tokens, so at most 65,535"),
+    (["--d-model", "100000"], "--d-model x 4 --d-model (one block's MLP weight) = 40000000000: over the limit of "
+     "268,435,456 elements in one tensor"),
+    (["--layers", "4000", "--d-model", "4096"], "parameters: over the limit of 2,147,483,648 model parameters"),
+    (["-p", "100000"], "--ranks 100000: over the limit of 4,096 ranks"),
     (["-p", "300", "--layers", "400", "-m", "300", "--batch", "300"], "300 local ranks: over the limit of 256"),
-    (["-m", "20000", "--batch", "20000"], "-m 20000: over the limit of 16,384"),
-    (["-v", "100"], "-v 100: over the limit of 64"),
+    (["-m", "100000", "--batch", "100000"], "--microbatches 100000: over the limit of 65,536 micro-batches"),
+    (["-v", "100"], "--chunks 100: over the limit of 64"),
     # numbers: finite and positive
     (["--lr", "nan"], "--lr must be a finite number > 0; got nan"),
     (["--lr", "inf"], "--lr must be a finite number > 0; got inf"),
     (["--lr", "0"], "--lr must be a finite number > 0; got 0.0"),
     (["--timeout", "nan"], "--timeout must be a finite number > 0; got nan"),
     (["--timeout", "1e400"], "--timeout must be a finite number > 0; got inf"),
-    (["--timeout", "1e9"], "--timeout 1000000000.0: over the limit of 86,400"),
+    (["--timeout", "1e9"], "--timeout 1000000000.0: over the limit of 86,400 seconds"),
     (["--clip", "nan"], "--clip must be a finite number > 0; got nan"),
     (["--clip", "-1"], "--clip must be a finite number > 0; got -1.0"),
     # the optimizer must exist, step without a closure, and step this model's parameters
@@ -108,21 +109,22 @@ def test_data_must_be_a_regular_readable_file(capsys, no_ranks, tmp_path):
 
 def test_the_checks_hold_for_the_library_too():
     """RunConfig.check and GPTConfig.check are what the CLI relies on: a config built in code meets them too."""
-    for cfg, needle in [(RunConfig(lr=float("nan")), "--lr"), (RunConfig(threads=0), "--threads"),
-                        (RunConfig(model=GPTConfig(seq=70000)), "--seq 70000"),
-                        (RunConfig(timeout=float("inf")), "--timeout")]:
+    for cfg, needle in [(RunConfig(lr=float("nan")), "`lr`"), (RunConfig(threads=0), "`threads`"),
+                        (RunConfig(model=GPTConfig(seq=70000)), "`seq` 70000"),
+                        (RunConfig(timeout=float("inf")), "`timeout`"), (RunConfig(ranks="4"), "`ranks` must be a whole"),
+                        (RunConfig(microbatches=True), "`microbatches` must be a whole")]:
         with pytest.raises(RunError, match=needle):
             cfg.check()
 
 
 def test_the_parameter_count_is_the_built_models():
     cfg = GPTConfig(layers_n=3, d_model=64, heads=4, seq=20, vocab=100)
-    built = {id(p): p.numel() for layer in cfg.layers() for p in layer.parameters()}  # the tied weight once
+    built = {id(p): p.numel() for layer in cfg.layers().build_all() for p in layer.parameters()}  # the tied weight once
     assert cfg.parameters() == sum(built.values())
 
 
 BIG = [["--layers", "1000000"], ["--batch", "1000000000"], ["--seq", "100000"], ["--d-model", "65536"],
-       ["-p", "100000"], ["--vocab", "1000000000"], ["-m", "1000000000", "--batch", "1000000000"]]
+       ["--ranks", "100000"], ["--vocab", "1000000000"], ["--microbatches", "1000000000", "--batch", "1000000000"]]
 UNDER_A_CAP = """
 import contextlib, io, json, sys
 from stagewise.cli import main
@@ -156,5 +158,6 @@ def test_huge_sizes_are_refused_within_a_1_gib_address_space(tmp_path):
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     for argv, (rc, err) in zip(BIG, json.loads(proc.stdout)):
-        assert rc == 2 and err.count("\n") == 1 and argv[0] in err and "limit of" in err, (argv, err)
+        assert rc == 2 and err.count("\n") == 1 and argv[0] in err, (argv, err)
+        assert "limit of" in err or "so at most" in err, (argv, err)
     assert time.monotonic() - t < 60

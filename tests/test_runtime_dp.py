@@ -17,14 +17,15 @@ import json
 
 import numpy as np
 import pytest
+from cli_helpers import raises_said
 import torch
 from runtime_helpers import TINY, rel_err
 
 from stagewise.cli import main
 from stagewise.runtime import RunConfig, RunError
-from stagewise.runtime.dp import Topology, last_backward
-from stagewise.runtime.launch import train, train_many
-from stagewise.runtime.worker import preflight
+from stagewise.runtime.parallel.mesh import Topology
+from stagewise.runtime.run.train import train, train_many
+from stagewise.runtime.run.worker import preflight
 from stagewise.schedules import generate
 
 M, BATCH = 4, 16
@@ -99,45 +100,26 @@ def test_rank_mapping_and_batch_shares():
     batch = torch.arange(16).reshape(8, 2)
     seen = []
     for rank in range(6):
-        t = Topology(p=3, dp=2, rank=rank)
-        assert (t.replica, t.pipe, t.base) == (rank // 3, rank % 3, 3 * (rank // 3))
-        assert t.global_rank(t.pipe, t.replica) == rank
+        t = Topology.of_sizes(world=6, rank=rank, dp=2)
+        assert (t.replica, t.pipe, t.pipe_ranks[0]) == (rank // 3, rank % 3, 3 * (rank // 3))
+        assert t.global_rank(t.pipe, t.replica) == rank and t.data_index == t.replica
         if t.pipe == 0:
-            seen.append(t.share(batch))
+            seen.append(batch.chunk(t.data_shards)[t.data_index])
     assert torch.equal(torch.cat(seen), batch)  # the replicas' shares are the whole batch, in order
-    assert torch.equal(Topology(p=2, dp=1, rank=1).share(batch), batch)
-
-
-def test_a_stage_reduction_starts_after_its_last_weight_gradient():
-    sched = generate("zb-v", 2, 4)
-    prog = sched.programs[0]
-    ready = last_backward(prog)
-    assert sorted(ready.values()) == sorted(sched.stages_of_rank(0))
-    where = {s: max(i for i, op in enumerate(prog) if a in _actions(op)) for a, s in ready.items()}
-    for a, s in ready.items():
-        assert a.kind == "W" and a.stage == s
-        later = [b for op in prog[where[s] + 1:] for b in _actions(op) if b.stage == s and b.kind in "BW"]
-        assert not later  # nothing adds to the stage's gradients after its reduction starts
-    assert min(where.values()) < len(prog) - 1  # one stage's reduction overlaps the rest of the program
-
-
-def _actions(op):
-    from stagewise.actions import actions_of
-
-    return list(actions_of(op))
+    assert Topology.of_sizes(world=2, rank=1).data_shards == 1
 
 
 def test_the_launch_needs_p_times_dp_ranks():
     cfg = dataclasses.replace(BASE, schedule="1f1b", ranks=2, dp=2)
     assert preflight(cfg).ranks == 2
     assert preflight(cfg, 4, "WORLD_SIZE=4").ranks == 2
-    with pytest.raises(RunError, match=r"--dp 2 does not divide the 3 ranks launched \(WORLD_SIZE=3\)"):
+    with raises_said(RunError, r"--dp 2 does not divide the 3 ranks launched \(WORLD_SIZE=3\)"):
         preflight(cfg, 3, "WORLD_SIZE=3")
-    with pytest.raises(RunError, match=r"needs 2 ranks .*; 3 were launched per replica \(--dp 2\)"):
+    with raises_said(RunError, r"needs 2 ranks .*; 3 were launched per replica \(--dp 2\) \(WORLD_SIZE=6\)"):
         preflight(cfg, 6, "WORLD_SIZE=6")
-    with pytest.raises(RunError, match="--batch 12 does not split into --dp 2 replicas of -m 4"):
+    with raises_said(RunError, "--batch 12 does not split into --dp 2 replicas of --microbatches 4"):
         dataclasses.replace(cfg, batch=12).check()
-    with pytest.raises(RunError, match="--dp 2 needs a --schedule run on ranks"):
+    with raises_said(RunError, "--dp 2 needs a --schedule run on ranks"):
         dataclasses.replace(BASE, dp=2).check()
 
 
@@ -178,7 +160,7 @@ def test_the_planners_verify_and_train_command_run_dp_and_recompute(tmp_path):
     from stagewise.plan.explain import train_command
     from stagewise.plan.profile import Link
     from stagewise.plan.search import Searcher, Space, search
-    from stagewise.plan.verify import _run_config
+    from stagewise.runtime.profiling.verify import _run_config
 
     prof = dataclasses.replace(gpt_profile(blocks=6), meta={"gpt": dataclasses.asdict(TINY), "threads": 1})
     link = Link(latency=1e-4, bandwidth=1e9)
@@ -186,7 +168,7 @@ def test_the_planners_verify_and_train_command_run_dp_and_recompute(tmp_path):
     cands = search(Searcher(profile=prof, cluster=cl, global_batch=16, space=Space(families=("1f1b",),
                                                                                     recompute=(True,))))
     c = next(c for c in cands if c.config.dp == 2)
-    cfg = _run_config(c, TINY, prof, 3, tmp_path / "run")
+    cfg = _run_config(c, TINY, prof, 3)
     assert (cfg.ranks, cfg.dp, cfg.recompute, cfg.batch) == (2, 2, True, 16)
     cfg.check()
     assert preflight(cfg, 4).ranks == 2

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from stagewise.runtime import RunConfig
-from stagewise.runtime.launch import train, train_many
+from stagewise.runtime.run.train import train, train_many
 from stagewise.schedules import FAMILIES, generate
 from stagewise.schedules.registry import ScheduleArgError
 from runtime_helpers import TINY, rel_err, torch_schedule_csv

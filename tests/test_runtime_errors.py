@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from stagewise import torch_csv
+from stagewise.cli.flags import say
 from stagewise.runtime import RunConfig
-from stagewise.runtime.comm import ACT, P2P, Route, ShapeError, message_plan
-from stagewise.runtime.launch import RankFailure, train_many
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError, message_plan
+from stagewise.runtime.launching.launch import RankFailure
+from stagewise.runtime.run.train import train_many
+from stagewise.runtime.run.models import GPTConfig
 from stagewise.schedules import generate
 from runtime_helpers import TINY, InsertedLayer
 
@@ -41,12 +43,12 @@ def no_rank_left() -> None:
 @pytest.mark.parametrize("cfg, needle", [
     (dataclasses.replace(BASE, schedule="interleaved-1f1b", ranks=4, model=GPTConfig(layers_n=2, d_model=32)),
      "the model has 4 layers but the schedule needs 8 stages"),
-    (dataclasses.replace(BASE, batch=6), "--batch 6 does not split into -m 4 equal micro-batches"),
+    (dataclasses.replace(BASE, batch=6), "--batch 6 does not split into --microbatches 4 equal micro-batches"),
     (dataclasses.replace(BASE, split=(4, 3)), "--split 4,3 covers 7 layers; the model has 8, so the split loses"),
 ], ids=["more stages than layers", "batch not divisible", "split loses a layer"])
 def test_bad_options_fail_alike_on_every_rank(cfg, needle):
     err, _ = fails(cfg)
-    assert err.user and str(err).startswith("every rank: ") and needle in str(err)
+    assert err.user and str(err).startswith("every rank: ") and needle in say(str(err)), say(str(err))
     no_rank_left()
 
 
@@ -80,7 +82,8 @@ def test_the_receiver_checks_every_header_against_the_learned_shape():
 
 
 @pytest.mark.parametrize("how, needle", [
-    ("raise", "rank 1 at 1F0 (step 2): RuntimeError: boom on purpose"),  # the op, from its flight recorder
+    # the op, from its flight recorder, and the line of the user's code that raised
+    ("raise", "rank 1 at 1F0 (step 2): RuntimeError: boom on purpose (at runtime_helpers.py:46 in forward)"),
     ("exit", "rank 1 at 1F0 (step 2): exited with code 3 without a message"),
 ])
 def test_a_failing_rank_stops_all_ranks_at_once(how, needle):

@@ -1,6 +1,6 @@
 """Faults never hang: a rank that dies, raises, stalls or produces a NaN loss ends the run, fast, naming it.
 
-The injected faults (stagewise.runtime.faults) fire when the chosen rank
+The injected faults (stagewise.runtime.resilience.faults) fire when the chosen rank
 starts the chosen op. Elapsed times are measured from the moment the faulty
 step began (the progress report of the step before it), so they bound the
 detection, not the start of the processes.
@@ -19,9 +19,12 @@ from hypothesis import strategies as st
 
 from stagewise.actions import Action
 from stagewise.cli import main
-from stagewise.runtime import RunConfig, RunError, flight
-from stagewise.runtime.faults import Fault, parse_fault
-from stagewise.runtime.launch import RankFailure, train, train_many
+from stagewise.cli.flags import say
+from stagewise.runtime import RunConfig, RunError
+from stagewise.runtime.resilience import flight
+from stagewise.runtime.resilience.faults import Fault, parse_fault
+from stagewise.runtime.launching.launch import RankFailure
+from stagewise.runtime.run.train import train, train_many
 from runtime_helpers import TINY
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -91,7 +94,7 @@ def test_where_a_rank_stopped():
 
 
 def test_a_rank_that_dies_after_its_result_still_fails_the_local_launch():
-    from stagewise.runtime.launch import _reap
+    from stagewise.runtime.launching.launch import _reap
 
     class Exited:  # a rank process that has exited with ``exitcode``
         def __init__(self, exitcode):
@@ -144,8 +147,8 @@ def test_a_stalled_rank_is_named_after_the_timeout():
 @pytest.mark.slow
 def test_a_nan_loss_stops_the_run_naming_step_microbatch_stage_and_rank():
     err, _ = fails(dataclasses.replace(BASE, fault="nan:rank=1:action=1F3:step=2"))
-    assert str(err) == ("every rank: NonFiniteLoss: step 2: the loss is nan at micro-batch 3 (stage 1, rank 1); "
-                        "stopped (--skip-nonfinite skips such a step's update and goes on)")
+    assert say(str(err)) == ("every rank: NonFiniteLoss: step 2: the loss is nan at micro-batch 3 (stage 1, rank 1); "
+                             "stopped (to skip such a step's update and go on instead: --skip-nonfinite)")
     no_rank_left()
 
 

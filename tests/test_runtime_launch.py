@@ -22,7 +22,7 @@ import pytest
 
 import stagewise
 
-from stagewise.runtime.launch import Stopped, _stop_on_signals, parent_death_signal
+from stagewise.runtime.launching.launch import Stopped, _stop_on_signals, parent_death_signal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the run's processes from /proc")]
@@ -143,7 +143,7 @@ def test_while_ranks_run_sigterm_and_sighup_become_stopped_with_the_conventional
 def test_a_child_asking_for_the_parent_death_signal_dies_with_its_parent(tmp_path):
     """The kernel's guard on its own: a grandchild asks for SIGKILL on its parent's death; the parent is killed."""
     script = ("import os, sys, time\n"
-              "from stagewise.runtime.launch import parent_death_signal\n"
+              "from stagewise.runtime.launching.launch import parent_death_signal\n"
               "if os.fork() == 0:\n"
               "    assert parent_death_signal(9)\n"
               "    print(os.getpid(), flush=True)\n"

@@ -8,9 +8,9 @@ from torch import nn
 
 from api_helpers import Net, layers
 from stagewise import Layers, generate
-from stagewise.runtime.config import RunError
-from stagewise.runtime.layers import as_layers, build_own_stages, flat_layers, split_counts
-from stagewise.runtime.stage import stage_ranges
+from stagewise.runtime.run.config import RunError
+from stagewise.runtime.stages.layers import as_layers, build_own_stages, flat_layers, split_counts
+from stagewise.runtime.stages.stage import stage_ranges
 
 
 def test_a_sequence_is_named_by_position_and_its_shared_parameter_is_a_tie():
@@ -40,7 +40,7 @@ def test_a_meta_module_is_materialized_layer_by_layer_only_when_built():
         net = Net()
     spec = as_layers(net, split=["blocks.2"])
     sched = generate("1f1b", 2, 4)
-    stages = build_own_stages(spec, stage_ranges(sched, spec.count, spec.split), [1], "cpu")
+    stages, _ = build_own_stages(spec, stage_ranges(sched, spec.count, spec.split), [1], "cpu")
     assert all(not p.is_meta for p in stages[1].parameters())
     assert all(p.is_meta for p in net.parameters())  # the user's model stays on the meta device
     assert sorted(n for n, _ in stages[1].named_parameters()) == sorted(
@@ -58,6 +58,6 @@ def test_from_modules_keeps_names_and_finds_ties():
 def test_a_second_use_of_a_layer_on_one_rank_is_a_copy():
     sched = generate("zb-v", 2, 4)  # rank 0 holds stages 0 and 3: the embedding and the tied head
     spec = as_layers(layers())
-    stages = build_own_stages(spec, stage_ranges(sched, spec.count), sched.stages_of_rank(0), "cpu")
+    stages, _ = build_own_stages(spec, stage_ranges(sched, spec.count), sched.stages_of_rank(0), "cpu")
     emb, head = stages[0].layers[0].weight, stages[3].layers[-1].weight
     assert emb is not head and torch.equal(emb, head)

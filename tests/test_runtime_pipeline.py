@@ -74,11 +74,13 @@ def test_data_parallel_replicas_equal_torch():
         assert_same(res, want, case)
 
 
-def test_a_device_mesh_of_dp_by_pp_equals_torch():
+@pytest.mark.parametrize("names", [("dp", "pp"), ("pp", "dp")])
+def test_a_device_mesh_read_by_its_names_equals_torch(names):
+    """(pp, dp) is not read as (dp, pp): the pipeline runs along the dimension named pp (issue 17)."""
     from api_helpers import train_on_mesh
 
     want = reference()
-    got = stagewise.launch(train_on_mesh, 4, [("zb-v", 4, None)], threads=1)
+    got = stagewise.launch(train_on_mesh, 4, [("zb-v", 4, None)], names, threads=1)
     assert_same(got[("zb-v", 4, None)], want, "mesh")
 
 
@@ -147,8 +149,8 @@ def test_eval_autocast_and_a_meta_module_with_split_points_equal_torch():
 
 def test_the_cli_runtime_takes_a_schedule_value_with_no_csv_in_between():
     from stagewise.runtime import RunConfig
-    from stagewise.runtime.launch import train_many
-    from stagewise.runtime.models import GPTConfig
+    from stagewise.runtime.run.train import train_many
+    from stagewise.runtime.run.models import GPTConfig
 
     model = GPTConfig(layers_n=2, d_model=16, heads=2, seq=8, vocab=32)
     base = RunConfig(schedule="zb-v", ranks=2, microbatches=4, batch=4, steps=2, model=model, threads=1)

@@ -8,8 +8,8 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from stagewise.runtime import pytree
-from stagewise.runtime.config import RunError
+from stagewise.runtime.stages import pytree
+from stagewise.runtime.run.config import RunError
 
 
 @dataclasses.dataclass

@@ -16,12 +16,13 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 import torch
+from cli_helpers import raises_said
 from runtime_helpers import TINY, rel_err
 from scale_helpers import SMALL, DropoutGPT, run_local
 
 from stagewise.runtime import RunConfig, RunError
-from stagewise.runtime.launch import train, train_many
-from stagewise.runtime.recompute import Recompute, recompute_stages
+from stagewise.runtime.run.train import train, train_many
+from stagewise.runtime.execution.recompute import Recompute, recompute_stages
 from stagewise.schedules import generate
 
 DROPOUT = DropoutGPT(layers_n=2, d_model=32, heads=4, seq=16, vocab=64)
@@ -64,10 +65,10 @@ def test_recomputation_keeps_only_the_stage_input_between_f_and_the_backward():
 def test_recompute_stages_are_checked_against_the_schedule():
     assert recompute_stages(True, 3) == {0, 1, 2} and recompute_stages(False, 3) == set()
     assert recompute_stages((0, 2), 4) == {0, 2}
-    with pytest.raises(RunError, match=r"--recompute-stages 1,4: stage 4 is not a stage of the schedule "
-                                       r"\(it has stages 0..3\)"):
+    with raises_said(RunError, r"--recompute/--recompute-stages 1,4: stage 4 is not a stage of the schedule "
+                               r"\(it has stages 0..3\)"):
         recompute_stages((1, 4), 4)
-    with pytest.raises(RunError, match="--recompute needs a --schedule run on ranks"):
+    with raises_said(RunError, "--recompute/--recompute-stages needs a --schedule run on ranks"):
         RunConfig(schedule=None, ranks=1, recompute=True).check()
 
 

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from stagewise.runtime.config import RunError
-from stagewise.runtime.stage import build_stages, check_cover, logical_names, partition, stage_map
+from stagewise.runtime.run.config import RunError
+from stagewise.runtime.stages.stage import build_stages, check_cover, logical_names, partition, stage_map
 from stagewise.schedules import generate
 from runtime_helpers import TINY
 
@@ -29,7 +29,7 @@ def test_explicit_split_is_used_as_given():
 
 @pytest.mark.parametrize("layers, stages, split, needle", [
     (4, 8, None, "4 layers but the schedule needs 8 stages"),
-    (10, 4, [3, 2, 2], "--split has 3 counts; the schedule has 4 stages"),
+    (10, 4, [3, 2, 2], "`split` has 3 counts; the schedule has 4 stages"),
     (10, 4, [3, 2, 2, 2], "covers 9 layers; the model has 10, so the split loses layers"),
     (10, 4, [3, 3, 3, 3], "covers 12 layers; the model has 10, so the split duplicates"),
     (10, 4, [4, 0, 3, 3], "every stage needs at least one layer"),
@@ -50,7 +50,7 @@ def test_explicit_ranges_must_not_lose_or_duplicate_a_layer(ranges, needle):
 
 
 def test_the_tied_head_weight_is_one_logical_parameter():
-    layers = TINY.layers()
+    layers = TINY.layers().build_all()
     assert layers[-1].weight is layers[0].tok.weight  # a real tie in the model itself
     names = logical_names(layers)
     assert dict(names[-1])["weight"] == "0.tok.weight"
@@ -59,7 +59,7 @@ def test_the_tied_head_weight_is_one_logical_parameter():
 
 def test_a_tie_across_stages_becomes_replicas_on_the_ranks_that_hold_them():
     sched = generate("1f1b", 4, 8)
-    lay = stage_map(sched, TINY.layers())
+    lay = stage_map(sched, TINY.layers().build_all())
     (rep,) = lay.replicas
     assert rep.name == "0.tok.weight" and rep.ranks == (0, 3)
     assert [(h.stage, h.layer, h.name) for h in rep.holders] == [(0, 0, "tok.weight"), (3, 7, "weight")]
@@ -67,7 +67,7 @@ def test_a_tie_across_stages_becomes_replicas_on_the_ranks_that_hold_them():
 
 def test_dualpipe_lanes_hold_the_same_layers_on_mirrored_ranks():
     sched = generate("dualpipe", 4, 8)
-    lay = stage_map(sched, TINY.layers())
+    lay = stage_map(sched, TINY.layers().build_all())
     for s in range(4):
         assert lay.ranges[s] == lay.ranges[4 + s]  # lane 1's stage p+s holds lane 0's stage s layers
         assert sched.placement[4 + s] == 3 - s
@@ -80,7 +80,7 @@ def test_dualpipe_lanes_hold_the_same_layers_on_mirrored_ranks():
 
 def test_each_stage_gets_its_own_copy_of_its_layers():
     sched = generate("zb-v", 4, 8)  # V: rank 0 holds the first and the last stage (embedding and head)
-    layers = TINY.layers()
+    layers = TINY.layers().build_all()
     lay = stage_map(sched, layers)
     stages = build_stages(sched, lay, layers, 0, "cpu")
     assert sorted(stages) == [0, 7]

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stagewise.costs import Costs
-from stagewise.runtime.timing import bubbles, mean_costs, measured_timeline
+from stagewise.runtime.execution.timing import bubbles, mean_costs, measured_timeline
 from stagewise.schedules import FAMILIES, generate
 from stagewise.simulate import simulate
 from stagewise.timeline import metrics

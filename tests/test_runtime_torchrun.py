@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from stagewise.runtime.launch import free_port
+from runtime_helpers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -71,7 +71,7 @@ def test_a_rank_that_dies_on_one_node_ends_both_nodes(tmp_path):
 GLOO_THREADS_LEFT = """
 import os
 from stagewise.runtime import RunConfig, train
-from stagewise.runtime.models import GPTConfig
+from stagewise.runtime.run.models import GPTConfig
 
 train(RunConfig(schedule="dualpipe", ranks=2, microbatches=4, batch=8, steps=2, threads=1,
                 model=GPTConfig(layers_n=2, d_model=32, heads=4, seq=16, vocab=64)))

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stagewise import torch_csv
+from stagewise import limits, torch_csv
 from stagewise.actions import Pair
 from stagewise.costs import Costs
 from stagewise.report import result
@@ -57,7 +57,7 @@ def test_result_is_the_cli_result_plus_the_drawing():
     ({"schedules": []}, "schedules", "choose at least one schedule"),
     ({"p": 65}, "p", "--ranks must be <= 64 in the workshop"),
     ({"per": "chunk"}, "per", "per must be 'rank' or 'stage'"),
-    ({"schedules": "gpipe,1f1b", "p": 64, "m": 256}, "m", "these settings make 65536 actions; the page draws at most"),
+    ({"schedules": "gpipe,1f1b", "p": 64, "m": 256}, "m", "these settings make up to 65536 actions; the page draws at most"),
     ({"colour": "red"}, "schedules", "unknown setting 'colour'"),
 ])
 def test_invalid_settings_name_their_control(settings, field, text):
@@ -192,3 +192,65 @@ def test_a_cap_or_cost_change_reuses_the_schedules_and_the_answer_follows_it():
     assert error(schedules="v-half", p=4, m=8, cap=0).field == "cap"  # a cached schedule still gets its error
     run(schedules="v-half", p=5, m=8)
     assert api.generated.cache_info().misses == before.misses + 1  # a new p: generated
+
+
+def test_a_view_over_the_limit_is_refused_before_any_schedule_is_made(monkeypatch):
+    from stagewise.schedules import FAMILIES
+
+    def never(*args):
+        raise AssertionError("generated a schedule for a view the page refuses")
+
+    api.generated.cache_clear()
+    monkeypatch.setattr(api, "generated", never)
+    e = error(schedules=",".join(FAMILIES), p=64, m=256)  # 663k actions: refused from p, m and v alone
+    assert e.field == "m" and "make up to 737280 actions; the page draws at most 48000" in str(e)
+    monkeypatch.setenv("STAGEWISE_MAX_WORKSHOP_ACTIONS", "100")
+    assert "at most 100" in str(error(schedules="1f1b", p=8, m=8))
+
+
+def test_the_bound_holds_every_family_and_the_largest_documented_view_fits():
+    from stagewise.schedules import FAMILIES, generate
+
+    for name in api.available():
+        for p, m, v in [(4, 8, None), (6, 12, None), (4, 8, 3)]:
+            try:
+                sched = generate(name, p, m, v if FAMILIES[name].chunks is None else None)
+            except Exception:
+                continue
+            assert sched.num_compute_actions <= api.most_actions((name,), p, m, v)
+    names = tuple(api.available())
+    assert api.most_actions(names, 16, 64, None) <= limits.WORKSHOP_ACTIONS.default  # the README's 11 families
+
+
+def test_a_size_limit_met_while_generating_is_a_400_on_its_control(monkeypatch):
+    monkeypatch.setenv("STAGEWISE_MAX_ACTIONS", "10")
+    api.generated.cache_clear()
+    e = error(schedules="1f1b", p=4, m=8)
+    assert e.field == "m" and "STAGEWISE_MAX_ACTIONS" in str(e)
+
+
+def test_why_explains_one_gap_of_the_view():
+    s = api.parse_settings({"schedules": "gpipe,1f1b", "p": 4, "m": 8})
+    gap = api.why(s, "1f1b", "0", 4)
+    assert gap["waits_for"]["op"] == "1B0" and gap["cause"] == "fill" and gap["text"].startswith("rank 0 idle 4..10")
+    assert api.why(s, "1f1b", 3, -1)["cause"] == "drain"  # rank 3's wait for the step's end
+    for schedule, rank, pos, text in [("zb-v", 0, 4, "not in this view"), ("1f1b", 0, 1, "no idle gap before position 1"),
+                                      ("1f1b", 9, 0, "rank must be a whole number in 0..3"),
+                                      ("1f1b", 0, "x", "pos must be a whole number")]:
+        with pytest.raises(api.SettingError, match=text):
+            api.why(s, schedule, rank, pos)
+
+
+def test_each_result_carries_its_gaps_and_on_request_its_messages():
+    res = run(schedules="1f1b", p=4, m=8)["results"][0]
+    assert "messages" not in res and res["idle_by_cause"]["fill"] == res["idle_by_cause"]["drain"] == 18
+    assert [0, 4.0, 10.0, 4, "fill"] in res["gaps"]
+    assert sum(b - a for _, a, b, _, _ in res["gaps"]) == sum(res["idle"])
+    msgs = api.payload(api.parse_settings({"p": 4, "m": 8}), with_messages=True)["results"][0]["messages"]
+    assert len(msgs) == 2 * 3 * 8 and [0, 0, 1, 0, 1.0, 0] in msgs  # 0F0's activation reaches rank 1 at 1
+
+
+def test_the_examples_in_the_docstrings_run():
+    import doctest
+
+    assert doctest.testmod(api).failed == 0

@@ -4,84 +4,17 @@ Each state is screenshotted (under pytest's tmp dir, or $STAGEWISE_SCREENSHOTS)
 and checked by the text the page shows.
 """
 
-import os
-import shutil
-import tempfile
-import threading
-from pathlib import Path
-
 import pytest
+from workshop_helpers import browser, count, require_browser, server, set_value, shots, text, wait_for  # noqa: F401
 
 from stagewise.workshop import api
-from stagewise.workshop.server import Server
 
-CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-if not (os.access(CHROMIUM, os.X_OK) and os.access(DRIVER, os.X_OK)):
-    pytest.skip(f"needs Debian's chromium and chromium-driver at {CHROMIUM} and {DRIVER} "
-                "(apt-get install chromium chromium-driver)", allow_module_level=True)
-
+require_browser()
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
-from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--window-size=1400,1000"]
-
-
-@pytest.fixture(scope="module")
-def server():
-    httpd = Server(0)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    profile = tempfile.mkdtemp(prefix="stagewise-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in FLAGS + [f"--user-data-dir={profile}"]:
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(options=opts, service=webdriver.ChromeService(DRIVER))
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory):
-    out = os.environ.get("STAGEWISE_SCREENSHOTS")
-    path = Path(out) if out else tmp_path_factory.mktemp("workshop")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def wait_for(browser, check, timeout=10):
-    try:
-        return WebDriverWait(browser, timeout, poll_frequency=0.05).until(lambda d: check(d))
-    except TimeoutException:
-        state = browser.execute_script(
-            "return [location.search, document.getElementById('status').textContent, "
-            "[...document.querySelectorAll('.err')].filter(e => e.textContent).map(e => e.id + ': ' + e.textContent), "
-            "[...document.querySelectorAll('#families input:checked')].map(e => e.value)]")
-        raise AssertionError(f"the page did not get there in {timeout} s; "
-                             f"url, status, errors, ticked: {state}") from None
-
-
-def text(browser, css):
-    """Visible text of the first match, read in one step (the page redraws under us)."""
-    return browser.execute_script("const e = document.querySelector(arguments[0]); return e && e.innerText", css)
-
-
-def set_value(browser, field, value):
-    box = browser.find_element(By.ID, field)
-    box.clear()  # fires no input event: the keys below do
-    box.send_keys(value)
 
 
 def bubble_of(browser, schedule):
@@ -185,10 +118,6 @@ def test_a_link_to_a_family_this_version_lacks_says_so(server, browser):
 
 def cap_cell(browser, schedule):
     return text(browser, f'#summary tr[data-schedule="{schedule}"] td.cap')
-
-
-def count(browser, css):
-    return browser.execute_script("return document.querySelectorAll(arguments[0]).length", css)
 
 
 def test_memory_cap_marks_peaks_over_it_and_a_bad_cap_by_its_field(server, browser, shots):

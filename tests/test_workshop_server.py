@@ -65,7 +65,9 @@ def test_page_and_assets_are_served_with_a_local_only_policy(server):
         status, headers, body = request(server, "GET", f"/static/{name}")
         assert status == 200 and headers["Content-Type"].startswith(ctype) and body
     # no asset reaches the network: no absolute URLs to other hosts
-    for name in ("index.html", "app.js", "app.css"):
+    from stagewise.workshop.server import STATIC
+
+    for name in sorted(f.name for f in STATIC.iterdir()):
         text = request(server, "GET", f"/static/{name}")[2].decode()
         assert "http://" not in text.replace('"http://www.w3.org/2000/svg"', "") and "https://" not in text
 
@@ -157,3 +159,54 @@ def test_cli_port_in_use_is_one_line_exit_2(server, capsys):
     assert err.count("\n") == 1 and "--port" in err and "--port 0" in err
     assert main(["workshop", "--port", "70000", "--no-browser"]) == 2
     assert "--port must be in 0..65535; got 70000" in capsys.readouterr().err
+
+
+def test_why_edit_and_teach_routes(server):
+    status, _, body = request(server, "GET", "/api/why?p=4&m=8&schedule=1f1b&rank=0&pos=4")
+    assert status == 200 and json.loads(body)["waits_for"]["op"] == "1B0"
+    status, _, body = request(server, "GET", "/api/why?p=4&m=8&schedule=1f1b&rank=0&pos=1")
+    assert status == 400 and json.loads(body)["error"] == "rank 0 has no idle gap before position 1 (0F1)"
+    edit = {"schedules": ["1f1b"], "p": 2, "m": 2, "programs": "0F0 0F1 0B0 0B1\n1F0 1B0 1F1 1B1"}
+    status, _, body = request(server, "POST", "/api/edit", body=json.dumps(edit))
+    answer = json.loads(body)
+    assert status == 200 and answer["valid"] and answer["csv"] == torch_csv.dumps(generate("1f1b", 2, 2))
+    status, _, body = request(server, "POST", "/api/why", body=json.dumps({**edit, "rank": 0, "pos": 2}))
+    assert status == 200 and json.loads(body)["cause"] == "fill"
+    status, _, body = request(server, "POST", "/api/edit", body=json.dumps({**edit, "programs": "0F0 0B0\n1B0 1F0"}))
+    assert status == 200 and not json.loads(body)["valid"] and json.loads(body)["error"].startswith("deadlock")
+    status, _, body = request(server, "GET", "/api/teach?p=4&m=8")
+    assert status == 200 and {r["schedule"] for r in json.loads(body)["rows"]} >= {"gpipe", "1f1b"}
+    status, _, body = request(server, "GET", "/api/simulate?p=4&m=8&messages=1")
+    assert status == 200 and len(json.loads(body)["results"][0]["messages"]) == 48
+    status, _, body = request(server, "GET", "/api/messages?schedules=gpipe,1f1b&p=4&m=8")
+    got = json.loads(body)["results"]
+    assert status == 200 and [r["schedule"] for r in got] == ["gpipe", "1f1b"] and len(got[1]["messages"]) == 48
+
+
+def test_a_view_over_the_page_limit_is_a_400_before_any_schedule_is_made(server, monkeypatch):
+    from stagewise.schedules import FAMILIES
+    from stagewise.workshop import api
+
+    def never(*args):
+        raise AssertionError("a schedule was generated")
+
+    monkeypatch.setattr(api, "generated", never)
+    status, _, body = request(server, "GET", f"/api/simulate?schedules={','.join(FAMILIES)}&p=64&m=256")
+    assert status == 400 and json.loads(body)["field"] == "m"
+    assert "make up to 737280 actions; the page draws at most 48000" in json.loads(body)["error"]
+
+
+def test_a_bad_limit_variable_stops_the_server_at_start_and_is_never_a_500(server, monkeypatch, capsys):
+    from stagewise.cli import main
+    from stagewise.limits import LimitError
+
+    monkeypatch.setenv("STAGEWISE_MAX_RANKS", "\u00b2")
+    assert main(["workshop", "--port", "0", "--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "STAGEWISE_MAX_RANKS='\u00b2': expected a whole number >= 1" in err
+    with pytest.raises(LimitError, match="STAGEWISE_MAX_RANKS"):
+        Server(0)
+    # a variable changed under a running server (read at each check) is a 400 naming it, not a 500
+    monkeypatch.setenv("STAGEWISE_MAX_WORKSHOP_ACTIONS", "lots")
+    status, _, body = request(server, "GET", "/api/simulate?p=4&m=8")
+    assert status == 400 and "STAGEWISE_MAX_WORKSHOP_ACTIONS='lots'" in json.loads(body)["error"]

@@ -13,12 +13,16 @@ from .common import USER_ERRORS, Parser
 from .flags import say
 
 #: subcommand modules, in --help order
-MODULES = ["core", "draw", "workshop", "train", "plan"]
+MODULES = ["core", "explain", "draw", "workshop", "train", "plan"]
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="stagewise", description="Pipeline-parallel schedules: generate, validate, "
-                    "simulate, draw, plan and run them.")
+                    "simulate, draw, plan and run them (the built-in GPT or your Hugging Face model, on local ranks "
+                    "or under torchrun).")
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"stagewise {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in MODULES:
         importlib.import_module(f"{__name__}.{name}").register(sub)

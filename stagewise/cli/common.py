@@ -133,7 +133,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tb", type=per_stage_value, default=2.0, help="full backward time, default 2")
     g.add_argument("--ti", type=per_stage_value, default=None, help="input-gradient backward, default tb/2")
     g.add_argument("--tw", type=per_stage_value, default=None, help="weight-gradient backward, default tb/2")
-    g.add_argument("--tfb", type=per_stage_value, default=None, help="overlapped F&B pair, default tf+tb")
+    g.add_argument("--tfb", type=per_stage_value, default=None,
+                   help="overlapped F&B pair, set by hand; default derived: tf+tb, less the all-to-all it hides")
     g.add_argument("--latency", type=finite_float, default=0.0, help="time of one message between ranks, default 0")
     g.add_argument("--bandwidth", type=finite_float, default=None, help="link bytes per time unit (default: free)")
     g.add_argument("--boundary-bytes", type=per_stage_value, default=0.0,
@@ -145,15 +146,18 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                         "rank's share of the model, so a chunk of a v-chunk schedule costs 1/v (same-model "
                         "comparison across families)")
     from .memory import add_memory_args
+    from .moe import add_a2a_args
 
     add_memory_args(p)
+    add_a2a_args(p)
 
 
 def costs_from(args: argparse.Namespace, schedule=None) -> Costs:
     """The cost options; with ``--costs-per rank`` and a schedule, scaled to its stages' shares."""
     from .memory import memory_costs
+    from .moe import a2a_costs
 
-    costs = memory_costs(args, _base_costs(args))
+    costs = a2a_costs(args, memory_costs(args, _base_costs(args)))
     if schedule is not None and getattr(args, "costs_per", "stage") == "rank":
         return scaled(costs, rank_share_weights(schedule))
     return costs

@@ -9,22 +9,29 @@ from .. import jsonout, torch_csv
 from ..report import result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
-from .common import (UsageError, add_cost_args, add_schedule_args, costs_from, family_names, positive_int, print_json,
-                     schedule_from)
+from .common import UsageError, add_cost_args, add_schedule_args, costs_from, family_names, positive_int, print_json, schedule_from
 
 
 def register(sub) -> None:
-    p = sub.add_parser("list", help="list the schedule families")
+    p = sub.add_parser("list", help="list the schedule families",
+                       description="Every schedule family stagewise generates, with the chunks per rank (v) it takes "
+                       "and what it is; `stagewise simulate NAME` plays one, `stagewise compare` all.")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("simulate", help="simulate one schedule and print its metrics")
+    p = sub.add_parser("simulate", help="simulate one schedule and print its metrics",
+                       description="Generate (or read from --csv) one schedule, check it, play it against the cost "
+                       "model and print its makespan, bubble next to the closed form, busy and idle time per rank "
+                       "and peak memory; --draw draws it in the terminal, --json prints the result object.")
     add_schedule_args(p)
     add_cost_args(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--draw", action="store_true", help="draw the timeline in the terminal")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("compare", help="simulate several schedules with the same p, m and costs")
+    p = sub.add_parser("compare", help="simulate several schedules with the same p, m and costs",
+                       description="Simulate every family (or --schedules) with the same p, m and costs and print "
+                       "one row each; --costs-per rank makes the costs one rank's share of the model (the fair "
+                       "same-model comparison); -o writes them on one time axis.")
     p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks (devices), default 4")
     p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
     p.add_argument("-v", "--chunks", type=positive_int, default=None, help="chunks for the families that take v")
@@ -34,16 +41,25 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", default=None, help="also write the comparison figure (PNG/SVG)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV")
+    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV",
+                       description="Write a generated schedule as torch.distributed.pipelining's compute-only CSV "
+                       "(one row per rank), which torch's runtime loads and `stagewise simulate --csv` reads back.")
     add_schedule_args(p, csv=False, name_required=True)
     p.add_argument("--csv", required=True, metavar="FILE", help="output file")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("validate", help="check a schedule (NAME or --csv FILE) and say why it is invalid")
+    p = sub.add_parser("validate", help="check a schedule (NAME or --csv FILE) and say why it is invalid",
+                       description="Check that every (stage, micro-batch, kind) runs once, indices are in range, "
+                       "each stage sits on one rank and no rank waits in a cycle; an invalid schedule is named by "
+                       "rank, position, action and what it waits for.")
     add_schedule_args(p)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("demo", help="the tour: every family at p=4, m=8, figures, report and a real run")
+    p = sub.add_parser("demo", help="the tour: every family at p=4, m=8, figures, report and a real run",
+                       description="Simulate every family at p=4, m=8 on one model and print the table, write the "
+                       "comparison figure and an offline HTML report into -o, then train the built-in GPT for real "
+                       "on 4 local ranks under 1F1B and ZB-H1 and print the measured bubble (the mean over the "
+                       "steps after the first) next to the simulator's prediction.")
     p.add_argument("-o", "--output", default="stagewise-demo", help="output folder, default ./stagewise-demo")
     p.add_argument("--no-run", action="store_true", help="skip the real run on local ranks")
     p.set_defaults(func=cmd_demo)

@@ -12,21 +12,24 @@ from ..errors import translate
 #: library argument (RunConfig, GPTConfig, Pipeline, the HF adapter, the planner) -> CLI flag
 FLAGS = {
     # the schedule and the ranks (RunConfig, Pipeline, generate)
-    "schedule": "--schedule", "csv": "--csv", "ranks": "-p", "microbatches": "-m", "chunks": "-v", "dp": "--dp",
+    "schedule": "--schedule", "csv": "--csv", "ranks": "--ranks", "microbatches": "--microbatches",
+    "chunks": "--chunks", "dp": "--dp",
     "fsdp": "--fsdp", "tp": "--tp", "ep": "--ep", "zero": "--zero",
-    "split": "--split", "recompute": "--recompute",
+    "split": "--split", "layout": "--layout", "recompute": "--recompute/--recompute-stages",
     # the run
     "steps": "--steps", "batch": "--batch", "lr": "--lr", "optimizer": "--optimizer", "clip": "--clip",
     "timeout": "--timeout", "threads": "--threads", "save": "--save", "save_every": "--save-every",
     "resume": "--resume", "overwrite": "--overwrite", "skip_nonfinite": "--skip-nonfinite",
+    "nonfinite": "--skip-nonfinite",
     # the built-in GPT (GPTConfig)
     "layers_n": "--layers", "d_model": "--d-model", "heads": "--heads", "seq": "--seq", "vocab": "--vocab",
     "dtype": "--dtype", "data": "--data", "seed": "--seed",
-    "moe_experts": "--moe-experts", "moe_top_k": "--moe-top-k",
+    "moe_experts": "--moe-experts", "moe_top_k": "--moe-top-k", "moe_shared": "--moe-shared",
+    "moe_capacity": "--moe-capacity", "moe_pad": "--moe-pad", "moe_aux": "--moe-aux",
     # the Hugging Face adapter
     "source": "--hf", "tokenizer": "--tokenizer",
-    # profile
-    "micro_batch_sizes": "--micro-batch-sizes",
+    # profile, plan
+    "micro_batch_sizes": "--micro-batch-sizes", "verify": "--verify", "memory": "--memory",
 }
 
 

@@ -43,7 +43,8 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="fraction of an activation freed at I (the rest at W), default 0")
     g.add_argument("--hidden-size", type=_whole, default=None,
                    help="with --heads and --seq-length: activation bytes per stage and --free-at-i from the Zero "
-                        "Bubble paper's M_B = (34h + 5as)sb and M_W = 32hsb per layer")
+                        "Bubble paper's M_B = (34h + 5as)sb and M_W = 32hsb per layer; with --moe-tokens: the "
+                        "all-to-all's token size")
     g.add_argument("--heads", type=_whole, default=None, help="attention heads (a)")
     g.add_argument("--seq-length", type=_whole, default=None, help="sequence length (s)")
     g.add_argument("--micro-batch-size", type=_whole, default=1, help="sequences per micro-batch (b), default 1")
@@ -58,6 +59,10 @@ def memory_costs(args: argparse.Namespace, costs: Costs) -> Costs:
     """``costs`` with the memory options applied."""
     hidden, heads, seq = (getattr(args, k, None) for k in ("hidden_size", "heads", "seq_length"))
     given = [n for n, x in (("--hidden-size", hidden), ("--heads", heads), ("--seq-length", seq)) if x is not None]
+    from .moe import derives_a2a
+
+    if given == ["--hidden-size"] and derives_a2a(args):
+        given = []  # the hidden size is the all-to-all's here, not the memory model's
     if given and len(given) < 3:
         raise UsageError(f"{given[0]} needs --hidden-size, --heads and --seq-length together")
     if given:

@@ -134,7 +134,7 @@ _OPTIONS = (("--profile", "profile"), ("-N", "devices"), ("-G", "global_batch"),
             ("--per-node", "per_node"), ("--intra-bandwidth", "intra_bandwidth"), ("--intra-latency", "intra_latency"),
             ("--inter-bandwidth", "inter_bandwidth"), ("--inter-latency", "inter_latency"), ("--model", "model"),
             ("--hardware", "hardware"), ("--gpus", "gpus"), ("--global-batch-tokens", "global_batch_tokens"),
-            ("--tensor", "tensor"), ("--pipeline", "pipeline"), ("--framework", "framework"),
+            ("--tensor", "tensor"), ("--pipeline", "pipeline"), ("--expert", "expert"), ("--framework", "framework"),
             ("--sharding", "sharding"), ("--hsdp-shard", "hsdp_shard"), ("--schedules", "schedules"),
             ("--chunks", "chunks"), ("--micro-batch-sizes", "micro_batch_sizes"), ("--layout", "layout"),
             ("--memory-reserve", "memory_reserve"), ("--top", "top"), ("-o", "output"))
@@ -156,7 +156,7 @@ def command_line(args) -> list[str]:
 
 
 def _plan(args) -> int:
-    from ..plan.layout import Split
+    from ..layout import Split
     from ..plan.profile import Profile
     from ..plan.search import Searcher, Space, search
 
@@ -205,7 +205,7 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
     command = train_command(best, prof, out.csv if csv_ok else None, args.global_batch)
     verified = None
     if args.verify is not None:
-        from ..plan.verify import verify
+        from ..runtime.profiling.verify import verify
 
         verified = verify(prof, cands, args.verify, steps=args.steps, rounds=args.rounds,
                           log=None if args.json else print)
@@ -227,7 +227,7 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
               f"{plan['stagewise']})")
     print(f"run it: {command}")
     if verified:
-        from ..plan.verify import verify_table
+        from ..runtime.profiling.verify import verify_table
 
         print("\n" + verify_table(verified))
     return 0

@@ -39,6 +39,9 @@ def add_options(p) -> None:
                         "ZeRO-1 for Megatron-LM, DeepSpeed and stagewise, FSDP for torchtitan)")
     g.add_argument("--hsdp-shard", default=None, metavar="S,..",
                    help="HSDP shard-group sizes to try with --sharding hsdp (default 2,4,8,16,32,64)")
+    g.add_argument("--expert", default=None, metavar="EP,..",
+                   help="expert-parallel degrees to try for an MoE model (default: every one that divides its experts "
+                        "and the data-parallel ranks)")
     g.add_argument("--no-sequence-parallel", action="store_true",
                    help="keep norms and dropouts whole under tensor parallel (Megatron-LM 2021)")
     g.add_argument("--no-zero", action="store_true",
@@ -136,6 +139,7 @@ def _job(args):
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
                tensor=tuple(_int_list(args.tensor, "--tensor")) if args.tensor else None,
                pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline else None,
+               expert=tuple(_int_list(args.expert, "--expert")) if getattr(args, "expert", None) else None,
                micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks),
                frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve)
 
@@ -233,18 +237,21 @@ def cluster_table(cands, ties: int = 0) -> str:
     from ..plan.cluster import fmt_bytes
     from ..plan.explain import fmt_seconds
 
-    head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} "
+    moe = any(c.ep > 1 for c in cands)
+    ep_head = f"{'ep':>5}" if moe else ""
+    head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} "
             f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU':>10}"
             f"{'free':>9}{'bubble':>8}  blocks per stage")
     lines = [head, "-" * len(head)]
     for n, c in enumerate(cands, 1):
         g = c.config
+        ep = f"{c.ep:>5}" if moe else ""
         band, mfu = c.step_band, c.mfu_band
         step = (f"{fmt_seconds(c.step_time)} ({_short(band[0])}-{_short(band[1])})" if band
                 else fmt_seconds(c.step_time))
         mfus = f"{c.mfu:.1%} ({mfu[0]:.0%}-{mfu[1]:.0%})" if mfu else f"{c.mfu:.1%}"
         shard = c.sharding + (f"/{c.shard}" if c.shard else "")
-        lines.append(f"{n:>3}{'=' if 1 < n <= ties else ' '} {c.t:>2}{g.p:>4}{g.dp:>6}  {g.family:<17}{g.v:>2}"
+        lines.append(f"{n:>3}{'=' if 1 < n <= ties else ' '} {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
                      f"{g.m:>5}{g.mbs:>4} {_RC[c.recompute]:<4} {shard:<9}{c.framework:<11}{step:>20}{mfus:>20}"
                      f"{fmt_bytes(max(c.candidate.memory)):>10}{fmt_bytes(c.headroom):>9}"
                      f"{c.candidate.bubble:>8.1%}  {_blocks(c)}")

@@ -9,19 +9,18 @@ from .. import limits
 from .common import UsageError, positive_int, print_json
 from .plan import _int_list
 
-MAX_REPEATS = 1000
-MAX_THREADS = 1024
-MAX_SIZES = 64
-
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "profile", help="measure the built-in GPT layer by layer (times, bytes, link) into a JSON profile",
-        description="Time F, B, I and W of every layer of the built-in GPT on this device at each micro-batch "
-        "size, count the activation, parameter and boundary bytes, and measure the point-to-point link between "
-        "two local ranks (gloo). `stagewise plan --profile FILE` reads the result. For your own model use the "
-        "Python API: stagewise.plan.measure.profile_model(model), the model a runtime ModelConfig "
-        "(stagewise.runtime.models.GPTConfig, LayerModel).")
+        "profile", help="measure the built-in GPT or an --hf model layer by layer (times, bytes, link) into a JSON "
+        "profile",
+        description="Time F, B, I and W of every layer of the built-in GPT (or an --hf model) on this device at "
+        "each micro-batch size, one layer built at a time, count the activation, parameter and boundary bytes, "
+        "measure the point-to-point link between two local ranks (gloo) and the per-step work outside the layers "
+        "(two short runs of the same model on 2 local ranks). `stagewise plan --profile FILE` reads the result. "
+        "For your own model use the "
+        "Python API: stagewise.runtime.profiling.measure.profile_model(model), the model a runtime ModelConfig "
+        "(stagewise.runtime.run.models.GPTConfig, LayerModel).")
     p.add_argument("-o", "--output", default="profile.json", help="where to write the profile, default profile.json")
     p.add_argument("--micro-batch-sizes", default="1,2,4", help="sizes to measure, default 1,2,4")
     p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks, default 4 (+ embedding, head)")
@@ -51,17 +50,14 @@ def cmd_profile(args) -> int:
     sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes")
     _check_sizes(args, sizes)  # before torch is imported or anything allocated
     try:
-        from ..plan.link import measure_link
-        from ..plan.measure import profile_model
-        from ..runtime.config import RunError
+        from ..runtime.profiling.link import measure_link
+        from ..runtime.profiling.measure import profile_model
     except ImportError as e:
         raise UsageError(f"stagewise profile needs torch ({e.name} is missing): pip install 'stagewise[torch]'") \
             from None
-    try:
-        model = _hf_model(args) if args.hf else _gpt_model(args)
-    except RunError as e:
-        raise UsageError(str(e)) from None
+    model = _hf_model(args) if args.hf else _gpt_model(args)
     _check_device(args.device)
+    _check_output(args.output)
     t0 = time.perf_counter()
     prof = profile_model(model, sizes, repeats=args.repeats, device=args.device, threads=args.threads,
                          each_layer=args.each_layer)
@@ -74,7 +70,8 @@ def cmd_profile(args) -> int:
             raise UsageError(f"{e}; rerun with --no-link to skip the link (plan then takes --intra-bandwidth)") \
                 from None
     if not args.no_overhead and prof.link is not None and args.device == "cpu":  # the check runs on gloo CPU ranks
-        from ..plan.overhead import KEY, measure_overhead
+        from ..plan.overhead import KEY
+        from ..runtime.profiling.overhead import measure_overhead
 
         fit = measure_overhead(prof, log=None if args.json else print)
         prof = replace(prof, meta={**prof.meta, KEY: fit})
@@ -92,18 +89,42 @@ def cmd_profile(args) -> int:
 
 
 def _check_sizes(args, sizes: list[int]) -> None:
-    if len(sizes) > MAX_SIZES:
-        raise UsageError(f"--micro-batch-sizes: at most {MAX_SIZES} sizes; got {len(sizes)}")
-    limits.check_gpt_size(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
-                          vocab=args.vocab, batch=max(sizes))
-    if args.repeats > MAX_REPEATS:
-        raise UsageError(f"--repeats must be <= {MAX_REPEATS} (each is a timed run of every layer); got {args.repeats}")
-    if args.threads > MAX_THREADS:
-        raise UsageError(f"--threads must be <= {MAX_THREADS}; got {args.threads}")
+    limits.SIZES.check(len(sizes), "--micro-batch-sizes", detail=f"--micro-batch-sizes: {len(sizes)} sizes")
+    if len(set(sizes)) != len(sizes):
+        twice = next(x for x in sizes if sizes.count(x) > 1)
+        raise UsageError(f"--micro-batch-sizes names {twice} twice; each size is measured once")
+    limits.REPEATS.check(args.repeats, "--repeats")
+    limits.THREADS.check(args.threads, "--threads")
+    if args.hf:  # the model's own sizes are checked when its config is read (stagewise.hf)
+        limits.TOKENS.check(max(sizes) * args.seq, "", detail=f"--micro-batch-sizes {max(sizes)} x --seq {args.seq}"
+                            f" = {max(sizes) * args.seq:,} tokens")
+        return
+    try:
+        limits.check_gpt_size(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
+                              vocab=args.vocab, batch=max(sizes))
+    except limits.LimitError as e:
+        if "sequences" not in str(e):
+            raise
+        raise UsageError(f"--micro-batch-sizes {max(sizes)}: {e}") from None
+
+
+def _check_output(path: str) -> None:
+    """-o must be writable before minutes of measuring: a file in an existing folder, not a folder."""
+    import os
+    from pathlib import Path
+
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"-o {path}: is a folder; give a file name such as {out / 'profile.json'}")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"-o {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise UsageError(f"-o {path}: cannot write there")
 
 
 def _gpt_model(args):
-    from ..runtime.models import GPTConfig
+    from ..runtime.run.models import GPTConfig
 
     cfg = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=args.vocab,
                     dtype=args.dtype)
@@ -113,11 +134,12 @@ def _gpt_model(args):
 
 def _hf_model(args):
     try:
-        from ..hf import load
-        from ..hf.profile import profile_model as hf_profile_model
+        from ..hf.run import HFRun
     except ImportError as e:
         raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
-    return hf_profile_model(load(args.hf, dtype=args.dtype), args.seq, args.hf)
+    model = HFRun(source=args.hf, seq=args.seq, dtype=args.dtype)  # random token ids: shapes, not meaning
+    model.check()
+    return model
 
 
 def _check_device(device: str) -> None:

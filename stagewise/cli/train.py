@@ -10,14 +10,15 @@ import os
 import sys
 from pathlib import Path
 
-from . import train_hf, train_safety, train_scale
+from . import train_hf, train_moe, train_safety, train_scale
 from .common import UsageError, check_timeline_output, int_list, positive_int, print_json
 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "train", help="train the built-in GPT with a schedule on local ranks (or under torchrun)",
-        description="Run a schedule for real: p local ranks (gloo), the built-in GPT, m micro-batches per step. "
+        "train", help="train the built-in GPT or an --hf model with a schedule on local ranks (or under torchrun)",
+        description="Run a schedule for real: p local ranks (gloo), the built-in GPT (or an --hf model), m "
+        "micro-batches per step. "
         "Prints each step's loss, then the measured bubble next to the simulator's prediction from the measured "
         "mean cost of each action. Under torchrun (RANK/WORLD_SIZE set) this process is one rank. "
         "--schedule none (or -p 1) runs the unpipelined reference.")
@@ -55,6 +56,7 @@ def register(sub) -> None:
     train_hf.add_args(p)
     train_safety.add_args(p)
     train_scale.add_args(p)
+    train_moe.add_args(p)
     g = p.add_argument_group("output")
     g.add_argument("--trace", metavar="FILE", default=None,
                    help="write the last step's measured timeline: .json Chrome trace, or .png .svg .html .txt")
@@ -65,16 +67,17 @@ def register(sub) -> None:
 
 def config_from(args):
     """The RunConfig of the parsed options (raises UsageError on a bad combination)."""
-    from ..runtime.config import RunConfig, default_batch
-    from ..runtime.models import GPTConfig
+    from ..runtime.run.config import RunConfig, default_batch
+    from ..runtime.run.models import GPTConfig
 
     name, ranks, reference = schedule_choice(args, world_per_replica=False)
     _check_sizes(args)
     # the same default batch for the reference as for a pipelined -m (train_scale: x --dp); 0 or less is an error
     batch = args.batch if args.batch is not None else default_batch(args.microbatches)
     vocab = args.vocab if args.vocab is not None else (256 if args.data else 64)
-    model = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq, vocab=vocab,
-                      dtype=args.dtype, data=args.data, seed=args.seed)
+    model = train_hf.model(args) if args.hf else GPTConfig(layers_n=args.layers, d_model=args.d_model,
+                                                           heads=args.heads, seq=args.seq, vocab=vocab,
+                                                           dtype=args.dtype, data=args.data, seed=args.seed)
     return RunConfig(schedule=None if reference else name, csv=args.csv, ranks=1 if reference else ranks,
                      microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
                      model=model, split=_split(args.split), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
@@ -86,7 +89,7 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
 
     Without -p the ranks are torchrun's WORLD_SIZE (divided by --dp when ``world_per_replica``), else 4.
     """
-    from ..runtime.launch import is_torchrun
+    from ..runtime.launching.groups import is_torchrun
 
     name = args.schedule
     if name is None and not args.csv:
@@ -95,7 +98,8 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
         raise UsageError(f"give either --schedule ({name}) or --csv, not both")
     world = int(os.environ["WORLD_SIZE"]) // (args.dp if world_per_replica else 1) if is_torchrun() else 4
     ranks = args.ranks if args.ranks is not None else world
-    return name, ranks, name == "none" or (ranks == 1 and args.dp == 1 and not args.csv)
+    return name, ranks, name == "none" or (ranks == 1 and args.dp == 1 and getattr(args, "ep", 1) == 1
+                                           and not args.csv)
 
 
 def _split(text: str | None):
@@ -119,21 +123,18 @@ def cmd_train(args) -> int:
         import torch  # noqa: F401 - the runtime needs it; say so before anything else
     except ImportError:
         raise UsageError("stagewise train needs torch: pip install 'stagewise[torch]'") from None
-    from ..runtime import RankFailure, RunError, train
-    from ..runtime.launch import Stopped, is_torchrun
+    from ..runtime import RankFailure, train
+    from ..runtime.launching.launch import Stopped
+    from ..runtime.launching.groups import is_torchrun
 
     if args.trace:
         check_timeline_output("--trace", args.trace)
     train_hf.check_plain(args)
-    if args.hf:
-        return train_hf.cmd(args)
     try:
-        cfg = train_scale.apply(train_safety.apply(config_from(args), args), args)
+        cfg = train_scale.apply(train_moe.apply(train_safety.apply(config_from(args), args), args), args)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
-    except RunError as e:
-        raise UsageError(str(e)) from None
     except Stopped as e:  # SIGTERM/SIGHUP: every rank is stopped; the conventional status
         sys.stderr.write(f"stagewise train: stopped by {e.name}; every rank stopped\n")
         return e.code
@@ -160,7 +161,7 @@ def _output(args, res) -> None:
         print_json(res.to_json())
         return
     print(summary(res))
-    for line in train_safety.lines(res) + train_scale.lines(res):
+    for line in train_safety.lines(res) + train_scale.lines(res) + train_moe.lines(res) + train_hf.lines(res):
         print(line)
     if args.draw and last is not None:
         from ..render.ascii import draw_text
@@ -177,7 +178,8 @@ def summary(res) -> str:
     lines = [f"{res.schedule}: p={res.ranks} m={res.microbatches}, mean step {_sec(sum(times) / len(times))}"
              f"{warm}"]
     if res.ranks > 1:
-        lines.append(f"bubble: measured {res.measured_bubble_fraction:.1%}, predicted "
+        over = "the mean over steps 2.." + str(len(res.step_time_s)) if len(res.step_time_s) > 1 else "step 1"
+        lines.append(f"bubble: measured {res.measured_bubble_fraction:.1%} ({over}), predicted "
                      f"{res.predicted_bubble_fraction:.1%} (simulator fed the measured mean cost of each action "
                      "kind per stage)")
     return "\n".join(lines)
@@ -228,8 +230,8 @@ def demo_run(out: Path) -> None:
         print("\n(real run skipped: torch is not installed; pip install 'stagewise[torch]')")
         return
     from ..runtime import RankFailure, RunConfig
-    from ..runtime.launch import train_many
-    from ..runtime.models import GPTConfig
+    from ..runtime.run.train import train_many
+    from ..runtime.run.models import GPTConfig
 
     model = GPTConfig(layers_n=6, d_model=128, heads=4, seq=64, vocab=256)
     cfgs = [RunConfig(schedule=name, ranks=4, microbatches=8, batch=16, steps=4, model=model)
@@ -246,8 +248,11 @@ def demo_run(out: Path) -> None:
         return
     from ..render.files import has_matplotlib, write_timeline
 
+    from ..timeline import metrics
+
     for res in results:
         print(summary(res))
+        last = metrics(res.last_timeline).bubble_fraction
         for suffix in (".json", ".png" if has_matplotlib() else ".svg"):
             path = write_timeline(res.last_timeline, out / f"measured-{res.schedule}{suffix}")
-            print(f"wrote {path} (measured timeline of the last step)")
+            print(f"wrote {path} (the last step's measured timeline: its own bubble {last:.1%})")

@@ -1,7 +1,7 @@
 """`stagewise train`'s checkpoint and fault options, and what the run says about them.
 
 Not a subcommand: ``train.py`` adds these options and prints these lines.
-The test-only fault (``stagewise.runtime.faults``) comes from the
+The test-only fault (``stagewise.runtime.resilience.faults``) comes from the
 ``STAGEWISE_FAULT`` environment variable, deliberately not an option.
 """
 
@@ -12,7 +12,7 @@ import os
 
 from .common import positive_int
 
-FAULT_ENV = "STAGEWISE_FAULT"  # stagewise.runtime.faults.ENV, without importing the runtime
+FAULT_ENV = "STAGEWISE_FAULT"  # stagewise.runtime.resilience.faults.ENV, without importing the runtime
 
 
 def add_args(p) -> None:

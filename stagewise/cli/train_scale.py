@@ -27,19 +27,19 @@ def add_args(p) -> None:
 
 def apply(cfg, args):
     """``cfg`` with the options above."""
-    from ..runtime.launch import is_torchrun
+    from ..runtime.launching.groups import is_torchrun
 
     if args.recompute and args.recompute_stages:
         raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")
     cfg = dataclasses.replace(cfg, dp=args.dp, recompute=True if args.recompute else _stages(args.recompute_stages),
                               measure_memory=not args.no_memory)
-    if is_torchrun() and args.ranks is None and cfg.pipelined and cfg.dp > 1:
+    if is_torchrun() and args.ranks is None and cfg.pipelined and cfg.shards > 1:
         world = int(os.environ["WORLD_SIZE"])
-        cfg = dataclasses.replace(cfg, ranks=world // cfg.dp if world % cfg.dp == 0 else world)  # else preflight
+        cfg = dataclasses.replace(cfg, ranks=world // cfg.shards if world % cfg.shards == 0 else world)  # else preflight
     if args.batch is None and cfg.pipelined:  # the default batch, now that --dp is known
-        from ..runtime.config import default_batch
+        from ..runtime.run.config import default_batch
 
-        cfg = dataclasses.replace(cfg, batch=default_batch(cfg.microbatches, cfg.dp))
+        cfg = dataclasses.replace(cfg, batch=default_batch(cfg.microbatches, cfg.shards))
     return cfg
 
 

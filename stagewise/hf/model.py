@@ -10,14 +10,18 @@ embedding, the last as the head, and the two copies start from the same tensor.
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import HFError
-from .families import Family, family_of
+from .. import limits
+from . import configs
+from .errors import HFError, within
+from .experts import assemble, sources
+from .families import MOE, Family, family_of, moe_layer
+from .files import inside, one_line, read_json
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 ATTENTION = ("sdpa", "eager")
@@ -37,6 +41,7 @@ class HFModel:
     folder: str | None = None  #: safetensors weights; None = seeded random initialisation
     dtype: str = "float32"  #: parameter dtype
     seed: int = 0  #: random initialisation (when there is no folder)
+    origin: str = ""  #: where the config was read, as messages name it
 
     @property
     def family(self) -> Family:
@@ -53,8 +58,9 @@ class HFModel:
 
     @property
     def symbols(self) -> list[str]:
-        """Layout letters (the planner's): ``E``, ``t`` per decoder layer, ``N`` (final norm), ``H``."""
-        return ["E"] + ["t"] * self.decoder_layers + ["N", "H"]
+        """Layout letters (the planner's): ``E``, ``t`` per decoder layer (``m`` for one with a sparse MoE block),
+        ``N`` (final norm), ``H``."""
+        return ["E"] + [self._kind(k + 1) for k in range(self.decoder_layers)] + ["N", "H"]
 
     @property
     def prefixes(self) -> tuple[str, ...]:
@@ -80,10 +86,16 @@ class HFModel:
 
         if not 0 <= i < self.num_layers:
             raise HFError(f"layer {i} is out of range; the model has layers 0..{self.num_layers - 1}")
+        if "_checked" not in self.__dict__:  # made without load: nothing is allocated before the model is checked
+            self.check()
         prefix = family_of(self.config.model_type)[1]
         module = make_layer(self.config, prefix, i).to_empty(device=device).to(getattr(torch, self.dtype))
+        _keep_fp32(module, self.config, prefix)
         names = self.names(i, module)
-        values = self._values(names.values())
+        kept = _kept_buffers(module)  # persistent buffers (DeepSeek-V3's e_score_correction_bias): stored or 0
+        wanted = {hf: tuple(module.get_parameter(local).shape) for local, hf in names.items()}
+        buffers = {f"{self.prefixes[i]}.{b}": tuple(module.get_buffer(b).shape) for b in kept}
+        values = self._values({**wanted, **buffers}, optional=set(buffers))
         with torch.no_grad():
             for local, hf in names.items():
                 param = module.get_parameter(local)
@@ -91,7 +103,11 @@ class HFModel:
                 if value is None:
                     _init(param, module, local, self._generator(hf), self.config)
                 else:
-                    _copy(param, value, hf)
+                    param.copy_(value)
+            for local in kept:
+                value = values.get(f"{self.prefixes[i]}.{local}")
+                buf = module.get_buffer(local)
+                buf.copy_(value) if value is not None else buf.zero_()
         finish_decoder(module, self.config, prefix, i - 1, device)
         return module
 
@@ -107,17 +123,79 @@ class HFModel:
         names are HF's module paths and the tied embedding and head are declared by name."""
         from functools import partial
 
-        from ..runtime.layers import Layers
+        from ..runtime.stages.layers import Layers
 
         return Layers(count=self.num_layers, build=partial(self.layer, device=device or "cpu"),
                       names=self.prefixes, ties=self.ties)
+
+    def check(self) -> None:
+        """Everything about the model that holds before a rank builds a layer; ``HFError`` naming what does not.
+
+        The config's fields and sizes (``configs.check``: types, ranges, heads, ``LAYERS``, ``ELEMENTS``),
+        that transformers builds each kind of layer from it (on the meta device: no memory), the parameter
+        count against ``PARAMETERS``, and with a folder every tensor of every layer: present, of the shape
+        the config makes, of a floating dtype (from the files' headers; no tensor is read). ``load`` calls
+        it; a launcher may call it again before it starts ranks.
+
+        >>> load("tiny-llama").check()      # doctest: +SKIP
+        """
+        d = configs.check(self.config.to_dict(), self.where)
+        ck = self.checkpoint() if self.folder is not None else None  # a folder without weights says so first
+        n = self.parameter_count
+        within(limits.PARAMETERS, n, f"{self.where}: {n} parameters (num_hidden_layers {d.layers}, hidden_size "
+               f"{d.hidden}, MLP {d.inner}, vocab_size {d.vocab})")
+        for i in range(self.num_layers if ck else 0):
+            for local, shape in self._shapes[self._kind(i)].items():
+                hf = f"{self.prefixes[i]}.{local}"
+                for piece in sources(self.config.model_type, self.source(hf), shape, ck.tensors):
+                    ck.check(ck.resolve(piece.name, self.family.base), piece.shape, hf)
+        self.__dict__["_checked"] = True  # frozen dataclass: a cache, as cached_property keeps one
+
+    @cached_property
+    def parameter_count(self) -> int:
+        """The model's parameters (a tied head counted once, as HF counts them), from the config alone."""
+        per = {k: sum(_numel(s) for s in shapes.values()) for k, shapes in self._shapes.items()}
+        head = 0 if self.tied else per["H"]
+        return per["E"] + sum(per[self._kind(k + 1)] for k in range(self.decoder_layers)) + per["N"] + head
+
+    @cached_property
+    def _shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Each kind of layer's parameters (local name -> shape), built on the meta device: every decoder
+        layer of one kind (dense ``t``, sparse MoE ``m``) has the same ones."""
+        from .layers import finish_decoder, make_layer
+
+        prefix = family_of(self.config.model_type)[1]
+        out = {}
+        first = {}
+        for i in range(1, self.decoder_layers + 1):
+            first.setdefault(self._kind(i), i)
+        for kind, i in (("E", 0), *first.items(), ("N", self.decoder_layers + 1), ("H", self.decoder_layers + 2)):
+            try:
+                module = make_layer(self.config, prefix, i)
+                finish_decoder(module, self.config, prefix, i - 1, "meta")
+            except Exception as e:  # noqa: BLE001 - transformers' own refusal of a config, said in one line
+                raise HFError(f"{self.where}: transformers cannot build layer {i} ({self.prefixes[i]}) from this "
+                              f"config: {type(e).__name__}: {one_line(e)}") from None
+            out[kind] = {local: tuple(p.shape) for local, p in module.named_parameters(remove_duplicate=False)}
+        return out
+
+    def _kind(self, i: int) -> str:
+        if i == 0:
+            return "E"
+        if i <= self.decoder_layers:
+            return "m" if moe_layer(self.config.model_type, i - 1, lambda f: getattr(self.config, f, None)) else "t"
+        return "N" if i == self.decoder_layers + 1 else "H"
+
+    @property
+    def where(self) -> str:
+        return self.origin or self.folder or f"the {self.config.model_type} config"
 
     def check_fit(self, stages: int, split=None) -> None:
         """The schedule's ``stages`` per model copy must each get a layer: say so in the model's own terms."""
         if split is None and stages > self.num_layers:
             raise HFError(f"the model has {self.decoder_layers} decoder layers ({self.num_layers} layers with the "
                           f"embedding, final norm and LM head) but the schedule needs {stages} stages per model copy; "
-                          "each stage needs at least one layer: use fewer ranks or chunks, or a model with more "
+                          "each stage needs at least one layer: use fewer `ranks` or `chunks`, or a model with more "
                           "layers")
 
     def names(self, i: int, module) -> dict[str, str]:
@@ -159,13 +237,21 @@ class HFModel:
         """This process's reader of ``folder`` (one per folder, so its read counts add up)."""
         return _checkpoint(self.folder)
 
-    def _values(self, hf_names) -> dict:
+    def _values(self, wanted: dict, optional: set = frozenset()) -> dict:
+        """The stored values of these HF names (name -> shape; ``check`` has checked each one's pieces), keyed by
+        ``source``; a stacked expert tensor is built from its per-expert pieces (experts.py). The names in
+        ``optional`` are read only when the folder has them (buffers)."""
         if self.folder is None:
             return {}
-        ck = self.checkpoint()
-        stored = {self.source(h): ck.resolve(self.source(h), self.family.base) for h in hf_names}
-        got = ck.read(sorted(set(stored.values())))
-        return {h: got[s] for h, s in stored.items()}
+        ck, base = self.checkpoint(), self.family.base
+        plan = {}
+        for h, shape in wanted.items():
+            src = self.source(h)
+            if h in optional and not ck.has(src, base):
+                continue
+            plan[src] = [ck.resolve(p.name, base) for p in sources(self.config.model_type, src, shape, ck.tensors)]
+        got = ck.read(sorted({n for names in plan.values() for n in names}))
+        return {src: assemble([got[n] for n in names], src) for src, names in plan.items()}
 
     def _generator(self, hf: str):
         import torch
@@ -184,11 +270,35 @@ def _checkpoint(folder: str):
     return _CHECKPOINTS[folder]
 
 
-def _copy(param, value, hf: str) -> None:
-    if tuple(value.shape) != tuple(param.shape):
-        raise HFError(f"tensor {hf} has shape {tuple(value.shape)} in the checkpoint; the config makes "
-                      f"{tuple(param.shape)}")
-    param.copy_(value)
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _kept_buffers(module) -> list[str]:
+    """Local names of a layer's persistent buffers (saved in a state_dict; rotary tables are not)."""
+    out = []
+    for path, sub in module.named_modules():
+        for name, buf in sub._buffers.items():
+            if buf is not None and name not in sub._non_persistent_buffers_set:
+                out.append(f"{path}.{name}" if path else name)
+    return out
+
+
+def _keep_fp32(module, config, prefix: str) -> None:
+    """What transformers keeps in float32 whatever the dtype (its ``_keep_in_fp32_modules_strict``: DeepSeek-V3's
+    router), kept so here too."""
+    import torch
+
+    from .layers import modeling
+
+    keep = getattr(getattr(modeling(config.model_type), f"{prefix}PreTrainedModel", None),
+                   "_keep_in_fp32_modules_strict", None) or ()
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if any(name == k or name.endswith("." + k) or f".{k}." in f".{name}" for k in keep):
+            t.data = t.data.float()
 
 
 def _init(param, module, local: str, gen, config) -> None:
@@ -208,38 +318,45 @@ def _init(param, module, local: str, gen, config) -> None:
             param[pad].zero_()
 
 
-def load(path: str | Path, *, dtype: str = "float32", seed: int = 0, attention: str = "sdpa") -> HFModel:
+def load(source: str | Path, *, dtype: str = "float32", seed: int = 0, attention: str = "sdpa") -> HFModel:
     """An ``HFModel`` from a folder (config.json + safetensors) or a config.json alone (random weights).
 
     ``attention``: transformers' attention implementation ("sdpa" as HF's default on torch, or "eager").
-    Raises ``HFError`` for an unsupported architecture or a folder without weights.
+    Everything ``HFModel.check`` checks is checked here, before any tensor is made: an unsupported
+    architecture, a config field of the wrong type or value, a model over the limits, weight files that
+    are missing, outside the folder, not regular files or not valid safetensors, a tensor of the wrong
+    shape or dtype; each is an ``HFError`` naming the file, the field or the tensor.
+
+    >>> model = load("tiny-llama")                # doctest: +SKIP
+    >>> model.num_layers, model.parameter_count   # doctest: +SKIP
+    (6, 165184)
     """
-    path = Path(path)
     if dtype not in DTYPES:
-        raise HFError(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype}")
+        raise HFError(f"`dtype` {dtype!r}: must be one of {', '.join(DTYPES)}")
     if attention not in ATTENTION:
-        raise HFError(f"attention must be one of {', '.join(ATTENTION)}; got {attention}")
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise HFError(f"--hf {path}: no config.json; give a model folder (config.json + safetensors) or a config.json")
-    config = _config(path / "config.json" if path.is_dir() else path)
+        raise HFError(f"`attention` {attention!r}: must be one of {', '.join(ATTENTION)}")
+    path = Path(source)
+    folder = path.is_dir()
+    if folder and not (path / "config.json").is_symlink() and not (path / "config.json").exists():
+        raise HFError(f"`source` {path}: no config.json; give a model folder (config.json + safetensors) or a "
+                      "config.json")
+    file = inside(path, "config.json", f"`source` {path}") if folder else path
+    shown = str(file) if folder else f"`source` {path}"
+    config = _config(read_json(file, "" if folder else "`source`"), shown)
     config._attn_implementation = attention  # what from_pretrained would set; layers read it at run time
-    if path.is_dir():
-        _checkpoint(str(path))  # a folder must hold weights: fail here, not on a rank
-        return HFModel(config=config, folder=str(path), dtype=dtype, seed=seed)
-    return HFModel(config=config, folder=None, dtype=dtype, seed=seed)
+    if config.model_type in MOE:  # experts run one by one (from_pretrained may pick grouped_mm where it dispatches)
+        config._experts_implementation = "eager"
+    model = HFModel(config=config, folder=str(path) if folder else None, dtype=dtype, seed=seed, origin=shown)
+    model.check()
+    return model
 
 
-def _config(path: Path):
-    """The transformers config of a config.json, after checking that its model_type is covered."""
+def _config(raw, where: str):
+    """The transformers config of a parsed config.json, once every rule of ``configs.check`` holds."""
+    configs.check(raw, where)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     try:
-        raw = json.loads(path.read_text())
-    except OSError as e:
-        raise HFError(f"--hf {path}: cannot read: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise HFError(f"--hf {path}: not JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(raw, dict) or not raw.get("model_type"):
-        raise HFError(f"--hf {path}: no model_type; a transformers config.json names its model_type")
-    family_of(raw["model_type"], raw.get("architectures"))
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(str(path))
+        return CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
+    except Exception as e:  # noqa: BLE001 - transformers' own validation, said in one line
+        raise HFError(f"{where}: transformers refuses this config: {one_line(e)}") from None

@@ -20,11 +20,12 @@ def pipeline(model: HFModel, schedule, *, device=None, **options):
     >>> pipe = pipeline(model, "zb-v", microbatches=4)                         # this rank's layers only
     >>> pipe.step(ids, ids)                                                   # labels = ids, as in HF
     """
-    from ..runtime.pipeline import Pipeline, _device, _process_group, resolve_schedule
+    from ..runtime.pipeline import Pipeline, _device, _process_group
+    from ..runtime.run.resolve import resolve_schedule
 
     _, world = _process_group(options.get("timeout", 30.0))  # the group exists (torchrun: made here)
-    sched = resolve_schedule(schedule, world, options.get("dp", 1), options.pop("microbatches", None),
-                             options.pop("chunks", None))
+    sched = resolve_schedule(schedule, world=world, dp=options.get("dp", 1),
+                             microbatches=options.pop("microbatches", None), chunks=options.pop("chunks", None))
     model.check_fit(sched.stages_per_copy, options.get("split"))
     device = _device(device)  # layers are materialized right there (a GPU under NCCL), not moved
     return Pipeline(sched, model.as_layers(device), model.loss, device=device, **options)

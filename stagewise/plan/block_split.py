@@ -90,8 +90,20 @@ def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) 
             _rank_memory(sums, h, r, [_span(n, h.stage_piece[s]) for s in h.rank_stages[r]]) <= limit * (1 + _EPS)
             for r, _ in held[k])
 
+    def grown(k: int) -> float:
+        """The most memory a holder of piece k has with one more block in it (0 without a limit): ties in
+        load go to the piece that grows memory least, so of DualPipe's two pieces on the same two ranks the
+        one with fewer micro-batches in flight fills first."""
+        if limit is None:
+            return 0.0
+        n[k] += 1
+        most = max(_rank_memory(sums, h, r, [_span(n, h.stage_piece[s]) for s in h.rank_stages[r]])
+                   for r, _ in held[k])
+        n[k] -= 1
+        return most
+
     for _ in range(blocks - sum(n)):
-        order = sorted(range(S), key=lambda k: (max(load[r] + share * t for r, share in held[k]), k))
+        order = sorted(range(S), key=lambda k: (max(load[r] + share * t for r, share in held[k]), grown(k), k))
         for k in order:
             n[k] += 1
             if fits(k):

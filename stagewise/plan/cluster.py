@@ -47,6 +47,14 @@ class Cluster:
     intra: Link  #: between two devices of one node
     inter: Link  #: between nodes
     state_factor: float = 4.0  #: bytes kept per parameter byte: weights, grads, Adam's two moments (fp32)
+    #: the same for routed experts' parameters (ZeRO-1 shards theirs over dp / ep peers); None: state_factor
+    expert_state_factor: float | None = None
+
+    def expert_surplus(self, expert_bytes: float) -> float:
+        """What routed experts' parameter bytes keep beyond ``state_factor`` x them."""
+        if self.expert_state_factor is None or not expert_bytes:
+            return 0.0
+        return expert_bytes * (self.expert_state_factor - self.state_factor)
 
     def __post_init__(self) -> None:
         if self.devices < 1:

@@ -40,6 +40,8 @@ class Job:
     tensor: tuple[int, ...] | None = None  #: t tried; None = every divisor of a node that the heads allow
     pipeline: tuple[int, ...] | None = None  #: p tried; None = every p that divides gpus / t
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
+    #: expert-parallel degrees tried for an MoE model; None = every one that divides the experts and dp
+    expert: tuple[int, ...] | None = None
     #: recomputation tried, of ``analytic.RECOMPUTE`` ("off", "selective", "full"); it replaces space.recompute
     recompute: tuple[str, ...] = RECOMPUTE
     space: Space = field(default_factory=lambda: Space(chunks=(2, 4, 8)))
@@ -116,6 +118,14 @@ def check_job(job: Job) -> None:
         raise PlanError(f"--global-batch-tokens {job.global_batch_tokens}: {job.global_batch} sequences of {seq} are "
                         f"more than {limits.MICROBATCHES.value} micro-batches of {max(job.micro_batch_sizes)} on each "
                         f"of {job.gpus} GPUs; set {limits.MICROBATCHES.env}=N to raise the limit")
+    if job.expert is not None:
+        if job.spec.moe is None:
+            raise PlanError(f"--expert {','.join(map(str, job.expert))}: {job.spec.name} has no experts (a model "
+                            "file with an \"moe\" object has)")
+        bad = [e for e in job.expert if not isinstance(e, int) or e < 1 or job.spec.moe.experts % e]
+        if bad or not job.expert:
+            raise PlanError(f"--expert {bad[0] if bad else ''}: each expert-parallel degree must be >= 1 and divide "
+                            f"the {job.spec.moe.experts} experts of {job.spec.name}")
     if not tensor_degrees(job):
         node = job.hardware.gpus_per_node
         tried = f" with --tensor {','.join(map(str, job.tensor))}" if job.tensor else ""

@@ -38,7 +38,7 @@ from .cluster import Cluster
 from .cluster_job import Job, _nothing_to_search, check_job, shardings, state_factor, tensor_degrees
 from .data_parallel import exposed_gather, exposed_reduction, reduce_scatter_time, reduction_cost
 from .errors import PlanError
-from .layout import format_layout
+from ..layout import format_layout
 from .model import (blocking_p2p, layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes,
                     stage_costs, step_sync_time)
 from .overlap import Framework
@@ -77,6 +77,8 @@ class ClusterCandidate:
     band: float | None = None  #: relative half-width of the prediction's error band (None: unknown)
     #: a long step costed from ``mc`` and 2 mc micro-batches (``steady``); ``candidate.schedule`` is the 2 mc one
     costed_from: int | None = None
+    ep: int = 1  #: expert-parallel degree (MoE models): routed experts sharded over ep of a stage's dp peers
+    ep_nodes: int = 1  #: nodes one expert-parallel group spans (1: its all-to-all stays inside a node)
 
     @property
     def config(self) -> Config:
@@ -108,11 +110,13 @@ class ClusterCandidate:
 
     def label(self) -> str:
         dp = f" {self.sharding}" + (f"/{self.shard}" if self.shard else "")
-        return f"t={self.t} {self.config.label()} recompute={self.recompute}{dp} ({self.framework})"
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return f"t={self.t}{ep} {self.config.label()} recompute={self.recompute}{dp} ({self.framework})"
 
     def to_dict(self) -> dict:
         band = self.step_band
-        return {"t": self.t, **self.candidate.to_dict(), "recompute": self.recompute,
+        return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes, **self.candidate.to_dict(),
+                "recompute": self.recompute,
                 "framework": self.framework, "sharding": self.sharding, "shard": self.shard,
                 "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "mfu": self.mfu,
                 "tokens_per_second": self.tokens_per_second, "usable_memory": self.usable,
@@ -164,6 +168,7 @@ class ClusterSearcher(Searcher):
     job: Job
     t: int
     recompute: str = "off"  #: of ``RECOMPUTE``, or "stage" (the generic whole-stage replay, config.recompute)
+    ep: int = 1  #: expert-parallel degree (``expert_parallel.MoESearcher``)
     replay: dict = field(default_factory=dict)  #: mbs -> bytes of the one block replayed (full recomputation)
     sharding: str = "zero1"  #: of ``overlap.SHARDING``
     shard: int | None = None  #: HSDP's shard group
@@ -207,7 +212,7 @@ class ClusterSearcher(Searcher):
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl = self.profile, self.cluster
         counts = self._split(h, c)
-        lc = layer_costs(prof, c.mbs, c.recompute, cl.state_factor)
+        lc = layer_costs(prof, c.mbs, c.recompute, cl.state_factor, cl)
         part = evaluate_split(lc, h, counts, cl.memory)
         replay = self.replay.get(c.mbs, 0.0)
         if max(part.rank_memory) + replay > cl.memory * (1 + 1e-9):  # too big: the partition's own memory says so
@@ -217,7 +222,7 @@ class ClusterSearcher(Searcher):
         costs = stage_costs(prof, counts, h, c.mbs, c.recompute, cl, c.p, c.dp)
         resolved = costs.resolve(sched.stages)
         acts = peak_activation_bytes(h, resolved.activation_bytes)
-        fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor)
+        fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor, cl)
         transient = rank_transient_bytes(prof, counts, h, c.mbs, c.recompute)
         memory = tuple(f + a + x + replay for f, a, x in zip(fixed, acts, transient))
         opt = max(rank_optimizer_time(prof, counts, h)) / self._opt_share(c.dp)
@@ -233,13 +238,22 @@ class ClusterSearcher(Searcher):
         """The block water-fill without a memory limit (cached per holding), where it applies."""
         key = ("free", h, c.mbs, c.recompute)
         if key not in self._partitions:
-            lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor)
+            lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
             self._partitions[key] = block_split(lc, h, None) if is_block_model(lc) else None
         return self._partitions[key]
 
+    def _gather(self, c: Config, counts, h, fixed: list[float]) -> float:
+        """ZeRO-1's all-gather of the updated bf16 weights over the data-parallel group."""
+        cl = self.cluster
+        return reduce_scatter_time(max(fixed) / cl.state_factor, c.dp, dp_link(cl, c.p, c.dp))
+
+    def _reduction_bytes(self, counts) -> list[list[float]]:
+        """Per piece, the gradient bytes of each layer that the data-parallel reduction moves."""
+        return _piece_layer_bytes(self.profile, counts)
+
     def _split(self, h, c: Config) -> tuple[int, ...]:
         """The block water-fill where it applies (cached per holding), else the exact partitioner."""
-        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor)
+        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
         key = ("blocks", h, c.mbs, c.recompute)
         if key not in self._partitions:
             room = self.cluster.memory - self.replay.get(c.mbs, 0.0)  # leave room for the block being replayed
@@ -262,7 +276,7 @@ class ClusterSearcher(Searcher):
             costs = blocking_p2p(pre.costs, h) if fw.blocking_p2p else pre.costs
             self._timelines[key] = self._play(c, sched, costs)
         tl, makespan, bubble = self._timelines[key]
-        layer_bytes = _piece_layer_bytes(prof, pre.counts)
+        layer_bytes = self._reduction_bytes(pre.counts)
         exposed, gather = self._traffic(tl, layer_bytes, h, pre, fw)
         step = makespan + exposed + gather + pre.step_end
         tokens = self.global_batch * self.job.spec.seq
@@ -306,8 +320,8 @@ class ClusterSearcher(Searcher):
             return exposed, 0.0
         unit = fw.fsdp_gather if sharded else fw.gather
         if unit == "end":  # after the optimizer step: the rank's whole shard, exposed
-            weights = max(rank_fixed_bytes(self.profile, pre.counts, h, 1.0))
-            return exposed, reduce_scatter_time(weights, group, shard_link)
+            fixed = rank_fixed_bytes(self.profile, pre.counts, h, cl.state_factor, cl)
+            return exposed, self._gather(c, pre.counts, h, fixed)
         return exposed, exposed_gather(tl, layer_bytes, h.stage_piece, unit,
                                        lambda nbytes: reduce_scatter_time(nbytes, group, shard_link))
 
@@ -339,7 +353,11 @@ def pipeline_bound(sched, sc, split_backward: bool) -> float:
 
 
 def dp_link(cl: Cluster, p: int, dp: int) -> Link:
-    """The link data-parallel peers use: inside the node when all replicas fit in one."""
+    """The link data-parallel peers use: inside the node when all replicas fit in one (or the cluster's
+    own rule, ``data_parallel_link``, for another device order)."""
+    own = getattr(cl, "data_parallel_link", None)
+    if own is not None:
+        return own(p, dp)
     return cl.inter if dp > 1 and p * dp > cl.per_node else cl.intra
 
 
@@ -360,6 +378,13 @@ def searchers(job: Job, skipped: dict, schedules: dict | None = None) -> list[Cl
         tp = TensorParallel(t=t, sequence_parallel=job.sequence_parallel)
         profiles: dict = {}
         for mode in recompute_modes(job):
+            if spec.moe is not None:  # the profile depends on ep too; experts go with ZeRO-1 or ddp
+                if mode == "stage":
+                    continue
+                from .expert_parallel import moe_pipelines
+
+                out += moe_pipelines(job, t, tp, mode, shared, skipped)
+                continue
             base = "off" if mode == "stage" else mode
             if base not in profiles:
                 profiles[base] = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=base)
@@ -523,7 +548,7 @@ class _BestFirst:
     def run(self, work, progress) -> tuple[list, dict]:
         counts = {"simulated": 0, "too_big": 0, "unbuilt": 0, "dominated": 0, "prepared": []}
         # more recomputation only adds work: a configuration is dominated where the same one with less fits
-        fits_at: dict = {}  # (t, p, sharding, shard, config without recomputation) -> [(level, frameworks)]
+        fits_at: dict = {}  # (t, ep, p, sharding, shard, config without recomputation) -> [(level, frameworks)]
         free_fits: dict = {}  # (searcher, family, p, m, mbs, recompute) -> fits with its fastest split
         heap = [(s.floor(c) if self.floors else -1.0, n, 0, s, c) for n, (s, c) in enumerate(work)]
         heapq.heapify(heap)
@@ -552,7 +577,7 @@ class _BestFirst:
                         counts["prepared"].append(pre)
                     done += 1
                     continue
-                key = (s.t, c.p, s.sharding, s.shard, _without_rc(c))
+                key = (s.t, s.ep, c.p, s.sharding, s.shard, _without_rc(c))
                 fits_at.setdefault(key, []).append((_level(s, c), {fw.name for fw in s.frameworks}))
                 if pre.free:
                     free_fits[(id(s), c.family, c.p, c.m, c.mbs, c.recompute)] = True
@@ -560,7 +585,7 @@ class _BestFirst:
                 continue
             mine = {fw.name for fw in s.frameworks}
             if any(level < _level(s, c) and mine <= fws
-                   for level, fws in fits_at[(s.t, c.p, s.sharding, s.shard, _without_rc(c))]):
+                   for level, fws in fits_at[(s.t, s.ep, c.p, s.sharding, s.shard, _without_rc(c))]):
                 counts["dominated"] += 1
                 done += 1
                 continue

@@ -96,6 +96,11 @@ def label(data: dict, key: str, where: str, default: str) -> str:
     return v
 
 
+def whole(data: dict, key: str, where: str, *, default: int) -> int:
+    """An optional whole number >= 0 field (``default`` when absent)."""
+    return number(data, key, where, positive=False, integer=True) if key in data else default
+
+
 def flag(data: dict, key: str, where: str) -> bool:
     if key not in data:
         raise SpecError(f"{where} lacks the field {key!r}")

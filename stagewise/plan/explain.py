@@ -6,7 +6,7 @@ import shlex
 
 from .bands import tie
 from .cluster import fmt_bytes
-from .layout import format_layout
+from ..layout import format_layout
 from .profile import Profile
 from .search import Candidate
 

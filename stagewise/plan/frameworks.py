@@ -53,6 +53,9 @@ def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
         args += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     elif g.dp > 1:
         args.append("--overlap-grad-reduce")
+    if c.ep > 1:  # experts sharded over ep of the data-parallel ranks; expert tensor parallel = t
+        args += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
+                 "--expert-model-parallel-size", str(c.ep)]
     if c.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     if c.recompute == "full":  # every block its own checkpoint, as the analytic profile assumes
@@ -97,6 +100,8 @@ def torchtitan_options(c: ClusterCandidate, job: Job, csv_path: str | None) -> s
                   "--parallelism.data_parallel_replicate_degree"), str(g.dp)]
     args += ["--parallelism.pipeline_parallel_microbatch_size", str(g.mbs),
              "--training.local_batch_size", str(g.m * g.mbs), "--training.seq_len", str(spec.seq)]
+    if c.ep > 1:
+        args += ["--parallelism.expert_parallel_degree", str(c.ep)]
     if csv_path:
         args += ["--parallelism.pipeline_parallel_schedule_csv", csv_path]
     elif g.family in TORCHTITAN_SCHEDULES:

@@ -17,15 +17,18 @@ from .partition import LayerCosts
 from .profile import Profile
 
 
-def layer_costs(profile: Profile, mbs: int, recompute: bool, state_factor: float) -> LayerCosts:
-    """Per-layer work, fixed bytes and activation bytes at micro-batch size ``mbs``."""
+def layer_costs(profile: Profile, mbs: int, recompute: bool, state_factor: float,
+                cluster: Cluster | None = None) -> LayerCosts:
+    """Per-layer work (compute: a lower bound, an F&B pair may hide its all-to-all), fixed bytes (routed
+    experts' at ``cluster.expert_state_factor``) and activation bytes at micro-batch size ``mbs``."""
     k = profile.size_index(mbs)
     L = profile.layers
     # a recomputed layer runs its forward again inside the backward
     time = tuple(x.t_f[k] * (2 if recompute else 1) + x.t_b[k] for x in L)
+    extra = cluster.expert_surplus if cluster is not None else (lambda _: 0.0)
     return LayerCosts(
         time=time,
-        fixed=tuple(x.param_bytes * state_factor for x in L),
+        fixed=tuple(x.param_bytes * state_factor + extra(x.expert_param_bytes) for x in L),
         act=tuple(x.activation_bytes[k] for x in L),
         input_bytes=tuple(x.input_bytes[k] for x in L) if recompute else None,
     )
@@ -54,17 +57,26 @@ def stage_costs(profile: Profile, counts, h: Holding, mbs: int, recompute: bool,
         lk = cluster.link(p, dp, h.stage_rank[s], h.stage_rank[nxt])
         link.append(lk.time(L[span[-1]].output_bytes[k]))
     keep = [L[span[0]].input_bytes[k] / a if a else 0.0 for span, a in zip(spans, act)]
+    comm = {}
+    if any(x.a2a for x in L):  # MoE layers' all-to-all, its own resource in the simulator
+        comm = {name: [sum(getattr(L[i], field)[k] for i in span if getattr(L[i], field)) for span in spans]
+                for name, field in (("a2a", "a2a"), ("a2a_b", "a2a_b"))}
     return Costs(t_f=total("t_f"), t_b=total("t_b"), t_i=total("t_i"), t_w=total("t_w"),
                  boundary_bytes=link, bandwidth=1.0, latency=0.0, activation_bytes=act,
-                 recompute=recompute, recompute_keep=keep if recompute else 0.0)
+                 recompute=recompute, recompute_keep=keep if recompute else 0.0, **comm)
 
 
-def rank_fixed_bytes(profile: Profile, counts, h: Holding, state_factor: float) -> list[float]:
-    """Parameter-related bytes per rank (a rank holding two copies of a piece pays twice)."""
+def rank_fixed_bytes(profile: Profile, counts, h: Holding, state_factor: float,
+                     cluster: Cluster | None = None) -> list[float]:
+    """Parameter-related bytes per rank (a rank holding two copies of a piece pays twice; routed experts'
+    at ``cluster.expert_state_factor``)."""
     bounds = [0, *accumulate(counts)]
-    per_piece = [sum(profile.layers[i].param_bytes for i in range(bounds[j], bounds[j + 1]))
-                 for j in range(len(counts))]
-    return [state_factor * sum(per_piece[h.stage_piece[s]] for s in h.rank_stages[r]) for r in range(h.ranks)]
+    extra = cluster.expert_surplus if cluster is not None else (lambda _: 0.0)
+    pieces = [profile.layers[bounds[j]:bounds[j + 1]] for j in range(len(counts))]
+    per_piece = [sum(x.param_bytes for x in layers) for layers in pieces]
+    surplus = [sum(extra(x.expert_param_bytes) for x in layers) for layers in pieces]
+    return [state_factor * sum(per_piece[h.stage_piece[s]] for s in h.rank_stages[r])
+            + sum(surplus[h.stage_piece[s]] for s in h.rank_stages[r]) for r in range(h.ranks)]
 
 
 def rank_transient_bytes(profile: Profile, counts, h: Holding, mbs: int, recompute: bool) -> list[float]:

@@ -4,7 +4,7 @@ The layer profile times each layer alone; a real step also runs the executor's
 dispatch of every action, the loss all-reduce, the gather of op timings and
 the rest of the step's bookkeeping; and the layers themselves run slower in a
 run than timed alone (ranks and their communication threads share the cores and
-caches). ``measure_overhead`` runs the runtime on two local ranks (1F1B at two
+caches). ``runtime.profiling.overhead.measure_overhead`` runs the runtime on two local ranks (1F1B at two
 micro-batch counts) and takes from the measured timelines ``slowdown``, how much
 longer a rank's ops take than the profile says (mean op seconds per rank,
 measured / predicted - 1); it then subtracts the planner's prediction with the
@@ -15,7 +15,7 @@ field is 0); ``step_overhead`` (no torch) is what the planner adds.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 KEY = "step_overhead"
 
@@ -47,29 +47,6 @@ def fit_overhead(samples: Sequence[tuple[int, float]]) -> dict:
     elif fixed < 0:  # through the origin instead
         per, fixed = max(0.0, sum(n * r for n, r in zip(ns, rs)) / sum(n * n for n in ns)), 0.0
     return {"fixed_s": max(0.0, fixed), "per_action_s": per, "samples": [list(s) for s in samples]}
-
-
-def measure_overhead(profile, microbatches: Sequence[int] = (2, 8), *, steps: int = 6, rounds: int = 2,
-                     log: Callable[[str], None] | None = None) -> dict:
-    """Run 1F1B on two local ranks at each micro-batch count and fit what the layers do not explain."""
-    from .cluster import Cluster
-    from .search import Searcher, Space, search
-    from .verify import verify
-
-    mbs = profile.micro_batch_sizes[0]
-    link = profile.link
-    cl = Cluster(devices=2, per_node=2, memory=None, intra=link, inter=link)
-    cands = []
-    for m in microbatches:
-        space = Space(families=("1f1b",), micro_batch_sizes=(mbs,), recompute=(False,))
-        ranked = search(Searcher(profile=profile, cluster=cl, global_batch=m * mbs, space=space))
-        cands.append(next(c for c in ranked if c.config.p == 2))
-    rows = verify(profile, cands, len(cands), steps=steps, rounds=rounds, log=log)
-    slowdown = fit_slowdown([(c.makespan * (1 - c.bubble), row["measured_busy"]) for c, row in zip(cands, rows)])
-    samples = [(max(len(p) for p in c.schedule.programs),
-                row["measured_step"] - row["predicted_step"] - slowdown * c.makespan)
-               for c, row in zip(cands, rows)]
-    return {**fit_overhead(samples), "slowdown": slowdown}
 
 
 def fit_slowdown(busy: Sequence[tuple[float, float]]) -> float:

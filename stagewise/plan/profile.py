@@ -1,6 +1,6 @@
 """A measured profile of a model: per-layer times and bytes, and the link between ranks.
 
-Written by ``stagewise profile`` (stagewise.plan.measure, which needs torch),
+Written by ``stagewise profile`` (stagewise.runtime.profiling.measure, which needs torch),
 read by the planner with no torch at all. Times are seconds per layer for one
 micro-batch of each measured size; bytes are per micro-batch too. Loading is
 strict: a file that does not parse or lacks a field names the field and where.
@@ -49,6 +49,12 @@ class LayerProfile:
     #: per size, the measured spread of F + B over the timed repeats, relative to the median: half of
     #: (slowest - fastest) / median; empty in profiles made before it was measured (no band then)
     spread: tuple[float, ...] = ()
+    #: expert-parallel all-to-all of a forward and of a backward (per size; empty: none), beside compute
+    a2a: tuple[float, ...] = ()
+    a2a_b: tuple[float, ...] = ()
+    #: of ``param_bytes``, the routed experts' share held on this GPU (their optimizer state and gradients
+    #: go over the data-parallel peers that hold the same experts, dp / ep of them)
+    expert_param_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,8 +219,17 @@ def _layer(raw, k: int, n_sizes: int, ctx: str) -> LayerProfile:
             raise ProfileError(f"{where}: spread must be {n_sizes} fractions from 0 to 10, one per micro-batch "
                                f"size; got {str(vals)[:80]}")
         spread = tuple(float(x) for x in vals)
+    for name in ("a2a", "a2a_b"):  # optional: an MoE layer's all-to-all
+        vals = raw.get(name) or []
+        if not isinstance(vals, list) or (vals and len(vals) != n_sizes) or any(
+                not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 <= x <= MAX_SECONDS for x in vals):
+            raise ProfileError(f"{where}: {name} must be {n_sizes} finite numbers >= 0, at most {MAX_SECONDS:g} s "
+                               f"(one per micro-batch size) or absent; got {str(vals)[:80]}")
+        per[name] = tuple(float(x) for x in vals)
+    experts = _number(raw, "expert_param_bytes", where, MAX_BYTES) if "expert_param_bytes" in raw else 0.0
     return LayerProfile(name=str(raw.get("name", symbol)), symbol=symbol,
-                        param_bytes=_number(raw, "param_bytes", where, MAX_BYTES), t_opt=t_opt, spread=spread, **per)
+                        param_bytes=_number(raw, "param_bytes", where, MAX_BYTES), t_opt=t_opt, spread=spread,
+                        expert_param_bytes=experts, **per)
 
 
 def _get(d: dict, key: str, typ, where: str):

@@ -22,9 +22,8 @@ from .bands import profile_band
 from .cluster import Cluster
 from .errors import PlanError
 from .holding import Holding, holding
-from .layout import Split, format_layout
-from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
-                    step_sync_time)
+from ..layout import Split, format_layout
+from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
 from .overhead import step_overhead
 from .partition import Partition, best_split, evaluate
 from .profile import Profile
@@ -191,7 +190,7 @@ class Searcher:
 
     def _partition(self, h: Holding, c: Config) -> Partition:
         """The exact split; the memory-free one is shared by every m and reused when it fits."""
-        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor)
+        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
         limit = self.cluster.memory
         if self.space.counts is not None:
             return evaluate(lc, h, self.space.counts, limit)

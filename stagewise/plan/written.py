@@ -37,7 +37,8 @@ def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, ties: i
             "model": asdict(job.spec),
             "hardware": {k: v for k, v in asdict(hw).items() if k != "sources"} | {"sources": hw.sources},
             "gpus": job.gpus, "global_batch_tokens": job.global_batch_tokens, "global_batch": job.global_batch,
-            "tensor": job.tensor, "pipeline": job.pipeline, "micro_batch_sizes": job.micro_batch_sizes,
+            "tensor": job.tensor, "pipeline": job.pipeline, "expert": job.expert,
+            "micro_batch_sizes": job.micro_batch_sizes,
             "recompute": job.recompute, "sequence_parallel": job.sequence_parallel, "sharding": job.sharding,
             "hsdp_shards": job.hsdp_shards, "families": job.space.families, "chunks": job.space.chunks,
         },
@@ -47,7 +48,7 @@ def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, ties: i
                                "usable": job.usable, "source": hw.sources.get("reserve", "")},
             "band": hw.band, "band_source": hw.sources.get("band", "no published row: the band is unknown"),
             "efficiency": hw.efficiency, "efficiency_source": hw.sources.get("efficiency", ""),
-            "not_modelled": ["context parallelism", "expert parallelism", "overlap of tensor-parallel "
+            "not_modelled": ["context parallelism", "FSDP of expert-parallel MoE models", "overlap of tensor-parallel "
                              "collectives with compute", "GEMM efficiency by matrix size (one factor per GPU)"],
         },
         "search": {"configurations": res.configurations, "simulated": res.simulated, "pruned": res.pruned,

@@ -4,7 +4,9 @@ Time is scaled to the width: each column shows what its rank is doing at the
 column's midpoint, so a picture of any size fits and keeps its proportions.
 A cell wide enough gets its kind and micro-batch (``F3``; lowercase for the
 second and later chunks of a rank), a narrower one its kind letter; idle
-columns are ``.``. Colour (24-bit
+columns are ``.``. With expert-parallel all-to-all, a line under each row is
+its lane: ``=`` where the all-to-all runs behind compute, ``#`` where the rank
+waits for it. Colour (24-bit
 background per kind and chunk) only when asked, or by default when stdout is
 a terminal and ``NO_COLOR`` is unset.
 """
@@ -18,7 +20,7 @@ from bisect import bisect_right
 
 from ..timeline import Timeline
 from . import palette
-from .cells import Cell, cells, summary
+from .cells import Cell, CommCell, cells, comm_cells, summary
 
 IDLE = "."
 RESET = "\x1b[0m"
@@ -41,13 +43,40 @@ def draw_text(timeline: Timeline, *, width: int | None = None, color: bool | Non
     by_rank: list[list[Cell]] = [[] for _ in range(timeline.ranks)]
     for c in cells(timeline):
         by_rank[c.rank].append(c)
+    lanes: list[list[CommCell]] = [[] for _ in range(timeline.ranks)]
+    for c in comm_cells(timeline):
+        lanes[c.rank].append(c)
     lines = [_fit(sm.title, width), _fit(sm.subtitle, width)]
     for r, row in enumerate(by_rank):
         body = _row(row, cols, scale, timeline.schedule.chunks, color)
         lines.append(f"{f'rank {r}':<{label_w}}|" + body)
+        if sm.comm:
+            lines.append(f"{'':<{label_w}}:" + _lane(lanes[r], cols, scale))
     lines.append(_axis(label_w, cols, sm.makespan, sm.unit))
-    lines.append(_fit(_legend(sm.kinds, sm.chunks, sm.pairs), width))
+    lines += _wrap(_legend(sm.kinds, sm.chunks, sm.pairs, sm.comm), width)
     return "\n".join(lines)
+
+
+def _wrap(parts: list[str], width: int) -> list[str]:
+    """Legend items two spaces apart, on as many lines of ``width`` as they need."""
+    out = [""]
+    for p in parts:
+        if out[-1] and len(out[-1]) + 2 + len(p) > width:
+            out.append("")
+        out[-1] = _fit(f"{out[-1]}  {p}" if out[-1] else p, width)
+    return out
+
+
+def _lane(lane: list[CommCell], cols: int, scale: float) -> str:
+    """One rank's all-to-all lane: '=' hidden behind compute, '#' exposed, ' ' none (column midpoints)."""
+    starts = [c.start for c in lane]
+    out = []
+    for col in range(cols):
+        t = (col + 0.5) / scale if scale else 0.0
+        i = bisect_right(starts, t) - 1
+        c = lane[i] if i >= 0 and lane[i].end > t else None
+        out.append(" " if c is None else "#" if t >= c.end - c.exposed else "=")
+    return "".join(out).rstrip()
 
 
 def _fit(text: str, width: int) -> str:
@@ -110,11 +139,13 @@ def _axis(label_w: int, cols: int, span: float, unit: str) -> str:
     return " " * label_w + "|" + left + " " * gap + right
 
 
-def _legend(kinds, chunks: int, pairs: bool) -> str:
+def _legend(kinds, chunks: int, pairs: bool, comm: bool = False) -> list[str]:
     parts = [palette.KIND_LABELS[k] for k in kinds]
     if pairs:
         parts.append("P3/5 F&B pair (forward mb/backward mb)")
+    if comm:
+        parts.append("under a row, all-to-all: = hidden # exposed")
     if chunks > 1:
         parts.append("lowercase: chunk >= 1")
     parts.append(". idle; digits: micro-batch")
-    return "  ".join(parts)
+    return parts

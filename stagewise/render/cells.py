@@ -5,6 +5,10 @@ timeline's first start (a measured timeline may start at any clock value).
 An overlapped F&B pair becomes two cells over the same interval, the forward
 in the top half of the row and the backward in the bottom half, so the pair
 reads as one overlapped cell while every action keeps its own shape.
+
+Expert-parallel all-to-all (``Timeline.comm``) is drawn on its own thin lane
+under each rank's row (``comm_cells``), and the part the rank waits for is
+hatched at the end of its op (``exposed_spans``).
 """
 
 from __future__ import annotations
@@ -62,6 +66,42 @@ def cells(timeline: Timeline) -> list[Cell]:
     return out
 
 
+class CommCell(NamedTuple):
+    """One action's all-to-all on its rank's lane, times from the origin."""
+
+    rank: int
+    start: float
+    end: float
+    action: Action
+    exposed: float  #: the last ``exposed`` seconds of it the rank waits for
+
+
+def comm_cells(timeline: Timeline) -> list[CommCell]:
+    """Every all-to-all of ``timeline`` (none without ``Timeline.comm``), rank by rank."""
+    if timeline.comm is None:
+        return []
+    t0 = origin(timeline)
+    return [CommCell(r, c.start - t0, c.end - t0, c.action, c.exposed)
+            for r, lane in enumerate(timeline.comm) for c in lane]
+
+
+def exposed_spans(timeline: Timeline) -> list[tuple[int, float, float]]:
+    """(rank, start, end) of the all-to-all each op exposes, drawn at the op's end (its compute is done)."""
+    if timeline.comm is None:
+        return []
+    t0 = origin(timeline)
+    out = []
+    for r, lane in enumerate(timeline.comm):
+        per_op: dict[int, float] = {}
+        for c in lane:
+            per_op[c.op] = per_op.get(c.op, 0.0) + c.exposed
+        for k, x in per_op.items():
+            if x > 0:
+                end = timeline.ends[r][k] - t0
+                out.append((r, end - x, end))
+    return out
+
+
 def tooltip(cell: Cell, unit: str) -> str:
     """'2F3 stage 2 mb 3 0..1 t_f' (the contract of the SVG tooltips)."""
     a = cell.action
@@ -84,6 +124,21 @@ class Summary:
     kinds: tuple[str, ...]  #: action kinds present, in F B I W order
     pairs: bool  #: whether any op is an overlapped F&B pair
     cap_note: str = ""  #: "cap 4 chunk-units: within" when a memory cap was given
+    a2a: float = 0.0  #: all-to-all of all ranks
+    a2a_exposed: float = 0.0  #: exposed all-to-all of the rank that exposes most
+    a2a_hidden: float = 0.0  #: share of all all-to-all hidden behind compute
+
+    @property
+    def comm(self) -> bool:
+        """Whether the picture has an all-to-all lane."""
+        return self.a2a > 0
+
+    @property
+    def comm_note(self) -> str:
+        """"a2a: 8 exposed per rank (max), 39% hidden"; empty without all-to-all."""
+        if not self.comm:
+            return ""
+        return f"a2a: {self.a2a_exposed:.4g} exposed per rank (max), {self.a2a_hidden:.0%} hidden"
 
     @property
     def peak_max(self) -> float:
@@ -101,7 +156,8 @@ class Summary:
         else:  # too many ranks to list on one line
             peaks = f"peak per rank {min(self.peak):g} to {max(self.peak):g}"
         cap = f"; {self.cap_note}" if self.cap_note else ""
-        return f"{self.source}; makespan {self.makespan:.4g} {self.unit}; {peaks}{cap}"
+        comm = f"; {self.comm_note}" if self.comm_note else ""
+        return f"{self.source}; makespan {self.makespan:.4g} {self.unit}; {peaks}{cap}{comm}"
 
 
 def cap_note(mt) -> str:
@@ -126,6 +182,9 @@ def summary(timeline: Timeline) -> Summary:
         kinds=tuple(k for k in "FBIW" if k in present),
         pairs=any(type(op) is Pair for prog in sched.programs for op in prog),
         cap_note=cap_note(mt),
+        a2a=sum(mt.a2a),
+        a2a_exposed=max(mt.exposed_a2a, default=0.0),
+        a2a_hidden=sum(mt.hidden_a2a) / sum(mt.a2a) if sum(mt.a2a) else 0.0,
     )
 
 

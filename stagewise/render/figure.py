@@ -16,7 +16,7 @@ from typing import Sequence
 
 from ..timeline import Timeline
 from . import palette, raster
-from .cells import BOTTOM, TOP, Summary, cells, memory_envelope, memory_steps, summary
+from .cells import BOTTOM, TOP, Summary, cells, comm_cells, exposed_spans, memory_envelope, memory_steps, summary
 
 WIDTH_IN = 12.0  #: figure width (inches)
 DPI = 150
@@ -68,7 +68,8 @@ def compare_figure(timelines: Sequence[Timeline], path, *, width: float = WIDTH_
     vector = path.suffix != ".png"
     for ax, tl, sm in zip(axes[:-1, 0], timelines, sums):
         _draw_rows(ax, tl, span, vector=vector)
-        ax.set_title(f"{sm.name}   v={sm.chunks}   bubble {sm.bubble:.1%}   peak activations {sm.peak_max:g}",
+        comm = f"   exposed a2a {sm.a2a_exposed:.4g} ({sm.a2a_hidden:.0%} hidden)" if sm.comm else ""
+        ax.set_title(f"{sm.name}   v={sm.chunks}   bubble {sm.bubble:.1%}   peak activations {sm.peak_max:g}{comm}",
                      fontsize=9, loc="left", fontweight="bold")
         ax.tick_params(labelbottom=False)
     axes[-2][0].tick_params(labelbottom=True)
@@ -104,7 +105,7 @@ def _draw_rows(ax, timeline: Timeline, span: float, *, vector: bool) -> None:
         _draw_dense(ax, timeline, span, columns)
     else:
         _draw_cells(ax, timeline, vector=vector)
-        _labels(ax, cells(timeline), timeline.schedule.chunks, span)
+        _labels(ax, cells(timeline), timeline.schedule.chunks, span, _row_shape(timeline))
     ranks = timeline.ranks
     ax.set_xlim(0, span or 1)
     ax.set_ylim(ranks - 0.5, -0.5)
@@ -137,29 +138,69 @@ def _draw_dense(ax, timeline: Timeline, span: float, columns: int) -> None:
               zorder=2)
 
 
+#: (top, middle, bottom) of a rank's cells around its row's centre, and its all-to-all lane when there is one
+PLAIN_ROW, COMM_ROW, LANE = (-0.42, 0.0, 0.42), (-0.42, -0.08, 0.26), (0.3, 0.46)
+
+
+def _row_shape(timeline: Timeline) -> tuple[float, float, float]:
+    return COMM_ROW if timeline.comm is not None else PLAIN_ROW
+
+
 def _draw_cells(ax, timeline: Timeline, *, vector: bool) -> None:
-    """One rectangle per action in one PolyCollection; F&B pairs outlined."""
+    """One rectangle per action in one PolyCollection; F&B pairs outlined; the all-to-all lane."""
     from matplotlib.collections import PolyCollection
 
     cs = cells(timeline)
     chunks = timeline.schedule.chunks
+    hi, mid, lo = _row_shape(timeline)
     verts, fills = [], []
     for c in cs:
-        top = c.rank - 0.42 if c.part != BOTTOM else c.rank
-        bottom = c.rank + 0.42 if c.part != TOP else c.rank
+        top = c.rank + (hi if c.part != BOTTOM else mid)
+        bottom = c.rank + (lo if c.part != TOP else mid)
         verts.append(((c.start, top), (c.end, top), (c.end, bottom), (c.start, bottom)))
         fills.append(palette.colour(c.action.kind, c.chunk, chunks))
     dense = len(cs) > RASTER_CELLS
     coll = PolyCollection(verts, facecolors=fills, edgecolors="white", linewidths=0.0 if dense else 0.4)
     coll.set_rasterized(vector and dense)
     ax.add_collection(coll)
-    pairs = [((c.start, c.rank - 0.42), (c.end, c.rank - 0.42), (c.end, c.rank + 0.42), (c.start, c.rank + 0.42))
+    pairs = [((c.start, c.rank + hi), (c.end, c.rank + hi), (c.end, c.rank + lo), (c.start, c.rank + lo))
              for c in cs if c.part == TOP]
     if pairs and not dense:  # outline each F&B pair so its two halves read as one overlapped cell
         ax.add_collection(PolyCollection(pairs, facecolors="none", edgecolors=palette.INK, linewidths=0.6))
+    _draw_comm(ax, timeline, vector=vector, dense=dense)
 
 
-def _labels(ax, cs, chunks: int, span: float) -> None:
+def _draw_comm(ax, timeline: Timeline, *, vector: bool, dense: bool) -> None:
+    """The all-to-all lane under each row (pale where hidden behind compute) and the exposed part hatched."""
+    from matplotlib.collections import PolyCollection
+
+    if timeline.comm is None:
+        return
+    hi, _, lo = _row_shape(timeline)
+    a, b = LANE
+
+    def box(r, x0, x1, y0, y1):
+        return (x0, r + y0), (x1, r + y0), (x1, r + y1), (x0, r + y1)
+
+    verts, fills = [], []
+    for c in comm_cells(timeline):
+        cut = c.end - c.exposed
+        if cut > c.start:
+            verts.append(box(c.rank, c.start, cut, a, b))
+            fills.append(palette.A2A_HIDDEN)
+        if c.exposed > 0:
+            verts.append(box(c.rank, cut, c.end, a, b))
+            fills.append(palette.A2A)
+    lane = PolyCollection(verts, facecolors=fills, linewidths=0.0)
+    lane.set_rasterized(vector and dense)
+    ax.add_collection(lane)
+    hatch = PolyCollection([box(r, x0, x1, hi, lo) for r, x0, x1 in exposed_spans(timeline)], facecolors="none",
+                           edgecolors=palette.INK, linewidths=0.0, hatch="////")
+    hatch.set_rasterized(vector and dense)
+    ax.add_collection(hatch)
+
+
+def _labels(ax, cs, chunks: int, span: float, shape: tuple[float, float, float] = PLAIN_ROW) -> None:
     """Micro-batch numbers, shrunk down to MIN_FONT to fit their cell, left out below that."""
     fig = ax.figure
     # points per time unit once laid out: the figure less ~0.9 inch of rank labels and margins
@@ -175,7 +216,8 @@ def _labels(ax, cs, chunks: int, span: float) -> None:
         return
     for c, text, size in placed:
         fill = palette.colour(c.action.kind, c.chunk, chunks)
-        y = c.rank if c.part == 0 else c.rank + (-0.21 if c.part == TOP else 0.21)
+        hi, mid, lo = shape
+        y = c.rank + ((hi + lo) / 2 if c.part == 0 else (hi + mid) / 2 if c.part == TOP else (mid + lo) / 2)
         ax.text((c.start + c.end) / 2, y, text, ha="center", va="center_baseline", fontsize=size,
                 color=palette.text_colour(fill))
 
@@ -204,11 +246,15 @@ def _draw_memory(ax, timeline: Timeline) -> None:
 
 def _table(ax, sums: Sequence[Summary]) -> None:
     ax.axis("off")
-    rows = [[s.name, str(s.chunks), f"{s.makespan:.4g}", f"{s.bubble:.1%}", f"{s.peak_max:g}",
+    comm = any(s.comm for s in sums)
+    rows = [[s.name, str(s.chunks), f"{s.makespan:.4g}", f"{s.bubble:.1%}",
+             *((f"{s.a2a_exposed:.4g}", f"{s.a2a_hidden:.0%}") if comm else ()), f"{s.peak_max:g}",
              " ".join(f"{p:g}" for p in s.peak)] for s in sums]
-    table = ax.table(cellText=rows, colLabels=["schedule", "v", "makespan", "bubble", "peak", "peak per rank"],
-                     loc="upper left", cellLoc="left", colLoc="left",
-                     colWidths=[0.16, 0.04, 0.09, 0.08, 0.06, 0.57], edges="")
+    labels = ["schedule", "v", "makespan", "bubble", *(("exposed a2a", "hidden") if comm else ()), "peak",
+              "peak per rank"]
+    widths = [0.16, 0.04, 0.09, 0.08, *((0.09, 0.06) if comm else ()), 0.06, 0.42 if comm else 0.57]
+    table = ax.table(cellText=rows, colLabels=labels, loc="upper left", cellLoc="left", colLoc="left",
+                     colWidths=widths, edges="")
     for (row, _), cell in table.get_celld().items():
         if row == 0:
             cell.visible_edges = "B"
@@ -227,8 +273,15 @@ def _legend(fig, sums: Sequence[Summary]) -> None:
         handles += [Patch(facecolor=palette.colour("F", c, chunks), label=f"chunk {c}") for c in range(chunks)]
     if any(s.pairs for s in sums):
         handles.append(Patch(facecolor="none", edgecolor=palette.INK, label="F&B pair: F over B in one cell"))
+    if any(s.comm for s in sums):
+        handles += [Patch(facecolor=palette.A2A_HIDDEN, label="all-to-all: hidden"),
+                    Patch(facecolor=palette.A2A, label="exposed"),
+                    Patch(facecolor="white", edgecolor=palette.INK, hatch="////", label="exposed, in its op")]
     handles.append(Patch(facecolor="white", edgecolor=palette.GRID, label="idle"))
-    fig.legend(handles=handles, loc="lower left", ncol=len(handles), fontsize=8, frameon=False,
+    rows = -(-len(handles) // 9)
+    ncol = -(-len(handles) // rows)
+    fig.legend(handles=handles, loc="lower left", ncol=ncol, fontsize=8, frameon=False,
                bbox_to_anchor=(0.01, 0.0), handlelength=1.4, columnspacing=1.2)
     height = fig.get_figheight()
-    fig.tight_layout(rect=(0, 0.32 / height, 1, 1 - 0.3 / height))  # room for legend and title (inches)
+    bottom = 0.32 + 0.2 * (rows - 1)
+    fig.tight_layout(rect=(0, bottom / height, 1, 1 - 0.3 / height))  # room for legend and title (inches)

@@ -89,10 +89,15 @@ def report_html(results_with_timelines: Sequence[tuple[dict, Timeline]], costs: 
 
 
 BYTES_COLUMN = ("peak activation bytes (max)", lambda r: max(r["peak_activation_bytes"]), "{:.4g}")
+#: exposed all-to-all of the rank that exposes most, and the share of all all-to-all hidden behind compute
+A2A_COLUMNS = (("exposed all-to-all (max per rank)", lambda r: max(r["exposed_a2a"]), "{:.4g}"),
+               ("all-to-all hidden", lambda r: sum(r["hidden_a2a"]) / sum(r["a2a"]) if sum(r["a2a"]) else None,
+                "{:.0%}"))
 
 
 def _summary(results: Sequence[dict]) -> str:
-    columns = COLUMNS + ((BYTES_COLUMN,) if any(r.get("peak_activation_bytes") for r in results) else ())
+    columns = COLUMNS + ((BYTES_COLUMN,) if any(r.get("peak_activation_bytes") for r in results) else ()) + \
+        (A2A_COLUMNS if any(sum(r.get("a2a") or ()) for r in results) else ())
     rows = ["<table id=\"summary\"><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h, _, _ in columns)
             + "</tr></thead><tbody>"]
     for r in results:
@@ -112,7 +117,9 @@ MEANING = {
     "t_b": "full backward (input + weight gradients)",
     "t_i": "input-gradient backward (split backward)",
     "t_w": "weight-gradient backward (split backward)",
-    "t_fb": "an overlapped F&B pair",
+    "t_fb": "an overlapped F&B pair, set by hand",
+    "a2a": "expert-parallel all-to-all of one forward (dispatch + combine of the stage's MoE layers)",
+    "a2a_b": "the same for a backward (B or I)",
     "latency": "fixed time of one message between ranks",
     "bandwidth": "bytes per time unit of a link",
     "boundary_bytes": "bytes of the activation a stage sends on (and of its gradient back)",
@@ -126,7 +133,8 @@ MEANING = {
 
 def _costs(costs: Costs) -> str:
     """Every field of the cost model with its value (defaults spelled out) and meaning."""
-    notes = {"t_i": "default t_b / 2", "t_w": "default t_b / 2", "t_fb": "default t_f + t_b (no overlap gain)",
+    notes = {"t_i": "default t_b / 2", "t_w": "default t_b / 2",
+             "t_fb": "derived: t_f + t_b, less the all-to-all the pair hides", "a2a_b": "default a2a",
              "bandwidth": "none: links are free", "activation_bytes": "not given"}
     rows = ['<table id="costs"><thead><tr><th>cost</th><th>value</th><th>meaning</th></tr></thead><tbody>']
     for f in fields(costs):

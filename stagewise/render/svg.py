@@ -18,7 +18,8 @@ from ..timeline import Timeline
 import base64
 
 from . import palette, raster
-from .cells import TOP, WHOLE, Summary, cells, memory_envelope, memory_steps, summary, tick_label, ticks, tooltip
+from .cells import (TOP, WHOLE, Summary, cells, comm_cells, exposed_spans, memory_envelope, memory_steps, summary,
+                    tick_label, ticks, tooltip)
 
 ROW = 22  #: row height (px)
 GAP = 4  #: space between rows
@@ -28,6 +29,15 @@ FONT = 11
 DIGIT = 6.6  #: width of one digit at FONT (px), to decide whether a label fits
 MIN_FONT = 7  #: smallest micro-batch number worth printing (px)
 MEM_ROW = 16  #: height of one rank's strip in the memory panel
+LANE = 5  #: height of a rank's all-to-all lane, under its row
+HATCH = (f'<defs><pattern id="a2a-hatch" patternUnits="userSpaceOnUse" width="5" height="5" '
+         f'patternTransform="rotate(45)"><path d="M0 0V5" stroke="{palette.INK}" stroke-width="1.3"/>'
+         "</pattern></defs>")
+
+
+def pitch(timeline: Timeline) -> float:
+    """Height of one rank's row with its gap (and its all-to-all lane, when there is one)."""
+    return ROW + GAP + (LANE + 1 if timeline.comm is not None else 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,12 +79,16 @@ def compare_svg(timelines: Sequence[Timeline], *, width: int = 900, standalone: 
     for tl, sm in zip(timelines, sums):
         out.append(f'<text x="{LEFT}" y="{y + 13}" font-weight="bold">{escape(sm.name)}'
                    f'<tspan font-weight="normal" fill="#555"> v={sm.chunks}  bubble {sm.bubble:.1%}  '
-                   f'peak {sm.peak_max:g}</tspan></text>')
+                   f'peak {sm.peak_max:g}{_comm_text(sm)}</tspan></text>')
         y = _rows(out, tl, frame, y + 18)
     y = _axis(out, frame, y, sums[0].unit if sums else "")
     y = _table(out, sums, y + 8)
     y = _legend(out, sums, y + 4, width)
     return _document(out, width, y + 6, standalone)
+
+
+def _comm_text(sm: Summary) -> str:
+    return f"  exposed a2a {sm.a2a_exposed:.4g} ({sm.a2a_hidden:.0%} hidden)" if sm.comm else ""
 
 
 def _shared(sums: Sequence[Summary]) -> str:
@@ -89,7 +103,9 @@ def _document(body: list[str], width: float, height: float, standalone: bool) ->
     head = (f'<svg{ns} class="stagewise" width="{width:.0f}" height="{height:.0f}" '
             f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif" '
             f'font-size="{FONT}" fill="{palette.INK}">')
-    return "\n".join([head, '<rect class="bg" width="100%" height="100%" fill="#fff"/>', *body, "</svg>"]) + "\n"
+    defs = [HATCH] if any("url(#a2a-hatch)" in x for x in body) else []
+    return "\n".join([head, *defs, '<rect class="bg" width="100%" height="100%" fill="#fff"/>', *body,
+                      "</svg>"]) + "\n"
 
 
 def _title(out: list[str], title: str, subtitle: str) -> float:
@@ -103,8 +119,9 @@ def _rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
     ranks = timeline.ranks
     chunks = timeline.schedule.chunks
     x0, x1 = frame.x(0), frame.x(frame.span)
+    step = pitch(timeline)
     for r in range(ranks):
-        y = y0 + r * (ROW + GAP)
+        y = y0 + r * step
         out.append(f'<text x="{LEFT - 6}" y="{y + ROW / 2 + 4:.1f}" text-anchor="end">rank {r}</text>')
         out.append(f'<path class="row" d="M{x0:.1f} {y:.1f}H{x1:.1f}V{y + ROW:.1f}H{x0:.1f}Z" '
                    f'fill="none" stroke="{palette.GRID}" stroke-width="0.6"/>')
@@ -118,7 +135,7 @@ def _rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
     cells_ = cells(timeline)
     for c in cells_:  # rank by rank: one <g> per row keeps each rect short
         if c.rank != rank:
-            out.append(("</g>" if rank >= 0 else "") + f'<g transform="translate(0 {y0 + c.rank * (ROW + GAP):.1f})">')
+            out.append(("</g>" if rank >= 0 else "") + f'<g transform="translate(0 {y0 + c.rank * step:.1f})">')
             rank = c.rank
         a = c.action
         fill = palette.colour(a.kind, c.chunk, chunks)
@@ -131,37 +148,61 @@ def _rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
         size = min(FONT if h == ROW else FONT - 2, (w - 2) / (len(text) * DIGIT / FONT))
         if size >= MIN_FONT:  # shrink the number to fit its cell, down to MIN_FONT
             fs = "" if size == FONT else f' font-size="{size:.3g}"'
-            yy = y0 + c.rank * (ROW + GAP) + y + h / 2 + size * 0.36
+            yy = y0 + c.rank * step + y + h / 2 + size * 0.36
             labels.setdefault(palette.text_colour(fill), []).append(
                 f'<text x="{x + w / 2:.1f}" y="{yy:.1f}"{fs}>{text}</text>')
     out.append("</g></g>" if rank >= 0 else "</g>")
     pairs = [c for c in cells_ if c.part == TOP]
     if pairs:  # outline each F&B pair so its two halves read as one overlapped cell
-        d = "".join(f"M{frame.x(c.start):.2f} {y0 + c.rank * (ROW + GAP):.1f}h{(c.end - c.start) * scale:.2f}"
+        d = "".join(f"M{frame.x(c.start):.2f} {y0 + c.rank * step:.1f}h{(c.end - c.start) * scale:.2f}"
                     f"v{ROW}h{-(c.end - c.start) * scale:.2f}Z" for c in pairs)
         out.append(f'<path class="pairs" d="{d}" fill="none" stroke="{palette.INK}" stroke-width="0.8"/>')
     for ink, texts in labels.items():
         out.append(f'<g class="mb" fill="{ink}" text-anchor="middle">')
         out.extend(texts)
         out.append("</g>")
-    return y0 + ranks * (ROW + GAP)
+    _comm(out, timeline, frame, y0, step)
+    return y0 + ranks * step
+
+
+def _comm(out: list[str], timeline: Timeline, frame: Frame, y0: float, step: float) -> None:
+    """Each rank's all-to-all lane (pale where hidden behind compute) and the exposed part hatched in its op."""
+    if timeline.comm is None:
+        return
+    scale, unit = frame.scale, timeline.unit
+    out.append('<g class="a2a">')
+    for c in comm_cells(timeline):
+        y = y0 + c.rank * step + ROW + 1
+        hidden = c.end - c.start - c.exposed
+        tip = f"<title>all-to-all of {c.action} {c.start:.6g}..{c.end:.6g} {unit}; exposed {c.exposed:.6g}</title>"
+        if hidden > 0:
+            out.append(f'<rect class="hid" x="{frame.x(c.start):.2f}" y="{y:.1f}" width="{hidden * scale:.2f}" '
+                       f'height="{LANE}" fill="{palette.A2A_HIDDEN}">{tip}</rect>')
+        if c.exposed > 0:
+            out.append(f'<rect class="exp" x="{frame.x(c.end - c.exposed):.2f}" y="{y:.1f}" '
+                       f'width="{c.exposed * scale:.2f}" height="{LANE}" fill="{palette.A2A}">{tip}</rect>')
+    for r, a, b in exposed_spans(timeline):
+        out.append(f'<rect class="exposed" x="{frame.x(a):.2f}" y="{y0 + r * step:.1f}" width="{(b - a) * scale:.2f}" '
+                   f'height="{ROW}" fill="url(#a2a-hatch)"/>')
+    out.append("</g>")
 
 
 def _dense_rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
     """All ranks' rows as one PNG at one pixel per SVG unit (``raster.rank_strips``)."""
     columns = max(1, round(frame.x(frame.span) - frame.x(0)))
     half, blank = ROW // 2, bytes(4 * columns)
+    gap = round(pitch(timeline)) - ROW  # a dense picture leaves the all-to-all lane out
     rows: list[bytes] = []
     for strip in raster.rank_strips(timeline, columns=columns, scale=frame.scale):
-        rows += [strip.top] * half + [strip.bottom] * (ROW - half) + [blank] * GAP
-    rows = rows[:-GAP] if rows else [blank]
+        rows += [strip.top] * half + [strip.bottom] * (ROW - half) + [blank] * gap
+    rows = rows[:-gap] if rows else [blank]
     data = base64.b64encode(raster.png(rows, columns)).decode()
     n = timeline.schedule.num_actions
     out.append(f'<image class="cells dense" x="{frame.x(0):.1f}" y="{y0:.1f}" width="{columns}" '
                f'height="{len(rows)}" preserveAspectRatio="none" href="data:image/png;base64,{data}">'
                f"<title>{n} actions drawn as pixels: each pixel column mixes the colours of the actions in "
                "it; paler = partly idle</title></image>")
-    return y0 + timeline.ranks * (ROW + GAP)
+    return y0 + timeline.ranks * pitch(timeline)
 
 
 def _axis(out: list[str], frame: Frame, y: float, unit: str) -> float:
@@ -200,12 +241,16 @@ def _memory(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> floa
 
 
 def _table(out: list[str], sums: Sequence[Summary], y: float) -> float:
-    cols = (("schedule", 0), ("v", 150), ("makespan", 190), ("bubble", 270), ("peak activations / rank", 340))
+    comm = any(s.comm for s in sums)
+    cols = (("schedule", 0), ("v", 150), ("makespan", 190), ("bubble", 270)) + \
+        ((("exposed a2a", 340), ("hidden", 430)) if comm else ()) + (("peak activations / rank", 500 if comm else 340),)
     for head, dx in cols:
         out.append(f'<text x="{LEFT + dx}" y="{y + 12:.1f}" font-weight="bold">{head}</text>')
     for i, s in enumerate(sums):
         yy = y + 12 + 15 * (i + 1)
-        cells_ = (s.name, f"{s.chunks}", f"{s.makespan:.4g}", f"{s.bubble:.1%}", " ".join(f"{p:g}" for p in s.peak))
+        a2a = (f"{s.a2a_exposed:.4g}", f"{s.a2a_hidden:.0%}") if comm else ()
+        cells_ = (s.name, f"{s.chunks}", f"{s.makespan:.4g}", f"{s.bubble:.1%}", *a2a,
+                  " ".join(f"{p:g}" for p in s.peak))
         for (_, dx), text in zip(cols, cells_):
             out.append(f'<text x="{LEFT + dx}" y="{yy:.1f}">{escape(text)}</text>')
     return y + 15 * (len(sums) + 1) + 6
@@ -220,6 +265,10 @@ def _legend(out: list[str], sums: Sequence[Summary], y: float, width: float) -> 
         items += [(f'fill="{palette.colour("F", c, chunks)}"', f"chunk {c}") for c in range(chunks)]
     if any(s.pairs for s in sums):
         items.append((f'fill="none" stroke="{palette.INK}"', "F&B pair: forward over backward"))
+    if any(s.comm for s in sums):
+        items.append((f'fill="{palette.A2A_HIDDEN}"', "all-to-all lane: hidden behind compute"))
+        items.append((f'fill="{palette.A2A}"', "exposed"))
+        items.append(('fill="url(#a2a-hatch)" stroke="#555"', "exposed all-to-all inside its op"))
     items.append((f'fill="#fff" stroke="{palette.GRID}"', "idle"))
     items.append(("", "numbers: micro-batch"))
     x = LEFT

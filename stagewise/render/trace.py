@@ -7,6 +7,9 @@ of live activations per rank, and a flow arrow from each send to its receive.
 Sends follow the dependency rules of DESIGN.md within each lane:
 ``F(s, mb) -> F(s+1, mb)`` and ``B|I(s+1, mb) -> B|I(s, mb)``, only where the
 two stages sit on different ranks (a hand-over on one rank is no message).
+Expert-parallel all-to-all (``Timeline.comm``) gets a track of its own per rank,
+right under the rank's, one complete event per action's all-to-all with what of
+it was exposed (the rank waited) in its args.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from .. import jsonout
 from ..timeline import Timeline
-from .cells import Cell, cells, memory_steps, summary
+from .cells import Cell, cells, comm_cells, memory_steps, summary
 
 #: trace microseconds per time unit; cost-model units are shown as milliseconds
 SCALE = {"s": 1e6, "ms": 1e3, "us": 1.0}
@@ -34,9 +37,15 @@ def chrome_trace(timeline: Timeline) -> dict:
     k = scale_of(timeline.unit)
     events: list[dict] = [_meta("process_name", None, f"{sm.name} p={sm.ranks} m={sm.microbatches} "
                                 f"v={sm.chunks} ({sm.source})")]
+    comm = timeline.comm is not None
     for r in range(timeline.ranks):
         events.append(_meta("thread_name", r, f"rank {r}"))
-        events.append({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": r, "args": {"sort_index": r}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": r,
+                       "args": {"sort_index": 2 * r if comm else r}})
+        if comm:
+            events.append(_meta("thread_name", a2a_track(timeline, r), f"rank {r} all-to-all"))
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": a2a_track(timeline, r),
+                           "args": {"sort_index": 2 * r + 1}})
     cs = cells(timeline)
     for c in cs:
         a = c.action
@@ -45,6 +54,11 @@ def chrome_trace(timeline: Timeline) -> dict:
         if c.part:
             ev["args"]["overlapped"] = True  # half of an F&B pair
         events.append(ev)
+    for c in comm_cells(timeline):
+        a = c.action
+        events.append({"name": f"a2a {a}", "cat": "a2a", "ph": "X", "pid": PID, "tid": a2a_track(timeline, c.rank),
+                       "ts": _num(c.start * k), "dur": _num((c.end - c.start) * k),
+                       "args": {"stage": a.stage, "mb": a.mb, "kind": a.kind, "exposed": _num(c.exposed * k)}})
     events += _flows(timeline, cs, k)
     events += _counters(timeline, k)
     return {
@@ -54,6 +68,11 @@ def chrome_trace(timeline: Timeline) -> dict:
                       "chunks": sm.chunks, "source": sm.source, "unit": sm.unit,
                       "trace_us_per_unit": k, "bubble_fraction": sm.bubble, "makespan": sm.makespan},
     }
+
+
+def a2a_track(timeline: Timeline, rank: int) -> int:
+    """The trace thread of ``rank``'s all-to-all lane."""
+    return timeline.ranks + rank
 
 
 def write_trace(timeline: Timeline, path) -> Path:
@@ -123,4 +142,4 @@ def _meta(name: str, tid: int | None, value: str) -> dict:
     return ev
 
 
-__all__ = ["chrome_trace", "write_trace", "sends", "scale_of"]
+__all__ = ["chrome_trace", "write_trace", "sends", "scale_of", "a2a_track"]

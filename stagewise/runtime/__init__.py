@@ -30,8 +30,9 @@ Needs torch (``pip install stagewise[torch]``). The pieces, each one job:
   the run it names), ``faults`` (failures on purpose, for tests).
 """
 
-from .config import RunConfig, RunError
-from .launch import RankFailure, train, train_many
-from .result import Memory, RunResult
+from .run.config import RunConfig, RunError
+from .launching.launch import RankFailure
+from .run.train import train, train_many
+from .run.result import Memory, RunResult
 
 __all__ = ["RunConfig", "RunError", "RankFailure", "RunResult", "Memory", "train", "train_many"]

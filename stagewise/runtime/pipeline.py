@@ -11,6 +11,8 @@ are collective). Parameters keep the original model's names end to end.
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -21,19 +23,25 @@ from torch import nn
 
 from ..schedule import Schedule
 from ..timeline import Timeline
-from . import pytree
-from .activation_memory import ActivationMeter
-from .comm import P2P, message_plan
-from .config import RunError
-from .dp import DataParallel, Topology
-from .executor import Executor, RankContext, StepOutcome
-from .flight import SYNC
-from .layers import as_layers, build_own_stages, split_counts
-from .names import Names, gather_stage_map
-from .recompute import Recompute, recompute_stages
-from .replicas import Replicas
-from .stage import stage_ranges
-from .timing import CudaClock, WallClock, measured_timeline
+from .stages import pytree
+from .execution.activation_memory import ActivationMeter
+from .messages.p2p import P2P
+from .execution.plan import lower
+from .run.config import RunError, check_positive_number, check_timeout
+from .run.resolve import resolve_schedule
+from .parallel.dp import DataParallel
+from .parallel.ep import ExpertParallel
+from .execution.overlap import interleave
+from .parallel.mesh import Topology
+from .execution.executor import Executor, RankContext, StepOutcome
+from .resilience.flight import NO_FLIGHT, SYNC
+from .resilience.nonfinite import NonFiniteLoss, locate_nonfinite
+from .stages.layers import as_layers, build_own_stages, split_counts
+from .stages.names import Names, gather_stage_map
+from .execution.recompute import Recompute, recompute_stages
+from .parallel.replicas import Replicas
+from .stages.stage import stage_ranges
+from .execution.timing import CudaClock, WallClock, measured_timeline
 
 
 class RankSum:
@@ -54,8 +62,9 @@ class RankSum:
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
     """One step (or evaluation) on this rank. ``loss`` is the step's mean loss over the whole batch, the same on
-    every rank (None: no targets); after ``step`` the all-reduce behind it is waited for when ``loss`` is first
-    read, so ranks need not meet at the end of a step whose loss nobody reads yet."""
+    every rank (None: no targets). ``step`` waits for the all-reduce behind it to check it is finite; with
+    ``nonfinite="ignore"`` it is waited for only when ``loss`` is first read, so ranks need not meet at the end
+    of a step whose loss nobody reads yet."""
 
     total: float | RankSum | None = field(default=None, repr=False)  #: the loss, or the sum computing it
     seconds: float  #: wall time of this rank's step: its program and the step-end gradient sums
@@ -63,10 +72,19 @@ class StepResult:
     timeline: Timeline | None = None  #: every rank's measured ops, on rank 0 of ``step(..., timeline=True)``
     outputs: Any = None  #: evaluation: the last stage's outputs of ``output_mbs``, concatenated (else None)
     output_mbs: tuple[int, ...] = ()  #: the micro-batches whose outputs this rank holds
+    skipped: str | None = None  #: ``nonfinite="skip"``: where the non-finite loss came from; its gradients dropped
 
     @property
     def loss(self) -> float | None:
         return self.total.value()[0] if isinstance(self.total, RankSum) else self.total
+
+
+#: what ``Pipeline(nonfinite=...)`` does with a NaN or infinite step loss
+NONFINITE = ("raise", "skip", "ignore")
+
+
+class PipelineBroken(RuntimeError):
+    """A step failed part-way (an error on a rank inside the program): the pipeline cannot step again."""
 
 
 class Pipeline:
@@ -82,11 +100,23 @@ class Pipeline:
     - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean).
     - ``split``: layers per stage of one model copy: counts, layout text (``"E+t*3 | t*4"``) or module names.
     - ``ties``: groups of parameter names that are one parameter, besides those found by identity.
-    - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp); or ``mesh``, a 2-d DeviceMesh
-      of shape (dp, pp) over the ranks in order (``init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))``).
+    - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp); or ``mesh``, a DeviceMesh whose
+      dimensions are named, in any order, ``pp`` and ``dp`` (``init_device_mesh("cpu", (2, 2),
+      mesh_dim_names=("pp", "dp"))``): the pipeline runs along ``pp``, replicas along ``dp``.
+    - ``ep``: expert parallel (parallel/ep.py): the ``ep`` ranks of a pipeline rank take different rows, like
+      replicas, and share each MoE block's experts (world = ranks x dp x ep; or an ``ep`` dimension of ``mesh``).
+    - ``overlap``: how an F&B pair runs: None (default) interleaves its halves at the all-to-alls of
+      expert-parallel MoE blocks when the rank holds any (execution/overlap.py), else forward then backward;
+      False: always forward then backward; a function ``fn(pair)``: your own (it runs ``pair.forward.run()``
+      and ``pair.backward.run()`` once each).
     - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
     - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages).
     - ``measure_memory``: count the activation bytes each op holds (``meter``; activation_memory.py).
+    - ``nonfinite``: a NaN or infinite loss ``"raise"``s ``NonFiniteLoss`` naming the step, micro-batch, stage
+      and rank (the step's gradients are dropped first), ``"skip"``s the step (its gradients dropped,
+      ``StepResult.skipped`` says where), or is ``"ignore"``d (the loss is then not waited for in ``step``).
+    - ``flight``: a ``resilience.flight.Recorder`` that keeps each op's and message's last events (for a crash
+      report); default: none.
 
     Example (under ``torchrun --nproc-per-node 2``)::
 
@@ -101,23 +131,36 @@ class Pipeline:
                  chunks: int | None = None, split=None, ties: Sequence[Sequence[str]] = (), dp: int = 1,
                  device: str | torch.device | None = None, recompute: bool | Sequence[int] = False,
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
-                 init: Callable | None = None, measure_memory: bool = False, mesh=None):
+                 init: Callable | None = None, measure_memory: bool = False, mesh=None, nonfinite: str = "raise",
+                 flight=None, ep: int = 1, overlap: Callable | bool | None = None):
+        check_timeout(timeout)
+        if nonfinite not in NONFINITE:
+            raise RunError(f"`nonfinite` must be one of {', '.join(map(repr, NONFINITE))}; got {nonfinite!r}")
+        if not callable(loss_fn):
+            raise RunError(f"`loss_fn` must be a function (output, target) -> loss; got {type(loss_fn).__name__}")
+        if not (overlap is None or overlap is False or callable(overlap)):
+            raise RunError(f"`overlap` must be None, False or a function of the F&B pair; got {overlap!r}")
         self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
         spec.check()
         rank, world = _process_group(timeout)
-        dp = _mesh_dp(mesh, world) if mesh is not None else dp
+        self.topo = topo = _topology(mesh, dp, world, rank, ep)
         self.device = _device(device)
-        self.schedule = sched = resolve_schedule(schedule, world, dp, microbatches, chunks)
-        self.topo = topo = Topology(p=sched.ranks, dp=dp, rank=rank)
-        self.loss_fn, self.timeout = loss_fn, timeout
+        self.schedule = sched = resolve_schedule(schedule, world=world, dp=topo.data_shards * topo.size("tp"),
+                                                 microbatches=microbatches, chunks=chunks,
+                                                 launched_by=f"a world of {world} ranks")
+        self.loss_fn, self.timeout, self.nonfinite = loss_fn, timeout, nonfinite
+        self.flight = flight if flight is not None else NO_FLIGHT
         counts = spec.split if spec.split is not None else split_counts(split, spec.all_names())
         ranges = stage_ranges(sched, spec.count, counts)
-        self.stages = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
-        self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties)
+        self.stages, self.built_layers = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
+        self.ep = ExpertParallel(topo, self.stages, self.device) if topo.size("ep") > 1 else None  # its experts only
+        self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties, ranks=topo.pipe_ranks)
         self.names = Names(spec, self.stage_map, sched, self.stages, topo.pipe)
         self.replicas = Replicas(self.stage_map, self.stages, sched.placement, topo.pipe, self.device, topo)
         self.replicas.make_equal()  # tied copies built apart start from one value
-        self.dp = DataParallel(topo, sched, self.stages, timeout) if dp > 1 else None
+        self.dp = self.ep.reduction(topo, self.stages, timeout) if self.ep is not None else \
+            DataParallel(topo, sched, self.stages, timeout) if topo.dp > 1 else None
+        self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
         self.meter = ActivationMeter(self.stages) if measure_memory else None
@@ -127,6 +170,9 @@ class Pipeline:
         self._evaluator: Executor | None = None
         self.params = [p for st in self.stages.values() for p in st.parameters()]
         self.last_outcome: StepOutcome | None = None  #: the executor's view of the last step (per-mb losses)
+        self.steps_done = 0  #: steps run (each ``step`` call), for messages
+        self._broken: str | None = None  # why the last step failed part-way (messages and activations are lost)
+        self._rows: tuple | None = None  # the batch rows every rank agreed on (static_shapes: checked once)
 
     # ---- the step
 
@@ -138,20 +184,30 @@ class Pipeline:
         ``inputs``, one without a last stage None as ``targets``. ``timeline``: gather every rank's op times
         into a measured Timeline on rank 0 (a collective: every rank passes the same).
         """
+        self._check_usable()
+        self._check_rows(inputs, targets)
         xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
         earlier = self._stash_grads()  # gradient accumulation: this step's gradients are summed alone
+        self.steps_done += 1
         if timeline:
             dist.barrier()  # ranks start together, so their op times line up
         self.clock.start()
         t0 = self.clock.mark()
-        done = self.last_outcome = self.executor.step(xs, ys)
-        self.executor.ctx.flight.event(SYNC, "gradients and loss")
-        if self.dp is not None:
-            self.dp.finish()
-        self.replicas.sync_grads()
+        try:
+            done = self.last_outcome = self.executor.step(xs, ys)
+            self.flight.event(SYNC, "gradients and loss")
+            if self.dp is not None:
+                self.dp.finish()
+            self.replicas.sync_grads()
+        except BaseException as e:
+            self._broken = f"{type(e).__name__}: {e}"  # messages in flight and saved activations are lost
+            raise
+        total = RankSum([done.loss], self.device)
+        skipped = None if self.nonfinite == "ignore" else self._check_finite(total.value()[0], done, earlier)
         for p, g in earlier:
             p.grad = g if p.grad is None else p.grad.add_(g)
-        return self._result(RankSum([done.loss], self.device), done, t0, timeline)
+        res = self._result(total, done, t0, timeline)
+        return dataclasses.replace(res, skipped=skipped) if skipped else res
 
     @torch.no_grad()
     def eval_step(self, inputs, targets=None) -> StepResult:
@@ -186,7 +242,8 @@ class Pipeline:
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scale every rank's gradients so the global norm (each logical parameter once) is at most
         ``max_norm``; returns the norm before clipping (``torch.nn.utils.clip_grad_norm_``'s rule; collective)."""
-        return self.replicas.clip(self.params, max_norm)
+        check_positive_number("`max_norm`", max_norm)
+        return self.replicas.clip(self.params, max_norm, sharded=(self.ep.sharded, self.ep.group) if self.ep else None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -231,26 +288,72 @@ class Pipeline:
     # ---- internals
 
     def _context(self, sched: Schedule, forward_only: bool) -> RankContext:
-        plan = message_plan(sched)
-        p2p = P2P(plan, self.topo.pipe, self.device, self.timeout, tags=dist.get_backend() == "gloo",
-                  base=self.topo.base, static=self._static)
-        return RankContext(rank=self.topo.pipe, schedule=sched, plan=plan, stages=self.stages, p2p=p2p,
+        plan = lower(sched, self.topo.pipe)
+        p2p = P2P(plan.messages, self.topo.pipe, self.device, self.timeout, tags=dist.get_backend() == "gloo",
+                  peers=self.topo.pipe_ranks, static=self._static, flight=self.flight)
+        return RankContext(plan=plan, stages=self.stages, p2p=p2p,
                            loss=self._loss, clock=self.clock, autocast=self._autocast, forward_only=forward_only,
                            recompute=None if forward_only else Recompute(self.recompute, self.device),
                            meter=None if forward_only else self.meter,
-                           after=None if forward_only or self.dp is None else self.dp.after)
+                           after=None if forward_only or self.dp is None else self.dp.after, flight=self.flight,
+                           overlap=None if forward_only else self._overlap)
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise PipelineBroken(f"this Pipeline failed part-way through step {self.steps_done} ({self._broken}); "
+                                 "the messages in flight and the activations it held are lost on every rank, so it "
+                                 "cannot run another step: build a new Pipeline (the weights are as they were "
+                                 "before that step)")
+
+    def _check_rows(self, inputs, targets) -> None:
+        """Every rank passes the same step's batch: its rows (dimension 0 of the first leaf) must agree, or a
+        last stage's targets would not line up with a first stage's inputs (one small all_reduce; with
+        ``static_shapes`` the first step only)."""
+        rows = (_rows(inputs), _rows(targets))
+        if self._static and self._rows == rows:
+            return
+        seen = torch.tensor([[r if r is not None else -1 for r in rows],
+                             [-(r if r is not None else 1 << 62) for r in rows]], dtype=torch.int64)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        high, low = seen[0].tolist(), [-x for x in seen[1].tolist()]
+        for k, what in enumerate(("inputs", "targets")):
+            mine = rows[k]
+            if high[k] >= 0 and low[k] != high[k]:
+                raise RunError(f"rank {self.topo.rank}: step {self.steps_done + 1}'s {what} have {mine} rows here "
+                               f"but between {low[k]} and {high[k]} on other ranks; every rank passes the same "
+                               f"step's batch (or None where it holds no first / last stage)")
+        self._rows = rows
+
+    def _check_finite(self, loss: float, done: StepOutcome, earlier) -> str | None:
+        """The ``nonfinite`` policy on a NaN or infinite step loss (every rank sees the same all-reduced value, so
+        every rank takes the same branch): None when finite."""
+        if math.isfinite(loss):
+            return None
+        where = locate_nonfinite(self.topo.rank, done.mb_losses)
+        self.zero_grad()  # this step's gradients are unusable; the earlier steps' come back
+        if self.nonfinite == "raise":
+            for p, g in earlier:
+                p.grad = g
+            raise NonFiniteLoss(f"step {self.steps_done}: the loss is {loss}{where}; stopped (to skip such a step's "
+                                "update and go on instead: `nonfinite`)")
+        return where.removeprefix(" at ") or "?"
 
     def _loss(self, output, target):
-        """The user's loss, divided by dp: summed over every replica it is the whole batch's mean."""
+        """The user's loss (a scalar), divided by the data shards: summed over them it is the whole batch's mean."""
         loss = self.loss_fn(output, target)
-        return loss / self.topo.dp if self.topo.dp > 1 else loss
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise RunError(f"`loss_fn` returned {shape}; it must return the mean loss of a micro-batch as a scalar "
+                           "tensor (reduce it, e.g. .mean())")
+        n = self.topo.data_shards
+        return loss / n if n > 1 else loss
 
     def _micro(self, tree, what: str) -> list | None:
         """A step's batch as this replica's micro-batches."""
         if tree is None:
             return None
-        if self.topo.dp > 1:
-            tree = pytree.split(tree, self.topo.dp, what)[self.topo.replica]
+        if self.topo.data_shards > 1:
+            tree = pytree.split(tree, self.topo.data_shards, what)[self.topo.data_index]
         moved = pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), tree)
         parts = pytree.split(moved, self.schedule.microbatches, what)
         if self.meter is not None:  # a storage per micro-batch, so the meter counts each one's tokens apart
@@ -276,56 +379,55 @@ class Pipeline:
         return StepResult(total=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
                           timeline=tl)
 
-def resolve_schedule(schedule, world: int, dp: int, microbatches: int | None, chunks: int | None) -> Schedule:
-    """The schedule value: a family name made for world / dp ranks, or a Schedule checked against the world."""
-    if dp < 1 or world % dp:
-        raise RunError(f"dp={dp} does not divide the {world} ranks launched; launch ranks x dp processes")
-    p = world // dp
-    per = f" per replica (dp={dp})" if dp > 1 else ""
-    if isinstance(schedule, Schedule):
-        if schedule.ranks != p:
-            raise RunError(f"schedule {schedule.name} has {schedule.ranks} ranks but {world} ranks were launched"
-                           f"{per}: launch {schedule.ranks * dp} (torchrun --nproc-per-node {schedule.ranks * dp}) or "
-                           f"make the schedule for {p} ranks")
-        for name, value, have in (("microbatches", microbatches, schedule.microbatches),
-                                  ("chunks", chunks, schedule.chunks)):
-            if value is not None and value != have:
-                raise RunError(f"{name}={value} but the schedule {schedule.name} has {have}; leave {name} out")
-        return schedule
-    if isinstance(schedule, str):
-        if microbatches is None:
-            raise RunError(f"Pipeline({schedule!r}, ...) needs microbatches=M (micro-batches per step)")
-        from ..schedules import generate
-
-        return generate(schedule, p, microbatches, chunks)
-    raise RunError(f"schedule must be a family name or a Schedule; got {type(schedule).__name__}")
-
-
 def _process_group(timeout: float) -> tuple[int, int]:
     """(rank, world): the existing process group, or one made from torchrun's environment."""
     if not dist.is_initialized():
         from datetime import timedelta
 
-        from .launch import _close_groups, _init_group, is_torchrun
+        from .launching.groups import close_groups, default_backend, init_group, is_torchrun
 
         if not is_torchrun():
             raise RunError("no process group: run the script under torchrun (torchrun --nproc-per-node N "
                            "script.py), start it with stagewise.launch(fn, ranks=N), or call "
                            "torch.distributed.init_process_group first")
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
-        _init_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
-        atexit.register(_close_groups)  # gloo threads joined while the interpreter is alive (launch.py)
+        init_group(default_backend(), init_method="env://", timeout=timedelta(seconds=timeout))
+        atexit.register(close_groups)  # gloo threads joined while the interpreter is alive (groups.py)
     return dist.get_rank(), dist.get_world_size()
 
 
-def _mesh_dp(mesh, world: int) -> int:
-    """The replicas of a (dp, pp) DeviceMesh; the runtime places replica d's pipeline on ranks d*p .. d*p+p-1."""
-    ranks = mesh.mesh
-    if ranks.dim() != 2 or ranks.numel() != world or ranks.flatten().tolist() != list(range(world)):
-        raise RunError(f"mesh {tuple(ranks.shape)} over ranks {ranks.flatten().tolist()[:8]}: the pipeline needs a "
-                       f"2-d mesh (dp, pp) over all {world} ranks in order, e.g. init_device_mesh(device, (dp, "
-                       f"{world} // dp)); or pass dp= instead")
-    return int(ranks.shape[0])
+def _topology(mesh, dp: int, world: int, rank: int, ep: int = 1) -> Topology:
+    """This rank's place in the grid: a named DeviceMesh, or ``dp`` replicas (and ``ep`` expert-parallel ranks) of
+    world / (dp x ep) pipeline ranks."""
+    if mesh is not None:
+        if dp != 1 or ep != 1:
+            raise RunError("give either `mesh` or `dp` / `ep`, not both (the mesh's 'dp' and 'ep' dimensions say them)")
+        topo = Topology.of_mesh(mesh, world, rank)
+    else:
+        topo = Topology.of_sizes(world=world, rank=rank, dp=dp, ep=ep)
+    running = {"pp", "dp", "ep"}  # what this runtime composes today; the other dimensions are torch's own parts
+    extra = [d for d in topo.dims if d not in running and topo.size(d) > 1]
+    if extra:
+        raise RunError(f"mesh {topo.describe()}: the {extra[0]!r} dimension is not run by this Pipeline; give "
+                       "a mesh of 'pp', 'dp' and 'ep'")
+    return topo
+
+
+def _overlap_hook(overlap, ep) -> Callable | None:
+    """What runs each F&B pair (``Pipeline(overlap=...)``): the user's function, the generic interleave where
+    MoE blocks communicate over an ep group, or None (forward, then backward)."""
+    if overlap is False:
+        return None
+    if callable(overlap):
+        return overlap
+    return interleave if ep is not None and ep.blocks else None
+
+
+def _rows(tree) -> int | None:
+    """Rows of a step's batch: dimension 0 of its first tensor leaf (None: nothing passed)."""
+    if tree is None:
+        return None
+    leaves = [t for t in pytree.tensors(tree) if t.dim() > 0]
+    return int(leaves[0].shape[0]) if leaves else None
 
 
 def _device(device) -> torch.device:

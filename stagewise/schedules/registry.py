@@ -68,7 +68,7 @@ FAMILIES: dict[str, Family] = {
         Family(name="interleaved-1f1b", target="interleaved:interleaved_1f1b",
                summary="Megatron-LM virtual stages: v chunks per rank, round-robin",
                chunks=None, default_chunks=2,
-               min_microbatches=lambda p, v: p if v > 1 else 1, min_rule="--microbatches >= --ranks",
+               min_microbatches=lambda p, v: p if v > 1 else 1, min_rule="`microbatches` >= `ranks`",
                idle=forms.fill_from_p),
         Family(name="looped-bfs", target="looped_bfs:looped_bfs",
                summary="v chunks per rank, breadth-first: every micro-batch through a chunk before the next",
@@ -90,12 +90,12 @@ FAMILIES: dict[str, Family] = {
                memory=lambda p, m, v: min(m, (p + 4) // 3)),
         Family(name="dualpipe", target="dualpipe:dualpipe", split_backward=True, chunks=(2,),
                default_chunks=2, even_ranks=True, even_microbatches=True,
-               min_microbatches=lambda p, v: 2 * p, min_rule="--microbatches >= 2 * --ranks",
+               min_microbatches=lambda p, v: 2 * p, min_rule="`microbatches` >= 2 * `ranks`",
                summary="DeepSeek-V3 DualPipe: micro-batches from both ends, two parameter copies",
                idle=forms.dualpipe_idle(1), pairs=lambda p, m: _lazy("dualpipe:pairs")(p, m), param_copies=2,
                memory=lambda p, m, v: p + 1),
         Family(name="dualpipe-v", target="dualpipe_v:dualpipe_v", split_backward=True, chunks=(2,),
-               default_chunks=2, min_microbatches=lambda p, v: 2 * p, min_rule="--microbatches >= 2 * --ranks",
+               default_chunks=2, min_microbatches=lambda p, v: 2 * p, min_rule="`microbatches` >= 2 * `ranks`",
                summary="DualPipeV: DualPipe cut in half, V-shape, one parameter copy",
                idle=forms.dualpipe_idle(2), pairs=lambda p, m: _lazy("dualpipe_v:pairs")(p, m),
                memory=lambda p, m, v: p + 0.5),
@@ -116,22 +116,21 @@ def family(name: str) -> Family:
 
 def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
     """Raise ``ScheduleArgError`` naming the option and the rule it breaks."""
-    if not isinstance(ranks, int) or ranks < 1:
-        raise ScheduleArgError(f"--ranks must be >= 1; got {ranks}")
-    if not isinstance(microbatches, int) or microbatches < 1:
-        raise ScheduleArgError(f"--microbatches must be >= 1; got {microbatches}")
-    if not isinstance(chunks, int) or chunks < 1:
-        raise ScheduleArgError(f"--chunks must be >= 1; got {chunks}")
+    for name, value in (("ranks", ranks), ("microbatches", microbatches), ("chunks", chunks)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ScheduleArgError(f"`{name}` must be a whole number; got {value!r} ({type(value).__name__})")
+        if value < 1:
+            raise ScheduleArgError(f"`{name}` must be >= 1; got {value}")
     if fam.chunks is not None and chunks not in fam.chunks:
         allowed = " or ".join(map(str, fam.chunks))
-        raise ScheduleArgError(f"{fam.name} needs --chunks {allowed}; got {chunks}")
+        raise ScheduleArgError(f"{fam.name} needs `chunks` {allowed}; got {chunks}")
     if fam.even_ranks and ranks % 2:
-        raise ScheduleArgError(f"{fam.name} needs an even --ranks; got {ranks}")
+        raise ScheduleArgError(f"{fam.name} needs an even `ranks`; got {ranks}")
     if fam.even_microbatches and microbatches % 2:
-        raise ScheduleArgError(f"{fam.name} needs an even --microbatches; got {microbatches}")
+        raise ScheduleArgError(f"{fam.name} needs an even `microbatches`; got {microbatches}")
     low = fam.min_microbatches(ranks, chunks)
     if microbatches < low:
-        raise ScheduleArgError(f"{fam.name} needs {fam.min_rule or f'--microbatches >= {low}'} ({low}); got {microbatches}")
+        raise ScheduleArgError(f"{fam.name} needs {fam.min_rule or f'`microbatches` >= {low}'} ({low}); got {microbatches}")
 
 
 def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None) -> Schedule:

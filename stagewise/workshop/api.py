@@ -7,6 +7,8 @@ tagged with the page control (``field``) that caused it.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import functools
 import importlib.util
 import math
@@ -17,12 +19,15 @@ from typing import Mapping
 from .. import jsonout, limits
 from ..actions import KINDS, Pair
 from ..compare import schedules_for, simulate_all
+from ..explain import explain_at, gap_causes, gap_dict, idle_by_cause, messages
 from ..costs import CostError, Costs, MemoryCap, rank_share_weights, scaled
 from ..render import palette
 from ..render.cells import chunk_of_stage, memory_steps, origin
 from ..schedule import Schedule
 from ..schedules import FAMILIES, ScheduleArgError, generate
+from ..simulate import simulate
 from ..timeline import Timeline
+from ..cli.flags import say
 from ..validate import ScheduleError
 
 #: page control -> the CLI option that means the same (messages name the CLI option)
@@ -200,14 +205,32 @@ def schedules_of(s: Settings) -> tuple[Schedule, ...]:
     for name in s.schedules:
         if name not in have:
             raise SettingError(f"unknown schedule {name!r}; choose one of: {', '.join(have)}", "schedules")
-    out = generated(s.schedules, s.p, s.m, s.v)
-    total = sum(sched.num_actions for sched in out)
-    most = limits.WORKSHOP_ACTIONS.value
+    check_size(s)
+    return generated(s.schedules, s.p, s.m, s.v)
+
+
+def most_actions(names: tuple[str, ...], p: int, m: int, v: int | None) -> int:
+    """The most actions ``names`` can make at p, m (v where a family takes it), from these numbers alone:
+    each (stage, micro-batch) of a lane runs F and B, or F, I and W.
+
+    >>> most_actions(("1f1b", "zb-v"), 4, 8, None)  # 2 x 4 x 8 + 3 x 8 x 8
+    256
+    """
+    total = 0
+    for name in names:
+        fam = FAMILIES[name]
+        chunks = v if v and (fam.chunks is None or v in fam.chunks) else fam.default_chunks
+        total += p * chunks * m * (3 if fam.split_backward else 2) // fam.param_copies
+    return total
+
+
+def check_size(s: Settings) -> None:
+    """Refuse a view over the page's limit before any schedule is made (``SettingError`` on m)."""
+    total, most = most_actions(s.schedules, s.p, max(1, s.m), s.v), limits.WORKSHOP_ACTIONS.value
     if total > most:
-        raise SettingError(f"these settings make {total} actions; the page draws at most {most}: lower "
+        raise SettingError(f"these settings make up to {total} actions; the page draws at most {most}: lower "
                            "--microbatches or compare fewer schedules (`stagewise draw` takes any size; "
                            f"{limits.WORKSHOP_ACTIONS.env} raises the page's limit)", "m")
-    return out
 
 
 @functools.lru_cache(maxsize=4)
@@ -225,18 +248,84 @@ def generated(names: tuple[str, ...], p: int, m: int, v: int | None) -> tuple[Sc
 
 def simulate_settings(s: Settings) -> list[tuple[Timeline, dict]]:
     """(timeline, result) per schedule; raises SettingError naming the control at fault."""
-    try:
+    with setting_errors():
         return [tuple(e) for e in simulate_all(schedules_of(s), lambda sched: costs_for(s, sched))]
-    except (ScheduleArgError, CostError) as e:
-        raise SettingError(str(e), field_of(str(e))) from None
+
+
+@contextmanager
+def setting_errors():
+    """The library's errors as the page's: each names the control at fault, the library's `ranks` said as the
+    option the page's controls mirror (--ranks)."""
+    try:
+        yield
+    except (ScheduleArgError, CostError, limits.LimitError) as e:
+        said = say(str(e))
+        raise SettingError(said, field_of(said, "m")) from None
     except ScheduleError as e:
-        raise SettingError(str(e), "schedules") from None
+        raise SettingError(say(str(e)), "schedules") from None
 
 
-def payload(s: Settings) -> dict:
-    """The /api/simulate answer: settings, and per schedule its result, ops and memory curve."""
+def payload(s: Settings, *, with_messages: bool = False) -> dict:
+    """The /api/simulate answer: settings, and per schedule its result, ops, memory curve and idle gaps
+    (``with_messages``: also every activation and gradient crossing ranks, which the page's Play draws)."""
     return {"settings": asdict(s), "query": s.to_query(),
-            "results": [{**res, **drawing(tl)} for tl, res in simulate_settings(s)]}
+            "results": [{**res, **drawing(tl), **waits(tl, with_messages)} for tl, res in simulate_settings(s)]}
+
+
+def waits(tl: Timeline, with_messages: bool = False) -> dict:
+    """Why ranks wait (``stagewise.explain``), in brief: ``gaps`` as ``[rank, start, end, position of the
+    op that waits (-1: the step's end), cause]``, the idle time per cause, and optionally ``messages`` as
+    ``[from rank, position, to rank, position, arrival, 0 activation | 1 gradient]``."""
+    causes = gap_causes(tl)
+    out = {"gaps": [[g.rank, _t(g.start), _t(g.end), g.pos, g.cause] for g in causes],
+           "idle_by_cause": idle_by_cause(causes)}
+    if with_messages:
+        t0 = origin(tl)
+        out["messages"] = [[a.rank, a.pos, b.rank, b.pos, _t(t - t0), int(what == "gradient")]
+                           for a, b, what, t in messages(tl)]
+    return out
+
+
+def messages_of(s: Settings) -> dict:
+    """The /api/messages answer: per schedule of the view, its messages as ``waits`` gives them (for Play,
+    without sending the ops again)."""
+    return {"results": [{"schedule": name, "messages": waits(simulated(s, name), True)["messages"]}
+                        for name in s.schedules]}
+
+
+def why(s: Settings, schedule: str, rank, pos) -> dict:
+    """The explanation (``explain.gap_dict``) of one gap of ``schedule`` in the view ``s``: the one before
+    op ``pos`` of ``rank``, or at the rank's end for ``pos`` -1."""
+    if schedule not in s.schedules:
+        raise SettingError(f"schedule {schedule!r} is not in this view ({', '.join(s.schedules)})", "schedules")
+    return gap_of(simulated(s, schedule), rank, pos)
+
+
+def simulated(s: Settings, name: str) -> Timeline:
+    """The timeline of one schedule of the view (the view's schedules are kept: only this one is simulated)."""
+    with setting_errors():
+        sched = schedules_of(s)[s.schedules.index(name)]
+        return simulate(sched, costs_for(s, sched))
+
+
+def gap_of(tl: Timeline, rank, pos) -> dict:
+    """The gap before op ``pos`` of ``rank`` (-1: at its end) as JSON; SettingError if there is none."""
+    r = _index("rank", rank, 0, tl.ranks - 1)
+    k = _index("pos", pos, -1, len(tl.schedule.programs[r]) - 1)
+    gap = explain_at(tl, r, None if k == -1 else k)
+    if gap is None:
+        where = "at its end" if k == -1 else f"before position {k} ({tl.schedule.programs[r][k]})"
+        raise SettingError(f"rank {r} has no idle gap {where}", "schedules")
+    return gap_dict(gap, tl)
+
+
+def _index(name: str, raw, lo: int, hi: int) -> int:
+    value = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if isinstance(raw, str) and re.fullmatch(r"\s*-?\d{1,9}\s*", raw):
+        value = int(raw)
+    if value is None or not lo <= value <= hi:
+        raise SettingError(f"{name} must be a whole number in {lo}..{hi}; got {_short(raw)}", "schedules")
+    return value
 
 
 def drawing(tl: Timeline) -> dict:
@@ -266,10 +355,14 @@ def drawing(tl: Timeline) -> dict:
     return {"ops": ops, "memory": memory, "colours": colours, "ink": ink, "unit": tl.unit}
 
 
+#: one colour per cause of idle time (``explain.CAUSES``; Okabe-Ito, apart from the kinds' blues and greens)
+CAUSE_COLOURS = {"fill": "#E69F00", "drain": "#CC79A7", "slow stage": "#D55E00", "link": "#56B4E9", "order": "#8C8C8C"}
+
+
 def style() -> dict:
     """The renderers' shared colours and labels, so the page looks like the SVG and notebook views."""
-    return {"memory": palette.MEMORY, "grid": palette.GRID, "ink": palette.INK,
-            "labels": palette.KIND_LABELS}
+    return {"memory": palette.MEMORY, "grid": palette.GRID, "ink": palette.INK, "kinds": palette.KIND_COLOURS,
+            "labels": palette.KIND_LABELS, "causes": CAUSE_COLOURS}
 
 
 def _t(x: float) -> float:

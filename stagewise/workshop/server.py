@@ -2,8 +2,11 @@
 
 Standard library only (``http.server``). It serves exactly the files in
 ``static/`` (an allow-list read at start, so no path can reach outside it),
-and answers ``/api/families``, ``/api/simulate`` (GET query or POST JSON) and
-``/api/download``. Errors are JSON ``{"error": message, "field": control}``.
+and answers ``/api/families``, ``/api/simulate`` (GET query or POST JSON), ``/api/why``
+(one gap's explanation), ``/api/messages`` (what crosses ranks, for Play), ``/api/edit`` (POST: programs typed or dragged on the page),
+``/api/teach`` and ``/api/download``. Errors are JSON ``{"error": message, "field": control}``.
+Every ``STAGEWISE_MAX_*`` variable is read when the server starts, so a bad one is refused then
+(``LimitError`` naming it) rather than answered with a 500 later.
 
 It cannot be held open: a connection waits for its first byte without a
 thread (``gate.Gate``), a bounded number of threads serve requests, and each
@@ -28,7 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-from . import api
+from .. import limits
+from ..cli.flags import say
+from . import api, editor, teach
 from .downloads import download
 from .gate import Gate
 
@@ -84,7 +89,15 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/api/families":
             return self._json(api.families())
         if path == "/api/simulate":
-            return self._json(api.payload(api.parse_settings(query)))
+            extra, settings = _split(query, "messages")
+            return self._json(api.payload(api.parse_settings(settings), with_messages=_yes(extra["messages"])))
+        if path == "/api/why":
+            extra, settings = _split(query, "schedule", "rank", "pos")
+            return self._json(api.why(api.parse_settings(settings), extra["schedule"], extra["rank"], extra["pos"]))
+        if path == "/api/messages":
+            return self._json(api.messages_of(api.parse_settings(query)))
+        if path == "/api/teach":
+            return self._json(teach.payload(api.parse_settings(query)))
         if path == "/api/download":
             fmt = query.pop("format", "csv")
             name, ctype, body = download(fmt, api.parse_settings(query))
@@ -95,9 +108,23 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, TYPES[file.suffix], file.read_bytes(), {"Content-Security-Policy": CSP})
 
     def _post(self, path: str, query: dict) -> None:
-        if path != "/api/simulate":
+        if path not in ("/api/simulate", "/api/edit", "/api/why"):
             raise HttpError(HTTPStatus.NOT_FOUND, f"not found: POST {path}")
-        self._json(api.payload(api.parse_settings(self._body_json())))
+        body = self._body_json()
+        if not isinstance(body, dict):
+            raise api.SettingError("the request body must be a JSON object of settings", "schedules")
+        if path == "/api/simulate":
+            extra, settings = _split(body, "messages")
+            return self._json(api.payload(api.parse_settings(settings), with_messages=_yes(extra["messages"])))
+        if path == "/api/edit":
+            extra, settings = _split(body, "programs", "messages")
+            return self._json(editor.edit(api.parse_settings(settings), extra["programs"] or "",
+                                          with_messages=_yes(extra["messages"])))
+        extra, settings = _split(body, "programs", "schedule", "rank", "pos")
+        s = api.parse_settings(settings)
+        if extra["programs"] is not None:
+            return self._json(editor.why(s, extra["programs"], extra["rank"], extra["pos"]))
+        self._json(api.why(s, extra["schedule"], extra["rank"], extra["pos"]))
 
     def _body_json(self):
         try:
@@ -125,6 +152,9 @@ class Handler(BaseHTTPRequestHandler):
             self._error(e.status, str(e), e.field)
         except api.SettingError as e:
             self._error(HTTPStatus.BAD_REQUEST, str(e), e.field)
+        except limits.LimitError as e:  # a size over a limit (the variables themselves are read at start)
+            said = say(str(e))
+            self._error(HTTPStatus.BAD_REQUEST, said, api.field_of(said, "m"))
         except (ConnectionError, TimeoutError):  # the client went away or stalled: nothing to answer
             self.close_connection = True
         except Exception as e:  # a bug of ours: say so, keep serving
@@ -191,6 +221,7 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, port: int = 0, *, verbose: bool = False, request_timeout: float = REQUEST_TIMEOUT,
                  max_threads: int = MAX_THREADS):
+        check_limits()
         self.assets = assets()
         self.verbose = verbose
         self.request_timeout = request_timeout
@@ -213,6 +244,22 @@ class Server(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.server_address[1]}/"
+
+
+def check_limits() -> None:
+    """Read every ``STAGEWISE_MAX_*`` variable once: ``LimitError`` naming the first bad one."""
+    for limit in limits.ALL.values():
+        limit.value
+
+
+def _split(data: dict, *keys: str) -> tuple[dict, dict]:
+    """(the request's ``keys``, None where absent; the rest: the page's settings)."""
+    rest = dict(data)
+    return {k: rest.pop(k, None) for k in keys}, rest
+
+
+def _yes(flag) -> bool:
+    return flag in (True, 1, "1", "true")
 
 
 def serve(httpd: Server, *, open_browser: bool = True) -> int:

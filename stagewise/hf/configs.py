@@ -1,0 +1,253 @@
+"""An HF ``config.json`` checked field by field before transformers builds it or any tensor is made.
+
+A few bytes of config can ask for any model: ``{"model_type": "llama"}`` is
+transformers' default Llama, 6.7B parameters. ``check`` reads each field the
+adapter's layers use, as the file gives it or as transformers' default fills
+it in, and refuses a wrong type or range, heads that do not fit together, and
+sizes over stagewise.limits' ``LAYERS`` and ``ELEMENTS`` (the largest tensor),
+naming the file, the field, its value and the rule. The parameter count, which
+needs the layers, is ``HFModel.check``'s. Only transformers' configuration
+classes are imported here (their defaults), not its models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .. import limits
+from .errors import HFError, within
+from .families import family_of
+from .files import shown
+
+#: whole-number fields: (field, smallest value, may be null); each family reads its own
+_LLAMA_SIZES = (("vocab_size", 1, False), ("hidden_size", 1, False), ("intermediate_size", 1, False),
+                ("num_hidden_layers", 1, False), ("num_attention_heads", 1, False),
+                ("num_key_value_heads", 1, True), ("head_dim", 1, True), ("sliding_window", 1, True))
+_GPT2_SIZES = (("vocab_size", 1, False), ("hidden_size", 1, False), ("n_inner", 1, True),
+               ("num_hidden_layers", 1, False), ("num_attention_heads", 1, False),
+               ("max_position_embeddings", 1, False))
+#: float fields: (field, smallest, largest, whether the smallest itself is allowed)
+_LLAMA_FLOATS = (("rms_norm_eps", 0.0, math.inf, False), ("initializer_range", 0.0, 1.0, True),
+                 ("attention_dropout", 0.0, 1.0, True))
+_GPT2_FLOATS = (("layer_norm_epsilon", 0.0, math.inf, False), ("initializer_range", 0.0, 1.0, True),
+                ("embd_pdrop", 0.0, 1.0, True), ("resid_pdrop", 0.0, 1.0, True), ("attn_pdrop", 0.0, 1.0, True))
+_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "norm_topk_prob", "output_router_logits")
+#: the mixtures of experts' own fields: the experts' count field, then (field, smallest, may be null)
+_MOE = {
+    "mixtral": ("num_local_experts", (("num_local_experts", 1, False), ("num_experts_per_tok", 1, False))),
+    "qwen2_moe": ("num_experts", (("num_experts", 1, False), ("num_experts_per_tok", 1, False),
+                                  ("moe_intermediate_size", 1, False), ("shared_expert_intermediate_size", 1, False),
+                                  ("decoder_sparse_step", 1, False))),
+    "qwen3_moe": ("num_experts", (("num_experts", 1, False), ("num_experts_per_tok", 1, False),
+                                  ("moe_intermediate_size", 1, False), ("decoder_sparse_step", 1, False))),
+    "deepseek_v3": ("num_local_experts", (("num_local_experts", 1, False), ("num_experts_per_tok", 1, False),
+                                          ("moe_intermediate_size", 1, False), ("n_shared_experts", 1, False),
+                                          ("first_k_dense_replace", 0, False), ("n_group", 1, False),
+                                          ("topk_group", 1, False), ("q_lora_rank", 1, True),
+                                          ("kv_lora_rank", 1, False), ("qk_rope_head_dim", 2, False),
+                                          ("qk_nope_head_dim", 1, False), ("v_head_dim", 1, False))),
+}
+#: the attention kinds a decoder layer's mask is made for (layers.py)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dims:
+    """The sizes a config makes, transformers' defaults filled in (GPT-2's names mapped to Llama's)."""
+
+    vocab: int
+    hidden: int
+    layers: int  #: decoder layers
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inner: int  #: the MLP's hidden size
+    positions: int  #: learned positions (GPT-2), 0 for rotary models
+    experts: int = 0  #: routed experts of a sparse MoE block (0: dense)
+    expert_inner: int = 0  #: an expert's hidden size
+
+    def tensors(self) -> tuple[tuple[str, int], ...]:
+        """The largest tensors, each as (what, elements), in the config's words."""
+        out = [("vocab_size x hidden_size (the token embedding, the LM head)", self.vocab * self.hidden),
+               ("hidden_size x the MLP size (one MLP weight)", self.hidden * self.inner),
+               ("num_attention_heads x head_dim x hidden_size (the query projection)",
+                self.heads * self.head_dim * self.hidden)]
+        if self.positions:
+            out += [("n_positions x hidden_size (the position embedding)", self.positions * self.hidden),
+                    ("3 x hidden_size^2 (the attention's c_attn)", 3 * self.hidden * self.hidden)]
+        if self.experts:
+            out.append(("experts x 2 x their intermediate size x hidden_size (the stacked experts' gate_up_proj)",
+                        self.experts * 2 * self.expert_inner * self.hidden))
+        return tuple(out)
+
+
+def check(raw: Any, where: str) -> Dims:
+    """The sizes of the config ``raw`` (parsed JSON from ``where``), after every rule holds; ``HFError`` otherwise."""
+    if not isinstance(raw, dict):
+        raise HFError(f"{where}: not a JSON object; a transformers config.json is an object with a model_type")
+    model_type = raw.get("model_type")
+    if model_type is None or model_type == "":
+        raise HFError(f"{where}: no model_type; a transformers config.json names its model_type")
+    if not isinstance(model_type, str):
+        raise HFError(f"{where}: model_type is {shown(model_type)}; it must be a string such as \"llama\"")
+    architectures = raw.get("architectures")
+    try:
+        family_of(model_type, architectures if _strings(architectures) else None)
+    except HFError as e:
+        raise HFError(f"{where}: {e}") from None
+    values = _Values(raw, model_type, where)
+    gpt2 = model_type == "gpt2"
+    for name, low, null in _GPT2_SIZES if gpt2 else _LLAMA_SIZES:
+        if name == "sliding_window" and model_type == "qwen2_moe" and values.get(name) == 0:
+            continue  # transformers writes 0 when use_sliding_window is off
+        values.whole(name, low, null)
+    for name, low, high, closed in _GPT2_FLOATS if gpt2 else _LLAMA_FLOATS:
+        values.number(name, low, high, closed)
+    for name in _BOOLS:
+        values.flag(name)
+    values.activation("activation_function" if gpt2 else "hidden_act")
+    dims = _gpt2_dims(values) if gpt2 else _llama_dims(values)
+    if not gpt2:
+        _check_llama(values, dims)
+    if model_type in _MOE:
+        dims = _check_moe(values, dims, model_type)
+    _check_sizes(dims, where)
+    return dims
+
+
+class _Values:
+    """A config's fields: the file's value, else transformers' default for that model_type."""
+
+    def __init__(self, raw: dict, model_type: str, where: str):
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        cls = CONFIG_MAPPING[model_type]
+        self.raw, self.where = raw, where
+        self.aliases = dict(getattr(cls, "attribute_map", {}))  # GPT-2: hidden_size -> n_embd, ...
+        self.defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+    def key(self, name: str) -> str:
+        """The field as the file spells it (GPT-2 writes n_embd for hidden_size)."""
+        stored = self.aliases.get(name, name)
+        return stored if stored in self.raw or name not in self.raw else name
+
+    def given(self, name: str) -> bool:
+        return self.key(name) in self.raw
+
+    def get(self, name: str) -> Any:
+        key = self.key(name)
+        return self.raw[key] if key in self.raw else self.defaults.get(self.aliases.get(name, name))
+
+    def fail(self, name: str, rule: str) -> HFError:
+        return HFError(f"{self.where}: {self.key(name)} is {shown(self.get(name))}; {rule}")
+
+    def whole(self, name: str, low: int, null: bool) -> None:
+        v = self.get(name)
+        if v is None and null:
+            return
+        if not _is_int(v) or v < low:
+            raise self.fail(name, f"it must be a whole number >= {low}" + (" or null" if null else ""))
+
+    def number(self, name: str, low: float, high: float, closed: bool) -> None:
+        v = self.get(name)
+        if v is None and not self.given(name):
+            return
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or not (low <= v <= high) or (v == low and not closed):
+            span = f"{'>=' if closed else '>'} {low:g}" + (f" and <= {high:g}" if math.isfinite(high) else "")
+            raise self.fail(name, f"it must be a finite number {span}")
+
+    def flag(self, name: str) -> None:
+        if self.given(name) and not isinstance(self.get(name), bool):
+            raise self.fail(name, "it must be true or false")
+
+    def activation(self, name: str) -> None:
+        from transformers.activations import ACT2FN
+
+        v = self.get(name)
+        if not isinstance(v, str) or v not in ACT2FN:
+            raise self.fail(name, f"transformers knows the activations {', '.join(sorted(ACT2FN))}")
+
+
+def _llama_dims(v: _Values) -> Dims:
+    hidden, heads = v.get("hidden_size"), v.get("num_attention_heads")
+    return Dims(vocab=v.get("vocab_size"), hidden=hidden, layers=v.get("num_hidden_layers"), heads=heads,
+                kv_heads=v.get("num_key_value_heads") or heads, head_dim=v.get("head_dim") or hidden // heads,
+                inner=v.get("intermediate_size"), positions=0)
+
+
+def _gpt2_dims(v: _Values) -> Dims:
+    hidden, heads = v.get("hidden_size"), v.get("num_attention_heads")
+    if hidden % heads:
+        raise v.fail("hidden_size", f"it must be a multiple of {v.key('num_attention_heads')} ({heads})")
+    return Dims(vocab=v.get("vocab_size"), hidden=hidden, layers=v.get("num_hidden_layers"), heads=heads,
+                kv_heads=heads, head_dim=hidden // heads, inner=v.get("n_inner") or 4 * hidden,
+                positions=v.get("max_position_embeddings"))
+
+
+def _check_llama(v: _Values, d: Dims) -> None:
+    """Heads that fit together (grouped-query attention, rotary halves), layer kinds, the padding token."""
+    if not v.get("head_dim") and d.hidden % d.heads:
+        raise v.fail("hidden_size", f"it must be a multiple of num_attention_heads ({d.heads}) when the config "
+                     "gives no head_dim")
+    if d.heads % d.kv_heads:
+        raise v.fail("num_key_value_heads", f"it must divide num_attention_heads ({d.heads}): each kv head serves "
+                     "a group of query heads")
+    if d.head_dim % 2:
+        raise HFError(f"{v.where}: head_dim is {d.head_dim}; rotary positions rotate pairs, so it must be even")
+    kinds = v.raw.get("layer_types")
+    if kinds is not None and not (isinstance(kinds, list) and len(kinds) == d.layers and all(
+            isinstance(k, str) and k in LAYER_TYPES for k in kinds)):
+        raise v.fail("layer_types", f"it must list one of {', '.join(LAYER_TYPES)} per layer "
+                     f"(num_hidden_layers = {d.layers})")
+    pad = v.get("pad_token_id")
+    if pad is not None and not (_is_int(pad) and -d.vocab <= pad < d.vocab):
+        raise v.fail("pad_token_id", f"it must be null or a token id of the vocabulary (vocab_size {d.vocab})")
+
+
+def _check_moe(v: _Values, d: Dims, model_type: str) -> Dims:
+    """A mixture of experts' fields: counts, top-k within the experts, layer lists, DeepSeek-V3's groups; and
+    the router's auxiliary loss, which transformers computes over the whole batch and all layers at once."""
+    count, sizes = _MOE[model_type]
+    for name, low, null in sizes:
+        v.whole(name, low, null)
+    experts, k = v.get(count), v.get("num_experts_per_tok")
+    if k > experts:
+        raise v.fail("num_experts_per_tok", f"a token goes to at most {v.key(count)} ({experts}) experts")
+    only = v.get("mlp_only_layers")
+    if model_type in ("qwen2_moe", "qwen3_moe") and only is not None and not (
+            isinstance(only, list) and all(_is_int(x) and 0 <= x < d.layers for x in only)):
+        raise v.fail("mlp_only_layers", f"it must list decoder layer numbers 0..{d.layers - 1}")
+    if model_type == "deepseek_v3":
+        groups, top = v.get("n_group"), v.get("topk_group")
+        if experts % groups or experts // groups < 2:
+            raise v.fail("n_group", f"it must divide {v.key(count)} ({experts}) into groups of at least 2 experts")
+        if top > groups:
+            raise v.fail("topk_group", f"a token's experts come from at most n_group ({groups}) groups")
+        if k > top * (experts // groups):
+            raise v.fail("num_experts_per_tok", f"topk_group ({top}) groups of {experts // groups} experts hold "
+                         f"fewer than {k}")
+    if v.get("output_router_logits"):
+        raise v.fail("output_router_logits", "transformers then adds its load-balancing loss over the whole batch "
+                     "and every layer at once, which no pipeline computes (a micro-batch's backward starts before the "
+                     "last one's forward); set it false (transformers' default)")
+    inner = v.get("intermediate_size") if model_type == "mixtral" else v.get("moe_intermediate_size")
+    return dataclasses.replace(d, experts=experts, expert_inner=inner)
+
+
+def _check_sizes(d: Dims, where: str) -> None:
+    within(limits.LAYERS, d.layers + 3, f"{where}: num_hidden_layers {d.layers} makes {d.layers + 3} layers (with "
+           "the embedding, final norm and LM head)")
+    for what, n in d.tensors():
+        within(limits.ELEMENTS, n, f"{where}: {what} = {n}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)

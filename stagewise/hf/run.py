@@ -1,0 +1,135 @@
+"""A Hugging Face causal LM as the runtime's model interface (``ModelConfig``): what ``stagewise train --hf``,
+``profile --hf`` and ``plan --verify`` of an HF profile run.
+
+``HFRun`` holds only paths and options (it is pickled to every rank); each process loads the config once and
+builds only the layers it is asked for (``HFModel.layer``: a rank reads only its own tensors). With ``data``
+the batches are windows of that text (``TextData``); without, seeded random token ids of ``seq`` tokens (a
+profile or a verification run needs shapes, not meaning). Training it is the runtime's one loop
+(``RunConfig`` -> ``RankTrainer`` -> ``RunResult``): the same checkpoints (resumable under any schedule, p or
+dp), non-finite guard, flight recorder and memory prediction as the built-in GPT; ``export`` writes an HF
+folder that ``from_pretrained`` loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .data import TextData
+from .model import HFModel, load
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFRun:
+    """An HF model folder (or config.json) and its training text, as a run's model.
+
+    >>> from stagewise.runtime import RunConfig, train                                  # doctest: +SKIP
+    >>> model = HFRun(source="tiny-llama", data="corpus.txt", seq=64)                  # doctest: +SKIP
+    >>> train(RunConfig(schedule="zb-v", ranks=2, microbatches=4, steps=5, model=model))  # doctest: +SKIP
+    """
+
+    source: str  #: a model folder (config.json + safetensors) or a config.json (seeded random weights)
+    data: str | None = None  #: a text file to train on; None: random token ids (profiles, verification)
+    tokenizer: str | None = None  #: a local tokenizer folder for ``data`` (default: byte tokens)
+    seq: int = 128  #: tokens per sequence
+    dtype: str = "float32"
+    seed: int = 0  #: random weights (a config.json alone) and the order of the text's windows
+
+    # ---- the model interface (runtime/run/config.py: ModelConfig)
+
+    def model(self) -> HFModel:
+        """The model (config, weights folder), loaded once per process."""
+        key = (self.source, self.dtype, self.seed)
+        if key not in _MODELS:
+            _MODELS[key] = load(self.source, dtype=self.dtype, seed=self.seed)
+        return _MODELS[key]
+
+    def text(self) -> TextData | None:
+        return None if self.data is None else TextData(path=self.data, seq=self.seq, tokenizer=self.tokenizer,
+                                                       seed=self.seed)
+
+    @property
+    def num_layers(self) -> int:
+        return self.model().num_layers
+
+    @property
+    def name(self) -> str:
+        m = self.model()
+        return f"{m.config.model_type} ({m.decoder_layers} layers)"
+
+    @property
+    def symbols(self) -> list[str]:
+        return self.model().symbols
+
+    def layer_names(self) -> list[str]:
+        return list(self.model().prefixes)
+
+    def layers(self):
+        """This model as ``stagewise.Layers``: a rank builds (and reads) only its own layers, under HF names."""
+        return self.model().as_layers()
+
+    def batch(self, step: int, size: int):
+        """Step ``step``'s (input_ids, labels); labels are the ids (transformers shifts them in its loss)."""
+        text = self.text()
+        if text is not None:
+            return text.batch(step, size)
+        import torch
+
+        vocab = int(self.model().config.vocab_size)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        ids = torch.randint(0, vocab, (size, self.seq), generator=g)
+        return ids, ids
+
+    def loss(self, logits, labels):
+        return self.model().loss(logits, labels)
+
+    def check(self) -> None:
+        """The config, the weights folder and the text against the model, before any rank starts (every time:
+        a limit raised or lowered since the model was loaded applies)."""
+        model = self.model()
+        model.check()
+        text = self.text()
+        if text is not None:
+            text.check(model.config)
+        elif self.seq < 1:
+            from .errors import HFError
+
+            raise HFError(f"`seq` must be >= 1; got {self.seq}")
+
+    def check_fit(self, stages: int, split=None) -> None:
+        """Every stage of the schedule gets a layer: said in the model's own terms."""
+        self.model().check_fit(stages, split)
+
+    def identity(self) -> dict:
+        """What a checkpoint records of the model: the architecture's shape, not where it was read from (a run
+        resumed from an exported folder is the same model)."""
+        c = self.model().config
+        keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "n_embd", "n_layer", "n_head")
+        return {**{k: getattr(c, k) for k in keys if isinstance(getattr(c, k, None), (int, str))},
+                "--seq": self.seq, "--dtype": self.dtype, "--tokenizer": self.tokenizer}
+
+    def profile_meta(self) -> dict:
+        """What a profile keeps to rebuild this model (``plan --verify`` runs it again)."""
+        return {"hf": {"source": str(Path(self.source).resolve()), "seq": self.seq, "dtype": self.dtype,
+                       "seed": self.seed}}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "HFRun":
+        """The model of a profile's ``hf`` section (``profile_meta``)."""
+        return cls(source=meta["source"], seq=int(meta.get("seq", 128)), dtype=meta.get("dtype", "float32"),
+                   seed=int(meta.get("seed", 0)))
+
+    def read_bytes(self) -> int:
+        """Bytes of weights this process has read from the folder (0 for random weights)."""
+        m = self.model()
+        return m.checkpoint().read_bytes if m.folder else 0
+
+    def export(self, pipe, folder: str | Path) -> Path:
+        """The pipelined model as an HF folder that ``from_pretrained`` loads (a collective)."""
+        from .pipeline import save_pretrained
+
+        return save_pretrained(pipe, self.model(), folder)
+
+
+_MODELS: dict = {}

@@ -1,0 +1,180 @@
+"""Activation memory: the bytes a rank holds for in-flight micro-batches, counted, and the simulator's prediction.
+
+Counted are (a) what autograd saves for backward during a stage's forward
+(``saved_tensors_hooks``; parameters excluded) and (b) what the executor
+itself keeps for a (stage, mb) between its F and its backward: the stage input
+and output and, after a split backward's I, the gradients W still needs. Each
+storage counts once however many hold it, and stops counting when the last
+holder lets go (autograd drops saved tensors after the backward; the executor
+drops its references). The planner's profiler counts a layer's activation
+bytes with the same ``SavedBytes`` (stagewise.runtime.profiling.measure).
+
+The prediction feeds the simulator what each (kind, stage) op was measured to
+add: F's bytes as ``activation_bytes``, the replayed forward's bytes and F's
+kept input as ``recompute_keep``, and the growth at I (W's gradients, minus
+the output I lets go) as a negative ``free_at_i``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+#: op kinds the prediction reads: F, I, and R (the forward replayed by recomputation)
+KINDS = ("F", "I", "R")
+
+
+@dataclass(kw_only=True)
+class SavedBytes:
+    """Live bytes autograd holds for backward, and their peak. Mutable: a running count."""
+
+    live: int = 0
+    peak: int = 0
+    _refs: dict = field(default_factory=dict)
+
+    def hooks(self, module: nn.Module | None = None):
+        """A ``saved_tensors_hooks`` context that counts each saved storage once until it is freed.
+
+        Storages of ``module``'s parameters are not activations (autograd saves views of
+        weights, such as the transposed matrix of a Linear) and are not counted.
+        """
+        params = {p.untyped_storage().data_ptr() for p in module.parameters()} if module is not None else set()
+        return self.saving(params)
+
+    def saving(self, params: set):
+        """Like ``hooks``, with the parameter storages (data pointers) given."""
+        return torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, params), _unpack)
+
+    def hold(self, tensors) -> tuple:
+        """Count ``tensors`` (once per storage) for as long as the returned tokens live."""
+        return tuple(self._pack(t, ()) for t in tensors if isinstance(t, torch.Tensor))
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def _pack(self, t: torch.Tensor, params):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if isinstance(t, nn.Parameter) or key in params:
+            return t
+        n, size = self._refs.get(key, (0, storage.nbytes()))
+        if n == 0:
+            self.live += size
+            self.peak = max(self.peak, self.live)
+        self._refs[key] = (n + 1, size)
+        # detached: holding the tensor itself would hold its grad_fn, which holds this object
+        # (an output saved for its own backward): a cycle autograd never frees
+        return _Held(t.detach(), key, self)
+
+    def _release(self, key: int) -> None:
+        n, size = self._refs[key]
+        if n == 1:
+            del self._refs[key]
+            self.live -= size
+        else:
+            self._refs[key] = (n - 1, size)
+
+
+class _Held:
+    """A counted tensor; its release (when autograd or the executor drops it) lowers the live count."""
+
+    __slots__ = ("key", "owner", "t")
+
+    def __init__(self, t, key, owner):
+        self.t, self.key, self.owner = t, key, owner
+
+    def __del__(self):
+        self.owner._release(self.key)
+
+
+def _unpack(x):
+    return x.t if isinstance(x, _Held) else x
+
+
+class ActivationMeter:
+    """One rank's activation bytes: live, the peak, and what each (kind, stage) op adds.
+
+    Mutable: running counts. ``added[kind][stage]`` is the largest change of the live
+    count over one such op (F: what the forward leaves held; I: W's gradients minus
+    the output let go; R: the replayed forward, held until its backward).
+    """
+
+    def __init__(self, stages: dict[int, nn.Module]):
+        self.count = SavedBytes()
+        self.stages = stages
+        self.added: dict[str, dict[int, int]] = {k: {} for k in KINDS}
+        self.peak = 0  #: the largest live count over the steps so far
+        self._params: set = set()
+
+    def start_step(self) -> None:
+        # parameter storages, fresh each step (a checkpoint load may replace them)
+        self._params = {p.untyped_storage().data_ptr() for st in self.stages.values() for p in st.parameters()}
+        self.count.reset_peak()
+
+    def end_step(self) -> None:
+        self.peak = max(self.peak, self.count.peak)
+
+    def saving(self):
+        """Count what autograd saves inside the block."""
+        return self.count.saving(self._params)
+
+    def hold(self, *tensors) -> tuple:
+        return self.count.hold(tensors)
+
+    @contextmanager
+    def op(self, kind: str, stage: int):
+        """Record how much the block changes the live count, as op ``kind`` of ``stage``."""
+        before = self.count.live
+        yield
+        grew = self.count.live - before
+        table = self.added.setdefault(kind, {})
+        table[stage] = max(table.get(stage, grew), grew)
+
+    def report(self) -> dict:
+        """What rank 0 gathers: the peak and the per-op growth (plain data)."""
+        return {"peak": self.peak, "added": {k: dict(v) for k, v in self.added.items()}}
+
+
+def merge_added(reports: list[dict]) -> dict[str, dict[int, int]]:
+    """The per-(kind, stage) growth of all ranks' reports (each stage lives on one rank)."""
+    out: dict[str, dict[int, int]] = {k: {} for k in KINDS}
+    for rep in reports:
+        for kind, grew in rep["added"].items():
+            merged = out.setdefault(kind, {})
+            for s, v in grew.items():
+                merged[int(s)] = max(merged.get(int(s), v), v)
+    return out
+
+
+def predicted_peaks(schedule, added: dict[str, dict[int, int]], recompute: frozenset = frozenset()) -> list[float]:
+    """The simulator's peak activation bytes per rank, from what each (kind, stage) op was measured to add.
+
+    F's bytes are held from F to the backward. A recomputed stage holds its
+    input only (``recompute_keep``), and the largest replayed forward of the
+    rank's recomputed stages is added to its peak as a transient (the planner's
+    model: stagewise.plan.model.rank_transient_bytes). A split stage's I
+    changes what it holds until W (W's gradients in, the output out): one
+    ``free_at_i`` for all split stages, from their sums. Not modelled: a
+    recomputed *split* stage holds its replayed forward from I to W, so with
+    zero-bubble schedules the prediction is a lower bound.
+    """
+    from ...costs import Costs
+    from ...simulate import simulate
+    from ...timeline import metrics
+
+    S = schedule.stages
+    F, I, R = (added.get(k, {}) for k in KINDS)
+    held = [float(F.get(s, 0)) for s in range(S)]
+    full = [held[s] + R.get(s, 0) if s in recompute else held[s] for s in range(S)]
+    keep = [held[s] / full[s] if s in recompute and full[s] else 0.0 for s in range(S)]
+    split = [s for s in I if s not in recompute and held[s]]
+    free_at_i = min(1.0, -sum(I[s] for s in split) / sum(held[s] for s in split)) if split else 0.0
+    costs = Costs(activation_bytes=full, recompute=[s in recompute for s in range(S)], recompute_keep=keep,
+                  free_at_i=free_at_i)
+    peaks = metrics(simulate(schedule, costs)).peak_activation_bytes
+    transient = [max((full[s] - held[s] for s in schedule.stages_of_rank(r) if s in recompute), default=0.0)
+                 for r in range(schedule.ranks)]
+    return [p + t for p, t in zip(peaks, transient)]

@@ -1,0 +1,101 @@
+"""Measured timelines, and the simulator's prediction from measured costs.
+
+Each rank marks the start and end of every op (wall clock on CPU, CUDA events
+on GPU) relative to its own origin taken right after a step-start barrier, so
+ranks line up to within the barrier's release skew. Rank 0 gathers the marks
+into a ``Timeline(source="measured", unit="s")`` of the same schedule the
+simulator plays: the renderers and metrics read it unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from statistics import fmean
+from typing import Sequence
+
+from ...actions import Pair
+from ...costs import Costs
+from ...schedule import Schedule
+from ...simulate import simulate
+from ...timeline import Timeline, metrics
+
+
+class WallClock:
+    """perf_counter marks. Mutable: the step origin."""
+
+    def start(self) -> None:
+        self.origin = time.perf_counter()
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds(self, marks: list) -> list[tuple[float, float]]:
+        return [(a - self.origin, b - self.origin) for a, b in marks]
+
+
+class CudaClock:
+    """CUDA event marks, resolved after one synchronize at step end. Mutable: the origin event."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.device = torch, device
+
+    def start(self) -> None:
+        self.origin = self._event()
+
+    def mark(self):
+        return self._event()
+
+    def seconds(self, marks: list) -> list[tuple[float, float]]:
+        self.torch.cuda.synchronize(self.device)
+        at = self.origin.elapsed_time
+        return [(at(a) / 1e3, at(b) / 1e3) for a, b in marks]
+
+    def _event(self):
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+
+def measured_timeline(schedule: Schedule, per_rank: Sequence[Sequence[tuple[float, float]]]) -> Timeline:
+    """A Timeline from each rank's (start, end) seconds, aligned with its program."""
+    return Timeline(
+        schedule=schedule,
+        starts=tuple(tuple(s for s, _ in rows) for rows in per_rank),
+        ends=tuple(tuple(e for _, e in rows) for rows in per_rank),
+        source="measured",
+        unit="s",
+    )
+
+
+def mean_costs(timelines: Sequence[Timeline]) -> Costs:
+    """Per-stage mean duration of each action kind (F&B pairs by their forward's stage)."""
+    S = timelines[0].schedule.stages
+    seen: dict[tuple[str, int], list[float]] = {}
+    for tl in timelines:
+        for r in range(tl.ranks):
+            for op, start, end in tl.rows(r):
+                key = ("F&B", op.forward.stage) if type(op) is Pair else (op.kind, op.stage)
+                seen.setdefault(key, []).append(end - start)
+    mean = {k: fmean(v) for k, v in seen.items()}
+
+    def per(kind: str, fallback) -> list[float]:
+        return [mean.get((kind, s), fallback(s)) for s in range(S)]
+
+    t_f = per("F", lambda s: 0.0)
+    t_i = per("I", lambda s: None)
+    t_w = per("W", lambda s: None)
+    t_b = per("B", lambda s: (t_i[s] or 0.0) + (t_w[s] or 0.0))
+    t_i = [x if x is not None else b / 2 for x, b in zip(t_i, t_b)]
+    t_w = [x if x is not None else b / 2 for x, b in zip(t_w, t_b)]
+    has_pairs = any(k == "F&B" for k, _ in mean)
+    t_fb = per("F&B", lambda s: t_f[s] + t_b[s]) if has_pairs else None
+    return Costs(t_f=t_f, t_b=t_b, t_i=t_i, t_w=t_w, t_fb=t_fb)
+
+
+def bubbles(timelines: Sequence[Timeline]) -> tuple[float, float]:
+    """(measured, predicted) bubble fraction: mean over the timelines, and the simulator fed their mean costs."""
+    measured = fmean(metrics(tl).bubble_fraction for tl in timelines)
+    predicted = metrics(simulate(timelines[0].schedule, mean_costs(timelines))).bubble_fraction
+    return measured, predicted

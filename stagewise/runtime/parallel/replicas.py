@@ -1,0 +1,114 @@
+"""Step-end collectives: replica gradients, the loss on every rank, global-norm clipping.
+
+A logical parameter with several copies (a tied embedding and head, or a layer
+held by both DualPipe lanes) gets the sum of all copies' gradients on every
+copy, like a tied weight in one process; identical values, gradients and
+optimizer updates then keep the copies equal. Process groups are made once per
+set of ranks that share copies (every rank makes every group, in one order).
+With dp pipeline replicas (dp.py) each replica has its own groups, and the
+global norm sums over one pipeline (the replicas' gradients are equal by then).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from ..stages.stage import StageMap, Stage
+
+
+class Replicas:
+    """Sums replica gradients. Mutable: owns the process groups it created."""
+
+    def __init__(self, lay: StageMap, stages: dict[int, Stage], placement: tuple[int, ...], rank: int, device,
+                 topo):
+        """``rank``: in the pipeline; ``topo`` (mesh.Topology) places the pipeline among the other ranks."""
+        self.rank, self.device = rank, device
+        self.local = []  # (rank set, local copies) per replica held here
+        sets = sorted({r.ranks for r in lay.replicas if len(r.ranks) > 1})
+        pipelines = topo.groups("pp")  # every pipeline of the grid, each its global ranks in pipeline order
+        here = pipelines.index(topo.pipe_ranks)
+        self._glob = lambda r: topo.pipe_ranks[r]
+        # every rank makes every group (each pipeline's tie groups, then each pipeline), in one order
+        made = [{ranks: dist.new_group([pipe[r] for r in ranks]) for ranks in sets} for pipe in pipelines][here]
+        self.groups = {ranks: g for ranks, g in made.items() if rank in ranks}
+        pipes = [dist.new_group(list(pipe)) for pipe in pipelines] if len(pipelines) > 1 else [None]
+        self.pipeline = pipes[here]  # the global norm is a sum over one pipeline (None: all ranks)
+        for rep in lay.replicas:
+            copies = [stages[h.stage].param(h) for h in rep.holders if h.stage in stages]
+            if copies:
+                self.local.append((rep.ranks, copies))
+        # each logical parameter's gradient counts once in the global norm: on its lowest rank's first copy
+        self.owned = []
+        for holders in lay.params.values():
+            owner = min(placement[h.stage] for h in holders)
+            if owner == rank:
+                h = next(h for h in holders if placement[h.stage] == rank)
+                self.owned.append(stages[h.stage].param(h))
+
+    def make_equal(self) -> None:
+        """Every copy takes the value of the copy on the lowest rank (a layer factory builds each copy apart)."""
+        by_ranks: dict[tuple, list] = {}
+        for ranks, copies in self.local:
+            by_ranks.setdefault(ranks, []).append(copies)
+        for ranks, items in sorted(by_ranks.items()):
+            values = [c[0].detach() for c in items]
+            if len(ranks) > 1:
+                flat = _flatten_dense_tensors(values)
+                dist.broadcast(flat, src=self._glob(ranks[0]), group=self.groups[ranks])
+                values = _unflatten_dense_tensors(flat, values)
+            with torch.no_grad():
+                for copies, value in zip(items, values):
+                    for p in copies:
+                        p.copy_(value)
+
+    def sync_grads(self) -> None:
+        """Every copy's gradient becomes the sum over all copies (local sum, then within its rank set)."""
+        sums: dict[tuple, list] = {}
+        for ranks, copies in self.local:
+            total = sum(_grad(p) for p in copies)
+            sums.setdefault(ranks, []).append((copies, total))
+        for ranks, items in sums.items():
+            if len(ranks) > 1:
+                flat = _flatten_dense_tensors([t for _, t in items])
+                dist.all_reduce(flat, group=self.groups[ranks])
+                totals = _unflatten_dense_tensors(flat, [t for _, t in items])
+            else:
+                totals = [t for _, t in items]
+            for (copies, _), total in zip(items, totals):
+                for p in copies:
+                    p.grad = total.clone()
+
+    def clip(self, params: list[torch.Tensor], max_norm: float, sharded=None) -> float:
+        """Scale all gradients so the global norm (each logical parameter once) is at most ``max_norm``.
+
+        ``sharded``: (ids of parameters, group) held in shares over ``group`` (ep.py's experts): each share of
+        every rank of the group counts too."""
+        ids, group = sharded if sharded is not None else ((), None)
+        sq = torch.zeros(2, dtype=torch.float64, device=self.device)  # the pipeline's own, then its shares
+        for p in self.owned:
+            if p.grad is not None:
+                sq[int(id(p) in ids)] += p.grad.detach().double().pow(2).sum()
+        dist.all_reduce(sq, group=self.pipeline)
+        if group is not None:
+            dist.all_reduce(sq[1:], group=group)
+        norm = math.sqrt(float(sq.sum()))
+        coef = min(1.0, max_norm / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+        return norm
+
+
+def all_sum(value: float, device) -> float:
+    """Sum a number over all ranks (the loss lives on last stages; every rank reports it)."""
+    t = torch.tensor(value, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)

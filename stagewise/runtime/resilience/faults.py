@@ -1,0 +1,120 @@
+"""Injected faults, for tests only: make one rank exit, raise, stall or produce a NaN loss at a chosen op.
+
+Given as ``RunConfig.fault`` or, for whole command lines (``stagewise train``,
+torchrun), the ``STAGEWISE_FAULT`` environment variable. Deliberately not a
+command-line option. The text is ``HOW:rank=R:action=OP[:step=K]``:
+
+- ``exit``: the rank dies at once (``os._exit(3)``: no message, no clean-up), as in a crash;
+- ``raise``: the rank raises ``InjectedFault``;
+- ``hang``: the rank stops making progress (sleeps an hour); its peers time out after ``--timeout``;
+- ``nan``: the loss of the op's micro-batch becomes NaN (OP must be the F of a lane's last stage).
+
+The fault fires when rank R starts the op containing action OP (``1F3``) in
+step K (1-based, as printed: ``step 2/4``; default 1), before the op's receives.
+No torch here: ``RunConfig.check`` parses the text before any rank starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ...actions import Action, ParseError, actions_of, parse
+from ..run.config import RunError
+
+HOWS = ("exit", "raise", "hang", "nan")
+EXIT_CODE = 3
+ENV = "STAGEWISE_FAULT"
+_FORM = "HOW:rank=R:action=OP[:step=K], HOW one of exit, raise, hang, nan (e.g. exit:rank=1:action=1F3:step=2)"
+
+
+class InjectedFault(RuntimeError):
+    """The exception a ``raise`` fault throws."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """One injected fault: ``how`` on rank ``rank`` when it starts ``action`` in step ``step`` (1-based)."""
+
+    how: str
+    rank: int
+    action: Action
+    step: int = 1
+
+
+def parse_fault(text: str) -> Fault:
+    """``exit:rank=1:action=1F3:step=2`` -> Fault; ``RunError`` naming the rule otherwise."""
+    how, *fields = text.split(":")
+    if how not in HOWS:
+        raise RunError(f"fault {text!r}: {how!r} is not one of {', '.join(HOWS)}; expected {_FORM}")
+    kv = {}
+    for f in fields:
+        key, sep, value = f.partition("=")
+        if not sep or key not in ("rank", "action", "step") or key in kv:
+            raise RunError(f"fault {text!r}: bad field {f!r}; expected {_FORM}")
+        kv[key] = value
+    if "rank" not in kv or "action" not in kv:
+        raise RunError(f"fault {text!r}: needs rank= and action=; expected {_FORM}")
+    try:
+        action = parse(kv["action"])
+        rank, step = int(kv["rank"]), int(kv.get("step", 1))
+    except (ParseError, ValueError) as e:
+        raise RunError(f"fault {text!r}: {e}") from None
+    if type(action) is not Action or rank < 0 or step < 1:
+        raise RunError(f"fault {text!r}: needs one action like 1F3, rank >= 0 and step >= 1")
+    return Fault(how=how, rank=rank, action=action, step=step)
+
+
+def check_fault(fault: Fault, schedule, replicas: int = 1) -> None:
+    """The fault's action must be in its rank's program (a NaN needs the F of a lane's last stage).
+
+    ``rank`` is global: with ``replicas`` data-parallel pipelines, rank r runs pipeline rank r % p's program.
+    """
+    a = fault.action
+    where = f"fault {fault.how}:rank={fault.rank}:action={a}"
+    p = schedule.ranks
+    if fault.rank >= p * replicas or all(a not in actions_of(op) for op in schedule.programs[fault.rank % p]):
+        raise RunError(f"{where}: rank {fault.rank} of {schedule.name} (p={p}, {p * replicas} ranks) does not "
+                       f"run {a}")
+    if fault.how == "nan" and (a.kind != "F" or schedule.last_stages[a.stage] != a.stage):
+        raise RunError(f"{where}: a nan fault poisons the loss, so it needs the F of a lane's last stage")
+
+
+class Injector:
+    """Fires ``fault`` on its rank. Mutable: whether the op running now must produce a NaN loss."""
+
+    def __init__(self, fault: Fault):
+        self.fault = fault
+        self.poison = False
+
+    def at(self, step: int, op) -> None:
+        """Called when an op starts (``flight.Recorder.on_start``)."""
+        f = self.fault
+        self.poison = False
+        if step != f.step or f.action not in actions_of(op):
+            return
+        if f.how == "exit":
+            os._exit(EXIT_CODE)
+        if f.how == "raise":
+            raise InjectedFault(f"injected on purpose at {f.action} (step {step})")
+        if f.how == "hang":
+            time.sleep(3600)
+        self.poison = True
+
+    def loss(self, fn):
+        """``fn`` (output, target) -> loss, NaN while the poisoned op runs."""
+
+        def loss(output, target):
+            value = fn(output, target)
+            return value * float("nan") if self.poison else value
+
+        return loss
+
+
+def injector_for(text: str | None, rank: int) -> Injector | None:
+    """The injector of ``rank`` for the fault ``text`` (None when it targets another rank or there is none)."""
+    if not text:
+        return None
+    fault = parse_fault(text)
+    return Injector(fault) if fault.rank == rank else None

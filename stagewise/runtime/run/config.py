@@ -1,0 +1,215 @@
+"""What one training run is: a frozen, picklable config (it travels to every rank).
+
+No torch here, so options are checked before any process starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from ... import limits
+from ...errors import StagewiseError
+
+
+class RunError(StagewiseError):
+    """Bad input to a run (the message names the option, the value and the rule)."""
+
+
+#: the ``collect`` items a run can return besides losses and timings (tests use them)
+COLLECT = ("grads", "params")
+
+
+def default_batch(microbatches: int, dp: int = 1) -> int:
+    """The default sequences per step: at least 8, whole micro-batches on each replica (the one rule)."""
+    share = microbatches * dp
+    return share * -(-8 // share)
+
+
+def check_batch(batch: int, microbatches: int, dp: int = 1, ep: int = 1) -> None:
+    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` x ``ep`` data shards (the one
+    rule: replicas and expert-parallel ranks take different rows)."""
+    share = microbatches * dp * ep
+    if batch % share:
+        into = f"`dp` {dp} replicas of `microbatches` {microbatches}" if dp > 1 else f"`microbatches` {microbatches}"
+        if ep > 1:
+            into = f"`dp` {dp} x `ep` {ep} shares of `microbatches` {microbatches}"
+        raise RunError(f"`batch` {batch} does not split into {into} equal micro-batches; use a `batch` that is a "
+                       f"multiple of {share}")
+
+
+def check_count(option: str, value, low: int = 1, limit=None) -> None:
+    """A whole number ``>= low`` within ``limit`` (a ``limits.Limit``), else ``RunError`` naming the option and
+    the rule (``option`` in backticks: errors.py). A bool, a string or a float is refused as what it is."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RunError(f"{option} must be a whole number; got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise RunError(f"{option} must be >= {low}; got {value}")
+    if limit is not None:
+        limit.check(value, option)
+
+
+def check_positive_number(option: str, value: float, limit=None) -> None:
+    """A finite number > 0 (within ``limit``): nan and inf are refused, naming the option."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise RunError(f"{option} must be a finite number > 0; got {value!r}")
+    if limit is not None:
+        limit.check(value, option)
+
+
+def check_timeout(value: float) -> None:
+    """``timeout``: seconds a rank waits for a peer, > 0 and within the TIMEOUT limit."""
+    check_positive_number("`timeout`", value, limits.TIMEOUT)
+
+
+@runtime_checkable
+class ModelConfig(Protocol):
+    """The one model interface of a config-driven run: what ``RunConfig.model`` holds, what ``stagewise profile``
+    measures (``plan.measure.profile_model``) and ``plan --verify`` runs. Picklable when it travels to spawned
+    ranks. ``models.GPTConfig`` (the built-in GPT) and ``models.LayerModel`` (layers you built) are two.
+
+    Optional, read where present: ``name`` (the profile's model name), ``symbols`` (layout letters, default
+    ``E t.. H``), ``layer_names()``, ``profile_meta()`` (how to rebuild it, kept in a profile), ``check()``.
+    """
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def layers(self) -> Sequence[Any]:
+        """The layer sequence (``nn.Module`` each), freshly built."""
+
+    def batch(self, step: int, size: int) -> tuple[Any, Any]:
+        """Step ``step``'s ``size`` samples: (inputs, targets)."""
+
+    def loss(self, output: Any, target: Any) -> Any:
+        """The scalar loss of the last layer's ``output``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run: schedule, model, data and optimizer settings."""
+
+    schedule: Any = "1f1b"  #: family name or a Schedule value; None runs the unpipelined reference
+    csv: str | None = None  #: read the schedule from torch's compute-only CSV instead
+    ranks: int = 4  #: p, the ranks launched
+    microbatches: int = 8  #: m
+    chunks: int | None = None  #: v (family default when None)
+    dp: int = 1  #: pipeline replicas (data parallel); p x dp ranks in all
+    ep: int = 1  #: expert-parallel ranks per pipeline rank (MoE experts sharded over them); p x dp x ep ranks in all
+    overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/overlap.py); False: F then B
+    measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
+    recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
+    steps: int = 1  #: optimizer steps
+    batch: int = 8  #: sequences per step (split into m micro-batches)
+    model: ModelConfig | None = None  #: the model and its data (``ModelConfig``: models.GPTConfig, LayerModel...)
+    split: Any = None  #: layers per stage of one model copy: a Split, counts (3,5) or layout text; None = even
+    lr: float = 1e-3
+    optimizer: str = "adamw"  #: any torch.optim class name, case-insensitive
+    clip: float | None = None  #: clip the global gradient norm to this value
+    timeout: float = 30.0  #: seconds any rank waits for a message or a collective: the bound on a stalled peer
+    threads: int | None = None  #: torch threads per rank; default: cores / ranks
+    collect: tuple[str, ...] = field(default=())  #: extra results: "grads" (after step 1), "params" (at the end)
+    save: str | None = None  #: checkpoint folder: a step-NNNNNNNN folder every save_every steps and at the end
+    save_every: int | None = None  #: steps between checkpoints (None: at the end only)
+    resume: str | None = None  #: continue from this checkpoint (a --save folder: its newest complete one)
+    overwrite: bool = False  #: let ``save`` replace another run's checkpoints (deleted at the first save)
+    skip_nonfinite: bool = False  #: a nan/inf loss skips that step's update on every rank instead of stopping
+    fault: str | None = None  #: tests only: a rank fails on purpose, e.g. "exit:rank=1:action=1F3" (faults.py)
+
+    def layer_split(self):
+        """``split`` as a ``Split`` (plan.layout), text read against the model's ``symbols`` when it has them;
+        None: even. Raises ``RunError`` naming `split`."""
+        if self.split is None:
+            return None
+        from ...layout import LayoutError, Split
+
+        if isinstance(self.split, Split):
+            return self.split
+        try:
+            if isinstance(self.split, str):
+                return Split.parse(self.split, getattr(self.model, "symbols", None) or self.model.num_layers)
+        except LayoutError as e:
+            raise RunError(f"`split` {self.split}: {str(e).removeprefix('`layout` ')}") from None
+        try:
+            return Split(tuple(self.split))
+        except LayoutError as e:
+            raise RunError(f"`split` {e}") from None
+
+    @property
+    def shards(self) -> int:
+        """The shares a step's batch is cut into across ranks: dp x ep."""
+        return self.dp * self.ep
+
+    @property
+    def world(self) -> int:
+        """Ranks launched: p x dp x ep."""
+        return self.ranks * self.shards
+
+    @property
+    def pipelined(self) -> bool:
+        """Runs on ranks (p x dp x ep > 1), not as the in-process reference."""
+        return (self.schedule is not None or self.csv is not None) and self.world > 1
+
+    def check(self) -> None:
+        """Checks that need neither torch nor the schedule; raise ``RunError``."""
+        check_count("`ranks`", self.ranks, 1, limits.RANKS)
+        check_count("`microbatches`", self.microbatches, 1, limits.MICROBATCHES)
+        check_count("`batch`", self.batch, 1, limits.BATCH)
+        check_count("`steps`", self.steps, 1)
+        if self.chunks is not None:
+            check_count("`chunks`", self.chunks, 1, limits.CHUNKS)
+        if self.threads is not None:
+            check_count("`threads`", self.threads, 1, limits.THREADS)
+        seq = getattr(self.model, "seq", 1)
+        if isinstance(seq, int) and seq >= 1:
+            limits.TOKENS.check(self.batch * seq, "", detail=f"`batch` {self.batch} x `seq` {seq} = "
+                                f"{self.batch * seq:,} tokens per step")
+        self._check_scale()
+        if self.pipelined:
+            check_batch(self.batch, self.microbatches, self.dp, self.ep)
+        self._check_resilience()
+        check_positive_number("`lr`", self.lr)
+        if self.clip is not None:
+            check_positive_number("`clip`", self.clip)
+        check_timeout(self.timeout)
+        bad = [c for c in self.collect if c not in COLLECT]
+        if bad:
+            raise RunError(f"collect {bad[0]!r} is not one of {', '.join(COLLECT)}")
+        if self.model is not None and hasattr(self.model, "check"):
+            self.model.check()
+        if self.model is not None and hasattr(self.model, "check_sizes"):  # one micro-batch's activations
+            self.model.check_sizes(max(1, self.batch // (self.microbatches * self.shards) if self.pipelined
+                                       else self.batch))
+        if self.model is not None:
+            self.layer_split()
+
+    def _check_scale(self) -> None:
+        """`dp`, `ep` and `recompute` (runtime at scale)."""
+        check_count("`dp`", self.dp, 1, limits.RANKS)
+        check_count("`ep`", self.ep, 1, limits.RANKS)
+        experts = getattr(self.model, "moe_experts", None)
+        if self.ep > 1 and isinstance(experts, int):
+            if experts < 1:
+                raise RunError(f"`ep` {self.ep} shards the experts of MoE blocks; the model has none: give "
+                               "`moe_experts`")
+            if experts % self.ep:
+                raise RunError(f"`ep` {self.ep} must divide `moe_experts` {experts}: each rank of the "
+                               "expert-parallel group holds as many experts")
+        if self.ep > 1 and (self.save or self.resume):
+            raise RunError(f"{'`save`' if self.save else '`resume`'} with `ep` {self.ep}: checkpoints keep whole "
+                           "layers and an expert-parallel rank holds a share of each MoE block; run with `ep` 1 "
+                           "to save or resume")
+        if not self.pipelined and (self.dp > 1 or self.ep > 1 or self.recompute):
+            what = f"`dp` {self.dp}" if self.dp > 1 else f"`ep` {self.ep}" if self.ep > 1 else "`recompute`"
+            raise RunError(f"{what} needs a `schedule` run on ranks (`ranks` or `dp` >= 2); the unpipelined "
+                           "reference runs in one process")
+
+    def _check_resilience(self) -> None:
+        """`save`, `save_every`, `resume` (checkpoint_files.py; the test fault: worker.preflight)."""
+        if self.save_every is not None:
+            check_count("`save_every`", self.save_every, 1)
+        if not self.pipelined and (self.save or self.resume):
+            what = "`save`" if self.save else "`resume`"
+            raise RunError(f"{what} needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
+                           "keeps no checkpoints")

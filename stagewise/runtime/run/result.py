@@ -1,0 +1,99 @@
+"""What a run returns: one typed value, and its JSON (the one place ``train --json`` keys are written).
+
+No torch here: results travel between processes (pickled) and the CLI reads
+them without the runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+#: logical parameter name -> one numpy array per copy (every holder on every rank), as ``collect`` asks
+Copies = dict[str, list]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memory:
+    """Activation memory of a pipelined run: measured per rank against the simulator's prediction."""
+
+    stage_activation_bytes: Any  #: per stage, the bytes each action kind adds (activation_memory.merge_added)
+    peak_activation_bytes: tuple[float, ...]  #: measured peak per rank (all p x dp ranks)
+    predicted_peak_activation_bytes: tuple[float, ...]  #: the simulator's, per rank of one replica, x dp
+    peak_memory_allocated_bytes: tuple[int, ...] | None = None  #: torch.cuda.max_memory_allocated per rank (GPU)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """One run's result (rank 0's, with every rank's collected copies merged by the launcher).
+
+    >>> r = RunResult(schedule="1f1b", ranks=2, microbatches=4, losses=(4.2, 4.1), step_time_s=(0.02, 0.01))
+    >>> r.to_json()["losses"]
+    [4.2, 4.1]
+    """
+
+    schedule: str  #: the schedule's name ("none": the unpipelined reference)
+    ranks: int  #: p, ranks of one pipeline replica
+    microbatches: int  #: m
+    losses: tuple[float, ...]  #: per step, the mean loss over the step's batch
+    step_time_s: tuple[float, ...]  #: per step, seconds (program, collectives, optimizer)
+    timelines: tuple = ()  #: per step, the measured Timeline (rank 0 only)
+    measured_bubble_fraction: float | None = None  #: over the steps after the first (rank 0)
+    predicted_bubble_fraction: float | None = None  #: the simulator's, fed the measured mean cost per action kind
+    dp: int | None = None  #: pipeline replicas (None: the unpipelined reference)
+    ep: int = 1  #: expert-parallel ranks per pipeline rank
+    recompute: tuple[int, ...] | None = None  #: stages that recompute their forward
+    memory: Memory | None = None  #: rank 0 of a run that counted activations (not --no-memory)
+    checkpoint: dict | None = None  #: what --save / --resume did (checkpoint.Checkpoints.info)
+    skipped_steps: tuple[dict, ...] | None = None  #: steps whose update --skip-nonfinite skipped
+    layers_built: tuple[tuple[int, ...], ...] | None = None  #: per rank, the model layers it built (its own only)
+    read_bytes: tuple[int, ...] | None = None  #: per rank, bytes of weights read from a model folder (HF)
+    grads: Copies | None = None  #: collect="grads": after step 1
+    params: Copies | None = None  #: collect="params": at the end
+
+    @property
+    def last_timeline(self):
+        """The last step's measured timeline, or None (not rank 0, or no step)."""
+        return self.timelines[-1] if self.timelines else None
+
+    def to_json(self) -> dict:
+        """The ``train --json`` object: the keys tests and users read, sections only when the run has them."""
+        out = {"schedule": self.schedule, "ranks": self.ranks, "microbatches": self.microbatches,
+               "losses": list(self.losses), "step_time_s": list(self.step_time_s),
+               "measured_bubble_fraction": self.measured_bubble_fraction,
+               "predicted_bubble_fraction": self.predicted_bubble_fraction}
+        if self.dp is not None:
+            out.update(dp=self.dp, recompute=list(self.recompute or ()))
+        if self.ep > 1:
+            out["ep"] = self.ep
+        if self.memory is not None:
+            m = self.memory
+            out.update(peak_activation_bytes=list(m.peak_activation_bytes),
+                       predicted_peak_activation_bytes=list(m.predicted_peak_activation_bytes),
+                       peak_memory_allocated_bytes=(None if m.peak_memory_allocated_bytes is None
+                                                    else list(m.peak_memory_allocated_bytes)))
+        if self.checkpoint is not None:
+            out["checkpoint"] = self.checkpoint
+        if self.skipped_steps is not None:
+            out["skipped_steps"] = list(self.skipped_steps)
+        if self.layers_built is not None:
+            out["layers_built_per_rank"] = [list(b) for b in self.layers_built]
+        if self.read_bytes is not None:
+            out["read_bytes_per_rank"] = list(self.read_bytes)
+        return out
+
+    def with_copies(self, grads: Copies | None, params: Copies | None) -> "RunResult":
+        """This result with the collected copies replaced (the launcher merges every rank's)."""
+        return dataclasses.replace(self, grads=grads, params=params)
+
+
+def merge_copies(per_rank: list[Copies | None]) -> Copies | None:
+    """Every rank's copies of each parameter, in rank order; None when no rank collected."""
+    if all(c is None for c in per_rank):
+        return None
+    merged: Copies = {}
+    for copies in per_rank:
+        for name, arrays in (copies or {}).items():
+            merged.setdefault(name, []).extend(arrays)
+    return merged

@@ -1,0 +1,231 @@
+"""One rank's run: build its stages, execute the program each step, step the optimizer.
+
+``preflight`` is the part of the setup that needs no process group: every rank
+runs it (so a bad option fails on every rank alike) and the local launcher runs
+it once before spawning anything.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ...schedule import Schedule
+from ..resilience import checkpoint_files
+from ..execution.activation_memory import merge_added, predicted_peaks
+from .config import RunConfig, RunError, check_batch
+from .resolve import resolve_schedule
+from ..resilience.faults import check_fault, injector_for, parse_fault
+from ..pipeline import Pipeline
+from ..execution.recompute import recompute_stages
+from ..resilience import flight
+from ..resilience.checkpoint import Checkpoints
+from .result import Memory, RunResult
+from ..stages.stage import partition
+from ..execution.timing import bubbles
+
+
+@dataclass(frozen=True, kw_only=True)
+class Env:
+    """Where a rank runs."""
+
+    rank: int
+    world: int
+    device: torch.device
+    backend: str
+    launched_by: str | None = None  #: what set the world size, for messages ("WORLD_SIZE=4" under torchrun)
+    flight_path: str | None = None  #: this rank's flight-recorder file (flight.py); None keeps it in memory
+
+
+def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None = None) -> Schedule:
+    """The schedule of ``cfg``, checked against the options, the model and the ranks launched.
+
+    ``launched_by`` names what set the number of ranks (default `ranks` x `dp`; ``WORLD_SIZE`` under torchrun).
+    """
+    cfg.check()
+    world = cfg.world if world is None else world
+    named = isinstance(cfg.schedule, str) and not cfg.csv
+    sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.shards, csv=cfg.csv, launched_by=launched_by,
+                             microbatches=cfg.microbatches if named else None, chunks=cfg.chunks if named else None,
+                             ranks=cfg.ranks if named else None)
+    check_batch(cfg.batch, sched.microbatches, cfg.dp, cfg.ep)  # a --csv schedule brings its own m
+    recompute_stages(cfg.recompute, sched.stages)
+    fit = getattr(cfg.model, "check_fit", None)  # a model may say it in its own terms (HF: decoder layers)
+    if fit is not None:
+        fit(sched.stages_per_copy, cfg.layer_split())
+    partition(cfg.model.num_layers, sched.stages_per_copy, cfg.layer_split())
+    optimizer_class(cfg.optimizer)
+    if cfg.fault:
+        check_fault(parse_fault(cfg.fault), sched, cfg.shards)
+    checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
+    return sched
+
+
+def optimizer_class(name: str) -> type:
+    """A torch.optim optimizer class by name, case-insensitive (``adamw``, ``sgd``, ``Adam``...).
+
+    Checked before any rank starts: it must step without a closure (LBFGS re-evaluates the loss, which a
+    pipeline step cannot). Whether it can step this model's parameters is ``optimizer``'s trial step.
+    """
+    table = {n.lower(): c for n, c in vars(torch.optim).items()
+             if isinstance(c, type) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer}
+    cls = table.get(name.lower())
+    if cls is None:
+        raise RunError(f"`optimizer` {name}: not a torch.optim optimizer; choose e.g. adamw, sgd, adam")
+    closure = inspect.signature(cls.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise RunError(f"`optimizer` {name}: {cls.__name__} needs a closure (it re-evaluates the loss), which a "
+                       "pipeline step cannot give; choose e.g. adamw, sgd, adam")
+    return cls
+
+
+def optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The optimizer of ``params``, after a trial step on a dense matrix and vector (SparseAdam, or Muon with
+    its 2-D parameters only, fail here as --optimizer, not in the first step). Not in the launcher's
+    preflight: the first optimizer constructed in a process imports torch._dynamo (seconds); ranks have it."""
+    cls = optimizer_class(cfg.optimizer)
+    trial = [torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))]
+    for p in trial:
+        p.grad = torch.ones_like(p)
+    try:
+        cls(trial, lr=cfg.lr).step()
+    except Exception as e:  # noqa: BLE001 - whatever it is, the optimizer cannot train this model
+        raise RunError(f"`optimizer` {cfg.optimizer}: {cls.__name__} cannot step this model's dense weights and "
+                       f"biases ({e})") from None
+    return cls(params, lr=cfg.lr)
+
+
+class RankTrainer:
+    """One rank's training of one config, a step at a time: a client of ``Pipeline`` (the per-rank API) that
+    adds the config-driven loop: data from the model config, clipping, the optimizer, checkpoints and results.
+    What the pipeline runs with (the flight recorder, the loss, the non-finite policy) is given to it when it is
+    built, never patched on later.
+
+    Mutable: weights, optimizer, results so far.
+    """
+
+    def __init__(self, env: Env, cfg: RunConfig):
+        self.env, self.cfg = env, cfg
+        self.schedule = sched = preflight(cfg, env.world, env.launched_by)
+        injector = injector_for(cfg.fault, env.rank)  # tests only: a failure on purpose, at an op's start
+        self.flight = flight.Recorder(path=env.flight_path, on_start=injector.at if injector else None)
+        loss = injector.loss(cfg.model.loss) if injector is not None and injector.fault.how == "nan" else \
+            cfg.model.loss
+        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), dp=cfg.dp, ep=cfg.ep,
+                                    overlap=None if cfg.overlap else False,
+                                    device=env.device, recompute=cfg.recompute, static_shapes=True,
+                                    timeout=cfg.timeout, measure_memory=cfg.measure_memory, flight=self.flight,
+                                    nonfinite="skip" if cfg.skip_nonfinite else "raise")
+        self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
+        self.optimizer = optimizer(cfg, pipe.parameters())
+        self.losses: list[float] = []
+        self.step_time_s: list[float] = []
+        self.timelines: list = []  # rank 0's
+        self.skipped: list[dict] = []  # the steps whose update a non-finite loss skipped
+        self.grads = None  # collect="grads": after step 1
+        self.checkpoints = Checkpoints(cfg=cfg, pipe=pipe, optimizer=self.optimizer, rank=env.rank, world=env.world,
+                                       device=env.device, recorder=self.flight,
+                                       export=getattr(cfg.model, "export", None))
+        self.first_step = self.checkpoints.restore() if cfg.resume else 0  # a resume continues after its step
+
+    def step(self, k: int) -> tuple[float, float]:
+        """Step ``k``: the pipeline's step (program, replica and loss collectives), clipping, the optimizer.
+        (loss, seconds)."""
+        env, cfg = self.env, self.cfg
+        inputs, targets = cfg.model.batch(k, cfg.batch)
+        self.flight.step(k)
+        if env.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(env.device)
+        res = self.pipe.step(inputs, targets, timeline=True)  # starts with a barrier: op times line up
+        t0 = time.perf_counter()
+        if env.device.type == "cuda":
+            self.device_peak = max(self.device_peak, torch.cuda.max_memory_allocated(env.device))
+        if res.skipped is not None:  # every rank alike: the loss was all-reduced
+            self.skipped.append({"step": k + 1, "loss": res.loss, "where": res.skipped})
+        elif cfg.clip is not None:
+            self.pipe.clip_grad_norm_(cfg.clip)
+        if k == 0 and "grads" in cfg.collect:
+            self.grads = self.copies(lambda p: p.grad)
+        if res.skipped is None:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if env.device.type == "cuda":
+            torch.cuda.synchronize(env.device)
+        self.losses.append(res.loss)
+        self.step_time_s.append(res.seconds + time.perf_counter() - t0)
+        if env.rank == 0:
+            self.timelines.append(res.timeline)
+        return res.loss, self.step_time_s[-1]
+
+    def after_step(self, k: int) -> None:
+        """Save a checkpoint after step ``k`` (0-based) when one is due."""
+        if self.checkpoints.due(k + 1):
+            self.checkpoints.save(k + 1)
+
+    def result(self) -> RunResult:
+        """Losses, step times; on rank 0 also the timelines, measured vs predicted bubble and memory."""
+        measured = predicted = None
+        if self.env.rank == 0 and self.timelines:
+            timed = self.timelines[1:] or self.timelines  # the first step warms up
+            measured, predicted = bubbles(timed)
+        memory = self._memory()  # a collective: every rank calls it
+        built = self._gather(self.pipe.built_layers)
+        return RunResult(schedule=self.schedule.name, ranks=self.schedule.ranks,
+                         microbatches=self.schedule.microbatches, losses=tuple(self.losses),
+                         step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
+                         measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
+                         dp=self.cfg.dp, ep=self.cfg.ep, recompute=tuple(sorted(self.pipe.recompute)), memory=memory,
+                         checkpoint=dict(self.checkpoints.info) if self.checkpoints.info else None,
+                         skipped_steps=tuple(self.skipped) if self.cfg.skip_nonfinite else None,
+                         layers_built=tuple(built) if built else None,
+                         read_bytes=self._gather(self.cfg.model.read_bytes()) if hasattr(self.cfg.model, "read_bytes")
+                         else None, grads=self.grads,
+                         params=self.copies(lambda p: p) if "params" in self.cfg.collect else None)
+
+    def _gather(self, value) -> list | None:
+        """Every rank's ``value`` on rank 0 (a collective; None elsewhere)."""
+        gathered = [None] * self.env.world if self.env.rank == 0 else None
+        dist.gather_object(value, gathered, dst=0)
+        return gathered
+
+    def _memory(self) -> Memory | None:
+        """Measured peak activation bytes per rank and the simulator's prediction (on rank 0; a collective)."""
+        meter = self.pipe.meter
+        if meter is None:  # --no-memory: every rank skips the gather alike
+            return None
+        gathered = self._gather({**meter.report(), "device": self.device_peak or None})
+        if self.env.rank != 0:
+            return None
+        added = merge_added(gathered[:self.schedule.ranks])
+        predicted = predicted_peaks(self.schedule, added, self.pipe.recompute)
+        return Memory(stage_activation_bytes=added, peak_activation_bytes=tuple(r["peak"] for r in gathered),
+                      predicted_peak_activation_bytes=tuple(predicted * (self.env.world // self.schedule.ranks)),
+                      peak_memory_allocated_bytes=tuple(r["device"] for r in gathered) if gathered[0]["device"]
+                      else None)
+
+    def copies(self, get) -> dict:
+        """logical name -> this rank's copies (as numpy), for tests that compare with the reference."""
+        out: dict[str, list] = {}
+        stages = self.pipe.stages
+        for name, holders in self.pipe.stage_map.params.items():
+            for h in holders:
+                if h.stage in stages:
+                    t = get(stages[h.stage].param(h))
+                    out.setdefault(name, []).append(None if t is None else t.detach().cpu().numpy().copy())
+        return out
+
+
+def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> RunResult:
+    """Train ``cfg`` on this rank; rank 0's result holds the losses, step times and timelines."""
+    trainer = RankTrainer(env, cfg)
+    for k in range(trainer.first_step, cfg.steps):
+        loss, seconds = trainer.step(k)
+        if report and env.rank == 0:
+            report(k, loss, seconds)
+        trainer.after_step(k)
+    return trainer.result()

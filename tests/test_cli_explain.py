@@ -1,0 +1,58 @@
+"""`stagewise explain`: one line per idle gap with the action it waits for and its cause."""
+
+import json
+import re
+
+from cli_helpers import fails, run
+
+from stagewise import torch_csv
+from stagewise.schedules import generate
+
+LINE = re.compile(r"rank (\d+) idle ([\d.]+)\.\.([\d.]+) \(([\d.]+)\): .*: (fill|drain|slow stage|link|order): .+")
+
+
+def test_one_line_per_gap_with_its_cause(capsys):
+    rc, out, err = run(capsys, "explain", "1f1b", "-p", "4", "-m", "8")
+    assert rc == 0 and not err
+    head, *lines = out.splitlines()
+    assert head == "1f1b p=4 m=8 v=1: makespan 33, bubble 27.3% (closed form 27.3%): idle 36 = fill 18 + drain 18"
+    assert len(lines) == 15 and all(LINE.fullmatch(x) for x in lines), lines
+    idle = {}
+    for x in lines:
+        r, a, b, n, _ = LINE.fullmatch(x).groups()
+        assert float(b) - float(a) == float(n)
+        idle[r] = idle.get(r, 0) + float(n)
+    assert idle == {str(r): 9.0 for r in range(4)}  # (p-1)(t_F+t_B) on every rank
+    assert ("rank 0 idle 4..10 (6): 0B0 waits for 1B0 (gradient from rank 1) <- 2B0 <- 3B0 <- 3F0 <- 2F0 <- 1F0 "
+            "<- 0F0: fill") in out
+    assert "rank 3 idle 27..33 (6): rank 3 has run its program: drain" in out
+
+
+def test_json_and_one_rank(capsys):
+    rc, out, _ = run(capsys, "explain", "zb-h1", "-p", "4", "-m", "8", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["idle_by_cause"]["fill"] == data["idle"] == sum(g["length"] for g in data["gaps"])
+    first = data["gaps"][0]
+    assert first["before"]["op"] == "0I0" and first["waits_for"] == {"op": "1I0", "rank": 1, "position": 3}
+    rc, out, _ = run(capsys, "explain", "1f1b", "--rank", "2", "--latency", "0.5")
+    lines = out.splitlines()
+    assert rc == 0 and "link" in lines[0] and all(x.startswith("rank 2 ") for x in lines[1:])
+    assert any(": link: " in x for x in lines[1:])
+
+
+def test_costs_name_a_slow_stage(capsys):
+    rc, out, _ = run(capsys, "explain", "1f1b", "--tf", "1,1,1,2", "--tb", "2,2,2,4")
+    assert rc == 0 and "slow stage: " in out and "stage 3's B takes 4; the fastest stage's 2" in out
+
+
+def test_a_torch_csv_is_explained_too(capsys, tmp_path):
+    path = tmp_path / "mine.csv"
+    path.write_text(torch_csv.dumps(generate("gpipe", 3, 4)))
+    rc, out, _ = run(capsys, "explain", "--csv", str(path))
+    assert rc == 0 and out.startswith("mine p=3 m=4 v=1: ") and "fill" in out and "drain" in out
+
+
+def test_bad_input_is_one_line(capsys):
+    assert "--rank must be in 0..3; got 4" in fails(capsys, "explain", "1f1b", "--rank", "4")
+    assert "unknown schedule 'nope'" in fails(capsys, "explain", "nope")
+    assert "needs --chunks 1" in fails(capsys, "explain", "gpipe", "-v", "2")

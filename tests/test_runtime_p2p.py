@@ -1,0 +1,94 @@
+"""The message plan derived from the programs: every cross-rank message once, in the sender's order."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stagewise.actions import actions_of
+from stagewise.runtime.messages.p2p import ACT, GRAD, Route, message_plan
+from stagewise.schedules import FAMILIES, generate
+from stagewise.schedules.registry import ScheduleArgError
+
+
+@st.composite
+def schedules(draw):
+    """Any family at p in 1..4 and m in 1..12 (1f1b where the family refuses the arguments)."""
+    name = draw(st.sampled_from(sorted(FAMILIES)))
+    p = draw(st.sampled_from([1, 2, 3, 4]))
+    m = draw(st.integers(1, 12))
+    try:
+        return generate(name, p, m)
+    except ScheduleArgError:
+        return generate("1f1b", p, m)
+
+
+def expected_routes(sched) -> set[Route]:
+    out = set()
+    for lane in sched.lanes:
+        for s in range(lane.stage_lo, lane.stage_hi - 1):
+            if sched.placement[s] != sched.placement[s + 1]:
+                for mb in lane.mbs:
+                    out |= {Route(ACT, s + 1, mb), Route(GRAD, s, mb)}
+    return out
+
+
+@given(schedules())
+def test_every_cross_rank_message_is_planned_once_on_the_right_channel(sched):
+    plan = message_plan(sched)
+    seen = [(src, dst, r) for (src, dst), routes in plan.order.items() for r in routes]
+    assert len(seen) == len({r for _, _, r in seen})
+    assert {r for _, _, r in seen} == expected_routes(sched)
+    for src, dst, r in seen:
+        assert (src, dst) == (sched.placement[r.source], sched.placement[r.stage]) and src != dst
+
+
+@given(schedules())
+def test_channels_follow_the_senders_program_order(sched):
+    plan = message_plan(sched)
+    for (src, dst), routes in plan.order.items():
+        produced = []
+        for op in sched.programs[src]:
+            for kind, s, mb in actions_of(op):
+                if kind == "F":
+                    produced.append(Route(ACT, s + 1, mb))
+                elif kind in ("B", "I"):
+                    produced.append(Route(GRAD, s - 1, mb))
+        positions = [produced.index(r) for r in routes]
+        assert positions == sorted(positions)
+
+
+@given(schedules())
+def test_gloo_tags_are_unique_per_stage_microbatch_and_direction(sched):
+    plan = message_plan(sched)
+    routes = [r for rs in plan.order.values() for r in rs]
+    tags = [plan.tag(r, h) for r in routes for h in (False, True)]
+    assert len(tags) == len(set(tags)) and min(tags, default=0) >= 0
+
+
+def test_dualpipe_lanes_send_in_opposite_directions():
+    sched = generate("dualpipe", 4, 8)
+    plan = message_plan(sched)
+    # lane 0 (stages 0..3 on ranks 0..3) and lane 1 (stages 4..7 on ranks 3..0) both use the 0<->1 link
+    down = {r.stage for r in plan.order[(0, 1)] if r.direction == ACT}
+    up = {r.stage for r in plan.order[(1, 0)] if r.direction == ACT}
+    assert down == {1} and up == {7}
+
+
+def test_a_shape_learned_in_an_earlier_step_is_named_with_its_step():
+    """static_shapes: step 2's micro-batch 0 differs from what step 1 taught; the message says which step,
+    not "micro-batch 0 ... but micro-batch 0 had"."""
+    import pytest
+    import torch
+
+    from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError, message_plan
+    from stagewise.schedules import generate
+
+    p2p = P2P(message_plan(generate("1f1b", 2, 4)), 1, torch.device("cpu"), 5.0, static=True)
+    p2p._check(Route(ACT, 1, 0), None, (((1, 16, 32), torch.float32, True),), "receives")
+    p2p.steps = 1  # the next step
+    with pytest.raises(ShapeError, match=r"stage 1 micro-batch 0: receives activation \(stage 0 -> 1\) of shape "
+                                         r"\(1, 15, 32\) float32 with gradient, but micro-batch 0 of step 1 had "
+                                         r"\(1, 16, 32\) float32 with gradient; with static_shapes every step must "
+                                         r"have the shapes of the first"):
+        p2p._check(Route(ACT, 1, 0), None, (((1, 15, 32), torch.float32, True),), "receives")

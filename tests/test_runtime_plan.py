@@ -1,0 +1,59 @@
+"""The schedule lowered for one rank (runtime/execution/plan.py): messages and stage points, derived once."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from stagewise.actions import actions_of
+from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.messages.p2p import ACT, GRAD, Route
+from stagewise.schedules import FAMILIES, generate
+
+
+def test_a_stage_reduction_starts_after_its_last_weight_gradient():
+    sched = generate("zb-v", 2, 4)
+    plan = lower(sched, 0)
+    prog = sched.programs[0]
+    assert sorted(plan.last_backward) == sorted(sched.stages_of_rank(0)) == list(plan.stages)
+    for s, k in plan.last_backward.items():
+        assert s in plan.steps[k].done and prog[k].kind == "W" and prog[k].stage == s
+        later = [b for op in prog[k + 1:] for b in actions_of(op) if b.stage == s and b.kind in "BW"]
+        assert not later  # nothing adds to the stage's gradients after its reduction starts
+    assert min(plan.last_backward.values()) < len(prog) - 1  # one stage's reduction overlaps the rest
+
+
+def test_first_forward_is_where_a_stage_starts_its_step():
+    plan = lower(generate("interleaved-1f1b", 2, 4, 2), 1)
+    for s, k in plan.first_forward.items():
+        assert plan.steps[k].op.kind == "F" and plan.steps[k].op.stage == s
+        assert all(a.stage != s for step in plan.steps[:k] for a in step.actions)
+
+
+def test_messages_of_a_1f1b_middle_rank():
+    plan = lower(generate("1f1b", 3, 2), 1)
+    f0 = plan.steps[0]
+    assert str(f0.op) == "1F0" and f0.recv == (Route(ACT, 1, 0),) and f0.send == (Route(ACT, 2, 0),)
+    b0 = next(s for s in plan.steps if str(s.op) == "1B0")
+    assert b0.recv == (Route(GRAD, 1, 0),) and b0.send == (Route(GRAD, 0, 0),)
+
+
+def test_an_fb_pair_moves_what_both_halves_move():
+    sched = generate("dualpipe", 4, 8)
+    for r in range(4):
+        for step in lower(sched, r).steps:
+            assert len(step.actions) == len(step.recv) == len(step.send) == len(list(actions_of(step.op)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(sorted(FAMILIES)), p=st.sampled_from([2, 4]), extra=st.integers(0, 4))
+def test_every_route_is_received_once_and_sent_once(name, p, extra):
+    """Over all ranks, what the plans send across ranks is exactly what they receive (the validator's
+    dependencies, seen as messages): each cross-stage route once on each side."""
+    m = 2 * p + 2 * extra  # >= 2p and even: every family's rule
+    sched = generate(name, p, m)
+    sent, got = [], []
+    for r in range(p):
+        for step in lower(sched, r).steps:
+            sent += [x for x in step.send if x is not None]
+            got += [x for x in step.recv if x is not None]
+    assert sorted(sent) == sorted(got) and len(set(sent)) == len(sent)
