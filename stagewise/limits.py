@@ -84,7 +84,10 @@ WORKSHOP_ACTIONS = Limit(env="STAGEWISE_MAX_WORKSHOP_ACTIONS", default=48_000, w
                          where="one workshop view, counted from p, m and v before any schedule is made (11 "
                          "families at p=16, m=64 make up to 46,080; the page also caps p <= 64, m <= 256, v <= 8)")
 LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers",
-               where="a model (--layers, an HF config, Layers(count)), a profile")
+               where="a model (--layers, an HF config, Layers(count)), a profile, a plan's model file")
+#: a cluster plan's GPUs (and a hardware file's GPUs per node): its layouts are the divisors of this count
+GPUS = Limit(env="STAGEWISE_MAX_GPUS", default=131_072, what="GPUs",
+             where="a cluster plan's --gpus and a hardware file's gpus_per_node")
 #: a model (train, profile): one tensor, and all parameters (2**31 fp32 = 8 GiB: a 1B model fits, 7B does not)
 ELEMENTS = Limit(env="STAGEWISE_MAX_ELEMENTS", default=2**28, what="elements in one tensor",
                  where="the built-in GPT and HF configs in train and profile: weights, activations, logits")
@@ -114,7 +117,7 @@ TEXT_WIDTH = Limit(env="STAGEWISE_MAX_TEXT_WIDTH", default=10_000, what="columns
 #: every limit, for the docs and ``table()``
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
        "compare_actions": COMPARE_ACTIONS, "plan_actions": PLAN_ACTIONS, "auto_actions": AUTO_ACTIONS,
-       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "elements": ELEMENTS, "parameters": PARAMETERS,
+       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "gpus": GPUS, "elements": ELEMENTS, "parameters": PARAMETERS,
        "file_bytes": FILE_BYTES, "local_ranks": LOCAL_RANKS, "batch": BATCH, "tokens": TOKENS, "timeout": TIMEOUT,
        "threads": THREADS, "data_bytes": DATA_BYTES, "repeats": REPEATS, "sizes": SIZES, "text_width": TEXT_WIDTH}
 

@@ -38,6 +38,19 @@ def run_capped(cases: list[dict], *, memory: int = 2 * GiB, timeout: float = 240
     return json.loads(proc.stdout)
 
 
+#: seconds a refused case may take: a hang's bound on a loaded 2-core machine, not a speed target
+HANG_S = 20
+
+
+def assert_refused(r: dict, words) -> None:
+    """A case's result is bad input as the CLI must answer it: exit 2, one line naming ``words``, no hang."""
+    assert r["rc"] == 2, r
+    assert "Traceback" not in r["err"] and r["err"].count("\n") == 1, r["err"]
+    for w in words:
+        assert w in r["err"], (w, r["err"])
+    assert r["seconds"] < HANG_S, r
+
+
 def _one(case: dict) -> dict:
     from stagewise.cli import main
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stagewise import torch_csv
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -20,9 +22,15 @@ def test_plan_a_cluster_prints_table_frameworks_and_csv(tmp_path, capsys):
     rc, out, err = run(capsys, *BASE, "-o", str(csv), "--top", "3")
     assert rc == 0, err
     assert "llama3-8b on 64 x h100" in out and "256 sequences of 8192" in out
-    assert "MFU" in out and "mem/GPU" in out and "bubble" in out
-    assert "Megatron-LM: --tensor-model-parallel-size" in out
-    assert "torchtitan:  --parallelism.tensor_parallel_degree" in out and str(csv) in out
+    assert "MFU" in out and "mem/GPU" in out and "bubble" in out and "free" in out
+    lines = {ln.split(":")[0]: ln for ln in out.splitlines() if ln.split(":")[0] in
+             ("Megatron-LM", "torchtitan", "DeepSpeed", "stagewise")}
+    assert set(lines) == {"Megatron-LM", "torchtitan", "DeepSpeed", "stagewise"}  # each framework's best, run
+    assert "--tensor-model-parallel-size" in lines["Megatron-LM"] and "(#" in lines["Megatron-LM"]
+    assert "--parallelism.tensor_parallel_degree" in lines["torchtitan"]
+    assert '"train_batch_size":256' in lines["DeepSpeed"] and "PipelineModule(num_stages=" in lines["DeepSpeed"]
+    assert "torchrun --nnodes 8 --nproc-per-node 8 -m stagewise train" in lines["stagewise"]
+    assert str(csv) in out and "ranks first:" in out
     sched = torch_csv.load(csv)
     assert sched.ranks >= 1
 
@@ -30,10 +38,13 @@ def test_plan_a_cluster_prints_table_frameworks_and_csv(tmp_path, capsys):
 def test_plan_a_cluster_json(tmp_path, capsys):
     rc, out, _ = run(capsys, *BASE, "-o", str(tmp_path / "p.csv"), "--json", "--top", "2")
     data = json.loads(out)
-    assert rc == 0 and data["global_batch"] == 256 and len(data["ranking"]) == 2
+    assert rc == 0 and data["inputs"]["global_batch"] == 256 and len(data["ranking"]) == 2
     best = data["best"]
     assert best["t"] * best["p"] * best["dp"] == 64 and best["m"] * best["micro_batch_size"] * best["dp"] == 256
     assert data["ranking"][0]["step_time"] <= data["ranking"][1]["step_time"]
+    assert set(data["frameworks"]) == {"megatron", "torchtitan", "deepspeed", "stagewise"}
+    assert all(f["command"] for f in data["frameworks"].values())
+    assert data["format"] == "stagewise-plan" and data["stagewise"] and data["inputs"]["gpus"] == 64
 
 
 def write(tmp_path, name, data):
@@ -73,7 +84,7 @@ def test_plan_a_cluster_with_selective_recomputation(tmp_path, capsys):
                        "--global-batch-tokens", "128K", "--schedules", "1f1b", "--recompute", "selective",
                        "--tensor", "1", "--pipeline", "2", "-o", str(tmp_path / "p.csv"), "--top", "2")
     assert rc == 0, err
-    rows = [ln for ln in out.splitlines() if ln.strip()[:1].isdigit() and "1f1b" in ln]
+    rows = [ln for ln in out.splitlines() if ln.split()[:1] and ln.split()[0].rstrip("=").isdigit() and "1f1b" in ln]
     assert rows and all(" sel " in ln for ln in rows)
     assert "--recompute-granularity selective" in out
 
@@ -95,3 +106,60 @@ assert not bad, bad
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+ONE = ("plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch-tokens", "256K", "--schedules", "1f1b",
+       "--tensor", "8", "--micro-batch-sizes", "1", "--recompute", "off", "--framework", "megatron")
+
+
+def test_the_reserve_is_kept_free_and_a_plan_that_fits_only_without_it_is_refused(tmp_path, capsys):
+    rc, out, err = run(capsys, *ONE, "--hardware", "h100", "--json", "-o", str(tmp_path / "p.csv"))
+    assert rc == 0, err
+    plan = json.loads(out)
+    reserve = plan["assumptions"]["memory_reserve"]
+    assert reserve["context"] > 0 and reserve["communication"] > 0 and 0 < reserve["fragmentation"] < 1
+    assert all(r["headroom"] >= 0 and max(r["peak_memory"]) + r["headroom"] == pytest.approx(reserve["usable"])
+               for r in plan["ranking"])
+    need = max(plan["ranking"][0]["peak_memory"])
+    hw = json.loads((ROOT / "stagewise/plan/data/hardware/h100.json").read_text())
+    tight = write(tmp_path, "tight.json", {**hw, "memory": need * 1.02})  # fits the GPU, not GPU less reserve
+    err = fails(capsys, *ONE, "--hardware", tight, "-o", str(tmp_path / "p.csv"))
+    assert "--memory-reserve: none of the" in err and "fits only without the reserve" in err
+    assert "--memory-reserve 0 to plan without it" in err
+    rc, out, err = run(capsys, *ONE, "--hardware", tight, "--memory-reserve", "0", "-o", str(tmp_path / "p.csv"))
+    assert rc == 0 and "0 B reserved" in out, err
+    rc, out, err = run(capsys, *ONE, "--hardware", "h100", "--memory-reserve", "10%", "--json", "-o",
+                       str(tmp_path / "p.csv"))
+    assert json.loads(out)["assumptions"]["memory_reserve"]["fragmentation"] == pytest.approx(0.1)
+
+
+def test_a_written_plan_records_inputs_assumptions_and_version(tmp_path, capsys):
+    import stagewise
+
+    md, js = tmp_path / "plan.md", tmp_path / "plan.json"
+    rc, out, err = run(capsys, *BASE, "-o", str(md), "--top", "2")
+    assert rc == 0, err
+    text = md.read_text()
+    assert f"stagewise {stagewise.__version__}" in text and "## Inputs" in text and "## Assumptions" in text
+    assert "## Commands" in text and "Megatron-LM" in text and "Memory:" in text and "Error band:" in text
+    assert (tmp_path / "plan.csv").is_file() and "wrote " + str(md) in out
+    rc, out, err = run(capsys, *BASE, "-o", str(js), "--top", "2")
+    plan = json.loads(js.read_text())
+    assert plan["stagewise"] == stagewise.__version__ and plan["command"][:2] == ["stagewise", "plan"]
+    assert plan["inputs"]["model"]["name"] == "llama3-8b" and plan["inputs"]["hardware"]["sources"]["peak_flops"]
+    assert set(plan["assumptions"]["frameworks"]) == {"megatron", "torchtitan", "deepspeed", "stagewise"}
+    assert plan["csv"] == str(tmp_path / "plan.csv")
+
+
+def test_megatron_gets_its_own_best_layout_and_any_split(tmp_path, capsys):
+    """The winner may be a family Megatron-LM cannot run: its line is then its own best layout, with the
+    layout flag where the split is neither even nor uneven at the ends only."""
+    rc, out, err = run(capsys, "plan", "--model", "llama3-70b", "--hardware", "h100", "--gpus", "256",
+                       "--global-batch-tokens", "2M", "--tensor", "8", "--pipeline", "4", "--schedules",
+                       "zb-v,interleaved-1f1b", "--chunks", "4", "--json", "-o", str(tmp_path / "p.csv"))
+    plan = json.loads(out)
+    mega = plan["frameworks"]["megatron"]
+    assert mega["command"] and mega["layout"]["family"] == "interleaved-1f1b" and mega["rank"] >= 1
+    from stagewise.plan.frameworks import megatron_layout
+
+    assert megatron_layout([2, 3, 0, 1]) == "Et*2|t*3||tL"

@@ -8,7 +8,7 @@ import pytest
 from stagewise.plan.cluster_search import Job, cluster_search, state_factor
 from stagewise.plan.errors import PlanError
 from stagewise.plan.frameworks import block_counts, megatron_options, torchtitan_options
-from stagewise.plan.hardware import Hardware
+from stagewise.plan.hardware import Hardware, Reserve
 from stagewise.plan.search import Space
 from stagewise.plan.transformer import TransformerSpec
 
@@ -82,7 +82,7 @@ def test_search_takes_the_least_recomputation_that_fits():
     """Megatron 2021's GPT (scores kept): off where it fits, else selective, else full."""
     spec, a100 = TransformerSpec.load("gpt-1.7b"), Hardware.load("a100")
     kw = dict(hardware=a100, gpus=8, global_batch_tokens=64 * spec.seq, tensor=(1,), pipeline=(2,),
-              space=Space(families=("1f1b",)), micro_batch_sizes=(1,))
+              space=Space(families=("1f1b",)), micro_batch_sizes=(1,), reserve=Reserve())
     need = {m: _least_memory(spec, m, **kw) for m in ("off", "selective", "full")}
     assert need["full"] < need["selective"] < need["off"]
     chosen = []  # less memory, more recomputation: off, then selective, then full
@@ -107,9 +107,11 @@ def test_flash_attention_models_skip_selective():
     def modes(j):
         return {s.recompute for s in searchers(j, {})}
 
-    assert modes(job(tensor=(8,), pipeline=(2,))) == {"off", "full"}  # selective = off with flash attention
+    # selective = off with flash attention; "stage": the stagewise runtime replays a whole stage for "full"
+    assert modes(job(tensor=(8,), pipeline=(2,))) == {"off", "full", "stage"}
     assert modes(job(tensor=(8,), pipeline=(2,), recompute=("selective",))) == {"selective"}
-    assert modes(job(model="gpt-1.7b", tensor=(8,), pipeline=(2,), tokens=2**20)) == {"off", "selective", "full"}
+    assert modes(job(model="gpt-1.7b", tensor=(8,), pipeline=(2,), tokens=2**20)) == {"off", "selective", "full",
+                                                                                     "stage"}
 
 
 def test_recompute_choices_are_checked():
@@ -133,7 +135,8 @@ def test_impossible_jobs_name_value_and_rule(kw, words):
 
 def test_nothing_fits_reports_the_least_memory():
     small = Job(spec=TransformerSpec.load("llama3-8b"), hardware=replace(H100, memory=19e9), gpus=8,
-                global_batch_tokens=2**18, tensor=(8,), recompute=("off",), space=Space(families=("1f1b",)))
+                global_batch_tokens=2**18, tensor=(8,), recompute=("off",), space=Space(families=("1f1b",)),
+                reserve=Reserve())
     res = cluster_search(small)
     assert not res.ranking and res.too_big == res.configurations and max(res.least_memory.memory) > 19e9
     with pytest.raises(PlanError, match="--gpus 8: llama3-8b's weights, fp32 gradients and optimizer state need "
@@ -177,3 +180,43 @@ def test_pipeline_bound_never_exceeds_the_simulation(family, v):
     if family == "1f1b":  # fill + steady work + drain: exact for 1F1B on even costs without links
         even = Costs(t_f=1.0, t_b=2.0)
         assert pipeline_bound(sched, even.resolve(4), False) == pytest.approx(3 * 1 + 8 * 3 + 3 * 2)
+
+
+def test_the_schedule_free_bound_prunes_without_changing_the_top():
+    lazy = cluster_search(job(space=SMALL), keep=5)
+    built = cluster_search(job(space=SMALL), keep=5, floors=False)
+    assert lazy.unbuilt > 0 and built.unbuilt == 0
+    assert [c.step_time for c in lazy.ranking[:5]] == [c.step_time for c in built.ranking[:5]]
+    assert lazy.simulated + lazy.pruned + lazy.too_big == lazy.configurations
+
+
+def test_each_frameworks_best_is_exact():
+    from stagewise.plan.overlap import FRAMEWORKS
+
+    res = cluster_search(job(space=SMALL, tensor=(8,)), keep=2)
+    assert set(res.best) == set(FRAMEWORKS)
+    for name, fw in FRAMEWORKS.items():
+        alone = cluster_search(job(space=SMALL, tensor=(8,), frameworks=(fw,)), keep=1).ranking[0]
+        assert res.best[name].step_time == pytest.approx(alone.step_time) and alone.framework == name
+
+
+def test_v_half_and_v_min_never_beat_zb_v():
+    """Why the search skips them where ZB-V fits with its fastest split (``TRADES_BUBBLE_FOR_MEMORY``):
+    the same stages and work, a bubble traded for memory, on uneven costs and links."""
+    import random
+
+    from stagewise.costs import Costs
+    from stagewise.plan.search import timing
+    from stagewise.schedules import generate
+    from stagewise.simulate import simulate
+
+    rnd = random.Random(3)
+    for _ in range(12):
+        p = rnd.choice([2, 4, 6, 8])
+        m = rnd.choice([p, 2 * p, 3 * p + 1])
+        f = [rnd.uniform(0.5, 1.5) for _ in range(2 * p)]
+        costs = Costs(t_f=f, t_b=[x * rnd.uniform(1.6, 2.4) for x in f], latency=rnd.uniform(0, 0.2),
+                      bandwidth=1.0, boundary_bytes=rnd.uniform(0, 0.3))
+        zbv = timing(simulate(generate("zb-v", p, m, 2), costs, check=False))[0]
+        for fam in ("v-half", "v-min"):
+            assert timing(simulate(generate(fam, p, m, 2), costs, check=False))[0] >= zbv * (1 - 1e-9)

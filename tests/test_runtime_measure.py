@@ -36,7 +36,9 @@ def test_measure_a_user_sequence_of_layers():
     assert relu.t_w == (0.0, 0.0) or all(x < 1e-3 for x in relu.t_w)
     assert out.t_opt > 0 and relu.t_opt == 0.0
     assert prof.tied == ()
-    Profile.loads(json.dumps(prof.to_json()))  # what it writes, it reads
+    assert all(len(x.spread) == 2 and all(0 <= v < 10 for v in x.spread) for x in prof.layers)  # the band's source
+    back = Profile.loads(json.dumps(prof.to_json()))  # what it writes, it reads
+    assert back.layers[0].spread == prof.layers[0].spread
 
 
 def test_measure_finds_the_tied_embedding_of_the_built_in_gpt():

@@ -31,3 +31,31 @@ def test_peak_counts_runs_of_free_slots_as_the_definition_does(cells, with_w):
     for mb, (slot, kind) in enumerate(sorted(cells.items())):
         grid.put(0, Action(kind, 0, mb), slot)
     assert grid.peak(0, with_w) == peak_slot_by_slot(grid.slots[0], with_w)
+
+
+@given(cells=st.dictionaries(st.integers(0, 40), st.sampled_from("FIW"), min_size=2),
+       moves=st.lists(st.tuples(st.integers(0, 39), st.integers(0, 45)), max_size=12), with_w=st.booleans())
+def test_the_squeezes_incremental_peak_equals_the_definition(cells, moves, with_w):
+    """While a squeeze runs the grid keeps each rank's peak incrementally (a prefix-max tree with the W's,
+    the scan resumed without them): after any moves it is still the definition, and ``raised`` says what
+    moving an F earlier would make it without making the move."""
+    grid = _Grid(1, len(cells))
+    acts = []
+    for mb, (slot, kind) in enumerate(sorted(cells.items())):
+        a = Action(kind, 0, mb)
+        grid.put(0, a, slot)
+        acts.append(a)
+    grid._track(with_w)
+    for pick, to in moves:
+        a = acts[pick % len(acts)]
+        if to in grid.slots[0]:
+            continue
+        if with_w and a.kind == "F" and to < grid.at[a]:
+            predicted = grid._trees[0].raised(to, grid.at[a])
+            grid.move(0, a, to)
+            assert predicted == peak_slot_by_slot(grid.slots[0], True)
+        else:
+            grid.move(0, a, to)
+        assert grid.peak(0, with_w) == peak_slot_by_slot(grid.slots[0], with_w)
+    grid._track(None)
+    assert grid.peak(0, with_w) == peak_slot_by_slot(grid.slots[0], with_w)

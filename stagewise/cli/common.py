@@ -75,12 +75,20 @@ def per_stage_value(text: str):
 
 
 def family_names(text: str | None, option: str = "--schedules") -> tuple[str, ...] | None:
-    """'1f1b, zb-v' -> ('1f1b', 'zb-v'), each a known family; None (the option not given) stays None."""
+    """'1f1b, zb-v' -> ('1f1b', 'zb-v'), each a known family; None (the option not given) stays None.
+
+    An empty text, or an empty name in the list, is refused: "all families" is the option left out, never ''.
+    """
     from ..schedules import FAMILIES
 
-    if not text:
+    if text is None:
         return None
+    if len(text) > 10_000:
+        raise UsageError(f"{option}: a list of at most 10,000 characters; got {len(text)}")
     names = tuple(x.strip() for x in text.split(","))
+    if not all(names):
+        raise UsageError(f"{option} {text!r}: give one or more schedule families separated by commas, e.g. "
+                         f"1f1b,zb-v (leave the option out for every family)")
     bad = [n for n in names if n not in FAMILIES]
     if bad:
         raise UsageError(f"{option}: unknown schedule {bad[0]!r}; choose from {', '.join(FAMILIES)}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from .. import limits
 from .common import UsageError, family_names, finite_float, positive_int, print_json
@@ -46,14 +48,20 @@ def register(sub) -> None:
                    "that applies (default)")
     p.add_argument("--layout", default=None, help="a fixed split such as 'E+t*3 | t*4 | t*4 | t*5+H'")
     p.add_argument("--top", type=positive_int, default=10, help="rows of the table, default 10")
-    p.add_argument("-o", "--output", default="plan.csv", help="the winner as torch CSV, default plan.csv")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="FILE.csv: the winner as torch's CSV (default: plan.csv in the current folder); FILE.md "
+                        "or FILE.json: the whole plan written down (inputs, assumptions, results, commands, version), "
+                        "with the winner's CSV beside it as FILE.csv")
+    p.add_argument("--memory-reserve", default=None, metavar="SIZE|PCT",
+                   help="memory kept free on every device, e.g. 6GiB or 10%% (with --model: default the hardware "
+                        "file's reserve, CUDA context + communication buffers + fragmentation; with --memory: 0)")
     p.add_argument("--auto", action="store_true", help="also search an `auto` order for the best configurations")
     p.add_argument("--verify", type=int, nargs="?", const=3, default=None, metavar="K",
                    help="run the top K (default 3) runnable configurations for real and compare")
     p.add_argument("--steps", type=positive_int, default=5, help="steps per verified run and round, default 5")
     p.add_argument("--rounds", type=positive_int, default=2,
                    help="verified runs alternate in this many rounds, default 2")
-    p.add_argument("--json", action="store_true", help="print the ranking as JSON")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (with --model: as -o plan.json writes it)")
     plan_cluster.add_options(p)
     p.set_defaults(func=cmd_plan)
     plan_auto.register(sub)
@@ -79,6 +87,74 @@ def cmd_plan(args) -> int:
         raise UsageError(str(e)) from None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Destinations:
+    """Where a plan goes, checked before the search: the winner's CSV and, for .md/.json, the plan itself."""
+
+    csv: str
+    plan: str | None
+    argv: list
+
+    def write(self, plan: dict, text: str) -> None:
+        """The written plan (``text`` for .md, ``plan`` as JSON for .json)."""
+        if self.plan is None:
+            return
+        from ..jsonout import dumps
+
+        try:
+            Path(self.plan).write_text(text if self.plan.endswith(".md") else dumps(plan, indent=1) + "\n",
+                                       encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"-o {self.plan}: cannot write: {e.strerror}") from None
+
+
+def destinations(args) -> Destinations:
+    """``-o``'s files, refused before any work if their folder is missing or not writable."""
+    from ..render.files import OutputError, check_path
+
+    target = args.output or "plan.csv"
+    try:
+        path = check_path(target, (".csv", ".md", ".json"))
+        csv = str(path) if path.suffix.lower() == ".csv" else str(path.with_suffix(".csv"))
+        if csv != str(path):
+            check_path(csv, (".csv",))
+    except OutputError as e:
+        raise UsageError(f"-o {e}") from None
+    plan = None if csv == str(path) else str(path)
+    return Destinations(csv=csv, plan=plan, argv=command_line(args))
+
+
+def said_default(args) -> str:
+    """What the output says when -o was left out (it writes into the current folder)."""
+    return "" if args.output else "; the default -o, in the current folder: give -o FILE for another place"
+
+
+#: (option, attribute) of `plan`, for the command line a written plan records
+_OPTIONS = (("--profile", "profile"), ("-N", "devices"), ("-G", "global_batch"), ("--memory", "memory"),
+            ("--per-node", "per_node"), ("--intra-bandwidth", "intra_bandwidth"), ("--intra-latency", "intra_latency"),
+            ("--inter-bandwidth", "inter_bandwidth"), ("--inter-latency", "inter_latency"), ("--model", "model"),
+            ("--hardware", "hardware"), ("--gpus", "gpus"), ("--global-batch-tokens", "global_batch_tokens"),
+            ("--tensor", "tensor"), ("--pipeline", "pipeline"), ("--expert", "expert"), ("--framework", "framework"),
+            ("--sharding", "sharding"), ("--hsdp-shard", "hsdp_shard"), ("--schedules", "schedules"),
+            ("--chunks", "chunks"), ("--micro-batch-sizes", "micro_batch_sizes"), ("--layout", "layout"),
+            ("--memory-reserve", "memory_reserve"), ("--top", "top"), ("-o", "output"))
+
+
+def command_line(args) -> list[str]:
+    """The `stagewise plan` command that makes this plan again (the options given, in a fixed order)."""
+    out = ["stagewise", "plan"]
+    for flag, key in _OPTIONS:
+        value = getattr(args, key, None)
+        if value is not None:
+            out += [flag, str(value)]
+    if getattr(args, "recompute", "both") != "both":
+        out += ["--recompute", args.recompute]
+    for flag, key in (("--no-sequence-parallel", "no_sequence_parallel"), ("--no-zero", "no_zero")):
+        if getattr(args, key, False):
+            out.append(flag)
+    return out
+
+
 def _plan(args) -> int:
     from ..layout import Split
     from ..plan.profile import Profile
@@ -89,6 +165,7 @@ def _plan(args) -> int:
     if args.verify is not None and args.verify < 1:
         raise UsageError(f"--verify K must be >= 1; got {args.verify}")
     limits.RANKS.check(args.devices, "--devices")  # every p x dp = N is tried: N bounds the search
+    out = destinations(args)  # before the search: a bad destination costs nothing
     prof = Profile.load(args.profile)
     cluster = _cluster(args, prof)
     fams = family_names(args.schedules)
@@ -111,43 +188,56 @@ def _plan(args) -> int:
         from ..plan.refine import refine
 
         cands = refine(searcher, cands)
-    return _report(args, prof, cluster, cands, elapsed, searcher)
+    return _report(args, prof, cluster, cands, elapsed, searcher, out)
 
 
-def _report(args, prof, cluster, cands, elapsed, searcher) -> int:
+def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) -> int:
     from .. import torch_csv
     from ..plan.explain import table, train_command, why
+    from ..plan.written import local_markdown, local_plan
 
     best = cands[0]
     csv_ok = _csv_round_trips(best.schedule)
     try:
-        torch_csv.dump(best.schedule, args.output)
+        torch_csv.dump(best.schedule, out.csv)
     except OSError as e:
-        raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from None
-    command = train_command(best, prof, args.output if csv_ok else None, args.global_batch)
+        raise UsageError(f"-o {out.csv}: cannot write: {e.strerror}") from None
+    command = train_command(best, prof, out.csv if csv_ok else None, args.global_batch)
     verified = None
     if args.verify is not None:
         from ..runtime.profiling.verify import verify
 
         verified = verify(prof, cands, args.verify, steps=args.steps, rounds=args.rounds,
                           log=None if args.json else print)
+    result = {"searched": len(cands), "seconds": elapsed, "best": best.to_dict(), "why": why(cands),
+              "csv": out.csv, "train": command, "ranking": [c.to_dict() for c in cands], "verify": verified}
+    plan = local_plan(argv=out.argv, profile=prof, cluster=cluster, result=result, top=args.top)
+    out.write(plan, local_markdown(plan, table(cands, prof.symbols, args.top)))
     if args.json:
-        print_json({"searched": len(cands), "seconds": elapsed, "best": best.to_dict(), "why": why(cands),
-                    "csv": args.output, "train": command, "ranking": [c.to_dict() for c in cands],
-                    "verify": verified})
+        print_json(result)
         return 0
     fits = sum(c.fits for c in cands)
     limit = "no memory limit" if cluster.memory is None else f"{fits} fit in {_fmt(cluster.memory)} per device"
-    print(f"searched {len(cands)} configurations in {elapsed:.2f} s ({limit})\n")
+    print(f"searched {len(cands)} configurations in {elapsed:.2f} s ({limit}); " + _band_line(best) + "\n")
     print(table(cands, prof.symbols, args.top))
     print(f"\n{why(cands)}")
-    print(f"wrote {args.output} (torch compute-only CSV of the winner, {best.schedule.ranks} ranks)")
+    print(f"wrote {out.csv} (torch compute-only CSV of the winner, {best.schedule.ranks} ranks){said_default(args)}")
+    if out.plan:
+        print(f"wrote {out.plan} (the plan: inputs, assumptions, results and the command; stagewise "
+              f"{plan['stagewise']})")
     print(f"run it: {command}")
     if verified:
         from ..runtime.profiling.verify import verify_table
 
         print("\n" + verify_table(verified))
     return 0
+
+
+def _band_line(best) -> str:
+    """The error band the profile's measured spread gives (none in profiles made before it was measured)."""
+    if best.band is None:
+        return "no error band: this profile records no measured spread (re-run `stagewise profile` for one)"
+    return f"error band ±{best.band:.1%} (the profile's measured spread)"
 
 
 def _check_search_size(args, prof, cluster, space) -> None:
@@ -213,6 +303,13 @@ def _cluster(args, prof):
         if v < 0:
             raise UsageError(f"{name} must be >= 0; got {v}")
     memory = parse_bytes(args.memory, "--memory") if args.memory else None
+    if args.memory_reserve is not None:
+        from ..plan.hardware import parse_reserve
+
+        if memory is None:
+            raise UsageError("--memory-reserve needs --memory (the reserve is kept free of each device's memory)")
+        if math.isfinite(memory):
+            memory -= parse_reserve(args.memory_reserve, memory).bytes(memory)
     for name, v in (("--memory", memory), ("--intra-bandwidth", intra.bandwidth if args.intra_bandwidth else 1.0),
                     ("--inter-bandwidth", inter.bandwidth if args.inter_bandwidth else 1.0)):
         if v is not None and not math.isfinite(v):

@@ -18,6 +18,8 @@ _BINARY = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 def add_options(p) -> None:
     """The cluster options of `stagewise plan` (used instead of --profile, -N and -G)."""
+    from ..plan.overlap import FRAMEWORKS, SHARDING
+
     g = p.add_argument_group("cluster scale (instead of --profile, -N, -G)")
     g.add_argument("--model", metavar="MODEL", default=None,
                    help="a model file (JSON) or a shipped name: " + ", ".join(_shipped("models")))
@@ -29,13 +31,21 @@ def add_options(p) -> None:
     g.add_argument("--tensor", default=None, metavar="T,..", help="tensor-parallel degrees to try (default: "
                    "every divisor of a node)")
     g.add_argument("--pipeline", default=None, metavar="P,..", help="pipeline degrees to try (default: all)")
+    g.add_argument("--framework", choices=tuple(FRAMEWORKS), default=None,
+                   help="cost and rank layouts by this framework's rules only (what overlaps with what, the "
+                        "schedules it runs); default: every framework's, each with its best layout and command")
+    g.add_argument("--sharding", default=None, metavar="MODE,..",
+                   help=f"data-parallel sharding to try, of {', '.join(SHARDING)} (default: each framework's own: "
+                        "ZeRO-1 for Megatron-LM, DeepSpeed and stagewise, FSDP for torchtitan)")
+    g.add_argument("--hsdp-shard", default=None, metavar="S,..",
+                   help="HSDP shard-group sizes to try with --sharding hsdp (default 2,4,8,16,32,64)")
     g.add_argument("--expert", default=None, metavar="EP,..",
                    help="expert-parallel degrees to try for an MoE model (default: every one that divides its experts "
                         "and the data-parallel ranks)")
     g.add_argument("--no-sequence-parallel", action="store_true",
                    help="keep norms and dropouts whole under tensor parallel (Megatron-LM 2021)")
     g.add_argument("--no-zero", action="store_true",
-                   help="replicate the optimizer state (default: ZeRO-1 over data parallel)")
+                   help="replicate the optimizer state: --sharding ddp (default: each framework's sharding)")
 
 
 def _shipped(kind: str) -> list[str]:
@@ -45,12 +55,15 @@ def _shipped(kind: str) -> list[str]:
 
 
 def parse_tokens(text: str) -> int:
-    """'16M' -> 16 * 2**20; '2048' -> 2048."""
-    m = _TOKENS_RE.fullmatch(str(text))
+    """'16M' -> 16 * 2**20; '2048' -> 2048; '1.5K' -> 1536 (exact: no float rounds a large count)."""
+    from fractions import Fraction
+
+    m = _TOKENS_RE.fullmatch(str(text)) if len(str(text)) <= 24 else None
     if not m:
-        raise UsageError(f"--global-batch-tokens {text!r}: expected a whole number of tokens such as 16M or 4194304")
-    value = float(m[1]) * _BINARY[m[2].lower()]
-    if value != int(value) or value < 1:
+        raise UsageError(f"--global-batch-tokens {str(text)[:30]!r}: expected a whole number of tokens such as 16M "
+                         "or 4194304 (at most 24 characters)")
+    value = Fraction(m[1]) * _BINARY[m[2].lower()]
+    if value.denominator != 1 or value < 1:
         raise UsageError(f"--global-batch-tokens {text!r} must be a whole number of tokens >= 1")
     return int(value)
 
@@ -60,24 +73,31 @@ def wants_cluster(args) -> bool:
 
 
 def run(args) -> int:
-    """The cluster plan: search, table, framework options, the winner's CSV."""
+    """The cluster plan: search, table, each framework's best with its command, the written plan."""
+    from ..plan.bands import sensitivity, tied_with_first
     from ..plan.cluster_search import cluster_search
+    from ..plan.explain import cluster_why
+    from .plan import _Bar, destinations
 
     job = _job(args)
+    out = destinations(args)  # before the search: a bad destination costs nothing
+    schedules: dict = {}
     t0 = time.perf_counter()
-    from .plan import _Bar
-
     with _Bar(enabled=not args.json) as bar:
-        res = cluster_search(job, bar.update, keep=max(args.top, 1))
+        res = cluster_search(job, bar.update, keep=max(args.top, 1), schedules=schedules)
     elapsed = time.perf_counter() - t0
     if not res.ranking:
         raise UsageError(_nothing_fits(job, res))
-    return _report(args, job, res, elapsed)
+    ties = tied_with_first(res.ranking)
+    why = cluster_why(res.ranking, ties)
+    sens = sensitivity(job, res.ranking[0], schedules)
+    return _report(args, job, res, elapsed, out, why, ties, sens)
 
 
 def _job(args):
     from ..plan.cluster_search import Job
-    from ..plan.hardware import Hardware
+    from ..plan.hardware import Hardware, parse_reserve
+    from ..plan.overlap import FRAMEWORKS
     from ..plan.search import Space
     from ..plan.transformer import TransformerSpec
     from .plan import _int_list
@@ -105,82 +125,169 @@ def _job(args):
     rc = {"both": RECOMPUTE, "on": ("full",)}.get(args.recompute, (args.recompute,))
     chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks else (2, 4, 8)
     sizes = tuple(_int_list(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes else (1, 2, 4)
-    return Job(spec=TransformerSpec.load(args.model), hardware=Hardware.load(args.hardware), gpus=args.gpus,
+    sharding = _names(args.sharding, "--sharding") if args.sharding else None
+    if args.no_zero:
+        if sharding not in (None, ("ddp",)):
+            raise UsageError(f"--no-zero is --sharding ddp; it cannot be combined with --sharding {args.sharding}")
+        sharding = ("ddp",)
+    hw = Hardware.load(args.hardware)
+    reserve = parse_reserve(args.memory_reserve, hw.memory) if args.memory_reserve is not None else None
+    frameworks = (FRAMEWORKS[args.framework],) if args.framework else tuple(FRAMEWORKS.values())
+    shards = tuple(_int_list(args.hsdp_shard, "--hsdp-shard")) if args.hsdp_shard else (2, 4, 8, 16, 32, 64)
+    return Job(spec=TransformerSpec.load(args.model), hardware=hw, gpus=args.gpus,
                global_batch_tokens=parse_tokens(args.global_batch_tokens),
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
                tensor=tuple(_int_list(args.tensor, "--tensor")) if args.tensor else None,
                pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline else None,
                expert=tuple(_int_list(args.expert, "--expert")) if getattr(args, "expert", None) else None,
-               micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks))
+               micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks),
+               frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve)
 
 
-def _report(args, job, res, elapsed) -> int:
+def _names(text: str, option: str) -> tuple[str, ...]:
+    from ..plan.overlap import SHARDING
+
+    names = tuple(x.strip() for x in text.split(","))
+    bad = [n for n in names if n not in SHARDING]
+    if bad or len(text) > 200:
+        raise UsageError(f"{option} {text[:40]!r}: each must be one of {', '.join(SHARDING)}")
+    return names
+
+
+def _report(args, job, res, elapsed, out, why: str, ties: int, sens: list[dict]) -> int:
     from .. import torch_csv
-    from ..plan.cluster import fmt_bytes
-    from ..plan.frameworks import megatron_options, torchtitan_options
-    from .plan import _csv_round_trips
+    from ..plan.frameworks import commands
+    from ..plan.written import cluster_plan, markdown
+    from .plan import _csv_round_trips, said_default
 
     best = res.ranking[0]
-    csv_ok = _csv_round_trips(best.candidate.schedule)
+    schedule = full_schedule(best)
+    csv_path = out.csv if _csv_round_trips(schedule) else None
     try:
-        torch_csv.dump(best.candidate.schedule, args.output)
+        torch_csv.dump(schedule, out.csv)
     except OSError as e:
-        raise UsageError(f"-o {args.output}: cannot write: {e.strerror}") from None
-    megatron, note = megatron_options(best, job)
-    titan = torchtitan_options(best, job, args.output if csv_ok else None)
-    summary = {"configurations": res.configurations, "simulated": res.simulated, "pruned": res.pruned,
-               "too_big": res.too_big, "seconds": elapsed}
+        raise UsageError(f"-o {out.csv}: cannot write: {e.strerror}") from None
+    cmds = commands(res.best, job, csv_path, best)
+    plan = cluster_plan(argv=out.argv, job=job, res=res, commands=cmds, why=why, ties=ties, sensitivity=sens,
+                        top=args.top, seconds=elapsed, csv=out.csv)
+    table = cluster_table(res.ranking[:args.top], ties)
+    out.write(plan, markdown(plan, table))
     if args.json:
-        print_json({**summary, "model": job.spec.name, "hardware": job.hardware.name, "gpus": job.gpus,
-                    "global_batch": job.global_batch, "best": best.to_dict(), "megatron": megatron,
-                    "megatron_note": note or None, "torchtitan": titan, "csv": args.output,
-                    "ranking": [c.to_dict() for c in res.ranking[:args.top]]})
+        print_json(plan)
         return 0
-    hw = job.hardware
-    print(f"{job.spec.name} on {job.gpus} x {hw.name} ({fmt_bytes(hw.memory)} each), {job.global_batch} sequences "
-          f"of {job.spec.seq} per step: {res.configurations} configurations in {elapsed:.1f} s; {res.simulated} "
-          f"simulated, {res.pruned} slower for sure, {res.too_big} do not fit\n")
-    print(cluster_table(res.ranking[:args.top]))
-    print(f"\nMegatron-LM: {megatron}" if megatron else f"\nMegatron-LM: none ({note})")
-    print(f"torchtitan:  {titan}")
-    print(f"wrote {args.output} (torch compute-only CSV of the winner's schedule, {best.candidate.schedule.ranks} "
-          "pipeline ranks)")
+    print(_headline(job, res, elapsed) + "\n")
+    print(table)
+    print(f"\n{why}")
+    if sens:
+        print("what moves the winner's step most: " + "; ".join(
+            f"{s['input']} {s['change']} {s['delta']:+.1%}" if s["delta"] is not None else
+            f"{s['input']} {s['change']}: does not fit" for s in sens))
+    print()
+    for name, (c, cmd, note) in cmds.items():
+        print(_framework_line(name, c, cmd, note, res.ranking))
+    print(f"\nwrote {out.csv} (torch compute-only CSV of the winner's schedule, {schedule.ranks} pipeline ranks, "
+          f"{best.config.m} micro-batches){said_default(args)}")
+    if out.plan:
+        print(f"wrote {out.plan} (the plan: inputs, assumptions, results and commands; stagewise "
+              f"{plan['stagewise']})")
     return 0
 
 
-def cluster_table(cands) -> str:
+def full_schedule(c):
+    """The winner's schedule at its own length (a long step is costed from a shorter stand-in: ``steady``)."""
+    if c.costed_from is None:
+        return c.candidate.schedule
+    from ..schedules import generate
+
+    g = c.config
+    return generate(g.family, g.p, g.m, g.v)
+
+
+def _headline(job, res, elapsed) -> str:
+    from ..plan.cluster import fmt_bytes
+
+    hw = job.hardware
+    reserve = job.memory_reserve.describe(hw.memory)
+    frameworks = ", ".join(fw.name for fw in job.frameworks)
+    band = f"±{hw.band:.1%} (the published rows' largest error)" if hw.band is not None else "unknown"
+    long = sum(c.costed_from is not None for c in res.ranking)
+    return (f"{job.spec.name} on {job.gpus} x {hw.name}, {job.global_batch} sequences of {job.spec.seq} per step, "
+            f"costed for {frameworks}\n"
+            f"memory: {fmt_bytes(hw.memory)} per GPU, {fmt_bytes(job.usable)} usable ({reserve} reserved; "
+            f"--memory-reserve changes it); error band {band}\n"
+            f"{res.configurations} configurations in {elapsed:.1f} s: {res.simulated} simulated"
+            + (f" ({long} long steps extended from shorter ones)" if long else "")
+            + f", {res.pruned} slower for sure ({res.unbuilt} by the bound before building their schedule, "
+            f"{res.dominated} where less recomputation fits, the rest by the bound after it), {res.too_big} do not "
+            "fit")
+
+
+def _framework_line(name: str, c, cmd, note: str, ranking) -> str:
+    from ..plan.explain import fmt_seconds
+    from ..plan.overlap import FRAMEWORKS
+
+    title = FRAMEWORKS[name].title
+    where = (f"#{ranking.index(c) + 1}, {c.config.family} t={c.t} p={c.config.p} dp={c.config.dp} v={c.config.v} "
+             f"{c.sharding}, {fmt_seconds(c.step_time)}, {c.mfu:.1%} MFU")
+    line = f"{title + ':':<13}({where}) " + (cmd if cmd else f"none ({note})")
+    return line + (f"  # {note}" if cmd and note else "")
+
+
+def cluster_table(cands, ties: int = 0) -> str:
     from ..plan.cluster import fmt_bytes
     from ..plan.explain import fmt_seconds
 
     moe = any(c.ep > 1 for c in cands)
     ep_head = f"{'ep':>5}" if moe else ""
-    head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4}"
-            f"{'step':>9}{'MFU':>7}{'mem/GPU':>11}{'bubble':>8}  blocks per stage")
+    head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} "
+            f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU':>10}"
+            f"{'free':>9}{'bubble':>8}  blocks per stage")
     lines = [head, "-" * len(head)]
     for n, c in enumerate(cands, 1):
         g = c.config
         ep = f"{c.ep:>5}" if moe else ""
-        lines.append(f"{n:>3}  {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}{g.m:>5}{g.mbs:>4} "
-                     f"{_RC[c.recompute]:<4}{fmt_seconds(c.step_time):>9}{c.mfu:>7.1%}"
-                     f"{fmt_bytes(max(c.candidate.memory)):>11}{c.candidate.bubble:>8.1%}  {_blocks(c)}")
+        band, mfu = c.step_band, c.mfu_band
+        step = (f"{fmt_seconds(c.step_time)} ({_short(band[0])}-{_short(band[1])})" if band
+                else fmt_seconds(c.step_time))
+        mfus = f"{c.mfu:.1%} ({mfu[0]:.0%}-{mfu[1]:.0%})" if mfu else f"{c.mfu:.1%}"
+        shard = c.sharding + (f"/{c.shard}" if c.shard else "")
+        lines.append(f"{n:>3}{'=' if 1 < n <= ties else ' '} {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
+                     f"{g.m:>5}{g.mbs:>4} {_RC[c.recompute]:<4} {shard:<9}{c.framework:<11}{step:>20}{mfus:>20}"
+                     f"{fmt_bytes(max(c.candidate.memory)):>10}{fmt_bytes(c.headroom):>9}"
+                     f"{c.candidate.bubble:>8.1%}  {_blocks(c)}")
+    if ties > 1:
+        lines.append(f"(=: a tie with #1, their bands overlap; #1-#{ties} cannot be ranked by this model)")
     return "\n".join(lines)
 
 
-_RC = {"off": "off", "selective": "sel", "full": "full"}
+def _short(x: float) -> str:
+    return f"{x:.3g}" if x >= 1 else f"{x * 1e3:.3g}m"
+
+
+_RC = {"off": "off", "selective": "sel", "full": "full", "stage": "stg"}
 
 
 def _blocks(c) -> str:
     from ..plan.frameworks import block_counts
 
     b = block_counts(c.candidate.counts)
-    text = f"E+{b[0]} " + " ".join(map(str, b[1:-1])) + f" {b[-1]}+H" if len(b) > 1 else f"E+{b[0]}+H"
-    return text if len(text) <= 48 else text[:45] + "..."
+    text = " ".join([f"E+{b[0]}", *map(str, b[1:-1]), f"{b[-1]}+H"]) if len(b) > 1 else f"E+{b[0]}+H"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _nothing_fits(job, res) -> str:
     from ..plan.cluster import fmt_bytes
 
     x = res.least_memory
-    return (f"--hardware {job.hardware.name}: none of the {res.configurations} configurations fits in "
-            f"{fmt_bytes(job.hardware.memory)} per GPU; the least any needs is {fmt_bytes(max(x.memory))} "
-            f"({x.config.label()}); give more --gpus or a GPU with more memory")
+    hw, need = job.hardware, max(x.memory)
+    reserve = job.memory_reserve
+    if need <= hw.memory and reserve.bytes(hw.memory) > 0:
+        return (f"--memory-reserve: none of the {res.configurations} configurations fits in the "
+                f"{fmt_bytes(job.usable)} of --hardware {hw.name} left by the reserve of "
+                f"{reserve.describe(hw.memory)}; the least any needs is {fmt_bytes(need)} ({x.config.label()}), "
+                f"which fits only without the reserve and would fail at start-up; give more --gpus, or "
+                f"--memory-reserve 0 to plan without it")
+    return (f"--hardware {hw.name}: none of the {res.configurations} configurations fits in "
+            f"{fmt_bytes(job.usable)} per GPU ({fmt_bytes(hw.memory)} less the reserve of "
+            f"{reserve.describe(hw.memory)}); the least any needs is {fmt_bytes(need)} ({x.config.label()}); "
+            f"give more --gpus or a GPU with more memory")

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import limits
 from .analytic import RECOMPUTE
+from .data_parallel import state_factor
 from .errors import PlanError
-from .hardware import Hardware
+from .hardware import Hardware, Reserve
+from .overlap import FRAMEWORKS, SHARDING, Framework
 from .search import Space
 from .transformer import TransformerSpec
 
-
-def state_factor(dp: int, zero: bool) -> float:
-    """Bytes per bf16 parameter byte held on a GPU: weights (1) + fp32 gradients (2) + fp32 master
-    weights and Adam's two moments (6), sharded over the dp replicas with ZeRO-1."""
-    return 1 + 2 + 6 / (dp if zero else 1)
+__all__ = ["Job", "check_job", "shardings", "state_factor", "tensor_degrees"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,11 +45,34 @@ class Job:
     #: recomputation tried, of ``analytic.RECOMPUTE`` ("off", "selective", "full"); it replaces space.recompute
     recompute: tuple[str, ...] = RECOMPUTE
     space: Space = field(default_factory=lambda: Space(chunks=(2, 4, 8)))
+    #: the frameworks whose rules a layout is costed under (``overlap.FRAMEWORKS``), each with what it can run
+    frameworks: tuple[Framework, ...] = tuple(FRAMEWORKS.values())
+    #: data-parallel sharding tried, of ``overlap.SHARDING`` (None: each framework's default; ``zero`` False: ddp)
+    sharding: tuple[str, ...] | None = None
+    hsdp_shards: tuple[int, ...] = (2, 4, 8, 16, 32, 64)  #: HSDP shard-group sizes tried (those that divide dp)
+    reserve: Reserve | None = None  #: memory kept free per GPU (None: the hardware file's reserve)
 
     @property
     def global_batch(self) -> int:
         """Sequences per step."""
         return self.global_batch_tokens // self.spec.seq
+
+    @property
+    def usable(self) -> float:
+        """Bytes per GPU a plan may fill: the GPU's memory less the reserve."""
+        hw = self.hardware
+        return hw.memory - (self.reserve if self.reserve is not None else hw.reserve).bytes(hw.memory)
+
+    @property
+    def memory_reserve(self) -> Reserve:
+        return self.reserve if self.reserve is not None else self.hardware.reserve
+
+
+def shardings(job: Job, fw: Framework) -> tuple[str, ...]:
+    """The data-parallel modes searched for ``fw``: the job's (those ``fw`` runs), else its default."""
+    if job.sharding is not None:
+        return tuple(m for m in job.sharding if m in fw.sharding)
+    return ("ddp",) if not job.zero else fw.default_sharding
 
 
 def tensor_degrees(job: Job) -> list[int]:
@@ -66,15 +88,36 @@ def check_job(job: Job) -> None:
     seq = job.spec.seq
     if job.gpus < 1:
         raise PlanError(f"--gpus must be >= 1; got {job.gpus}")
+    try:  # every divisor of the GPU count is a layout
+        limits.GPUS.check(job.gpus, "--gpus")
+    except limits.LimitError as e:
+        raise PlanError(str(e)) from None
+
     if job.space.recompute != Space().recompute:
         raise PlanError("Job.space.recompute is not read at cluster scale; give Job.recompute "
                         f"(of {', '.join(RECOMPUTE)})")
     bad = [m for m in job.recompute if m not in RECOMPUTE]
     if bad or not job.recompute:
         raise PlanError(f"--recompute {','.join(job.recompute)}: each must be one of {', '.join(RECOMPUTE)}")
+    bad = [m for m in job.sharding or () if m not in SHARDING]
+    if bad or job.sharding == ():
+        raise PlanError(f"--sharding {','.join(job.sharding)}: each must be one of {', '.join(SHARDING)}")
+    if not job.frameworks:
+        raise PlanError("--framework: give at least one framework")
+    if not any(shardings(job, fw) for fw in job.frameworks):
+        runs = "; ".join(f"{fw.name}: {', '.join(fw.sharding)}" for fw in job.frameworks)
+        raise PlanError(f"--sharding {','.join(job.sharding or ())}: no framework asked for runs it ({runs})")
+    if job.usable <= 0:
+        raise PlanError(f"--memory-reserve {job.memory_reserve.describe(job.hardware.memory)} leaves nothing of "
+                        f"--hardware {job.hardware.name}'s memory")
     if job.global_batch_tokens % seq:
         raise PlanError(f"--global-batch-tokens {job.global_batch_tokens} must be a multiple of the model's "
                         f"sequence length {seq} (whole sequences per step)")
+    most = limits.MICROBATCHES.value * max(job.micro_batch_sizes) * job.gpus  # the fewest micro-batches possible
+    if job.global_batch > most:
+        raise PlanError(f"--global-batch-tokens {job.global_batch_tokens}: {job.global_batch} sequences of {seq} are "
+                        f"more than {limits.MICROBATCHES.value} micro-batches of {max(job.micro_batch_sizes)} on each "
+                        f"of {job.gpus} GPUs; set {limits.MICROBATCHES.env}=N to raise the limit")
     if job.expert is not None:
         if job.spec.moe is None:
             raise PlanError(f"--expert {','.join(map(str, job.expert))}: {job.spec.name} has no experts (a model "

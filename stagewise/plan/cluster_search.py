@@ -7,10 +7,18 @@ when the embedding, the head or the warm-up activations make them heavier) and
 the one simulator. Recomputation (off, selective, full) is the analytic
 profile's: full checkpoints each block, as Megatron-LM and torchtitan do, so the
 generic ``Config.recompute`` (a whole stage replayed, the runtime's way) stays
-off here. What this module adds is the cluster around the pipeline:
-ZeRO-1 memory over dp and the data-parallel gradient reduction overlapped with
-the remaining backward (``data_parallel``); the job and its rules are in
-``cluster_job``.
+off here (stagewise's own runtime replays a whole stage: its "stage" mode is that
+generic recomputation). What this module adds is the cluster around the pipeline:
+the data-parallel sharding (ddp, ZeRO-1, FSDP, HSDP) and its memory, and the
+reduction and weight gathers overlapped as each framework's rules say
+(``overlap``, ``data_parallel``); the job and its rules are in ``cluster_job``.
+
+The search is best-first and exact for the top K (and for each framework's best):
+every configuration gets a schedule-free lower bound first (its busiest rank's
+share of the work at perfect balance, plus the optimizer step), and only those
+whose bound can still reach the top have their schedule built and their split,
+memory and tighter bound prepared; only prepared ones that fit and can still reach
+the top are simulated.
 """
 
 from __future__ import annotations
@@ -24,20 +32,30 @@ from typing import Callable, NamedTuple
 from ..costs import Costs
 from ..schedules import FAMILIES
 from ..simulate import simulate
-from .analytic import RECOMPUTE, TensorParallel, analytic_profile, replay_bytes
+from .analytic import TensorParallel, analytic_profile, replay_bytes
 from .block_split import block_split, is_block_model
 from .cluster import Cluster
-from .cluster_job import Job, _nothing_to_search, check_job, state_factor, tensor_degrees
-from .data_parallel import exposed_reduction, reduce_scatter_time
+from .cluster_job import Job, _nothing_to_search, check_job, shardings, state_factor, tensor_degrees
+from .data_parallel import exposed_gather, exposed_reduction, reduce_scatter_time, reduction_cost
 from .errors import PlanError
 from ..layout import format_layout
-from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
+from .model import (blocking_p2p, layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes,
+                    stage_costs, step_sync_time)
+from .overlap import Framework
 from .partition import evaluate as evaluate_split
 from .profile import Link
 from .search import Candidate, Config, Searcher, peak_activation_bytes, timing
+from .steady import extend, short_m
 
 __all__ = ["ClusterCandidate", "ClusterSearcher", "Job", "Result", "check_job", "cluster_search", "searchers",
            "state_factor", "tensor_degrees"]
+#: families that run another's stages and work with less memory and more bubble (the controllable-memory
+#: building blocks of ZB-V: bubble 0, B/2, 2B/3 of 1F1B's at equal costs); searched only where that family
+#: does not fit with its fastest split (tests/test_plan_cluster_search.py checks they are never faster)
+TRADES_BUBBLE_FOR_MEMORY = {"v-half": ("zb-v",), "v-min": ("zb-v", "v-half")}
+#: recomputation modes by how much they save (the search keeps the least that fits); "stage" is the
+#: stagewise runtime's whole-stage replay, which keeps less than block-by-block "full"
+_LEVEL = {"off": 0, "selective": 1, "full": 2, "stage": 3}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,10 +64,19 @@ class ClusterCandidate:
 
     t: int
     candidate: Candidate
-    exposed_dp: float  #: seconds of gradient reduce-scatter not hidden behind the backward
+    exposed_dp: float  #: seconds of gradient reduction not hidden behind the backward
     mfu: float  #: model FLOPs per second / (GPUs x peak)
     tokens_per_second: float
-    recompute: str = "off"  #: of ``RECOMPUTE``: what the blocks recompute (the profile's; config.recompute is off)
+    #: what the blocks recompute: of ``RECOMPUTE`` (the profile's), or "stage" (the runtime's whole stage)
+    recompute: str = "off"
+    framework: str = "stagewise"  #: whose overlap rules it is costed under (``overlap.FRAMEWORKS``)
+    sharding: str = "zero1"  #: of ``overlap.SHARDING``
+    shard: int | None = None  #: HSDP: the shard group (dp / shard replicas of it)
+    exposed_gather: float = 0.0  #: seconds the step waits for all-gathered weights
+    usable: float = float("inf")  #: bytes per GPU the plan may fill (the memory less the reserve)
+    band: float | None = None  #: relative half-width of the prediction's error band (None: unknown)
+    #: a long step costed from ``mc`` and 2 mc micro-batches (``steady``); ``candidate.schedule`` is the 2 mc one
+    costed_from: int | None = None
     ep: int = 1  #: expert-parallel degree (MoE models): routed experts sharded over ep of a stage's dp peers
     ep_nodes: int = 1  #: nodes one expert-parallel group spans (1: its all-to-all stays inside a node)
 
@@ -65,15 +92,38 @@ class ClusterCandidate:
     def fits(self) -> bool:
         return self.candidate.fits
 
+    @property
+    def headroom(self) -> float:
+        """Bytes left on the fullest GPU under the usable memory."""
+        return self.usable - max(self.candidate.memory)
+
+    @property
+    def step_band(self) -> tuple[float, float] | None:
+        """(fastest, slowest) step the band allows."""
+        w = self.band
+        return None if w is None else (self.step_time * (1 - w), self.step_time * (1 + w))
+
+    @property
+    def mfu_band(self) -> tuple[float, float] | None:
+        w = self.band
+        return None if w is None else (self.mfu / (1 + w), self.mfu / (1 - w) if w < 1 else float("inf"))
+
     def label(self) -> str:
+        dp = f" {self.sharding}" + (f"/{self.shard}" if self.shard else "")
         ep = f" ep={self.ep}" if self.ep > 1 else ""
-        return f"t={self.t}{ep} {self.config.label()} recompute={self.recompute}"
+        return f"t={self.t}{ep} {self.config.label()} recompute={self.recompute}{dp} ({self.framework})"
 
     def to_dict(self) -> dict:
+        band = self.step_band
         return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes, **self.candidate.to_dict(),
                 "recompute": self.recompute,
-                "exposed_dp": self.exposed_dp, "mfu": self.mfu,
-                "tokens_per_second": self.tokens_per_second}
+                "framework": self.framework, "sharding": self.sharding, "shard": self.shard,
+                "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "mfu": self.mfu,
+                "tokens_per_second": self.tokens_per_second, "usable_memory": self.usable,
+                "costed_from_microbatches": self.costed_from,
+                "headroom": self.headroom, "band": self.band,
+                "step_time_band": list(band) if band else None,
+                "mfu_band": list(self.mfu_band) if band else None}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,20 +154,58 @@ class Prepared(NamedTuple):
     activations: tuple[float, ...]
     fits: bool
     bound: float  #: fill + the busiest rank's work + drain + the step-end terms: no simulation beats it
-    step_end: float  #: weight all-gather + tied-weight and loss sums + optimizer step
+    step_end: float  #: tied-weight and loss sums + optimizer step (the frameworks' gathers come on top)
     optimizer: float
-    costs: Costs  #: what the simulator plays
+    costs: Costs  #: what the simulator plays (asynchronous P2P)
+    free: bool = False  #: the split is the fastest one, memory aside (no memory constraint bent it)
 
 
 @dataclass(kw_only=True)
 class ClusterSearcher(Searcher):
-    """A Searcher for one (t, p): analytic profile, ZeRO-1 memory, overlapped data-parallel reduction."""
+    """A Searcher for one (t, p), recomputation and sharding: analytic profile, sharded memory, and the
+    frameworks' overlap rules applied to each simulated timeline."""
 
     job: Job
     t: int
-    recompute: str = "off"  #: of ``RECOMPUTE``: what the profile's blocks recompute
+    recompute: str = "off"  #: of ``RECOMPUTE``, or "stage" (the generic whole-stage replay, config.recompute)
     ep: int = 1  #: expert-parallel degree (``expert_parallel.MoESearcher``)
     replay: dict = field(default_factory=dict)  #: mbs -> bytes of the one block replayed (full recomputation)
+    sharding: str = "zero1"  #: of ``overlap.SHARDING``
+    shard: int | None = None  #: HSDP's shard group
+    frameworks: tuple[Framework, ...] = ()  #: those that run this sharding and recomputation
+    _timelines: dict = field(default_factory=dict)  #: (config, blocking P2P) -> (timeline, makespan, bubble)
+
+    def _schedule(self, name: str, p: int, m: int, v: int):
+        """The family's schedule; for a long step (``steady.short_m``) the ``2 mc`` one stands in for it (same
+        stages and peak activations), with the ``mc`` one kept to extend its timing to ``m``."""
+        key = (name, p, m, v)
+        mc = short_m(name, p, m, v) if name in FAMILIES else None
+        if key in self._schedules or mc is None:
+            return super()._schedule(name, p, m, v)
+        a, b = super()._schedule(name, p, mc, v), super()._schedule(name, p, 2 * mc, v)
+        ha, hb = self._schedules.get((name, p, mc, v)), self._schedules.get((name, p, 2 * mc, v))
+        if a is None or b is None or ha[1].live != hb[1].live:  # it holds more with every micro-batch
+            return super()._schedule(name, p, m, v)
+        self._schedules[key] = hb
+        self._schedules[("short",) + key] = (mc, a)
+        return b
+
+    def long_step(self, c: Config) -> tuple[int, object] | None:
+        """(mc, the mc schedule) when ``c``'s step is costed from shorter ones, else None."""
+        return self._schedules.get(("short", c.family, c.p, c.m, c.v))
+
+    def floor(self, c: Config) -> float:
+        """A lower bound on ``c``'s step without building its schedule: the busiest rank does at least the
+        average share of the work (every layer's F and B per micro-batch, F again when recomputed), and the
+        optimizer step runs on at least the average share of the weights."""
+        k = self.profile.size_index(c.mbs)
+        work = sum(x.t_f[k] * (2 if c.recompute else 1) + x.t_b[k] for x in self.profile.layers)
+        opt = sum(x.t_opt for x in self.profile.layers) / c.p / self._opt_share(c.dp)
+        return c.m * work / c.p + opt
+
+    def _opt_share(self, dp: int) -> int:
+        """How many replicas split the optimizer step."""
+        return 1 if self.sharding == "ddp" else self.shard if self.sharding == "hsdp" else dp
 
     def prepare(self, c: Config) -> Prepared:
         """Split, memory and lower bound of ``c`` (no simulation)."""
@@ -126,22 +214,33 @@ class ClusterSearcher(Searcher):
         counts = self._split(h, c)
         lc = layer_costs(prof, c.mbs, c.recompute, cl.state_factor, cl)
         part = evaluate_split(lc, h, counts, cl.memory)
+        replay = self.replay.get(c.mbs, 0.0)
+        if max(part.rank_memory) + replay > cl.memory * (1 + 1e-9):  # too big: the partition's own memory says so
+            return Prepared(config=c, counts=counts, memory=tuple(x + replay for x in part.rank_memory),
+                            activations=(), fits=False, bound=float("inf"), step_end=0.0, optimizer=0.0,
+                            costs=None)
         costs = stage_costs(prof, counts, h, c.mbs, c.recompute, cl, c.p, c.dp)
         resolved = costs.resolve(sched.stages)
         acts = peak_activation_bytes(h, resolved.activation_bytes)
         fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor, cl)
         transient = rank_transient_bytes(prof, counts, h, c.mbs, c.recompute)
-        replay = self.replay.get(c.mbs, 0.0)
         memory = tuple(f + a + x + replay for f, a, x in zip(fixed, acts, transient))
-        zero = self.job.zero
-        gather = self._gather(c, counts, h, fixed) if zero else 0.0
-        opt = max(rank_optimizer_time(prof, counts, h)) / (c.dp if zero else 1)
-        end = gather + step_sync_time(prof, counts, h, cl, c.p, c.dp) + opt
+        opt = max(rank_optimizer_time(prof, counts, h)) / self._opt_share(c.dp)
+        end = step_sync_time(prof, counts, h, cl, c.p, c.dp) + opt
         split = FAMILIES[c.family].split_backward if c.family in FAMILIES else True
-        bound = max(c.m * part.bottleneck, pipeline_bound(sched, resolved, split)) + end
+        fill = 0.0 if self.long_step(c) else pipeline_bound(sched, resolved, split)  # the stand-in is shorter
+        bound = max(c.m * part.bottleneck, fill) + end
         return Prepared(config=c, counts=counts, memory=memory, activations=acts,
-                        fits=max(memory) <= cl.memory * (1 + 1e-9), bound=bound, step_end=end, optimizer=opt,
-                        costs=costs)
+                        fits=max(memory) <= cl.memory * (1 + 1e-9), bound=max(bound, self.floor(c)), step_end=end,
+                        optimizer=opt, costs=costs, free=counts == self._free_split(h, c))
+
+    def _free_split(self, h, c: Config) -> tuple[int, ...] | None:
+        """The block water-fill without a memory limit (cached per holding), where it applies."""
+        key = ("free", h, c.mbs, c.recompute)
+        if key not in self._partitions:
+            lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
+            self._partitions[key] = block_split(lc, h, None) if is_block_model(lc) else None
+        return self._partitions[key]
 
     def _gather(self, c: Config, counts, h, fixed: list[float]) -> float:
         """ZeRO-1's all-gather of the updated bf16 weights over the data-parallel group."""
@@ -165,16 +264,21 @@ class ClusterSearcher(Searcher):
         counts = self._partitions[key]
         return counts if counts is not None else self._partition(h, c).counts
 
-    def finish(self, pre: Prepared) -> "ClusterCandidate":
-        """Simulate a prepared configuration and add the overlapped data-parallel reduction."""
+    def finish(self, pre: Prepared, fw: Framework | None = None) -> "ClusterCandidate":
+        """Simulate a prepared configuration and add the data-parallel traffic as ``fw``'s rules say (the
+        first of ``frameworks`` by default)."""
+        fw = fw or self.frameworks[0]
         c = pre.config
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl, hw = self.profile, self.cluster, self.job.hardware
-        tl = simulate(sched, pre.costs, check=False)
-        makespan, bubble = timing(tl)
-        exposed = exposed_reduction(tl, self._reduction_bytes(pre.counts), h.stage_piece, c.dp,
-                                    dp_link(cl, c.p, c.dp), all_reduce=not self.job.zero)
-        step = makespan + exposed + pre.step_end
+        key = (c, fw.blocking_p2p)
+        if key not in self._timelines:
+            costs = blocking_p2p(pre.costs, h) if fw.blocking_p2p else pre.costs
+            self._timelines[key] = self._play(c, sched, costs)
+        tl, makespan, bubble = self._timelines[key]
+        layer_bytes = self._reduction_bytes(pre.counts)
+        exposed, gather = self._traffic(tl, layer_bytes, h, pre, fw)
+        step = makespan + exposed + gather + pre.step_end
         tokens = self.global_batch * self.job.spec.seq
         cand = Candidate(config=c, counts=pre.counts, layout=format_layout(prof.symbols, pre.counts),
                          step_time=step, makespan=makespan,
@@ -182,8 +286,44 @@ class ClusterSearcher(Searcher):
                          throughput=self.global_batch / step, bubble=bubble, memory=pre.memory,
                          activations=pre.activations, fits=pre.fits, schedule=sched)
         mfu = self.job.spec.model_flops_per_token() * tokens / (step * self.job.gpus * hw.peak_flops)
+        long = self.long_step(c)
         return ClusterCandidate(t=self.t, candidate=cand, exposed_dp=exposed, mfu=mfu,
-                                tokens_per_second=tokens / step, recompute=self.recompute)
+                                tokens_per_second=tokens / step, recompute=self.recompute, framework=fw.name,
+                                sharding=self.sharding, shard=self.shard, exposed_gather=gather,
+                                usable=cl.memory, band=hw.band, costed_from=long[0] if long else None)
+
+    def _play(self, c: Config, sched, costs) -> tuple:
+        """(timeline, makespan, bubble) of ``c``: simulated, or for a long step extended from its shorter ones
+        (``steady``; the timeline is the ``2 mc`` one, whose start and end the traffic rules read)."""
+        tl = simulate(sched, costs, check=False)
+        span, bubble = timing(tl)
+        long = self.long_step(c)
+        if long is None:
+            return tl, span, bubble
+        mc, short = long
+        span1, bubble1 = timing(simulate(short, costs, check=False))
+        ranks = sched.ranks
+        makespan, busy = extend((span1, (1 - bubble1) * ranks * span1), (span, (1 - bubble) * ranks * span), mc, c.m)
+        return tl, makespan, 1 - busy / (ranks * makespan)
+
+    def _traffic(self, tl, layer_bytes, h, pre: Prepared, fw: Framework) -> tuple[float, float]:
+        """(exposed gradient reduction, exposed weight gathers) of a timeline under ``fw``'s rules."""
+        c, cl, mode = pre.config, self.cluster, self.sharding
+        link = dp_link(cl, c.p, c.dp)
+        group = self.shard if mode == "hsdp" else c.dp
+        shard_link = dp_link(cl, c.p, group)
+        cost = reduction_cost(mode, c.dp, self.shard, shard_link if mode == "hsdp" else link, cl.inter)
+        sharded = mode in ("fsdp", "hsdp")
+        rule = fw.fsdp_reduce if sharded else fw.reduce
+        exposed = exposed_reduction(tl, layer_bytes, h.stage_piece, c.dp, link, rule=rule, cost=cost)
+        if mode == "ddp" or group == 1:
+            return exposed, 0.0
+        unit = fw.fsdp_gather if sharded else fw.gather
+        if unit == "end":  # after the optimizer step: the rank's whole shard, exposed
+            fixed = rank_fixed_bytes(self.profile, pre.counts, h, cl.state_factor, cl)
+            return exposed, self._gather(c, pre.counts, h, fixed)
+        return exposed, exposed_gather(tl, layer_bytes, h.stage_piece, unit,
+                                       lambda nbytes: reduce_scatter_time(nbytes, group, shard_link))
 
 
 def pipeline_bound(sched, sc, split_backward: bool) -> float:
@@ -226,33 +366,68 @@ def _piece_layer_bytes(prof, counts) -> list[list[float]]:
     return [[prof.layers[i].param_bytes for i in range(bounds[k], bounds[k + 1])] for k in range(len(counts))]
 
 
-def searchers(job: Job, skipped: dict) -> list[ClusterSearcher]:
-    """One searcher per (t, p) and recomputation (``job.recompute``) that could fit; ``skipped`` collects
-    why others were dropped. Recomputation is the analytic profile's, so ``Config.recompute`` stays off."""
+def searchers(job: Job, skipped: dict, schedules: dict | None = None) -> list[ClusterSearcher]:
+    """One searcher per (t, p), recomputation and sharding that could fit, each with the frameworks that run
+    it; ``skipped`` collects why others were dropped; ``schedules`` is a cache shared across calls.
+    Recomputation is the analytic profile's, so ``Config.recompute`` stays off, except for the runtime's
+    whole-stage replay ("stage")."""
     spec, hw = job.spec, job.hardware
-    shared: dict = {}
+    shared: dict = {} if schedules is None else schedules
     out = []
     for t in tensor_degrees(job):
         tp = TensorParallel(t=t, sequence_parallel=job.sequence_parallel)
+        profiles: dict = {}
         for mode in recompute_modes(job):
-            if spec.moe is not None:  # the profile depends on ep too
+            if spec.moe is not None:  # the profile depends on ep too; experts go with ZeRO-1 or ddp
+                if mode == "stage":
+                    continue
                 from .expert_parallel import moe_pipelines
 
                 out += moe_pipelines(job, t, tp, mode, shared, skipped)
                 continue
-            prof = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=mode)
+            base = "off" if mode == "stage" else mode
+            if base not in profiles:
+                profiles[base] = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=base)
             replay = {b: replay_bytes(spec, b, tp) for b in job.micro_batch_sizes} if mode == "full" else {}
-            out += _pipelines(job, t, prof, mode, replay, shared, skipped)
+            out += _pipelines(job, t, profiles[base], mode, replay, shared, skipped)
     return out
 
 
 def recompute_modes(job: Job) -> tuple[str, ...]:
-    """``job.recompute``, less "selective" for a flash-attention model where "off" is searched too: it
-    keeps no scores, so the two are the same."""
+    """``job.recompute``, less "selective" for a flash-attention model where "off" is searched too (it
+    keeps no scores, so the two are the same), plus "stage" (the runtime's whole-stage replay) for "full"
+    when a framework recomputes that way."""
     modes = job.recompute
     if job.spec.flash_attention and "off" in modes:
-        return tuple(m for m in modes if m != "selective")
-    return modes
+        modes = tuple(m for m in modes if m != "selective")
+    if "full" in modes and any(fw.stage_recompute for fw in job.frameworks):
+        modes += ("stage",)
+    return tuple(m for m in modes if _runners(job, m))
+
+
+def _runners(job: Job, mode: str, sharding: str | None = None) -> tuple[Framework, ...]:
+    """The job's frameworks that recompute as ``mode`` says (and run ``sharding``)."""
+    return tuple(fw for fw in job.frameworks if _recomputes(fw, mode)
+                 and (sharding is None or sharding in shardings(job, fw)))
+
+
+def _recomputes(fw: Framework, mode: str) -> bool:
+    """Whether ``fw`` recomputes as ``mode`` says: "stage" is full recomputation where a framework replays a
+    whole stage, "full" where it replays block by block."""
+    if mode in ("full", "stage"):
+        return "full" in fw.recompute and fw.stage_recompute == (mode == "stage")
+    return mode in fw.recompute
+
+
+def _groups(job: Job, dp: int, mode: str) -> list[tuple[str, int | None]]:
+    """(sharding, HSDP shard group) pairs searched at ``dp`` replicas by some framework running ``mode``."""
+    out = []
+    for sh in dict.fromkeys(x for fw in _runners(job, mode) for x in shardings(job, fw)):
+        if sh == "hsdp":
+            out += [(sh, g) for g in job.hsdp_shards if 1 < g < dp and dp % g == 0]
+        else:
+            out.append((sh, None))
+    return out
 
 
 def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
@@ -260,106 +435,189 @@ def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
     hw = job.hardware
     ranks = job.gpus // t
     weights = sum(x.param_bytes for x in prof.layers)
+    usable = job.usable
     out = []
-    for p in job.pipeline or [p for p in range(1, ranks + 1) if ranks % p == 0]:
+    for p in job.pipeline or [p for p in range(1, min(ranks, len(prof.layers)) + 1) if ranks % p == 0]:
         if ranks % p or p > len(prof.layers):
             continue
         dp = ranks // p
-        if weights * state_factor(dp, job.zero) / p > hw.memory:
-            why = "weights, gradients and optimizer state alone exceed the GPU's memory"
-            if mode == recompute_modes(job)[0]:  # once per layout, whatever the recomputation
-                skipped[why] = skipped.get(why, 0) + 1
-            continue
-        cl = _OnePipeline(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=hw.memory,
-                          intra=hw.intra, inter=hw.inter, state_factor=state_factor(dp, job.zero), pipeline=p)
-        out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job, t=t,
-                                   space=replace(job.space, recompute=(False,)), recompute=mode, replay=replay,
-                                   _schedules=shared, skipped=skipped))
+        for sharding, shard in _groups(job, dp, mode):
+            factor = state_factor(dp, sharding=sharding, shard=shard)
+            if weights * factor / p > usable:
+                why = "weights, gradients and optimizer state alone exceed the GPU's usable memory"
+                if mode == recompute_modes(job)[0]:  # once per layout, whatever the recomputation
+                    skipped[why] = skipped.get(why, 0) + 1
+                continue
+            runners = _runners(job, mode, sharding)
+            families = _families(job, runners)
+            if not families:
+                continue
+            cl = _OnePipeline(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=usable,
+                              intra=hw.intra, inter=hw.inter, state_factor=factor, pipeline=p)
+            out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job, t=t,
+                                       space=replace(job.space, families=families,
+                                                     recompute=(mode == "stage",)),
+                                       recompute=mode, replay=replay, sharding=sharding, shard=shard,
+                                       frameworks=runners, _schedules=shared, skipped=skipped))
     return out
+
+
+def _families(job: Job, runners: tuple[Framework, ...]) -> tuple[str, ...]:
+    """The families the job asks for that one of ``runners`` runs."""
+    asked = job.space.families or tuple(FAMILIES)
+    return tuple(f for f in asked if any(fw.runs(f) for fw in runners))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Result:
     """The ranking and how it was found."""
 
-    ranking: list  #: ClusterCandidate, fastest first (fitting ones only)
-    configurations: int  #: enumerated
+    ranking: list  #: ClusterCandidate, fastest first (fitting ones only), every framework's
+    configurations: int  #: enumerated (each with a sharding, costed for each framework that runs it)
     simulated: int
     #: fitting, but slower for sure: a lower bound above the top ``keep``, or recomputation where the
-    #: same configuration without it fits
+    #: same configuration with less fits
     pruned: int
-    too_big: int  #: did not fit in the GPU's memory
+    too_big: int  #: did not fit in the GPU's usable memory
     least_memory: Prepared | None = None  #: the configuration that needs the least, when nothing fits
+    #: of ``pruned``: dropped by the schedule-free bound, before their schedule was built
+    unbuilt: int = 0
+    #: of ``pruned``: the same configuration with less recomputation fits
+    dominated: int = 0
+    best: dict = field(default_factory=dict)  #: framework name -> its fastest ClusterCandidate (exact)
 
 
 def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None, keep: int = 10,
-                   per_layout: bool = False) -> Result:
-    """The ``keep`` fastest configurations that fit, exactly: a configuration is simulated unless its
-    lower bound (``Prepared.bound``) is already slower than the ``keep``-th best simulated step
-    (with ``per_layout``, also than the best of its own t x p grid, so every grid's best is exact)."""
+                   per_layout: bool = False, schedules: dict | None = None, floors: bool = True) -> Result:
+    """The ``keep`` fastest configurations that fit, exactly, and each framework's fastest: best-first by
+    lower bound, a configuration's schedule is built only while its schedule-free bound
+    (``ClusterSearcher.floor``) can reach the top, and it is simulated only while its prepared bound
+    (``Prepared.bound``) can (with ``per_layout``, also each t x p grid's best is exact). ``floors`` False
+    builds and prepares every configuration before simulating any (benchmarks/bench_cluster_plan.py's baseline)."""
     check_job(job)
     skipped: dict = {}
-    found = searchers(job, skipped)
+    found = searchers(job, skipped, schedules)
     if not found:
         raise PlanError(_weights_do_not_fit(job))
-    work = [(s, c) for s in found for c in s.configs()]
+    work = [(s, c) for s in found for c in s.configs(build=False)]
     if not work:
         raise PlanError(_nothing_to_search(job, skipped))
-    total = 2 * len(work)
-    prepared = []
-    for n, (s, c) in enumerate(work, 1):
-        prepared.append((s, s.prepare(c)))
-        if progress:
-            progress(n, total)
-    # more recomputation only adds work (off < selective < full): skip a configuration where the same
-    # one with less recomputation fits
-    least: dict = {}
-    for s, x in prepared:
-        if x.fits:
-            key = (s.t, s.ep, s.cluster.pipeline, _without_rc(x.config))
-            least[key] = min(least.get(key, 9), _level(s, x.config))
-    fitting = sorted(((s, x) for s, x in prepared if x.fits
-                      and least[(s.t, s.ep, s.cluster.pipeline, _without_rc(x.config))] == _level(s, x.config)),
-                     key=lambda sx: sx[1].bound)
-    dominated = sum(x.fits for _, x in prepared) - len(fitting)
-    if not fitting:
-        return Result(ranking=[], configurations=len(work), simulated=0, pruned=0, too_big=len(prepared),
-                      least_memory=min((x for _, x in prepared), key=lambda x: max(x.memory)))
-    best: list[float] = []  # a max-heap (negated) of the keep fastest steps so far
-    grid_best: dict[tuple[int, int], float] = {}  # per t x p grid
-    out = []
-    for n, (s, x) in enumerate(fitting, 1):
-        grid = (s.t, x.config.p)
-        if len(best) >= keep and x.bound > -best[0] and (
-                not per_layout or (grid in grid_best and x.bound > grid_best[grid])):
-            continue
-        got = s.finish(x)
-        out.append(got)
-        grid_best[grid] = min(grid_best.get(grid, float("inf")), got.step_time)
-        heapq.heappush(best, -got.step_time)
-        if len(best) > keep:
-            heapq.heappop(best)
-        if progress:
-            progress(len(work) + n * len(work) // len(fitting), total)
-    if progress:
-        progress(total, total)
+    search = _BestFirst(keep=keep, per_layout=per_layout, floors=floors)
+    out, counts = search.run(work, progress)
+    if not out:
+        least = min(counts.pop("prepared"), key=lambda x: max(x.memory), default=None)
+        return Result(ranking=[], configurations=len(work), simulated=0, pruned=counts["unbuilt"],
+                      too_big=counts["too_big"], least_memory=least, unbuilt=counts["unbuilt"])
     out.sort(key=lambda g: (g.step_time, max(g.candidate.memory)))
-    return Result(ranking=out, configurations=len(work), simulated=len(out),
-                  pruned=len(fitting) - len(out) + dominated, too_big=len(prepared) - len(fitting) - dominated)
+    best = {}
+    for g in out:
+        best.setdefault(g.framework, g)
+    pruned = len(work) - counts["too_big"] - counts["simulated"]
+    return Result(ranking=out, configurations=len(work), simulated=counts["simulated"], pruned=pruned,
+                  too_big=counts["too_big"], unbuilt=counts["unbuilt"], dominated=counts["dominated"], best=best)
+
+
+@dataclass(kw_only=True)
+class _BestFirst:
+    """The lazy, exact search: mutable only for its running bests."""
+
+    keep: int
+    per_layout: bool
+    floors: bool = True  #: prune by the schedule-free bound (False: build every configuration's schedule first)
+    best: list = field(default_factory=list)  # a max-heap (negated) of the keep fastest steps so far
+    by_framework: dict = field(default_factory=dict)  # framework -> its fastest step so far
+    by_grid: dict = field(default_factory=dict)  # (t, p) -> its fastest step so far
+
+    def useless(self, bound: float, s: ClusterSearcher, family: str, p: int) -> bool:
+        """Whether nothing with this lower bound can enter the top, a framework's best or (per_layout) its
+        grid's best."""
+        if len(self.best) < self.keep or bound <= -self.best[0]:
+            return False
+        if any(bound <= self.by_framework.get(fw.name, float("inf")) for fw in s.frameworks if fw.runs(family)):
+            return False
+        return not self.per_layout or (s.t, p) in self.by_grid and bound > self.by_grid[(s.t, p)]
+
+    def record(self, got: "ClusterCandidate") -> None:
+        heapq.heappush(self.best, -got.step_time)
+        if len(self.best) > self.keep:
+            heapq.heappop(self.best)
+        fw, grid = got.framework, (got.t, got.config.p)
+        self.by_framework[fw] = min(self.by_framework.get(fw, float("inf")), got.step_time)
+        self.by_grid[grid] = min(self.by_grid.get(grid, float("inf")), got.step_time)
+
+    def run(self, work, progress) -> tuple[list, dict]:
+        counts = {"simulated": 0, "too_big": 0, "unbuilt": 0, "dominated": 0, "prepared": []}
+        # more recomputation only adds work: a configuration is dominated where the same one with less fits
+        fits_at: dict = {}  # (t, ep, p, sharding, shard, config without recomputation) -> [(level, frameworks)]
+        free_fits: dict = {}  # (searcher, family, p, m, mbs, recompute) -> fits with its fastest split
+        heap = [(s.floor(c) if self.floors else -1.0, n, 0, s, c) for n, (s, c) in enumerate(work)]
+        heapq.heapify(heap)
+        total, done, out = len(work), 0, []
+        while heap:
+            bound, n, stage, s, item = heapq.heappop(heap)
+            c = item if stage == 0 else item.config
+            if self.useless(bound, s, c.family, c.p):
+                if stage == 0:
+                    counts["unbuilt"] += 1
+                done += 1
+                continue
+            if stage == 0:  # build the schedule, split and memory; queue it again by its tighter bound
+                bases = TRADES_BUBBLE_FOR_MEMORY.get(c.family, ())
+                if any(free_fits.get((id(s), b, c.p, c.m, c.mbs, c.recompute)) for b in bases):
+                    counts["dominated"] += 1  # the base family fits with its fastest split: it is faster
+                    done += 1
+                    continue
+                if s._schedule(c.family, c.p, c.m, c.v) is None:
+                    done += 1
+                    continue
+                pre = s.prepare(c)
+                if not pre.fits:
+                    counts["too_big"] += 1
+                    if not out:
+                        counts["prepared"].append(pre)
+                    done += 1
+                    continue
+                key = (s.t, s.ep, c.p, s.sharding, s.shard, _without_rc(c))
+                fits_at.setdefault(key, []).append((_level(s, c), {fw.name for fw in s.frameworks}))
+                if pre.free:
+                    free_fits[(id(s), c.family, c.p, c.m, c.mbs, c.recompute)] = True
+                heapq.heappush(heap, (pre.bound, n, 1, s, pre))
+                continue
+            mine = {fw.name for fw in s.frameworks}
+            if any(level < _level(s, c) and mine <= fws
+                   for level, fws in fits_at[(s.t, s.ep, c.p, s.sharding, s.shard, _without_rc(c))]):
+                counts["dominated"] += 1
+                done += 1
+                continue
+            for fw in s.frameworks:
+                if fw.runs(c.family):
+                    got = s.finish(item, fw)
+                    out.append(got)
+                    self.record(got)
+            counts["simulated"] += 1
+            done += 1
+            if progress:
+                progress(done, total)
+        return out, counts
 
 
 def _weights_do_not_fit(job: Job) -> str:
     from .cluster import fmt_bytes
 
+    hw = job.hardware
     need = 2 * job.spec.params() * state_factor(1, job.zero) / job.gpus
+    reserve = job.memory_reserve.bytes(hw.memory)
+    room = (f"the {fmt_bytes(job.usable)} usable of --hardware {hw.name}'s {fmt_bytes(hw.memory)} (less the "
+            f"--memory-reserve {job.memory_reserve.describe(hw.memory)})" if reserve else
+            f"the {fmt_bytes(hw.memory)} of --hardware {hw.name}")
     return (f"--gpus {job.gpus}: {job.spec.name}'s weights, fp32 gradients and optimizer state need at least "
-            f"{fmt_bytes(need)} per GPU split over all {job.gpus} GPUs, more than the {fmt_bytes(job.hardware.memory)} "
-            f"of --hardware {job.hardware.name}; give more --gpus or a GPU with more memory")
+            f"{fmt_bytes(need)} per GPU split over all {job.gpus} GPUs, more than {room}; give more --gpus or a "
+            f"GPU with more memory")
 
 
 def _level(s: ClusterSearcher, c: Config) -> int:
-    """0 off, 1 selective, 2 full (``RECOMPUTE``'s order)."""
-    return RECOMPUTE.index(s.recompute) + (3 if c.recompute else 0)
+    """0 off, 1 selective, 2 full, 3 the whole stage (``_LEVEL``)."""
+    return _LEVEL[s.recompute]
 
 
 def _without_rc(c: Config) -> Config:

@@ -88,9 +88,9 @@ class ExpertPipeline(_OnePipeline):
 class MoESearcher(ClusterSearcher):
     """A ClusterSearcher at one ep: the routed experts' gradients and weights travel over dp / ep peers."""
 
-    def finish(self, pre: Prepared) -> ClusterCandidate:
+    def finish(self, pre: Prepared, fw=None) -> ClusterCandidate:
         c = self.cluster
-        return replace(super().finish(pre), ep=self.ep,
+        return replace(super().finish(pre, fw), ep=self.ep,
                        ep_nodes=group_nodes(c.per_node, c.pipeline, c.devices // c.pipeline, self.ep))
 
     def _split(self, h, c: Config) -> tuple[int, ...]:
@@ -150,11 +150,15 @@ def expert_state_factor(dp: int, ep: int, zero: bool) -> float:
 
 
 def moe_pipelines(job: Job, t: int, tp: TensorParallel, mode: str, shared: dict, skipped: dict) -> list[MoESearcher]:
-    """One searcher per (ep, p) at tensor degree ``t`` and recomputation ``mode``: the analytic profile at
-    that ep and the nodes its group spans, the cluster in the MoE device order."""
-    from .cluster_search import recompute_modes
+    """One searcher per (ep, p) and sharding at tensor degree ``t`` and recomputation ``mode``: the analytic
+    profile at that ep and the nodes its group spans, the cluster in the MoE device order. Under ZeRO-1 and
+    FSDP the routed experts' state is sharded over the dp / ep peers that hold the same experts (HSDP is
+    not searched for MoE models)."""
+    from .cluster_search import _families, _runners, recompute_modes
+    from .cluster_job import shardings
 
     hw, spec = job.hardware, job.spec
+    modes = [sh for sh in dict.fromkeys(x for fw in _runners(job, mode) for x in shardings(job, fw)) if sh != "hsdp"]
     ranks = job.gpus // t
     per_node = max(1, hw.gpus_per_node // t)
     profiles: dict[tuple[int, int], Profile] = {}
@@ -171,16 +175,23 @@ def moe_pipelines(job: Job, t: int, tp: TensorParallel, mode: str, shared: dict,
                 profiles[key] = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=mode,
                                                  expert=ExpertParallel(ep=ep, nodes=nodes, zero=job.zero))
             prof = profiles[key]
-            sf, esf = state_factor(dp, job.zero), expert_state_factor(dp, ep, job.zero)
-            weights = sum(x.param_bytes * sf + x.expert_param_bytes * (esf - sf) for x in prof.layers)
-            if weights / p > hw.memory:
-                why = "weights, gradients and optimizer state alone exceed the GPU's memory"
-                if mode == recompute_modes(job)[0]:
-                    skipped[why] = skipped.get(why, 0) + 1
-                continue
-            cl = ExpertPipeline(devices=ranks, per_node=per_node, memory=hw.memory, intra=hw.intra, inter=hw.inter,
-                                state_factor=sf, expert_state_factor=esf, pipeline=p, ep=ep)
-            out.append(MoESearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job, t=t, ep=ep,
-                                   space=replace(job.space, recompute=(False,)), recompute=mode, replay=replay,
-                                   _schedules=shared, skipped=skipped))
+            for sharding in modes:
+                runners = _runners(job, mode, sharding)
+                families = _families(job, runners)
+                if not families:
+                    continue
+                sf = state_factor(dp, sharding=sharding)
+                esf = state_factor(dp // ep, sharding=sharding)
+                weights = sum(x.param_bytes * sf + x.expert_param_bytes * (esf - sf) for x in prof.layers)
+                if weights / p > job.usable:
+                    why = "weights, gradients and optimizer state alone exceed the GPU's usable memory"
+                    if mode == recompute_modes(job)[0]:
+                        skipped[why] = skipped.get(why, 0) + 1
+                    continue
+                cl = ExpertPipeline(devices=ranks, per_node=per_node, memory=job.usable, intra=hw.intra,
+                                    inter=hw.inter, state_factor=sf, expert_state_factor=esf, pipeline=p, ep=ep)
+                out.append(MoESearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job, t=t, ep=ep,
+                                       space=replace(job.space, families=families, recompute=(False,)),
+                                       recompute=mode, replay=replay, sharding=sharding, frameworks=runners,
+                                       _schedules=shared, skipped=skipped))
     return out

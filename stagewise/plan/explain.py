@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from .bands import tie
 from .cluster import fmt_bytes
 from ..layout import format_layout
 from .profile import Profile
@@ -24,13 +25,19 @@ def table(cands: list[Candidate], symbols, top: int = 10) -> str:
 
 
 def why(cands: list[Candidate]) -> str:
-    """One line: the winner against the best configuration of another family."""
+    """One line: the winner against the best configuration of another family (a tie when their bands, the
+    profile's measured spread, overlap)."""
     best = cands[0]
     other = next((c for c in cands[1:] if c.fits == best.fits and c.config.family != best.config.family), None)
     if other is None:
         return f"{best.config.family} wins: no other family has a configuration that fits"
     b, o = best.config, other.config
     faster = other.step_time / best.step_time - 1
+    if tie(best.step_time, best.band, other.step_time, other.band):
+        spread = (f"inside the profile's measured spread (±{max(best.band or 0, other.band or 0):.1%})"
+                  if best.band or other.band else "the same prediction (this profile records no spread)")
+        return (f"{b.family} and {o.family} are a tie: {faster:.2%} apart, {spread}; "
+                f"{b.family} is listed first, {o.family} is as good a choice")
     mem_b, mem_o = max(best.memory), max(other.memory)
     mem = "same memory" if abs(mem_b - mem_o) <= 0.05 * max(mem_b, mem_o) else \
         f"peak memory {fmt_bytes(mem_b)} vs {fmt_bytes(mem_o)}"
@@ -89,3 +96,41 @@ def fmt_seconds(x: float) -> str:
     if x >= 1e-3:
         return f"{x * 1e3:.3g} ms"
     return f"{x * 1e6:.3g} us"
+
+
+def cluster_why(ranking, ties: int) -> str:
+    """One line for a cluster plan: the winner against the best layout of another family (or, if every row is
+    one family, of another t x p), what makes the difference, and whether the band can tell them apart."""
+    best = ranking[0]
+    g = best.config
+    def differs(c) -> tuple:
+        return (c.config.family != g.family, (c.t, c.config.p) != (best.t, g.p),
+                (c.config.v, c.config.mbs, c.recompute, c.sharding) != (g.v, g.mbs, best.recompute, best.sharding))
+
+    other = next((c for level in range(3) for c in ranking[1:] if differs(c)[level]), None)
+    name = f"{g.family} t={best.t} p={g.p} ({best.framework}, {best.sharding})"
+    if other is None:
+        frameworks = sorted({c.framework for c in ranking})
+        return (f"{name} ranks first: the only layout the options leave (costed for {', '.join(frameworks)}); "
+                "widen --schedules, --tensor or --pipeline to compare")
+    o = other.config
+    faster = other.step_time / best.step_time - 1
+    reasons = [f"bubble {best.candidate.bubble:.1%} vs {other.candidate.bubble:.1%}"]
+    work_b = best.candidate.makespan * (1 - best.candidate.bubble)
+    work_o = other.candidate.makespan * (1 - other.candidate.bubble)
+    if abs(work_b - work_o) > 0.01 * work_o:  # tensor-parallel collectives, recomputation, split backward
+        reasons.append(f"compute per GPU {fmt_seconds(work_b)} vs {fmt_seconds(work_o)}")
+    exposed_b, exposed_o = best.exposed_dp + best.exposed_gather, other.exposed_dp + other.exposed_gather
+    if abs(exposed_b - exposed_o) > 0.01 * best.step_time:
+        reasons.append(f"exposed data-parallel traffic {fmt_seconds(exposed_b)} vs {fmt_seconds(exposed_o)}")
+    reasons.append(f"headroom {fmt_bytes(best.headroom)} vs {fmt_bytes(other.headroom)}")
+    diff = [f"{k}={v}" for k, v, w in (("t", other.t, best.t), ("p", o.p, g.p), ("v", o.v, g.v), ("mbs", o.mbs, g.mbs),
+                                       ("rc", other.recompute, best.recompute)) if v != w]
+    where = f"at its best, {', '.join(diff)}" if diff else "same t, p, v, mbs and recomputation"
+    if ties > 1:
+        verdict = (f"a tie within the ±{best.band:.1%} band ({ties} rows tie with #1)" if best.band else
+                   f"a tie: {ties} rows make the same prediction")
+    else:
+        verdict = f"outside the ±{best.band:.1%} band" if best.band is not None else "no band for this hardware"
+    return (f"{name} ranks first: {faster:.1%} faster than the best {o.family} ({where}): "
+            + ", ".join(reasons) + f"; {verdict}")

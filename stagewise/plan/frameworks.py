@@ -1,22 +1,29 @@
-"""A cluster plan as the options of the frameworks that run such jobs: Megatron-LM and torchtitan.
+"""A cluster plan as the options of the frameworks that run such jobs: Megatron-LM, torchtitan, DeepSpeed, stagewise.
 
-Megatron-LM (Megatron-Core's ``pretrain_gpt.py`` flags) runs 1F1B and its
-interleaved schedule; uneven first and last stages are its
-``--decoder-first/last-pipeline-num-layers``. torchtitan runs any schedule
-from torch's compute-only CSV (``pipeline_parallel_schedule_csv``) and takes
-the split as ``pipeline_parallel_split_points``. Layer counts here are
-transformer blocks; the embedding rides with the first stage and the head
-with the last, as in both frameworks.
+Each framework's best layout (``cluster_search``'s ``Result.best``) becomes its own
+command. Megatron-LM (Megatron-Core's ``pretrain_gpt.py`` flags) runs 1F1B and its
+interleaved schedule; a split it cannot say with even stages or uneven first and last
+ones is its ``--pipeline-model-parallel-layout`` (stages in virtual order, ``E`` the
+embedding, ``t`` a block, ``L`` the loss with the output layer). torchtitan runs its
+own schedule classes by name, and any order from torch's compute-only CSV
+(``pipeline_parallel_schedule_csv``), with the split as ``pipeline_parallel_split_points``.
+DeepSpeed's pipeline engine is configured by its JSON and ``PipelineModule``; stagewise
+runs the plan with ``stagewise train`` under torchrun. Layer counts here are transformer
+blocks; the embedding rides with the first stage and the head with the last.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from itertools import accumulate
 
 from .cluster_search import ClusterCandidate, Job
 
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")
+#: torchtitan's schedule classes by our family names (``--parallelism.pipeline_parallel_schedule``)
+TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                        "looped-bfs": "LoopedBFS", "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
 
 
 def block_counts(counts: tuple[int, ...]) -> list[int]:
@@ -28,24 +35,24 @@ def block_counts(counts: tuple[int, ...]) -> list[int]:
 
 
 def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
-    """(Megatron-LM flags, note); None when Megatron-LM has no such schedule or split."""
+    """(Megatron-LM flags, note); None when Megatron-LM has no such schedule."""
     g, spec = c.config, job.spec
     if g.family not in MEGATRON_SCHEDULES:
-        return None, f"Megatron-LM runs 1F1B and interleaved 1F1B, not {g.family}: use torchtitan with the CSV"
+        return None, f"Megatron-LM runs 1F1B and interleaved 1F1B, not {g.family}"
     blocks = block_counts(c.candidate.counts)
     args = ["--tensor-model-parallel-size", str(c.t), "--pipeline-model-parallel-size", str(g.p),
             "--micro-batch-size", str(g.mbs), "--global-batch-size", str(job.global_batch),
             "--seq-length", str(spec.seq)]
-    if g.v > 1:
+    split = _megatron_split(c.candidate.counts, blocks)
+    if g.v > 1 and g.p > 1 and not split[:1] == ["--pipeline-model-parallel-layout"]:  # no VPP without PP
         args += ["--num-virtual-stages-per-pipeline-rank", str(g.v)]
-    split, why = _megatron_split(c.candidate.counts, blocks)
-    if split is None:
-        return None, why
     args += split
     if job.sequence_parallel and c.t > 1:
         args.append("--sequence-parallel")
-    if job.zero and g.dp > 1:
-        args.append("--use-distributed-optimizer")
+    if c.sharding == "zero1" and g.dp > 1:
+        args += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    elif g.dp > 1:
+        args.append("--overlap-grad-reduce")
     if c.ep > 1:  # experts sharded over ep of the data-parallel ranks; expert tensor parallel = t
         args += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
                  "--expert-model-parallel-size", str(c.ep)]
@@ -58,33 +65,47 @@ def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
     return shlex.join(args), ""
 
 
-def _megatron_split(counts, blocks) -> tuple[list[str] | None, str]:
-    """Megatron-LM's split flags: even blocks, even with the embedding and the loss counted as a layer
-    each, or uneven first and last stages around even middle ones."""
+def _megatron_split(counts, blocks) -> list[str]:
+    """Megatron-LM's split flags: even blocks; even with the embedding and the loss counted as a layer each;
+    uneven first and last stages around even middle ones; else the layout string of every stage."""
     if len(set(blocks)) == 1:
-        return [], ""
+        return []
     middle = set(blocks[1:-1])
     if len(middle) <= 1 and min(blocks[0], blocks[-1]) >= 1:
         return ["--decoder-first-pipeline-num-layers", str(blocks[0]),
-                "--decoder-last-pipeline-num-layers", str(blocks[-1])], ""
+                "--decoder-last-pipeline-num-layers", str(blocks[-1])]
     if len(set(counts)) == 1:
-        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"], ""
-    return None, f"Megatron-LM splits evenly or with uneven first and last stages; this split is {blocks}"
+        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    return ["--pipeline-model-parallel-layout", megatron_layout(blocks)]
+
+
+def megatron_layout(blocks: list[int]) -> str:
+    """'Et*7|t*8|...|t*7L': Megatron-LM's layout string, stages in model (= virtual) order."""
+    parts = [("t*%d" % b if b > 1 else "t" if b == 1 else "") for b in blocks]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "L"
+    return "|".join(parts)
 
 
 def torchtitan_options(c: ClusterCandidate, job: Job, csv_path: str | None) -> str:
-    """torchtitan flags: parallel degrees, the schedule (as our CSV when it round-trips), the split."""
+    """torchtitan flags: parallel degrees, the schedule (our CSV when given, else its class), the split."""
     g, spec = c.config, job.spec
     cuts = list(accumulate(block_counts(c.candidate.counts)))[:-1]
-    args = ["--parallelism.tensor_parallel_degree", str(c.t), "--parallelism.pipeline_parallel_degree", str(g.p),
-            ("--parallelism.data_parallel_shard_degree" if job.zero else
-             "--parallelism.data_parallel_replicate_degree"), str(g.dp),
-            "--parallelism.pipeline_parallel_microbatch_size", str(g.mbs),
-            "--training.local_batch_size", str(g.m * g.mbs), "--training.seq_len", str(spec.seq)]
+    args = ["--parallelism.tensor_parallel_degree", str(c.t), "--parallelism.pipeline_parallel_degree", str(g.p)]
+    if c.sharding == "hsdp":
+        args += ["--parallelism.data_parallel_replicate_degree", str(g.dp // c.shard),
+                 "--parallelism.data_parallel_shard_degree", str(c.shard)]
+    else:
+        args += [("--parallelism.data_parallel_shard_degree" if c.sharding in ("fsdp", "zero1") else
+                  "--parallelism.data_parallel_replicate_degree"), str(g.dp)]
+    args += ["--parallelism.pipeline_parallel_microbatch_size", str(g.mbs),
+             "--training.local_batch_size", str(g.m * g.mbs), "--training.seq_len", str(spec.seq)]
     if c.ep > 1:
         args += ["--parallelism.expert_parallel_degree", str(c.ep)]
     if csv_path:
         args += ["--parallelism.pipeline_parallel_schedule_csv", csv_path]
+    elif g.family in TORCHTITAN_SCHEDULES:
+        args += ["--parallelism.pipeline_parallel_schedule", TORCHTITAN_SCHEDULES[g.family]]
     if cuts:
         names = [f"layers.{k}" if k < spec.layers else "norm" for k in cuts]  # a cut after the last block
         args += ["--parallelism.pipeline_parallel_split_points", ",".join(names)]
@@ -92,3 +113,57 @@ def torchtitan_options(c: ClusterCandidate, job: Job, csv_path: str | None) -> s
     if c.recompute == "selective":  # operator-level: matrix multiplies kept, the attention core redone
         args += ["--activation_checkpoint.selective_ac_option", "op"]
     return shlex.join(args)
+
+
+def deepspeed_config(c: ClusterCandidate, job: Job) -> str:
+    """DeepSpeed's pipeline engine for the layout: its JSON config and the PipelineModule arguments."""
+    g = c.config
+    config = {"train_batch_size": job.global_batch, "train_micro_batch_size_per_gpu": g.mbs,
+              "gradient_accumulation_steps": g.m, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 1 if c.sharding == "zero1" else 0}}
+    blocks = block_counts(c.candidate.counts)
+    module = (f"PipelineModule(num_stages={g.p}, partition_method='uniform'"
+              + (", activation_checkpoint_interval=1" if c.recompute == "full" else "") + ")")
+    split = "" if len(set(blocks)) == 1 else f"; blocks per stage {'/'.join(map(str, blocks))} (E first, H last)"
+    return f"{json.dumps(config, separators=(',', ':'))} {module}, tensor parallel {c.t}{split}"
+
+
+def stagewise_command(c: ClusterCandidate, job: Job, csv_path: str | None) -> str:
+    """The `stagewise train` line under torchrun that runs the layout on the cluster."""
+    g, hw = c.config, job.hardware
+    nodes = max(1, job.gpus // hw.gpus_per_node)
+    launch = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(min(job.gpus, hw.gpus_per_node)),
+              "-m", "stagewise", "train"]
+    sched = ["--csv", csv_path] if csv_path else ["--schedule", g.family, "-v", str(g.v)]
+    args = [*sched, "-p", str(g.p), "-m", str(g.m), "--split", str(c.candidate.split), "--batch",
+            str(job.global_batch), "--seq", str(job.spec.seq), "--hf", f"<{job.spec.name} folder>",
+            "--dtype", "bfloat16"]
+    args += ["--dp", str(g.dp)] if g.dp > 1 else []
+    args += ["--tp", str(c.t)] if c.t > 1 else []
+    if g.dp > 1 and c.sharding == "zero1":
+        args.append("--zero")
+    if c.sharding in ("fsdp", "hsdp"):
+        args += ["--fsdp", str(c.shard or g.dp)]
+    if c.recompute == "stage":
+        args.append("--recompute")
+    return shlex.join(launch + args)
+
+
+def commands(best: dict, job: Job, csv_path: str | None, winner: ClusterCandidate) -> dict:
+    """framework name -> (its best ClusterCandidate, command or None, note) for each framework planned."""
+    out = {}
+    for name, c in best.items():
+        csv = csv_path if c is winner or (csv_path and c.candidate.schedule is winner.candidate.schedule) else None
+        if name == "megatron":
+            cmd, note = megatron_options(c, job)
+        elif name == "torchtitan":
+            cmd, note = torchtitan_options(c, job, csv), ""
+            if csv is None and c.config.family not in TORCHTITAN_SCHEDULES:
+                note = (f"{c.config.family} is no torchtitan class: plan with --framework torchtitan to get its "
+                        "order as the CSV")
+        elif name == "deepspeed":
+            cmd, note = deepspeed_config(c, job), ""
+        else:
+            cmd, note = stagewise_command(c, job, csv), ""
+        out[name] = (c, cmd, note)
+    return out

@@ -11,10 +11,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .datafile import SpecError, number, read
+from .. import limits
+from .datafile import SpecError, label, number, read, sources
+from .errors import PlanError
 from .profile import Link
 
 FORMAT = "stagewise-hardware"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reserve:
+    """Bytes of a GPU that training cannot use: what a real run holds besides the planned tensors.
+
+    Example:
+        >>> Reserve(context=2**30, communication=2**31, fragmentation=0.05).bytes(80 * 2**30) / 2**30
+        7.0
+    """
+
+    context: float = 0.0  #: bytes: the CUDA context, loaded kernels, library workspaces
+    communication: float = 0.0  #: bytes: NCCL buffers of the rank's communicators
+    fragmentation: float = 0.0  #: fraction of the memory the caching allocator cannot hand out
+
+    def bytes(self, memory: float) -> float:
+        return self.context + self.communication + self.fragmentation * memory
+
+    def describe(self, memory: float) -> str:
+        """'7 GiB (context 1 GiB + communication 2 GiB + fragmentation 5%)'."""
+        from .cluster import fmt_bytes
+
+        parts = [f"{name} {fmt_bytes(v)}" for name, v in (("context", self.context),
+                                                           ("communication", self.communication)) if v]
+        if self.fragmentation:
+            parts.append(f"fragmentation {self.fragmentation * 100:.3g}%")
+        return fmt_bytes(self.bytes(memory)) + (f" ({' + '.join(parts)})" if parts else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,12 +63,20 @@ class Hardware:
     intra: Link  #: GPU to GPU inside a node, one direction
     inter: Link  #: GPU to GPU across nodes (the GPU's own adapter), one direction
     efficiency: float  #: achievable fraction of peak_flops for matrix multiplies
+    reserve: Reserve = field(default_factory=Reserve)  #: memory a run holds besides the planned tensors
+    #: relative error band of a prediction (the published rows' calibration residuals); None: not calibrated
+    band: float | None = None
     sources: dict = field(default_factory=dict, compare=False)
 
     @property
     def rate(self) -> float:
         """FLOP/s a matrix multiply achieves."""
         return self.peak_flops * self.efficiency
+
+    @property
+    def usable(self) -> float:
+        """Bytes of one GPU a plan may fill: the memory less the reserve."""
+        return self.memory - self.reserve.bytes(self.memory)
 
     @staticmethod
     def load(ref: str, option: str = "--hardware") -> "Hardware":
@@ -48,17 +85,69 @@ class Hardware:
         return from_json(data, where)
 
 
+#: physical ranges of the hardware fields (a GPU outside them is a typo, and its times would overflow)
+RANGES = {"peak_flops": (1e9, 1e18, " FLOP/s"), "memory": (2.0**20, 2.0**50, " bytes"),
+          "memory_bandwidth": (1e6, 1e15, " bytes/s"), "bandwidth": (1e6, 1e15, " bytes/s"),
+          "latency": (0.0, 1.0, " s")}
+
+
+def _ranged(data: dict, key: str, where: str, **kw) -> float:
+    low, high, unit = RANGES[key]
+    return number(data, key, where, minimum=low or None, maximum=high, unit=unit, **kw)
+
+
 def from_json(data: dict, where: str) -> Hardware:
     links = {}
     for key in ("intra", "inter"):
         raw = data.get(key)
         if not isinstance(raw, dict):
             raise SpecError(f"{where}: {key} must be an object {{\"bandwidth\": bytes/s, \"latency\": s}}; "
-                            f"got {raw!r}")
-        links[key] = Link(bandwidth=number(raw, "bandwidth", f"{where}: {key}"),
-                          latency=number(raw, "latency", f"{where}: {key}", positive=False))
-    return Hardware(name=str(data.get("name", where)), peak_flops=number(data, "peak_flops", where),
-                    memory=number(data, "memory", where), memory_bandwidth=number(data, "memory_bandwidth", where),
-                    gpus_per_node=number(data, "gpus_per_node", where, integer=True),
-                    efficiency=number(data, "efficiency", where, maximum=1.0), sources=dict(data.get("sources") or {}),
-                    **links)
+                            f"got {str(raw)[:60]!r}")
+        links[key] = Link(bandwidth=_ranged(raw, "bandwidth", f"{where}: {key}"),
+                          latency=_ranged(raw, "latency", f"{where}: {key}", positive=False))
+    per_node = number(data, "gpus_per_node", where, integer=True)
+    try:  # every divisor of a node is a tensor-parallel degree tried
+        limits.GPUS.check(per_node, "", detail=f"{where}: gpus_per_node {per_node}")
+    except limits.LimitError as e:
+        raise SpecError(str(e)) from None
+    memory = _ranged(data, "memory", where)
+    band = number(data, "band", where, positive=False, maximum=1.0) if "band" in data else None
+    return Hardware(name=label(data, "name", where, where), peak_flops=_ranged(data, "peak_flops", where),
+                    memory=memory, memory_bandwidth=_ranged(data, "memory_bandwidth", where),
+                    gpus_per_node=per_node, efficiency=number(data, "efficiency", where, maximum=1.0),
+                    reserve=_reserve(data, memory, where), band=band, sources=sources(data, where), **links)
+
+
+def _reserve(data: dict, memory: float, where: str) -> Reserve:
+    """The optional ``reserve`` object: context and communication bytes, fragmentation as a fraction."""
+    raw = data.get("reserve", {})
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: reserve must be an object {{\"context\": bytes, \"communication\": bytes, "
+                        f"\"fragmentation\": fraction}}; got {str(raw)[:60]!r}")
+    ctx = f"{where}: reserve"
+    got = Reserve(**{k: number(raw, k, ctx, positive=False, maximum=memory if k != "fragmentation" else 0.5)
+                     for k in ("context", "communication", "fragmentation") if k in raw})
+    if got.bytes(memory) >= memory:
+        raise SpecError(f"{ctx}: {got.describe(memory)} leaves nothing of the memory ({memory:g} bytes)")
+    return got
+
+
+def parse_reserve(text: str, memory: float, option: str = "--memory-reserve") -> Reserve:
+    """``--memory-reserve``: a size ('6GiB', '0') or a percentage of the memory ('10%') kept free per GPU."""
+    from .cluster import parse_bytes
+
+    raw = str(text).strip()
+    if len(raw) > 32:
+        raise PlanError(f"{option}: expected a size such as 6GiB or a percentage such as 10%; got {raw[:32]!r}...")
+    if raw.endswith("%"):
+        try:
+            pct = float(raw[:-1])
+        except ValueError:
+            pct = float("nan")
+        if not 0 <= pct < 100:
+            raise PlanError(f"{option} {raw!r}: a percentage must be from 0 to below 100")
+        return Reserve(fragmentation=pct / 100)
+    got = Reserve() if raw in ("0", "0.0") else Reserve(context=parse_bytes(raw, option))
+    if got.bytes(memory) >= memory:
+        raise PlanError(f"{option} {raw}: leaves nothing of the GPU's {memory:g} bytes")
+    return got

@@ -7,6 +7,7 @@ model's pieces through ``Holding``), with the link time of every stage boundary.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import accumulate
 
 from ..costs import Costs
@@ -111,3 +112,18 @@ def step_sync_time(profile: Profile, counts, h: Holding, cluster: Cluster, p: in
         if len(ranks) > 1:
             total += cluster.small_allreduce(len(ranks), cluster.link(p, dp, ranks[0], ranks[-1]), nbytes)
     return total
+
+
+def blocking_p2p(costs: Costs, h: Holding) -> Costs:
+    """``costs`` with blocking point-to-point messages (DeepSpeed's pipeline engine): the sender's F waits
+    for its activation to arrive at the next stage, its B (or I) for its input gradient to reach the previous
+    one, so each boundary's seconds move from the link into the sender's compute (stage_costs gives them in
+    ``boundary_bytes`` with ``bandwidth=1``)."""
+    n = len(h.stage_piece)
+    link = list(costs.boundary_bytes)
+    crosses = [s + 1 < n and h.stage_rank[s] != h.stage_rank[s + 1] for s in range(n)]
+    send_f = [link[s] if crosses[s] else 0.0 for s in range(n)]
+    send_b = [link[s - 1] if s and crosses[s - 1] else 0.0 for s in range(n)]
+    return replace(costs, t_f=[a + x for a, x in zip(costs.t_f, send_f)],
+                   t_b=[a + x for a, x in zip(costs.t_b, send_b)], t_i=[a + x for a, x in zip(costs.t_i, send_b)],
+                   boundary_bytes=[0.0] * n)

@@ -14,9 +14,11 @@ from typing import Callable, Iterable
 
 from ..schedule import Schedule
 from ..schedules import FAMILIES, generate
-from ..schedules.registry import ScheduleArgError
+from .. import limits
+from ..schedules.registry import ScheduleArgError, check_args
 from ..simulate import simulate
 from ..timeline import Timeline
+from .bands import profile_band
 from .cluster import Cluster
 from .errors import PlanError
 from .holding import Holding, holding
@@ -62,6 +64,7 @@ class Candidate:
     fits: bool
     schedule: Schedule = field(compare=False, repr=False)
     overhead: float = 0.0  #: beyond the layers' profile: their slowdown in a run x makespan + per-step work (measured)
+    band: float | None = None  #: relative half-width of the step's error band (the profile's measured spread)
 
     @property
     def split(self) -> Split:
@@ -75,7 +78,9 @@ class Candidate:
                 "step_time": self.step_time, "makespan": self.makespan, "allreduce": self.allreduce,
                 "optimizer": self.optimizer, "overhead": self.overhead,
                 "throughput": self.throughput, "bubble": self.bubble, "peak_memory": list(self.memory),
-                "fits": self.fits}
+                "fits": self.fits, "band": self.band,
+                "step_time_band": None if self.band is None else [self.step_time * (1 - self.band),
+                                                                  self.step_time * (1 + self.band)]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,8 +106,9 @@ class Searcher:
     _partitions: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)  #: reason -> count
 
-    def configs(self) -> list[Config]:
-        """Every configuration to simulate (family argument rules already applied)."""
+    def configs(self, build: bool = True) -> list[Config]:
+        """Every configuration to simulate (family argument rules already applied). ``build`` False checks
+        the families' rules without generating a schedule (the cluster search builds them lazily)."""
         L = len(self.profile.layers)
         sizes = self.space.micro_batch_sizes or self.profile.micro_batch_sizes
         out = []
@@ -111,16 +117,22 @@ class Searcher:
                 if self.global_batch % (dp * mbs):
                     continue
                 m = self.global_batch // (dp * mbs)
-                for fam, v in self._families(p, m, L):
+                for fam, v in self._families(p, m, L, build):
                     out += [Config(family=fam, p=p, dp=dp, v=v, m=m, mbs=mbs, recompute=rc)
                             for rc in self.space.recompute]
         return out
 
-    def _families(self, p: int, m: int, layers: int) -> Iterable[tuple[str, int]]:
+    def _families(self, p: int, m: int, layers: int, build: bool = True) -> Iterable[tuple[str, int]]:
         for name in self.space.families or tuple(FAMILIES):
             fam = FAMILIES[name]
             for v in fam.chunks or self.space.chunks:
-                if p * v > layers or self._schedule(name, p, m, v) is None:
+                if p * v > layers:
+                    continue
+                if not build:
+                    if self._accepts(name, p, m, v):
+                        yield name, v
+                    continue
+                if self._schedule(name, p, m, v) is None:
                     continue
                 pieces = self._schedules[(name, p, m, v)][1].pieces
                 if self.space.counts is not None and pieces != len(self.space.counts):
@@ -128,13 +140,24 @@ class Searcher:
                     continue
                 yield name, v
 
+    def _accepts(self, name: str, p: int, m: int, v: int) -> bool:
+        """Whether ``generate`` would take these arguments (its rules and size limits), without generating."""
+        fam = FAMILIES[name]
+        try:
+            check_args(fam, p, m, v)
+            limits.check_schedule_size(p, m, v, 3 if fam.split_backward else 2, name=name)
+        except (ScheduleArgError, limits.LimitError) as e:
+            self.skipped[str(e)] = self.skipped.get(str(e), 0) + 1
+            return False
+        return True
+
     def _schedule(self, name: str, p: int, m: int, v: int) -> Schedule | None:
         key = (name, p, m, v)
         if key not in self._schedules:
             try:
                 sched = generate(name, p, m, v)
                 self._schedules[key] = (sched, holding(sched))
-            except ScheduleArgError as e:
+            except (ScheduleArgError, limits.LimitError) as e:  # a rule of the family, or m over the limit
                 self._schedules[key] = None
                 self.skipped[str(e)] = self.skipped.get(str(e), 0) + 1
             except ModuleNotFoundError:  # a family whose generator is not in this install
@@ -162,7 +185,8 @@ class Searcher:
                          step_time=step, makespan=makespan, allreduce=allreduce, optimizer=opt,
                          throughput=self.global_batch / step if step > 0 else float("inf"),
                          bubble=bubble, memory=memory, activations=acts, overhead=over,
-                         fits=cl.memory is None or max(memory) <= cl.memory * (1 + 1e-9), schedule=sched)
+                         fits=cl.memory is None or max(memory) <= cl.memory * (1 + 1e-9), schedule=sched,
+                         band=profile_band(prof, c.mbs))
 
     def _partition(self, h: Holding, c: Config) -> Partition:
         """The exact split; the memory-free one is shared by every m and reused when it fits."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .datafile import SpecError, flag, number, read, whole
+from .. import limits
+from .datafile import SpecError, flag, label, number, read, whole
 
 FORMAT = "stagewise-model"
 _MLP_MATRICES = {"gelu": 2, "swiglu": 3}  #: weight matrices of hidden x ffn in the MLP
@@ -129,12 +130,21 @@ class TransformerSpec:
         return from_json(data, where)
 
 
+#: the largest value of each shape field: the planner's FLOPs and bytes stay finite far beyond any model
+#: (layers go through ``limits.LAYERS``: the profile holds one entry per layer)
+_MAXIMUM = {"hidden": 2**20, "heads": 2**16, "kv_heads": 2**16, "ffn": 2**22, "vocab": 2**24, "seq": 2**24}
+
+
 def from_json(data: dict, where: str) -> TransformerSpec:
-    ints = {k: number(data, k, where, integer=True) for k in
+    ints = {k: number(data, k, where, integer=True, maximum=_MAXIMUM.get(k)) for k in
             ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq")}
+    try:
+        limits.LAYERS.check(ints["layers"], "", detail=f"{where}: layers {ints['layers']}")
+    except limits.LimitError as e:
+        raise SpecError(str(e)) from None
     mlp = data.get("mlp", "gelu")
-    if mlp not in _MLP_MATRICES:
-        raise SpecError(f"{where}: mlp must be one of {', '.join(_MLP_MATRICES)}; got {mlp!r}")
+    if not isinstance(mlp, str) or mlp not in _MLP_MATRICES:
+        raise SpecError(f"{where}: mlp must be one of {', '.join(_MLP_MATRICES)}; got {str(mlp)[:40]!r}")
     if ints["hidden"] % ints["heads"]:
         raise SpecError(f"{where}: hidden ({ints['hidden']}) must be a multiple of heads ({ints['heads']})")
     if ints["kv_heads"] > ints["heads"] or ints["heads"] % ints["kv_heads"]:
@@ -142,7 +152,7 @@ def from_json(data: dict, where: str) -> TransformerSpec:
     flags = {k: flag(data, k, where) if k in data else default
              for k, default in (("tied_embeddings", False), ("dropout", False), ("flash_attention", True))}
     moe = _moe(data["moe"], f"{where}: moe", ints["layers"]) if data.get("moe") is not None else None
-    return TransformerSpec(name=str(data.get("name", where)), mlp=mlp, moe=moe, **ints, **flags)
+    return TransformerSpec(name=label(data, "name", where, where), mlp=mlp, moe=moe, **ints, **flags)
 
 
 _MOE_FIELDS = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "node_limit", "dispatch_bytes")

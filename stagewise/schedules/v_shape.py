@@ -20,6 +20,8 @@ simulator times it with real costs.
 
 from __future__ import annotations
 
+import bisect
+
 from ..actions import Action
 from ..schedule import Schedule, make
 
@@ -62,13 +64,81 @@ def _v_schedule(name: str, p: int, m: int, offsets) -> Schedule:
     return make(name, grid.programs(), placement, m)
 
 
+class _PrefixMax:
+    """The largest prefix sum of per-slot weights (+1 at F, -1 at W), kept under point updates: the peak of
+    a rank whose W's are in the grid, in O(log slots) per move instead of a scan (the same value)."""
+
+    def __init__(self, weights: dict[int, int]):
+        self.n = 1 << max(1, max(weights, default=0).bit_length() + 1)
+        self.sum = [0] * (2 * self.n)
+        self.best = [0] * (2 * self.n)  # the largest prefix sum within the node, the empty prefix (0) included
+        for i, w in weights.items():
+            self.sum[self.n + i], self.best[self.n + i] = w, max(0, w)
+        for k in range(self.n - 1, 0, -1):
+            self._pull(k)
+
+    def _pull(self, k: int) -> None:
+        left, right = 2 * k, 2 * k + 1
+        self.sum[k] = self.sum[left] + self.sum[right]
+        self.best[k] = max(self.best[left], self.sum[left] + self.best[right])
+
+    def set(self, i: int, w: int) -> None:
+        if i >= self.n:  # a slot past the end: rebuild larger
+            self.__init__({**{k: x for k in range(self.n) if (x := self.sum[self.n + k])}, i: w})
+            return
+        k = i + self.n
+        self.sum[k], self.best[k] = w, max(0, w)
+        k //= 2
+        while k:
+            self._pull(k)
+            k //= 2
+
+    @property
+    def peak(self) -> int:
+        return self.best[1]
+
+    def raised(self, lo: int, hi: int) -> int:
+        """The peak once an F moves from slot ``hi`` to the free slot ``lo``: every prefix in [lo, hi) gains one
+        (a free ``lo`` adds nothing to the prefix before it, so that one may count too)."""
+        total, i = 0, lo + self.n
+        while i > 1:  # the sum of the slots before lo: the left siblings on the way up
+            if i & 1:
+                total += self.sum[i - 1]
+            i //= 2
+        run, best, rights = 0, 0, []
+        i, j = lo + self.n, hi + self.n
+        while i < j:  # the nodes covering [lo, hi), in order
+            if i & 1:
+                best, run = max(best, run + self.best[i]), run + self.sum[i]
+                i += 1
+            if j & 1:
+                j -= 1
+                rights.append(j)
+            i //= 2
+            j //= 2
+        for k in reversed(rights):
+            best, run = max(best, run + self.best[k]), run + self.sum[k]
+        return max(self.peak, total + best + 1)
+
+
+_WEIGHT = {"F": 1, "W": -1}
+
+
 class _Grid:
-    """Unit slots of each rank and the action in each. Mutable: the passes rewrite it in place."""
+    """Unit slots of each rank and the action in each. Mutable: the passes rewrite it in place.
+
+    While a squeeze runs, each rank's peak is kept incrementally (``_track``): with the W's in the grid a
+    prefix-max tree; without them, the scan's state after each occupied slot, resumed from the first slot a
+    move touched. Both give what a full scan gives (``_full_peak``)."""
 
     def __init__(self, p: int, m: int):
         self.p, self.m = p, m
         self.slots: list[dict[int, Action]] = [{} for _ in range(p)]
         self.at: dict[Action, int] = {}
+        self._tracking: bool | None = None  # None: no squeeze running; else its with_w
+        self._trees: list[_PrefixMax] = []
+        self._keys: list[list[int]] = []  # without W's: occupied slots in order, and the scan's states
+        self._states: list[list[tuple[int, int, int, int]]] = []
 
     def rank_of(self, stage: int) -> int:
         return stage if stage < self.p else 2 * self.p - 1 - stage
@@ -76,10 +146,37 @@ class _Grid:
     def put(self, r: int, a: Action, slot: int) -> None:
         self.slots[r][slot] = a
         self.at[a] = slot
+        if self._tracking is True and a.kind in _WEIGHT:
+            self._trees[r].set(slot, _WEIGHT[a.kind])
+        elif self._tracking is False:
+            keys = self._keys[r]
+            i = bisect.bisect_left(keys, slot)
+            keys.insert(i, slot)
+            del self._states[r][i:]
 
     def move(self, r: int, a: Action, slot: int) -> None:
-        del self.slots[r][self.at[a]]
+        self._clear(r, self.at[a])
         self.put(r, a, slot)
+
+    def _clear(self, r: int, slot: int) -> None:
+        a = self.slots[r].pop(slot)
+        if self._tracking is True and a.kind in _WEIGHT:
+            self._trees[r].set(slot, 0)
+        elif self._tracking is False:
+            keys = self._keys[r]
+            i = bisect.bisect_left(keys, slot)
+            keys.pop(i)
+            del self._states[r][i:]
+
+    def _track(self, with_w: bool | None) -> None:
+        """Start (with_w True/False) or stop (None) keeping each rank's peak incrementally."""
+        self._tracking = with_w
+        if with_w is True:
+            self._trees = [_PrefixMax({t: _WEIGHT[a.kind] for t, a in slots.items() if a.kind in _WEIGHT})
+                           for slots in self.slots]
+        elif with_w is False:
+            self._keys = [sorted(slots) for slots in self.slots]
+            self._states = [[] for _ in self.slots]
 
     def place_ws(self) -> None:
         """Each free slot takes the oldest W owed (chunk 1's first, as its I's unblock the rank before)."""
@@ -101,26 +198,47 @@ class _Grid:
         for r in range(self.p):
             for slot, a in list(self.slots[r].items()):
                 if a.kind == "W":
-                    del self.slots[r][slot], self.at[a]
+                    self._clear(r, slot)
+                    del self.at[a]
 
     def peak(self, r: int, with_w: bool) -> int:
         """Live activations of rank r at its fullest: +1 at F, -1 at W (W's not in the grid yet take free slots)."""
+        if self._tracking is True and with_w:  # every W is in the grid: the largest prefix sum
+            return self._trees[r].peak
+        if self._tracking is False and not with_w:
+            return self._resume(r)
+        return self._full_peak(r, with_w)
+
+    def _full_peak(self, r: int, with_w: bool) -> int:
         live = peak = owed = prev = 0
         slots = self.slots[r]
         for slot in sorted(slots):  # occupied slots only: a run of free ones pays owed W's at once
-            if owed:
-                paid = min(owed, slot - prev - 1)
-                live, owed = live - paid, owed - paid
-            prev = slot
-            a = slots[slot]
-            if a.kind == "F":
-                live += 1
-                peak = max(peak, live)
-            elif a.kind == "W":
-                live -= 1
-            elif not with_w:
-                owed += 1
+            live, peak, owed, prev = self._step(slots[slot], slot, live, peak, owed, prev, with_w)
         return peak
+
+    @staticmethod
+    def _step(a: Action, slot: int, live: int, peak: int, owed: int, prev: int, with_w: bool):
+        """The scan's state after occupied ``slot``: the free slots since ``prev`` pay owed W's, then ``a``."""
+        if owed:
+            paid = min(owed, slot - prev - 1)
+            live, owed = live - paid, owed - paid
+        if a.kind == "F":
+            live += 1
+            peak = max(peak, live)
+        elif a.kind == "W":
+            live -= 1
+        elif not with_w:
+            owed += 1
+        return live, peak, owed, slot
+
+    def _resume(self, r: int) -> int:
+        """The W-less scan of rank r, resumed after the last slot no move has touched."""
+        keys, states, slots = self._keys[r], self._states[r], self.slots[r]
+        state = states[-1] if states else (0, 0, 0, 0)
+        for slot in keys[len(states):]:
+            state = self._step(slots[slot], slot, *state, False)
+            states.append(state)
+        return state[1]
 
     def earliest(self, a: Action) -> int:
         """The first slot after a's dependencies: the chain of its micro-batch and its own previous one."""
@@ -144,6 +262,7 @@ class _Grid:
         The warm-up ends when rank 0 first runs I of stage 0 (a micro-batch went down and up the V);
         the cool-down starts after the first forward of the last micro-batch on stage 0.
         """
+        self._track(with_w)
         limit = max(self.peak(r, with_w) for r in range(self.p))
         order = sorted(self.at.items(), key=lambda x: (x[1], self.rank_of(x[0].stage), x[0].stage))
         phase = 0
@@ -162,10 +281,16 @@ class _Grid:
             sure = with_w and a.kind != "F"
             for t in range(self.earliest(a), slot):
                 if t not in self.slots[r]:
+                    if self._tracking is True and a.kind == "F":  # the peak after the move, without making it
+                        if self._trees[r].raised(t, slot) <= limit:
+                            self.move(r, a, t)
+                            break
+                        continue
                     self.move(r, a, t)
                     if sure or self.peak(r, with_w) <= limit:
                         break
                     self.move(r, a, slot)
+        self._track(None)
 
     def programs(self) -> list[list[Action]]:
         return [[slots[t] for t in sorted(slots)] for slots in self.slots]

@@ -151,7 +151,14 @@ def _measure_layer(layer, x, loss, dev, repeats: int, warmup: int) -> dict:
                 times[name].append(dt)
     out = {k: statistics.median(v) for k, v in times.items()}
     out["activation_bytes"] = float(act)
+    out["spread"] = _spread([f + b for f, b in zip(times["t_f"], times["t_b"])])
     return out
+
+
+def _spread(totals: list[float]) -> float:
+    """Half of (slowest - fastest) / median of the repeats: the profile's measured spread (``LayerProfile``)."""
+    mid = statistics.median(totals)
+    return (max(totals) - min(totals)) / (2 * mid) if mid > 0 else 0.0
 
 
 def _optimizer_time(layer: nn.Module, name: str, repeats: int, warmup: int, dev) -> float:
