@@ -66,8 +66,10 @@ class Splitter:
         self._seen.add(id(module))
         outs = tuple(t for t in _tensors(output) if t.requires_grad)
         if outs:
-            # a plain Linear's dW = g^T x is one product: W computes it without the autograd engine
-            x = args[0] if type(module) is nn.Linear and len(outs) == 1 and module.weight.requires_grad else None
+            # a plain Linear's dW = g^T x is one product: W computes it without the autograd engine (not for a
+            # tensor-parallel one: its weight and input are DTensors, which autograd differentiates)
+            x = args[0] if (type(module) is nn.Linear and len(outs) == 1 and module.weight.requires_grad
+                            and type(module.weight) is nn.Parameter and type(args[0]) is torch.Tensor) else None
             rec.outputs.append((module, outs, x))
 
 

@@ -55,6 +55,14 @@ def check_positive_number(option: str, value: float, limit=None) -> None:
         limit.check(value, option)
 
 
+def check_divides(tp: int, sizes) -> None:
+    """``tp`` must divide each size tensor parallel splits (``(("attention heads", 4), ...)``)."""
+    for what, n in sizes:
+        if n % tp:
+            raise RunError(f"`tp` {tp} does not divide the model's {n} {what}: tensor parallel gives each tp rank "
+                           f"the same number of them; use a `tp` that divides {n}")
+
+
 def check_timeout(value: float) -> None:
     """``timeout``: seconds a rank waits for a peer, > 0 and within the TIMEOUT limit."""
     check_positive_number("`timeout`", value, limits.TIMEOUT)
@@ -92,7 +100,10 @@ class RunConfig:
     ranks: int = 4  #: p, the ranks launched
     microbatches: int = 8  #: m
     chunks: int | None = None  #: v (family default when None)
-    dp: int = 1  #: pipeline replicas (data parallel); p x dp ranks in all
+    dp: int = 1  #: pipeline replicas (data parallel); p x dp x fsdp x tp ranks in all
+    fsdp: int = 1  #: sharded data parallel (FSDP2 on each stage; with dp > 1: HSDP)
+    tp: int = 1  #: tensor parallel inside each stage (the model's tp plan)
+    zero: int = 0  #: 1: ZeRO-1, the optimizer state sharded over the dp replicas (torch's ZeroRedundancyOptimizer)
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
     steps: int = 1  #: optimizer steps
@@ -133,8 +144,18 @@ class RunConfig:
 
     @property
     def pipelined(self) -> bool:
-        """Runs on ranks (p x dp > 1), not as the in-process reference."""
-        return (self.schedule is not None or self.csv is not None) and self.ranks * self.dp > 1
+        """Runs on ranks (p x dp x fsdp x tp > 1), not as the in-process reference."""
+        return (self.schedule is not None or self.csv is not None) and self.world > 1
+
+    @property
+    def shards(self) -> int:
+        """How many shares of each step's batch there are: the data-parallel ranks (dp x fsdp)."""
+        return self.dp * self.fsdp
+
+    @property
+    def world(self) -> int:
+        """The ranks one run needs: p x dp x fsdp x tp."""
+        return self.ranks * self.dp * self.fsdp * self.tp
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""
@@ -151,7 +172,7 @@ class RunConfig:
             limits.TOKENS.check(self.batch * seq, "", detail=f"`batch` {self.batch} x `seq` {seq} = "
                                 f"{self.batch * seq:,} tokens per step")
         if self.pipelined:
-            check_batch(self.batch, self.microbatches, self.dp if self.dp >= 1 else 1)
+            check_batch(self.batch, self.microbatches, self.shards if self.shards >= 1 else 1)
         self._check_scale()
         self._check_resilience()
         check_positive_number("`lr`", self.lr)
@@ -164,23 +185,42 @@ class RunConfig:
         if self.model is not None and hasattr(self.model, "check"):
             self.model.check()
         if self.model is not None and hasattr(self.model, "check_sizes"):  # one micro-batch's activations
-            self.model.check_sizes(max(1, self.batch // (self.microbatches * self.dp) if self.pipelined else self.batch))
+            self.model.check_sizes(max(1, self.batch // (self.microbatches * self.shards) if self.pipelined
+                                       else self.batch))
         if self.model is not None:
             self.layer_split()
 
     def _check_scale(self) -> None:
-        """`dp` and `recompute` (runtime at scale)."""
-        check_count("`dp`", self.dp, 1, limits.RANKS)
+        """`dp`, `fsdp`, `tp`, `zero` and `recompute` (runtime at scale)."""
+        for name in ("dp", "fsdp", "tp"):
+            check_count(f"`{name}`", getattr(self, name), 1, limits.RANKS)
+        if self.zero not in (0, 1) or isinstance(self.zero, bool):
+            raise RunError(f"`zero` must be 0 (off) or 1 (ZeRO-1: optimizer state sharded over `dp`); got "
+                           f"{self.zero!r}")
+        if self.zero and self.fsdp > 1:
+            raise RunError(f"`zero` 1 with `fsdp` {self.fsdp}: FSDP already shards the optimizer state with the "
+                           "parameters; give one of them (ZeRO-1 shards it over `dp` replicas)")
+        if self.zero and self.dp < 2:
+            raise RunError("`zero` 1 shards the optimizer state over the `dp` replicas: it needs `dp` >= 2")
         if not self.pipelined and (self.dp > 1 or self.recompute):
             what = f"`dp` {self.dp}" if self.dp > 1 else "`recompute`"
             raise RunError(f"{what} needs a `schedule` run on ranks (`ranks` or `dp` >= 2); the unpipelined "
                            "reference runs in one process")
+        if self.schedule is None and self.csv is None and (self.fsdp > 1 or self.tp > 1):
+            what = f"`fsdp` {self.fsdp}" if self.fsdp > 1 else f"`tp` {self.tp}"
+            raise RunError(f"{what} needs a `schedule` run on ranks; the unpipelined reference runs in one process")
+        if self.tp > 1 and self.model is not None and hasattr(self.model, "layers"):
+            self._check_tp()
+
+    def _check_tp(self) -> None:
+        """`tp` divides what the model's tensor-parallel plan splits (its heads), before any rank starts."""
+        check_divides(self.tp, getattr(self.model.layers(), "tp_divides", ()))
 
     def _check_resilience(self) -> None:
-        """`save`, `save_every`, `resume` (checkpoint_files.py; the test fault: worker.preflight)."""
+        """`save`, `save_every`, `resume` (checkpoint_files.py; the test fault: worker.preflight). The
+        unpipelined reference may resume a checkpoint (any layout's), not save one."""
         if self.save_every is not None:
             check_count("`save_every`", self.save_every, 1)
-        if not self.pipelined and (self.save or self.resume):
-            what = "`save`" if self.save else "`resume`"
-            raise RunError(f"{what} needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
-                           "keeps no checkpoints")
+        if not self.pipelined and self.save:
+            raise RunError("`save` needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
+                           "keeps no checkpoints (it resumes them: `resume`)")
