@@ -323,9 +323,177 @@ def train_tied_by_name(cases) -> dict:
     return out
 
 
-def train_on_mesh(cases) -> dict:
-    """Rank function: train_cases with the replicas given as a (dp, pp) DeviceMesh instead of dp=."""
+def train_on_mesh(cases, names=("dp", "pp")) -> dict:
+    """Rank function: train_cases with the replicas given as a named DeviceMesh instead of dp=: the names say
+    which dimension is the pipeline, in either order."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
     return train_cases(cases, mesh=mesh)
+
+
+# ---- hardening: what a user gets wrong, and what a pipeline survives
+
+class Loose(nn.Module):
+    """A layer with a bare nn.Parameter (a learned position table) next to a Linear: no reset_parameters
+    covers ``pos``, so on the meta device something else must initialise it."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Parameter(torch.zeros(4))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x + self.pos)
+
+
+class LooseNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Loose()
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def more_mistakes(kind: str):
+    """Rank function for the mistakes of issue 17: each must fail on every rank with one clear message."""
+    import torch.distributed as dist
+
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    two = [nn.Linear(4, 4) for _ in range(2)]
+    if kind == "rows":  # rank 1 passes a smaller batch of targets than rank 0
+        pipe = stagewise.Pipeline("1f1b", two, F.mse_loss, microbatches=2)
+        pipe.step(x, y if dist.get_rank() == 0 else y[:2])
+    elif kind == "tie shapes":
+        stagewise.Pipeline("1f1b", stagewise.Layers(4, lambda i: nn.Linear(4, 4), ties=(("0.weight", "3.bias"),)),
+                           F.mse_loss, microbatches=2)
+    elif kind == "microbatches text":
+        stagewise.Pipeline("1f1b", two, F.mse_loss, microbatches="4")
+    elif kind == "timeout 0":
+        stagewise.Pipeline("1f1b", two, F.mse_loss, microbatches=2, timeout=0)
+    elif kind == "clip -1":
+        pipe = stagewise.Pipeline("1f1b", two, F.mse_loss, microbatches=2)
+        pipe.step(x, y)
+        pipe.clip_grad_norm_(-1)
+    elif kind == "names twice":
+        stagewise.Pipeline("1f1b", stagewise.Layers(2, lambda i: nn.Linear(4, 4), names=("a", "a")), F.mse_loss,
+                           microbatches=2)
+    elif kind == "count huge":
+        stagewise.Pipeline("1f1b", stagewise.Layers(10**12, lambda i: nn.Linear(4, 4)), F.mse_loss, microbatches=2)
+    elif kind == "meta bare":
+        with torch.device("meta"):
+            net = LooseNet()
+        stagewise.Pipeline("1f1b", net, F.mse_loss, microbatches=2, split=["b"])
+    elif kind == "loss not scalar":
+        pipe = stagewise.Pipeline("1f1b", two, lambda o, t: (o - t) ** 2, microbatches=2)
+        pipe.step(x, y)
+
+
+class Dicts(nn.Module):
+    """Returns an OrderedDict (what transformers' ModelOutput is) or a SimpleNamespace across the boundary."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.lin, self.how = nn.Linear(4, 4), how
+
+    def forward(self, x):
+        from collections import OrderedDict
+        from types import SimpleNamespace
+
+        h, mask = self.lin(x), torch.ones(x.shape[0], dtype=torch.long)
+        return OrderedDict(h=h, mask=mask) if self.how == "ordered" else SimpleNamespace(h=h, mask=mask)
+
+
+class Reads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, tree):
+        h = tree["h"] if isinstance(tree, dict) else tree.h
+        mask = tree["mask"] if isinstance(tree, dict) else tree.mask
+        return self.lin(h) * mask[:, None]
+
+
+def survivals() -> dict:
+    """Rank function: what a pipeline does after a NaN, with odd boundaries, bf16 and meta init."""
+    import math
+
+    import torch.distributed as dist
+
+    out = {}
+    x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.randn(8, 4)
+    poison = {"on": False}
+
+    def nan_once(o, t):
+        loss = F.mse_loss(o, t)
+        return loss * float("nan") if poison["on"] else loss
+
+    from stagewise.runtime.resilience.nonfinite import NonFiniteLoss
+
+    for policy in ("raise", "skip"):
+        pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], nan_once, microbatches=2,
+                                  nonfinite=policy)
+        poison["on"] = True
+        try:
+            res = pipe.step(x, y)
+            out[policy] = ("skipped", res.skipped, [p.grad for p in pipe.parameters()])
+        except NonFiniteLoss as e:
+            out[policy] = ("raised", str(e), [p.grad for p in pipe.parameters()])
+        poison["on"] = False
+        out[policy + " then"] = math.isfinite(pipe.step(x, y).loss)  # the pipeline goes on
+    for how in ("ordered", "namespace"):
+        torch.manual_seed(0)
+        layers = [Dicts(how), Reads()]
+        want = F.mse_loss(layers[1](layers[0](x)), y).item()
+        out[how] = (stagewise.Pipeline("1f1b", layers, F.mse_loss, microbatches=2).step(x, y).loss, want)
+    bf16 = {}
+    for name in ("1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe", "dualpipe-v"):
+        torch.manual_seed(0)
+        pipe = stagewise.Pipeline(name, layers_bf16(), F.mse_loss, microbatches=4, autocast=torch.bfloat16)
+        res = pipe.step(x, y)
+        mine = {n: p.grad.clone() for n, p in pipe.named_parameters()}
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)  # each rank holds its stages' gradients: the whole model's here
+        bf16[name] = (res.loss, {n: g for part in every for n, g in part.items()})
+    out["bf16"] = bf16
+    seen = []
+    with torch.device("meta"):
+        net = LooseNet()
+    pipe = stagewise.Pipeline("1f1b", net, F.mse_loss, microbatches=2, split=["b"],
+                              init=lambda name, m: (seen.append(name), nn.init.ones_(m.pos)))
+    out["init calls"] = seen
+    out["params finite"] = all(torch.isfinite(p).all().item() for p in pipe.parameters())
+    return out
+
+
+def broken_once() -> dict:
+    """Rank function (one rank: a peer of a failed step would time out and close its connections): a step
+    that failed inside the program leaves the pipeline unable to step again, and says so."""
+    out = {}
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    calls = {"n": 0}
+
+    def fails_once(o, t):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("a bug in the loss")
+        return F.mse_loss(o, t)
+
+    pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], fails_once, microbatches=2)
+    try:
+        pipe.step(x, y)
+    except ValueError:
+        pass
+    try:
+        pipe.step(x, y)
+    except Exception as e:  # noqa: BLE001 - what the next step says
+        out["after error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def layers_bf16() -> list[nn.Module]:
+    return [nn.Linear(4, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 8),
+            nn.Linear(8, 4), nn.Linear(4, 4)]

@@ -118,3 +118,27 @@ def test_a_real_process_exits_2_with_one_line_and_no_traceback():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "stagewise simulate: error: dualpipe needs an even --ranks; got 5\n"
+
+
+def test_version_and_every_subcommand_has_a_description(capsys):
+    import stagewise
+    from stagewise.cli import build_parser
+
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0 and out.strip() == f"stagewise {stagewise.__version__}"
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, parser in sub.choices.items():
+        assert parser.description and len(parser.description) > 40, name  # more than the one-line help
+    rc, out, _ = run(capsys, "--help")
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith(("train", "profile"))]
+    assert lines and all("--hf" in ln for ln in lines), lines  # not only for the built-in GPT
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["profile", "--micro-batch-sizes", "100000", "--no-link"], "--micro-batch-sizes 100000:"),
+    (["profile", "--micro-batch-sizes", "2,2", "--no-link"], "--micro-batch-sizes names 2 twice"),
+])
+def test_profile_sizes_are_refused_naming_the_option(capsys, argv, words):
+    from cli_helpers import fails
+
+    assert words in fails(capsys, *argv)

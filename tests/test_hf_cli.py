@@ -127,3 +127,24 @@ def test_save_every_then_resume_continues_the_same_run_under_another_layout(caps
                        "--resume", str(saved))
     assert rc == 0, err  # another schedule and p: the checkpoint is keyed by layer, not by rank
     assert abs(json.loads(out)["losses"][0] - straight[3]) <= 1e-5 * straight[3]
+
+
+def test_an_hf_run_and_a_gpt_run_are_one_run_path(capsys, files, tmp_path, monkeypatch):
+    """A newcomer's walk: train --hf and plain train give one result type (the same JSON, memory measured
+    against the simulator's prediction), one checkpoint format, and the same flight recorder on a fault."""
+    root, folder, text = files
+    common = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--batch", "8", "--seq", "16", "--steps", "2", "--json"]
+    rc, out, err = run(capsys, "train", *common, "--layers", "2", "--d-model", "32", "--save", str(tmp_path / "g"))
+    assert rc == 0, err
+    gpt = json.loads(out)
+    rc, out, err = run(capsys, "train", "--hf", str(folder), "--data", str(text), *common, "--save",
+                       str(tmp_path / "h"))
+    assert rc == 0, err
+    hf = json.loads(out)
+    assert set(hf) - set(gpt) == {"read_bytes_per_rank"} and set(gpt) <= set(hf)
+    assert len(hf["predicted_peak_activation_bytes"]) == 2 and all(b > 0 for b in hf["peak_activation_bytes"])
+    manifests = [json.loads((tmp_path / k / "step-00000002" / "manifest.json").read_text()) for k in ("g", "h")]
+    assert manifests[0]["format"] == manifests[1]["format"] and manifests[1]["run"]["model"]["class"] == "HFRun"
+    monkeypatch.setenv("STAGEWISE_FAULT", "raise:rank=1:action=1F1")
+    rc, out, err = run(capsys, "train", "--hf", str(folder), "--data", str(text), *common[:-1])
+    assert rc == 1 and "rank 1 at 1F1 (step 1): InjectedFault" in err and "flight recorder, rank 1 (failed)" in err

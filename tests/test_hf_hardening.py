@@ -73,7 +73,7 @@ CASES = [
     ("bounded", "huge-embedding", "vocab.json", "t.txt", None, {},
      ["vocab_size x hidden_size (the token embedding, the LM head) = 4096000000", "STAGEWISE_MAX_ELEMENTS"]),
     ("bounded", "lowered-limit", "good", "t.txt", None, {"STAGEWISE_MAX_PARAMETERS": "1000"},
-     ["good/config.json: 143808 parameters", "over the limit of 1000", "STAGEWISE_MAX_PARAMETERS"]),
+     ["good/config.json: 143808 parameters", "over the limit of 1,000", "STAGEWISE_MAX_PARAMETERS"]),
     # configs of the wrong types or values
     ("config", "model-type-list", "c-type.json", "t.txt", None, {},
      ["model_type is ['llama']; it must be a string"]),
@@ -265,7 +265,7 @@ def test_tokens_per_step_are_bounded_before_a_batch_is_made(root, monkeypatch):
     """``--batch 1048576 --seq 32``: the check the run's preflight calls, and ``batch`` itself, refuse it."""
     config = load(root / "good").config
     data = TextData(path=str(root / "t.txt"), seq=32)
-    words = "`batch` 1048576 x `seq` 32 = 33554432 tokens: over the limit of 16777216 tokens per step; set " \
+    words = "`batch` 1048576 x `seq` 32 = 33554432 tokens: over the limit of 16,777,216 tokens per step; set " \
             "STAGEWISE_MAX_TOKENS=N"
     with pytest.raises(HFError, match=words):
         data.check(config, batch=1048576)

@@ -15,11 +15,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def test_profile_an_hf_folder_then_plan_on_it(capsys, tmp_path):
+    """The whole profile, link and per-step overhead included: the overhead runs measure the HF model itself
+    on 2 local ranks (issue 17: this once died after the layers with a traceback and wrote nothing)."""
     folder = save_tiny("llama", tmp_path / "llama")
     prof = tmp_path / "p.json"
     rc, out, err = run(capsys, "profile", "--hf", str(folder), "--seq", "16", "--micro-batch-sizes", "1",
-                       "--repeats", "1", "--no-link", "-o", str(prof))
+                       "--repeats", "1", "-o", str(prof))
     assert rc == 0, err
+    meta = json.loads(prof.read_text())["meta"]
+    assert meta["hf"]["seq"] == 16 and meta["step_overhead"]["samples"]  # measured on the runtime, this model
     assert "model.embed_tokens" in out and "lm_head" in out
     layers = json.loads(prof.read_text())["layers"]
     assert [x["symbol"] for x in layers] == ["E", "t", "t", "t", "N", "H"]

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from stagewise.cli import main
+from stagewise.cli.flags import say
 from stagewise.runtime import RunConfig, RunError
 from stagewise.runtime.resilience import checkpoint_files as files
 from stagewise.runtime.resilience.checkpoint import rng_state, set_rng_state
@@ -124,7 +125,7 @@ def test_a_corrupt_file_is_refused_by_the_rank_that_reads_it(saved, tmp_path):
     with pytest.raises(RankFailure) as info:
         train(dataclasses.replace(BASE, resume=str(bad)))
     assert info.value.user
-    assert f"rank 1: --resume {bad / 'step-00000002'}: layer-00005.pt is corrupt" in str(info.value)
+    assert f"rank 1: --resume {bad / 'step-00000002'}: layer-00005.pt is corrupt" in say(str(info.value))
 
 
 def test_a_truncated_file_or_a_missing_manifest_is_refused_before_any_rank_starts(saved, tmp_path):
@@ -350,3 +351,69 @@ def test_a_concurrent_run_that_saved_since_the_launch_is_refused_at_the_first_sa
     with pytest.raises(RunError, match="holds checkpoints of another run"):
         files.prepare_save(str(mine), "f" * 32, overwrite=False)
     assert files.prepare_save(str(mine), "f" * 32, overwrite=True) == ["step-00000001", "step-00000002"]
+
+
+def _rehash(folder: Path, name: str) -> None:
+    """Make the manifest agree with whatever ``name`` now holds (what a careless edit or a swap would do)."""
+    import hashlib
+
+    m = json.loads((folder / files.MANIFEST).read_text())
+    data = (folder / name).read_bytes()
+    m["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / files.MANIFEST).write_text(json.dumps(m))
+
+
+def test_files_that_match_their_hash_but_are_not_ours_are_refused_by_name(capsys, saved, tmp_path):
+    """Random bytes with the manifest's hash updated, and two layer files swapped: exit 2 naming the file."""
+    _, root = saved
+    tiny = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--layers", "6", "--d-model", "32", "--seq", "16",
+            "--batch", "4", "--steps", "3"]
+    noise = copy_of(root, tmp_path / "noise")
+    step = noise / "step-00000002"
+    (step / files.layer_file(0)).write_bytes(os.urandom(4096))
+    _rehash(step, files.layer_file(0))
+    rc, _, err = run_cli(capsys, *tiny, "--resume", str(noise))
+    assert rc == 2 and "layer-00000.pt is not a layer file of a checkpoint" in err and err.count("\n") == 1, err
+    swapped = copy_of(root, tmp_path / "swapped")
+    step = swapped / "step-00000002"
+    a, b = step / files.layer_file(0), step / files.layer_file(3)
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    _rehash(step, files.layer_file(0))
+    _rehash(step, files.layer_file(3))
+    rc, _, err = run_cli(capsys, *tiny, "--resume", str(swapped))
+    assert rc == 2 and "layer-00000.pt does not hold 0." in err and "swapped or edited" in err, err
+
+
+def test_a_save_folder_is_checked_before_the_first_step_and_never_written_through(capsys, saved, tmp_path):
+    """Foreign files (a corpus), a symlink to elsewhere, a file where a step folder goes, a FIFO manifest:
+    each refused before any rank starts; nothing of them is touched."""
+    _, root = saved
+    tiny = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--layers", "6", "--d-model", "32", "--seq", "16",
+            "--batch", "4", "--steps", "2"]
+    corpus = tmp_path / "data"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("a corpus the user wrote")
+    rc, _, err = run_cli(capsys, *tiny, "--save", str(corpus))
+    assert rc == 2 and "holds train.txt, which is not a checkpoint" in err
+    assert (corpus / "train.txt").read_text() == "a corpus the user wrote" and sorted(corpus.iterdir()) == [
+        corpus / "train.txt"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "step-00000002").symlink_to(elsewhere)
+    rc, _, err = run_cli(capsys, *tiny, "--save", str(linked), "--overwrite")
+    assert rc == 2 and "step-00000002 is a symlink" in err and not any(elsewhere.iterdir())
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "step-00000002").write_text("a file of the user's")
+    rc, _, err = run_cli(capsys, *tiny, "--save", str(blocked), "--overwrite")
+    assert rc == 2 and "step-00000002 is a file where step 2's checkpoint folder goes" in err
+    fifo_run = copy_of(root, tmp_path / "fifo")
+    manifest = fifo_run / "step-00000002" / files.MANIFEST
+    manifest.unlink()
+    os.mkfifo(manifest)  # opening it for reading would block forever
+    rc, _, err = run_cli(capsys, *tiny, "--steps", "3", "--resume", str(fifo_run / "step-00000002"))
+    assert rc == 2 and "manifest.json is unreadable" in err and "not a regular file (a FIFO)" in err, err

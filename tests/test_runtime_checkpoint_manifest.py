@@ -58,7 +58,7 @@ def test_the_differences_name_the_options_and_both_values():
     run = manifests.run_section(cfg, manifests.new_run_id(), {}, "AdamW")
     assert manifests.differences(run, cfg) == []
     other = RunConfig(model=GPTConfig(layers_n=2, seed=3), schedule="zb-v", ranks=8, batch=64, lr=0.5)
-    assert manifests.differences(run, other) == ["--layers 1 there, 2 here", "--seed 0 there, 3 here"]
+    assert manifests.differences(run, other) == ["--layers 1 there, 2 here", "`seed` 0 there, 3 here"]
 
 
 @dataclass(frozen=True, kw_only=True)

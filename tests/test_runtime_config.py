@@ -50,7 +50,7 @@ CASES = [
     (["--seq", "100000"], "--seq 100000: the synthetic stream has 65,536 tokens, so at most 65,535"),
     (["--d-model", "100000"], "--d-model x 4 --d-model (one block's MLP weight) = 40000000000: over the limit of "
      "268,435,456 elements in one tensor"),
-    (["--layers", "4000", "--d-model", "4096"], "parameters: over the limit of 536,870,912 model parameters"),
+    (["--layers", "4000", "--d-model", "4096"], "parameters: over the limit of 2,147,483,648 model parameters"),
     (["-p", "100000"], "--ranks 100000: over the limit of 4,096 ranks"),
     (["-p", "300", "--layers", "400", "-m", "300", "--batch", "300"], "300 local ranks: over the limit of 256"),
     (["-m", "100000", "--batch", "100000"], "--microbatches 100000: over the limit of 65,536 micro-batches"),

@@ -73,3 +73,22 @@ def test_dualpipe_lanes_send_in_opposite_directions():
     down = {r.stage for r in plan.order[(0, 1)] if r.direction == ACT}
     up = {r.stage for r in plan.order[(1, 0)] if r.direction == ACT}
     assert down == {1} and up == {7}
+
+
+def test_a_shape_learned_in_an_earlier_step_is_named_with_its_step():
+    """static_shapes: step 2's micro-batch 0 differs from what step 1 taught; the message says which step,
+    not "micro-batch 0 ... but micro-batch 0 had"."""
+    import pytest
+    import torch
+
+    from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError, message_plan
+    from stagewise.schedules import generate
+
+    p2p = P2P(message_plan(generate("1f1b", 2, 4)), 1, torch.device("cpu"), 5.0, static=True)
+    p2p._check(Route(ACT, 1, 0), None, (((1, 16, 32), torch.float32, True),), "receives")
+    p2p.steps = 1  # the next step
+    with pytest.raises(ShapeError, match=r"stage 1 micro-batch 0: receives activation \(stage 0 -> 1\) of shape "
+                                         r"\(1, 15, 32\) float32 with gradient, but micro-batch 0 of step 1 had "
+                                         r"\(1, 16, 32\) float32 with gradient; with static_shapes every step must "
+                                         r"have the shapes of the first"):
+        p2p._check(Route(ACT, 1, 0), None, (((1, 15, 32), torch.float32, True),), "receives")

@@ -74,11 +74,13 @@ def test_data_parallel_replicas_equal_torch():
         assert_same(res, want, case)
 
 
-def test_a_device_mesh_of_dp_by_pp_equals_torch():
+@pytest.mark.parametrize("names", [("dp", "pp"), ("pp", "dp")])
+def test_a_device_mesh_read_by_its_names_equals_torch(names):
+    """(pp, dp) is not read as (dp, pp): the pipeline runs along the dimension named pp (issue 17)."""
     from api_helpers import train_on_mesh
 
     want = reference()
-    got = stagewise.launch(train_on_mesh, 4, [("zb-v", 4, None)], threads=1)
+    got = stagewise.launch(train_on_mesh, 4, [("zb-v", 4, None)], names, threads=1)
     assert_same(got[("zb-v", 4, None)], want, "mesh")
 
 

@@ -132,3 +132,48 @@ def test_a_function_spawned_ranks_cannot_import_is_refused_before_any_rank_start
     with pytest.raises(RunError, match=r"stagewise.launch: '.*<lambda>' cannot be sent to spawned ranks .*pass a "
                        r"function defined at the top level of a module or script"):
         stagewise.launch(lambda: 1, 2)
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("rows", r"step 1's targets have \d rows here but between 2 and 8 on other ranks"),
+    ("tie shapes", r"ties: '0.weight' has shape \(4, 4\) and '3.bias' has \(4,\); tied parameters must have one "
+                   r"shape"),
+    ("microbatches text", r"`microbatches` must be a whole number; got '4' \(str\)"),
+    ("timeout 0", r"`timeout` must be a finite number > 0; got 0"),
+    ("clip -1", r"`max_norm` must be a finite number > 0; got -1"),
+    ("names twice", r"Layers `names` gives 'a' to two layers"),
+    ("count huge", r"Layers `count` 1000000000000: over the limit of 100,000 layers"),
+    ("meta bare", r"a.pos is initialised by no reset_parameters .* pass init=fn\(name, module\), called for 'a'"),
+    ("loss not scalar", r"`loss_fn` returned \(4, 4\); it must return the mean loss of a micro-batch as a scalar"),
+])
+def test_more_mistakes_fail_on_every_rank_naming_the_argument_and_the_rule(kind, words):
+    """Issue 17's probe: accepted before, or a rank killed inside gloo (tie shapes), or torch's raw error."""
+    import re
+
+    from api_helpers import more_mistakes
+
+    with pytest.raises(RankFailure) as err:
+        stagewise.launch(more_mistakes, 2, kind, threads=1)
+    assert err.value.user and "\n" not in str(err.value) and re.search(words, str(err.value)), str(err.value)
+
+
+def test_a_pipeline_survives_a_nan_an_error_odd_boundaries_bf16_and_meta_init():
+    from api_helpers import broken_once, survivals
+
+    got = stagewise.launch(survivals, 2, threads=1)
+    kind, text, grads = got["raise"]
+    assert kind == "raised" and "step 1: the loss is nan at micro-batch" in text and "(stage 1, rank 1)" in text
+    assert all(g is None for g in grads) and got["raise then"]  # its gradients dropped; the next step runs
+    kind, where, grads = got["skip"]
+    assert kind == "skipped" and "stage 1, rank 1" in where and all(g is None for g in grads) and got["skip then"]
+    assert stagewise.launch(broken_once, 1)["after error"].startswith(
+        "PipelineBroken: this Pipeline failed part-way through step 1 (ValueError: a bug in the loss)")
+    for how in ("ordered", "namespace"):
+        loss, want = got[how]
+        assert loss == pytest.approx(want, rel=1e-6), how
+    ref_loss, ref = got["bf16"]["1f1b"]
+    for name, (loss, grads) in got["bf16"].items():  # I then W under autocast: the same products as B
+        assert loss == pytest.approx(ref_loss, rel=1e-2), name
+        for n, g in grads.items():
+            assert (g - ref[n]).norm() <= 3e-2 * ref[n].norm() + 1e-6, (name, n)
+    assert got["init calls"] == ["a"] and got["params finite"]  # init for what reset_parameters left

@@ -29,7 +29,7 @@ def test_explicit_split_is_used_as_given():
 
 @pytest.mark.parametrize("layers, stages, split, needle", [
     (4, 8, None, "4 layers but the schedule needs 8 stages"),
-    (10, 4, [3, 2, 2], "--split has 3 counts; the schedule has 4 stages"),
+    (10, 4, [3, 2, 2], "`split` has 3 counts; the schedule has 4 stages"),
     (10, 4, [3, 2, 2, 2], "covers 9 layers; the model has 10, so the split loses layers"),
     (10, 4, [3, 3, 3, 3], "covers 12 layers; the model has 10, so the split duplicates"),
     (10, 4, [4, 0, 3, 3], "every stage needs at least one layer"),

@@ -18,14 +18,20 @@ def register(sub) -> None:
                        "and what it is; `stagewise simulate NAME` plays one, `stagewise compare` all.")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("simulate", help="simulate one schedule and print its metrics")
+    p = sub.add_parser("simulate", help="simulate one schedule and print its metrics",
+                       description="Generate (or read from --csv) one schedule, check it, play it against the cost "
+                       "model and print its makespan, bubble next to the closed form, busy and idle time per rank "
+                       "and peak memory; --draw draws it in the terminal, --json prints the result object.")
     add_schedule_args(p)
     add_cost_args(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--draw", action="store_true", help="draw the timeline in the terminal")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("compare", help="simulate several schedules with the same p, m and costs")
+    p = sub.add_parser("compare", help="simulate several schedules with the same p, m and costs",
+                       description="Simulate every family (or --schedules) with the same p, m and costs and print "
+                       "one row each; --costs-per rank makes the costs one rank's share of the model (the fair "
+                       "same-model comparison); -o writes them on one time axis.")
     p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks (devices), default 4")
     p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
     p.add_argument("-v", "--chunks", type=positive_int, default=None, help="chunks for the families that take v")
@@ -35,12 +41,17 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", default=None, help="also write the comparison figure (PNG/SVG)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV")
+    p = sub.add_parser("export", help="write a schedule as torch's compute-only CSV",
+                       description="Write a generated schedule as torch.distributed.pipelining's compute-only CSV "
+                       "(one row per rank), which torch's runtime loads and `stagewise simulate --csv` reads back.")
     add_schedule_args(p, csv=False, name_required=True)
     p.add_argument("--csv", required=True, metavar="FILE", help="output file")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("validate", help="check a schedule (NAME or --csv FILE) and say why it is invalid")
+    p = sub.add_parser("validate", help="check a schedule (NAME or --csv FILE) and say why it is invalid",
+                       description="Check that every (stage, micro-batch, kind) runs once, indices are in range, "
+                       "each stage sits on one rank and no rank waits in a cycle; an invalid schedule is named by "
+                       "rank, position, action and what it waits for.")
     add_schedule_args(p)
     p.set_defaults(func=cmd_validate)
 

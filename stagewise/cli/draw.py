@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import limits
 from ..report import table
 from .common import UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, positive_int, schedule_from
 
 
-MAX_WIDTH = 10_000  #: text columns: wider is no picture, and each row is built in memory
 
 
 def register(sub) -> None:
@@ -42,8 +42,10 @@ def cmd_draw(args) -> int:
     from ..render.files import OutputError, write_timeline
     from ..simulate import simulate
 
-    if args.width is not None and not 20 <= args.width <= MAX_WIDTH:
-        raise UsageError(f"--width must be 20 to {MAX_WIDTH} columns; got {args.width}")
+    if args.width is not None:
+        if args.width < 20:
+            raise UsageError(f"--width must be at least 20 columns; got {args.width}")
+        limits.TEXT_WIDTH.check(args.width, "--width")
     if args.output:
         check_timeline_output("-o", args.output)  # before simulating: a big schedule takes a while
     schedule = schedule_from(args)

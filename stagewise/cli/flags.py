@@ -27,8 +27,8 @@ FLAGS = {
     "moe_experts": "--moe-experts", "moe_top_k": "--moe-top-k",
     # the Hugging Face adapter
     "source": "--hf", "tokenizer": "--tokenizer",
-    # profile
-    "micro_batch_sizes": "--micro-batch-sizes",
+    # profile, plan
+    "micro_batch_sizes": "--micro-batch-sizes", "verify": "--verify", "memory": "--memory",
 }
 
 

@@ -84,8 +84,10 @@ class HFRun:
         return self.model().loss(logits, labels)
 
     def check(self) -> None:
-        """The config, the weights folder and the text against the model, before any rank starts."""
+        """The config, the weights folder and the text against the model, before any rank starts (every time:
+        a limit raised or lowered since the model was loaded applies)."""
         model = self.model()
+        model.check()
         text = self.text()
         if text is not None:
             text.check(model.config)

@@ -63,8 +63,9 @@ class RankSum:
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
     """One step (or evaluation) on this rank. ``loss`` is the step's mean loss over the whole batch, the same on
-    every rank (None: no targets); after ``step`` the all-reduce behind it is waited for when ``loss`` is first
-    read, so ranks need not meet at the end of a step whose loss nobody reads yet."""
+    every rank (None: no targets). ``step`` waits for the all-reduce behind it to check it is finite; with
+    ``nonfinite="ignore"`` it is waited for only when ``loss`` is first read, so ranks need not meet at the end
+    of a step whose loss nobody reads yet."""
 
     total: float | RankSum | None = field(default=None, repr=False)  #: the loss, or the sum computing it
     seconds: float  #: wall time of this rank's step: its program and the step-end gradient sums

@@ -31,7 +31,7 @@ def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, 
     """
     model = model_of(profile)
     if steps < 2:
-        raise PlanError(f"--steps must be >= 2 for --verify (the first step warms up); got {steps}")
+        raise PlanError(f"`steps` must be >= 2 to verify (the first step warms up); got {steps}")
     from ..run.train import train_many
     picked, skipped = [], []
     for c in cands:
@@ -42,7 +42,7 @@ def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, 
     if log and skipped:
         log("verify skips: " + "; ".join(f"{c.config.label()}: {w}" for c, w in skipped[:5]))
     if not picked:
-        raise PlanError("--verify: none of the top configurations fits in --memory")
+        raise PlanError("`verify`: none of the top configurations fits in `memory`")
     rows: dict[int, dict] = {}
     for p in sorted({c.config.p * c.config.dp for c in picked}):  # one launch per number of ranks
         group = [(n, c) for n, c in enumerate(picked) if c.config.p * c.config.dp == p]

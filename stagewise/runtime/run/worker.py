@@ -85,10 +85,10 @@ def optimizer_class(name: str) -> type:
              if isinstance(c, type) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer}
     cls = table.get(name.lower())
     if cls is None:
-        raise RunError(f"--optimizer {name}: not a torch.optim optimizer; choose e.g. adamw, sgd, adam")
+        raise RunError(f"`optimizer` {name}: not a torch.optim optimizer; choose e.g. adamw, sgd, adam")
     closure = inspect.signature(cls.step).parameters.get("closure")
     if closure is not None and closure.default is inspect.Parameter.empty:
-        raise RunError(f"--optimizer {name}: {cls.__name__} needs a closure (it re-evaluates the loss), which a "
+        raise RunError(f"`optimizer` {name}: {cls.__name__} needs a closure (it re-evaluates the loss), which a "
                        "pipeline step cannot give; choose e.g. adamw, sgd, adam")
     return cls
 
@@ -104,7 +104,7 @@ def optimizer(cfg: RunConfig, params: list[torch.Tensor], zero_group=None) -> to
     try:
         cls(trial, lr=cfg.lr).step()
     except Exception as e:  # noqa: BLE001 - whatever it is, the optimizer cannot train this model
-        raise RunError(f"--optimizer {cfg.optimizer}: {cls.__name__} cannot step this model's dense weights and "
+        raise RunError(f"`optimizer` {cfg.optimizer}: {cls.__name__} cannot step this model's dense weights and "
                        f"biases ({e})") from None
     if cfg.zero:  # ZeRO-1: each dp replica steps (and keeps the state of) its share, then broadcasts it
         from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -28,17 +28,18 @@ def partition(num_layers: int, stages: int, split=None) -> tuple[range, ...]:
 
     if stages > num_layers:
         raise RunError(f"the model has {num_layers} layers but the schedule needs {stages} stages per model copy; "
-                       "each stage needs at least one layer (use more --layers, or fewer ranks or chunks)")
+                       "each stage needs at least one layer (use a model with more layers, or fewer `ranks` or "
+                       "`chunks`)")
     if split is None:
         return Split.even(num_layers, stages).ranges
     split = list(split.counts if isinstance(split, Split) else split)
     if len(split) != stages:
-        raise RunError(f"--split has {len(split)} counts; the schedule has {stages} stages per model copy")
+        raise RunError(f"`split` has {len(split)} counts; the schedule has {stages} stages per model copy")
     if any(c < 1 for c in split):
-        raise RunError(f"--split {_csv(split)}: every stage needs at least one layer")
+        raise RunError(f"`split` {_csv(split)}: every stage needs at least one layer")
     if sum(split) != num_layers:
         what = "loses" if sum(split) < num_layers else "duplicates or invents"
-        raise RunError(f"--split {_csv(split)} covers {sum(split)} layers; the model has {num_layers}, so the split "
+        raise RunError(f"`split` {_csv(split)} covers {sum(split)} layers; the model has {num_layers}, so the split "
                        f"{what} layers; the counts must add up to {num_layers}")
     return Split(tuple(split)).ranges
 
