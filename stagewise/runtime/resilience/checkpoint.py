@@ -65,7 +65,7 @@ class Checkpoints:
             checkpoint_layers.restore(folder, m, self.pipe, self.optimizer)
         else:
             self._verify_share(folder, m)
-            load(folder, self.pipe, self.optimizer)
+            load(folder, m, self.pipe, self.optimizer)
         rng = m["layout"] == self.layout_key and self.world == m["world"]
         if rng:
             data = files.read_verified(folder, files.rng_file(self.rank), m)
@@ -178,16 +178,53 @@ def write(folder, pipe, optimizer) -> None:
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True))
 
 
-def load(folder, pipe, optimizer) -> None:
+def load(folder, manifest: dict, pipe, optimizer) -> None:
     """Read a DCP checkpoint into the pipeline and ``optimizer`` (every rank calls it): each rank asks for its
     own parameters' tensors and their optimizer state, at its own shards; the run's param groups stay."""
     import torch.distributed.checkpoint as dcp
 
+    check_index(folder, manifest)
     model, optim = pipe.state_dict(), pipe.optimizer_state_dict(optimizer)
     state = {"model": model, "optim": {k: v for k, v in optim.items() if k.startswith("state.")}}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)))
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    try:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)))
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - whatever DCP met: not this model's checkpoint
+        why = str(e).strip().splitlines()[-1][:200] if str(e).strip() else ""
+        raise RunError(f"`resume` {folder}: its DCP files do not read as a checkpoint of this model "
+                       f"({type(e).__name__}{': ' + why if why else ''}); resume from another checkpoint") from None
     pipe.load_state_dict(model)
     pipe.names.load_optimizer_state_dict(optimizer, state["optim"], hyperparameters=False)
+
+
+def check_index(folder, manifest: dict) -> None:
+    """DCP's index (``.metadata``) points into the files the manifest lists, and its byte ranges tile each of
+    them exactly, so a data file swapped with another or edited (its hash updated) is refused by name before
+    DCP reads a byte of it as a tensor."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        infos = list(dcp.FileSystemReader(str(folder)).read_metadata().storage_data.values())
+        ranges: dict[str, list] = {}
+        for info in infos:
+            ranges.setdefault(info.relative_path, []).append((int(info.offset), int(info.length)))
+    except Exception as e:  # noqa: BLE001 - any failure to read it means it is not DCP's index
+        raise RunError(f"`resume` {folder}: {files.DCP_METADATA} is not the index of a DCP checkpoint "
+                       f"({type(e).__name__}); resume from another checkpoint") from None
+    listed = {n for n in manifest["files"] if files.is_dcp_file(n) and n != files.DCP_METADATA}
+    for name in sorted(set(ranges) | listed):
+        if name not in listed:
+            raise RunError(f"`resume` {folder}: {files.DCP_METADATA} points into {str(name)[:80]!r}, which the "
+                           "manifest does not list; resume from another checkpoint")
+        end = 0
+        for offset, length in sorted(ranges.get(name, ())):
+            if offset != end:
+                break
+            end += length
+        if end != manifest["files"][name]["bytes"]:
+            raise RunError(f"`resume` {folder}: {name} does not hold what {files.DCP_METADATA} says is in it "
+                           "(the files were swapped or edited); resume from another checkpoint")
 
 
 def optimizer_name(optimizer) -> str:

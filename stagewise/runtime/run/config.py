@@ -27,11 +27,14 @@ def default_batch(microbatches: int, dp: int = 1) -> int:
     return share * -(-8 // share)
 
 
-def check_batch(batch: int, microbatches: int, dp: int = 1) -> None:
-    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` replicas (the one rule)."""
-    share = microbatches * dp
+def check_batch(batch: int, microbatches: int, dp: int = 1, fsdp: int = 1) -> None:
+    """``batch`` splits into ``microbatches`` equal micro-batches on each of the ``dp`` x ``fsdp`` data shards
+    (the one rule)."""
+    share = microbatches * dp * fsdp
     if batch % share:
-        into = f"`dp` {dp} replicas of `microbatches` {microbatches}" if dp > 1 else f"`microbatches` {microbatches}"
+        shards = " x ".join(f"`{k}` {v}" for k, v in (("dp", dp), ("fsdp", fsdp)) if v > 1)
+        into = (f"{shards} replicas of `microbatches` {microbatches}" if dp * fsdp > 1 else
+                f"`microbatches` {microbatches}")
         raise RunError(f"`batch` {batch} does not split into {into} equal micro-batches; use a `batch` that is a "
                        f"multiple of {share}")
 
@@ -172,7 +175,7 @@ class RunConfig:
             limits.TOKENS.check(self.batch * seq, "", detail=f"`batch` {self.batch} x `seq` {seq} = "
                                 f"{self.batch * seq:,} tokens per step")
         if self.pipelined:
-            check_batch(self.batch, self.microbatches, self.shards if self.shards >= 1 else 1)
+            check_batch(self.batch, self.microbatches, max(self.dp, 1), max(self.fsdp, 1))
         self._check_scale()
         self._check_resilience()
         check_positive_number("`lr`", self.lr)

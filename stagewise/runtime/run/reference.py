@@ -62,13 +62,16 @@ def resume(cfg: RunConfig, spec, layers, opt) -> tuple[int, dict]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     from ..resilience import checkpoint_files
-    from ..resilience.checkpoint import optimizer_name
+    from ..resilience.checkpoint import check_index
     from .worker import optimizer_class
 
     found = checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
     if found.manifest["format"] != FORMAT:
         raise RunError(f"`resume` {found.folder}: a layer-keyed checkpoint of an earlier stagewise; the unpipelined "
                        "reference reads DCP checkpoints only (resume it on ranks once and save, then here)")
+    for name in sorted(n for n in found.manifest["files"] if checkpoint_files.is_dcp_file(n)):
+        checkpoint_files.check_file(found.folder, name, found.manifest)
+    check_index(found.folder, found.manifest)
     tree = named_tree(spec, layers)
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     model_sd, optim_sd = get_state_dict(tree, opt, options=options)

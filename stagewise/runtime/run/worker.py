@@ -21,7 +21,7 @@ from ..execution.activation_memory import merge_added, predicted_peaks
 from .config import RunConfig, RunError, check_batch
 from .resolve import resolve_schedule
 from ..resilience.faults import check_fault, injector_for, parse_fault
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, gather_full
 from ..execution.recompute import recompute_stages
 from ..resilience import flight
 from ..resilience.checkpoint import Checkpoints
@@ -56,7 +56,7 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
                              launched_by=launched_by, microbatches=cfg.microbatches if named else None,
                              chunks=cfg.chunks if named else None, ranks=cfg.ranks if named else None,
                              across=across(cfg))
-    check_batch(cfg.batch, sched.microbatches, cfg.shards)  # a --csv schedule brings its own m
+    check_batch(cfg.batch, sched.microbatches, cfg.dp, cfg.fsdp)  # a --csv schedule brings its own m
     recompute_stages(cfg.recompute, sched.stages)
     fit = getattr(cfg.model, "check_fit", None)  # a model may say it in its own terms (HF: decoder layers)
     if fit is not None:
@@ -235,13 +235,15 @@ class RankTrainer:
                       else None, **state)
 
     def copies(self, get) -> dict:
-        """logical name -> this rank's copies (as numpy), for tests that compare with the reference."""
+        """logical name -> this rank's copies (as numpy, sharded ones whole: a collective), for tests that compare
+        with the reference."""
         out: dict[str, list] = {}
         stages = self.pipe.stages
         for name, holders in self.pipe.stage_map.params.items():
             for h in holders:
                 if h.stage in stages:
                     t = get(stages[h.stage].param(h))
+                    t = gather_full({"t": t})["t"] if t is not None else None
                     out.setdefault(name, []).append(None if t is None else t.detach().cpu().numpy().copy())
         return out
 
