@@ -32,7 +32,7 @@ class Case:
     microbatches: int
     chunks: int | None = None
     model: str = "own"  #: "own" or "llama"
-    sizes: dict = field(default_factory=dict)  #: Pipeline's dp / fsdp / tp
+XX
     mesh: tuple | None = None  #: (dimension names, shape): the user makes the DeviceMesh and passes it instead
     zero: bool = False  #: ZeRO-1: a ZeroRedundancyOptimizer over the pipeline's dp group
 
@@ -75,7 +75,7 @@ def run_cases(cases: list[Case], hf_folder: str | None = None, dcp_dir: str | No
 
 
 def _build(case: Case, hf_folder: str | None):
-    options = dict(case.sizes)
+    options = dict(case.options)
     if case.mesh is not None:
         from torch.distributed.device_mesh import init_device_mesh
 

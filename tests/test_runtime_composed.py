@@ -29,18 +29,18 @@ from stagewise.runtime.run.train import train, train_many
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FOUR = [
-    Case("fsdp 1f1b", "1f1b", 4, sizes={"fsdp": 2}),
-    Case("fsdp zb-v", "zb-v", 4, sizes={"fsdp": 2}),
+    Case("fsdp 1f1b", "1f1b", 4, options={"fsdp": 2}),
+    Case("fsdp zb-v, resharded after each forward", "zb-v", 4, options={"fsdp": 2, "reshard_after_forward": True}),
     Case("tp interleaved (the user's mesh)", "interleaved-1f1b", 4, 2, mesh=(("tp", "pp"), (2, 2))),
-    Case("tp dualpipe-v", "dualpipe-v", 4, sizes={"tp": 2}),
-    Case("dp+zero 1f1b", "1f1b", 4, sizes={"dp": 2}, zero=True),
-    Case("llama fsdp zb-v", "zb-v", 2, model="llama", sizes={"fsdp": 2}),
+    Case("tp dualpipe-v", "dualpipe-v", 4, options={"tp": 2}),
+    Case("dp+zero 1f1b", "1f1b", 4, options={"dp": 2}, zero=True),
+    Case("llama fsdp zb-v", "zb-v", 2, model="llama", options={"fsdp": 2}),
     Case("llama tp 1f1b (the user's mesh)", "1f1b", 4, model="llama", mesh=(("pp", "tp"), (2, 2))),
-    Case("llama dp+zero interleaved", "interleaved-1f1b", 2, 2, model="llama", sizes={"dp": 2}, zero=True),
+    Case("llama dp+zero interleaved", "interleaved-1f1b", 2, 2, model="llama", options={"dp": 2}, zero=True),
 ]
 EIGHT = [
-    Case("fsdp+tp 1f1b", "1f1b", 2, sizes={"fsdp": 2, "tp": 2}),
-    Case("fsdp+tp dualpipe-v", "dualpipe-v", 4, sizes={"fsdp": 2, "tp": 2}),
+    Case("fsdp+tp 1f1b", "1f1b", 2, options={"fsdp": 2, "tp": 2}),
+    Case("fsdp+tp dualpipe-v", "dualpipe-v", 4, options={"fsdp": 2, "tp": 2}),
     Case("llama fsdp+tp zb-v (the user's mesh)", "zb-v", 2, model="llama", mesh=(("fsdp", "pp", "tp"), (2, 2, 2))),
 ]
 

@@ -117,7 +117,7 @@ def _job(args):
 def _report(args, job, res, elapsed) -> int:
     from .. import torch_csv
     from ..plan.cluster import fmt_bytes
-    from ..plan.frameworks import megatron_options, torchtitan_options
+    from ..plan.frameworks import megatron_options, stagewise_command, torchtitan_options
     from .plan import _csv_round_trips
 
     best = res.ranking[0]
@@ -143,6 +143,7 @@ def _report(args, job, res, elapsed) -> int:
     print(cluster_table(res.ranking[:args.top]))
     print(f"\nMegatron-LM: {megatron}" if megatron else f"\nMegatron-LM: none ({note})")
     print(f"torchtitan:  {titan}")
+    print(f"stagewise:   {stagewise_command(best, job, args.output if csv_ok else None)}")
     print(f"wrote {args.output} (torch compute-only CSV of the winner's schedule, {best.candidate.schedule.ranks} "
           "pipeline ranks)")
     return 0

@@ -92,3 +92,23 @@ def torchtitan_options(c: ClusterCandidate, job: Job, csv_path: str | None) -> s
     if c.recompute == "selective":  # operator-level: matrix multiplies kept, the attention core redone
         args += ["--activation_checkpoint.selective_ac_option", "op"]
     return shlex.join(args)
+
+
+def stagewise_command(c: ClusterCandidate, job: Job, csv_path: str | None) -> str:
+    """The winner as ``stagewise train --hf`` under torchrun on every node: the degrees (``-p``, ``--tp``, ``--dp``
+    with ``--zero 1`` as the plan assumes ZeRO-1, else replicated), the schedule (its CSV when it round-trips,
+    else the family, ``-m``, ``-v``), the split as layout text over the HF layers (E, t per block, N, H)."""
+    g, spec, hw = c.config, job.spec, job.hardware
+    blocks = block_counts(c.candidate.counts)
+    pieces = [f"t*{b}" if b else "" for b in blocks]
+    pieces[0] = "+".join(x for x in ("E", pieces[0]) if x)
+    pieces[-1] = "+".join(x for x in (pieces[-1], "N", "H") if x)
+    args = ["torchrun", f"--nnodes={max(1, job.gpus // hw.gpus_per_node)}",
+            f"--nproc-per-node={min(job.gpus, hw.gpus_per_node)}", "-m", "stagewise", "train",
+            "--hf", "MODEL_FOLDER", "--data", "TEXT_FILE"]
+    args += ["--csv", csv_path] if csv_path else ["--schedule", g.family, "-m", str(g.m), "-v", str(g.v)]
+    args += ["-p", str(g.p), "--tp", str(c.t), "--dp", str(g.dp)] + (["--zero", "1"] if job.zero and g.dp > 1 else [])
+    args += ["--batch", str(g.m * g.mbs * g.dp), "--seq", str(spec.seq), "--split", " | ".join(pieces)]
+    if c.recompute == "full":
+        args.append("--recompute")
+    return shlex.join(args)

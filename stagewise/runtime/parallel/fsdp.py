@@ -10,8 +10,9 @@ RESHARD and REDUCE_GRAD actions:
   first forward of the stage before it in its program (the first stage's at the step's first op), so it is
   in flight one stage ahead; an op of a stage waits for its gather before its clock starts.
 - the stage stays gathered while it has micro-batches left (``reshard_after_forward=False``, torchtitan's
-  choice under pipeline parallel); ``reshard_after_forward=True`` trades that memory for an all-gather per
-  forward and per backward (FSDP's own hooks; the plan still gathers a stage before each W).
+  choice under pipeline parallel); ``reshard_after_forward=True`` frees each layer after each of its forwards
+  and backwards, for an all-gather per layer per forward and per backward (FSDP's own hooks; the plan gathers
+  a stage again before a W). Either way the gradients stay whole until the stage's last backward.
 - **free** (``Step.free``): after the stage's last backward (its last W under split backward) its gradients
   are reduce-scattered (all-reduced over ``dp`` too with HSDP) and it is resharded. Until then the
   backward only accumulates into the gathered gradients (``set_requires_gradient_sync(False)``). W adds
@@ -50,10 +51,11 @@ class Sharded:
     # ---- the executor's points
 
     def start_step(self) -> None:
-        """Before a step: the backwards only accumulate; nothing is reduced or resharded until ``free``."""
+        """Before a step: the backwards only accumulate; nothing is reduced until ``free``, nor resharded
+        (with ``reshard_after_forward``: each layer after each of its forwards and backwards)."""
         for st in self.stages.values():
             st.set_requires_gradient_sync(False)
-            st.set_reshard_after_backward(False)
+            st.set_reshard_after_backward(self.raf)
             st.set_is_last_backward(False)
 
     def before(self, step) -> None:
