@@ -32,7 +32,7 @@ class Case:
     microbatches: int
     chunks: int | None = None
     model: str = "own"  #: "own" or "llama"
-XX
+    options: dict = field(default_factory=dict)  #: Pipeline's dp / fsdp / tp / reshard_after_forward
     mesh: tuple | None = None  #: (dimension names, shape): the user makes the DeviceMesh and passes it instead
     zero: bool = False  #: ZeRO-1: a ZeroRedundancyOptimizer over the pipeline's dp group
 
