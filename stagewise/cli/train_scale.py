@@ -19,6 +19,9 @@ def add_args(p) -> None:
     g.add_argument("--fsdp", type=positive_int, default=1,
                    help="sharded data parallel, default 1: torch's FSDP2 on each stage, gathered one stage ahead "
                    "of its first forward and reduce-scattered after its last backward (with --dp: HSDP)")
+    g.add_argument("--reshard-after-forward", action="store_true",
+                   help="with --fsdp: free each layer's gathered weights after its forward and its backward (an "
+                   "all-gather per layer per pass) instead of keeping the stage gathered until its last backward")
     g.add_argument("--zero", type=int, choices=(0, 1), default=0,
                    help="1: ZeRO-1, the optimizer state sharded over the --dp replicas (torch's "
                    "ZeroRedundancyOptimizer; gradients all-reduced), default 0")
@@ -41,6 +44,7 @@ def apply(cfg, args):
     if args.recompute and args.recompute_stages:
         raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")
     cfg = dataclasses.replace(cfg, dp=args.dp, fsdp=args.fsdp, tp=args.tp, zero=args.zero,
+                              reshard_after_forward=args.reshard_after_forward,
                               recompute=True if args.recompute else _stages(args.recompute_stages),
                               measure_memory=not args.no_memory)
     other = cfg.dp * cfg.fsdp * cfg.tp

@@ -60,8 +60,8 @@ class SavedBytes:
     def _pack(self, t: torch.Tensor, params):
         storage = _storage(t)
         key = storage.data_ptr()
-        if isinstance(t, nn.Parameter) or key in params:
-            return t
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in params:
+            return t  # a weight, or a view of one (a Linear's transposed matrix; FSDP's gathered ones too)
         n, size = self._refs.get(key, (0, storage.nbytes()))
         if n == 0:
             self.live += size

@@ -11,8 +11,8 @@ RESHARD and REDUCE_GRAD actions:
   in flight one stage ahead; an op of a stage waits for its gather before its clock starts.
 - the stage stays gathered while it has micro-batches left (``reshard_after_forward=False``, torchtitan's
   choice under pipeline parallel); ``reshard_after_forward=True`` frees each layer after each of its forwards
-  and backwards, for an all-gather per layer per forward and per backward (FSDP's own hooks; the plan gathers
-  a stage again before a W). Either way the gradients stay whole until the stage's last backward.
+  and backwards, for an all-gather per layer per forward and backward (FSDP's own hooks, one layer at a
+  time) and of the stage before each W. Either way the gradients stay whole until the stage's last backward.
 - **free** (``Step.free``): after the stage's last backward (its last W under split backward) its gradients
   are reduce-scattered (all-reduced over ``dp`` too with HSDP) and it is resharded. Until then the
   backward only accumulates into the gathered gradients (``set_requires_gradient_sync(False)``). W adds
@@ -59,18 +59,20 @@ class Sharded:
             st.set_is_last_backward(False)
 
     def before(self, step) -> None:
-        """Before an op (ahead of its receives): start the gathers the plan puts here; wait for the op's own."""
+        """Before an op (ahead of its receives): start the gathers the plan puts here; wait for the op's own.
+        With ``reshard_after_forward`` FSDP gathers one layer at a time itself in F, B and I; a W gathers its
+        stage (its weight gradients belong to the gathered parameters)."""
         if not self.raf:
             for s in step.gather:
                 self._gather(s)
         for a in step.actions:
-            if a.kind == "W" and self.raf:
-                for m in self.units[a.stage]:  # FSDP resharded it after a later forward; W needs the weights
-                    m.unshard()
-            elif not self.raf:
-                self._gather(a.stage)
-                for handle in self.pending.pop(a.stage, ()):
-                    handle.wait()
+            if self.raf and a.kind != "W":
+                continue
+            if self.raf:
+                self.gathered.discard(a.stage)
+            self._gather(a.stage)
+            for handle in self.pending.pop(a.stage, ()):
+                handle.wait()
 
     def after(self, step, training: bool = True) -> None:
         """After an op: reduce-scatter and reshard each stage the plan frees here (reshard only when evaluating)."""

@@ -107,6 +107,7 @@ class RunConfig:
     fsdp: int = 1  #: sharded data parallel (FSDP2 on each stage; with dp > 1: HSDP)
     tp: int = 1  #: tensor parallel inside each stage (the model's tp plan)
     zero: int = 0  #: 1: ZeRO-1, the optimizer state sharded over the dp replicas (torch's ZeroRedundancyOptimizer)
+    reshard_after_forward: bool = False  #: with fsdp: free each layer after its forward and backward (less memory)
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
     steps: int = 1  #: optimizer steps
@@ -203,6 +204,8 @@ class RunConfig:
         if self.zero and self.fsdp > 1:
             raise RunError(f"`zero` 1 with `fsdp` {self.fsdp}: FSDP already shards the optimizer state with the "
                            "parameters; give one of them (ZeRO-1 shards it over `dp` replicas)")
+        if self.reshard_after_forward and self.fsdp < 2:
+            raise RunError("`reshard_after_forward` frees FSDP's gathered layers: it needs `fsdp` >= 2")
         if self.zero and self.dp < 2:
             raise RunError("`zero` 1 shards the optimizer state over the `dp` replicas: it needs `dp` >= 2")
         if not self.pipelined and (self.dp > 1 or self.recompute):

@@ -130,7 +130,8 @@ class RankTrainer:
         loss = injector.loss(cfg.model.loss) if injector is not None and injector.fault.how == "nan" else \
             cfg.model.loss
         self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), dp=cfg.dp,
-                                    fsdp=cfg.fsdp, tp=cfg.tp, device=env.device, recompute=cfg.recompute,
+                                    fsdp=cfg.fsdp, tp=cfg.tp, reshard_after_forward=cfg.reshard_after_forward,
+                                    device=env.device, recompute=cfg.recompute,
                                     static_shapes=True, timeout=cfg.timeout, measure_memory=cfg.measure_memory,
                                     flight=self.flight, nonfinite="skip" if cfg.skip_nonfinite else "raise")
         self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
