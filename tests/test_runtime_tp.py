@@ -61,6 +61,8 @@ def test_the_options_are_checked_before_any_rank_starts(capsys):
         RunConfig(schedule="1f1b", ranks=2, dp=2, fsdp=2, zero=1, microbatches=2, batch=8).check()
     with pytest.raises(RunError, match="`zero` 1 shards the optimizer state over the `dp` replicas: it needs `dp` >= 2"):
         RunConfig(schedule="1f1b", ranks=2, zero=1).check()
+    with pytest.raises(RunError, match="`reshard_after_forward` frees FSDP's gathered layers: it needs `fsdp` >= 2"):
+        RunConfig(schedule="1f1b", ranks=2, reshard_after_forward=True).check()
     with pytest.raises(RunError, match="`batch` 4 does not split into `dp` 2 x `fsdp` 2 replicas of `microbatches` 2"):
         RunConfig(schedule="1f1b", ranks=2, dp=2, fsdp=2, microbatches=2, batch=4).check()
     tiny = ["train", "--schedule", "1f1b", "-p", "2", "-m", "2", "--layers", "2", "--d-model", "32"]
