@@ -2,7 +2,7 @@
 
 The core (this package minus ``render`` and ``runtime``) imports neither torch
 nor matplotlib. The runtime's public API (``Pipeline``, ``Layers``, ``StepResult``,
-``launch``; docs/api.md) loads torch only when first used.
+``launch``, the MoE block ``MoE`` and its helpers ``moe``; docs/api.md) loads torch only when first used.
 """
 
 from .actions import Action, Pair, parse
@@ -18,18 +18,22 @@ from .validate import ScheduleError, validate
 __all__ = [
     "Action", "Pair", "parse", "Costs", "Lane", "Schedule", "generate", "names",
     "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "StagewiseError", "validate", "Split",
-    "Pipeline", "Layers", "StepResult", "launch",
+    "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe",
 ]
 
 #: the runtime's public API, imported with torch on first use: name -> module
 _LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.stages.layers",
-         "launch": ".runtime.launching.local"}
+         "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe"}
+#: public runtime modules, imported with torch on first use: ``stagewise.moe`` (pack, unpack, with_aux)
+_LAZY_MODULES = {"moe": ".runtime.stages.moe"}
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name in _LAZY or name in _LAZY_MODULES:
         import importlib
 
+        if name in _LAZY_MODULES:
+            return importlib.import_module(_LAZY_MODULES[name], __name__)
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'stagewise' has no attribute {name!r}")
 __version__ = "0.1.0"

@@ -130,8 +130,10 @@ def check_schedule_size(ranks: int, microbatches: int, chunks: int, kinds: int, 
     actions.check(total, "", detail=f"-p {ranks} -m {microbatches} -v {chunks}{who} make up to {total} actions")
 
 
-def check_gpt_size(*, layers: int, d_model: int, heads: int, seq: int, vocab: int, batch: int) -> None:
-    """The built-in GPT's sizes (``batch``: sequences in one micro-batch), before a tensor is made."""
+def check_gpt_size(*, layers: int, d_model: int, heads: int, seq: int, vocab: int, batch: int,
+                   experts: int = 0) -> None:
+    """The built-in GPT's sizes (``batch``: sequences in one micro-batch; ``experts``: MLPs per block of a
+    mixture of experts, routed and shared), before a tensor is made."""
     LAYERS.check(layers, "`layers_n`")
     tensors = (
         ("`d_model` x 4 `d_model` (one block's MLP weight)", 4 * d_model * d_model),
@@ -142,8 +144,9 @@ def check_gpt_size(*, layers: int, d_model: int, heads: int, seq: int, vocab: in
     )
     for what, n in tensors:
         ELEMENTS.check(n, "", detail=f"{what} = {n}")
-    params = layers * 12 * d_model * d_model + (vocab + seq) * d_model
-    PARAMETERS.check(params, "", detail=f"`layers_n` {layers} `d_model` {d_model} `vocab` {vocab} make about "
+    params = layers * (4 + 8 * max(1, experts)) * d_model * d_model + (vocab + seq) * d_model
+    moe = f" with {experts} expert MLPs a block" if experts else ""
+    PARAMETERS.check(params, "", detail=f"`layers_n` {layers} `d_model` {d_model}{moe} `vocab` {vocab} make about "
                      f"{params} parameters")
 
 

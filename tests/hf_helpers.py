@@ -26,6 +26,19 @@ CONFIGS = {
     "qwen3": dict(model_type="qwen3", num_hidden_layers=2, head_dim=32, **_LLAMA),
     "gpt2": dict(model_type="gpt2", vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=64,
                  embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2),
+    # mixtures of experts: every layer sparse (Mixtral); sparse every 2nd layer, a gated shared expert
+    # (Qwen2-MoE); q/k norms, normalised top-k (Qwen3-MoE); MLA attention, a dense first layer, grouped
+    # sigmoid routing, a shared expert (DeepSeek-V3)
+    "mixtral": dict(model_type="mixtral", num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+                    **{**_LLAMA, "intermediate_size": 32}),
+    "qwen2_moe": dict(model_type="qwen2_moe", num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, shared_expert_intermediate_size=48, decoder_sparse_step=2, **_LLAMA),
+    "qwen3_moe": dict(model_type="qwen3_moe", num_hidden_layers=2, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, norm_topk_prob=True, head_dim=16, **_LLAMA),
+    "deepseek_v3": dict(model_type="deepseek_v3", num_hidden_layers=3, n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                        topk_group=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                        v_head_dim=16, **{**_LLAMA, "num_key_value_heads": 4}),
 }
 
 
@@ -52,6 +65,26 @@ def hf_model(folder: Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(folder).train()
+
+
+def plain_loop(folder: Path, text: str, steps: int, rows: int, seq: int, lr: float):
+    """transformers' model trained by hand with SGD: loss per step, step-1 gradients, final parameters (HF names)."""
+    from stagewise.hf.data import TextData
+
+    model = hf_model(folder)
+    data = TextData(path=text, seq=seq)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, grads = [], None
+    for k in range(steps):
+        ids, labels = data.batch(k, rows)
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        losses.append(loss.item())
+        if k == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+    return losses, grads, model.state_dict()
 
 
 def batch(n: int = 4, seed: int = 1) -> torch.Tensor:
@@ -138,3 +171,9 @@ def _gathered(named: dict) -> dict:
         for k, v in part.items():
             out.setdefault(k, []).append(v)
     return out
+
+
+def moe_cases(folders: dict, text: str, cases, steps: int, batch_rows: int, seq: int, lr: float) -> dict:
+    """``pipelined_cases`` for several folders: {kind: its cases' results}, each family's read names per rank."""
+    return {kind: pipelined_cases(folder, text, [c for c in cases if c[0] in kinds], steps, batch_rows, seq, lr)
+            for kind, (folder, kinds) in folders.items()}

@@ -91,3 +91,129 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---- an own model with the public MoE block (stagewise.MoE), and rank functions that pipeline it
+
+MOE_D, MOE_VOCAB, MOE_SEQ = 16, 32, 8
+
+
+class OwnEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(MOE_VOCAB, MOE_D)
+
+    def forward(self, ids):
+        return self.tok(ids)
+
+
+class OwnMoEBlock(nn.Module):
+    """A user's block: a mixing layer and the public MoE block, carrying the aux loss in the boundary pair."""
+
+    def __init__(self, **moe):
+        import stagewise
+
+        super().__init__()
+        self.mix, self.norm = nn.Linear(MOE_D, MOE_D), nn.LayerNorm(MOE_D)
+        self.moe = stagewise.MoE(MOE_D, moe.pop("experts", 4), moe.pop("top_k", 2), 2 * MOE_D, **moe)
+
+    def forward(self, x):
+        from stagewise import moe
+
+        h, aux = moe.unpack(x)
+        h = h + torch.tanh(self.mix(h))
+        y, a = self.moe(self.norm(h))
+        return moe.pack(h + y, a if aux is None else aux + a)
+
+
+class OwnHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.out = nn.Linear(MOE_D, MOE_VOCAB)
+
+    def forward(self, x):
+        from stagewise import moe
+
+        h, aux = moe.unpack(x)
+        return moe.pack(self.out(h), aux)
+
+
+def own_moe_layer(i: int, blocks: int = 3, seed: int = 0, **moe):
+    """Layer ``i`` of the own MoE model (embedding, ``blocks`` MoE blocks, head), from its own seed."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed * 1000 + i)
+        if i == 0:
+            return OwnEmbedding()
+        return OwnMoEBlock(**moe) if i <= blocks else OwnHead()
+
+
+def own_moe_layers(blocks: int = 3, **moe):
+    import functools
+
+    import stagewise
+
+    return stagewise.Layers(count=blocks + 2, build=functools.partial(own_moe_layer, blocks=blocks, **moe))
+
+
+def own_moe_loss():
+    import torch.nn.functional as F
+    from stagewise import moe
+
+    return moe.with_aux(lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()))
+
+
+def own_moe_batch(rows: int, seed: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, MOE_VOCAB, (rows, MOE_SEQ + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def own_moe_reference(rows: int, blocks: int = 3, **moe):
+    """The unpipelined own model on the whole batch: (loss, {name: gradient})."""
+    layers = own_moe_layers(blocks, **moe)
+    model = nn.Sequential(*layers.build_all())
+    x, y = own_moe_batch(rows)
+    loss = own_moe_loss()(model(x), y)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def pipelined_own_moe(cases, rows: int, blocks: int = 3, **moe) -> dict:
+    """For each (label, schedule, Pipeline keywords): step 1's loss, every rank's gradients by original name and
+    every rank's interleaved pairs' events; a case whose step raises a stagewise error gives its message."""
+    import torch.distributed as dist
+
+    import stagewise
+
+    x, y = own_moe_batch(rows)
+    out = {}
+    for label, schedule, kw in cases:
+        pipe = stagewise.Pipeline(schedule, own_moe_layers(blocks, **moe), own_moe_loss(), **kw)
+        try:
+            res = pipe.step(x, y)
+        except stagewise.StagewiseError as e:
+            out[label] = str(e)
+            continue
+        grads = {n: p.grad.detach().clone() for n, p in pipe.named_parameters() if p.grad is not None}
+        events = [(str(pair.op), [(e.half, e.what, e.name) for e in pair.events]) for pair in pipe.last_outcome.overlaps]
+        out[label] = (res.loss, _every_rank(grads), _every_rank(events))
+    return out
+
+
+def _every_rank(value) -> list:
+    import torch.distributed as dist
+
+    got: list = [None] * dist.get_world_size()
+    dist.all_gather_object(got, value)
+    return got
+
+
+def backward_first(pair) -> None:
+    """An overlap hook of a user: the halves one after the other, backward first."""
+    pair.backward.run()
+    pair.forward.run()
+
+
+def forward_only_hook(pair) -> None:
+    """A wrong overlap hook: it forgets the backward."""
+    pair.forward.run()

@@ -17,11 +17,11 @@ import torch
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
-from hf_helpers import hf_model, pipelined_cases, save_and_logits, save_tiny  # noqa: E402
+from hf_helpers import pipelined_cases, save_and_logits, save_tiny  # noqa: E402
+from hf_helpers import plain_loop as hf_plain_loop  # noqa: E402
 
 import stagewise  # noqa: E402
 from stagewise.hf import load  # noqa: E402
-from stagewise.hf.data import TextData  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -44,20 +44,7 @@ def setup(tmp_path_factory):
 
 def plain_loop(folder: Path, text: str):
     """transformers' model trained by hand: loss per step, step-1 gradients, final parameters (HF names)."""
-    model = hf_model(folder)
-    data = TextData(path=text, seq=SEQ)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses, grads = [], None
-    for k in range(STEPS):
-        ids, labels = data.batch(k, ROWS)
-        loss = model(ids, labels=labels).loss
-        loss.backward()
-        losses.append(loss.item())
-        if k == 0:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        opt.step()
-        opt.zero_grad()
-    return losses, grads, model.state_dict()
+    return hf_plain_loop(folder, text, STEPS, ROWS, SEQ, LR)
 
 
 def rel(a, b) -> float:

@@ -77,3 +77,28 @@ def test_run_config_checks_before_anything_starts():
     with raises_said(RunError, "--batch 10 does not split into --microbatches 4"):
         RunConfig(schedule="1f1b", ranks=2, microbatches=4, batch=10, model=TINY).check()
     RunConfig(schedule=None, ranks=1, microbatches=4, batch=10, model=TINY).check()  # the reference takes any batch
+
+
+def test_the_moe_gpt_counts_its_parameters_and_writes_m_for_its_blocks():
+    for kw in ({"moe_experts": 4}, {"moe_experts": 3, "moe_top_k": 1, "moe_shared": 2}):
+        cfg = dataclasses.replace(TINY, **kw)
+        layers = cfg.layers().build_all()
+        assert cfg.parameters() == sum(p.numel() for p in nn.Sequential(*layers).parameters())
+        assert cfg.symbols == ("E",) + ("m",) * cfg.layers_n + ("H",)
+        assert cfg.identity()["--moe-experts"] == kw["moe_experts"]
+        x, y = cfg.batch(0, 2)
+        out = nn.Sequential(*layers)(x)
+        logits, aux = out  # the head passes the running aux loss on
+        assert logits.shape == (2, cfg.seq, cfg.vocab) and aux.dim() == 0 and aux.item() > 0
+        assert cfg.loss(out, y).item() == pytest.approx(cfg.loss(logits, y).item() + aux.item(), rel=1e-6)
+    assert "--moe-experts" not in TINY.identity()  # a dense model's identity is what older checkpoints recorded
+
+
+@pytest.mark.parametrize("kw, needle", [({"moe_experts": 2, "moe_top_k": 3}, "`moe_top_k` 3: a token goes to at most "
+                                         "`moe_experts` (2) experts"),
+                                        ({"moe_experts": -1}, "`moe_experts` must be >= 0"),
+                                        ({"moe_experts": 2, "moe_capacity": -1.0}, "`moe_capacity` must be a finite")])
+def test_bad_moe_options_name_the_option(kw, needle):
+    with pytest.raises(RunError) as e:
+        dataclasses.replace(TINY, **kw).check()
+    assert needle in str(e.value)

@@ -121,3 +121,42 @@ def test_a_layer_used_twice_in_one_stage_is_refused_for_split_backward():
             stage(torch.randn(2, 4))
     with splitter.record(enabled=False):
         stage(torch.randn(2, 4))  # without I/W it is fine
+
+
+class Router(nn.Module):
+    """A holder with two outputs, one made from the other (an HF MoE router's logits and top-k weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        logits = x @ self.weight.t()
+        return logits, torch.softmax(logits, -1).topk(2, -1).values
+
+
+class Routed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = Router()
+
+    def forward(self, x):
+        logits, top = self.router(x)
+        return logits.tanh().sum(-1, keepdim=True) * x + top.sum(-1, keepdim=True)
+
+
+def test_a_holder_whose_outputs_are_made_from_each_other_counts_each_path_once():
+    torch.manual_seed(0)
+    stage = Stage(0, [Routed()], 0)
+    x = torch.randn(3, 6, requires_grad=True)
+    g = torch.randn(3, 6)
+    torch.autograd.backward(stage(x), g)
+    full = stage.layers[0].router.weight.grad.clone()
+    stage.zero_grad(set_to_none=True)
+    splitter = Splitter(stage, 0)
+    with splitter.record() as rec:
+        out = stage(x)
+    assert len(rec.outputs[0][1]) == 1  # only the logits: the top-k weights are made from them
+    input_grad([out], [g], [x], rec)
+    weight_grad(rec)
+    torch.testing.assert_close(stage.layers[0].router.weight.grad, full)

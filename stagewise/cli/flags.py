@@ -24,7 +24,8 @@ FLAGS = {
     # the built-in GPT (GPTConfig)
     "layers_n": "--layers", "d_model": "--d-model", "heads": "--heads", "seq": "--seq", "vocab": "--vocab",
     "dtype": "--dtype", "data": "--data", "seed": "--seed",
-    "moe_experts": "--moe-experts", "moe_top_k": "--moe-top-k",
+    "moe_experts": "--moe-experts", "moe_top_k": "--moe-top-k", "moe_shared": "--moe-shared",
+    "moe_capacity": "--moe-capacity", "moe_pad": "--moe-pad", "moe_aux": "--moe-aux",
     # the Hugging Face adapter
     "source": "--hf", "tokenizer": "--tokenizer",
     # profile, plan

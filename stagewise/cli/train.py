@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import train_hf, train_safety, train_scale
+from . import train_hf, train_moe, train_safety, train_scale
 from .common import UsageError, check_timeline_output, int_list, positive_int, print_json
 
 
@@ -56,6 +56,7 @@ def register(sub) -> None:
     train_hf.add_args(p)
     train_safety.add_args(p)
     train_scale.add_args(p)
+    train_moe.add_args(p)
     g = p.add_argument_group("output")
     g.add_argument("--trace", metavar="FILE", default=None,
                    help="write the last step's measured timeline: .json Chrome trace, or .png .svg .html .txt")
@@ -86,8 +87,8 @@ def config_from(args):
 def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, bool]:
     """(--schedule name, ranks, whether this is the unpipelined reference) from the parsed options.
 
-    Without -p the ranks are torchrun's WORLD_SIZE (divided by --dp x --fsdp x --tp when ``world_per_replica``),
-    else 4. One rank with none of --dp, --fsdp, --tp is the reference.
+    Without -p the ranks are torchrun's WORLD_SIZE (divided by --dp x --fsdp x --ep x --tp when
+    ``world_per_replica``), else 4. One rank with none of --dp, --fsdp, --ep, --tp is the reference.
     """
     from ..runtime.launching.groups import is_torchrun
 
@@ -96,7 +97,7 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
         raise UsageError("--schedule NAME (or --csv FILE, or --schedule none) is required")
     if name and args.csv:
         raise UsageError(f"give either --schedule ({name}) or --csv, not both")
-    other = args.dp * args.fsdp * args.tp
+    other = args.dp * args.fsdp * args.tp * getattr(args, "ep", 1)
     world = int(os.environ["WORLD_SIZE"]) // (other if world_per_replica else 1) if is_torchrun() else 4
     ranks = args.ranks if args.ranks is not None else world
     return name, ranks, name == "none" or (ranks == 1 and other == 1 and not args.csv)
@@ -132,7 +133,7 @@ def cmd_train(args) -> int:
         check_timeline_output("--trace", args.trace)
     train_hf.check_plain(args)
     try:
-        cfg = train_scale.apply(train_safety.apply(config_from(args), args), args)
+        cfg = train_scale.apply(train_moe.apply(train_safety.apply(config_from(args), args), args), args)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
@@ -162,7 +163,7 @@ def _output(args, res) -> None:
         print_json(res.to_json())
         return
     print(summary(res))
-    for line in train_safety.lines(res) + train_scale.lines(res) + train_hf.lines(res):
+    for line in train_safety.lines(res) + train_scale.lines(res) + train_moe.lines(res) + train_hf.lines(res):
         print(line)
     if args.draw and last is not None:
         from ..render.ascii import draw_text

@@ -47,11 +47,11 @@ def apply(cfg, args):
                               reshard_after_forward=args.reshard_after_forward,
                               recompute=True if args.recompute else _stages(args.recompute_stages),
                               measure_memory=not args.no_memory)
-    other = cfg.dp * cfg.fsdp * cfg.tp
+    other = cfg.world // cfg.ranks
     if is_torchrun() and args.ranks is None and cfg.pipelined and other > 1:
         world = int(os.environ["WORLD_SIZE"])
         cfg = dataclasses.replace(cfg, ranks=world // other if world % other == 0 else world)  # else preflight
-    if args.batch is None and cfg.pipelined:  # the default batch, now that --dp and --fsdp are known
+    if args.batch is None and cfg.pipelined:  # the default batch, now that --dp, --fsdp and --ep are known
         from ..runtime.run.config import default_batch
 
         cfg = dataclasses.replace(cfg, batch=default_batch(cfg.microbatches, cfg.shards))

@@ -34,7 +34,22 @@ _LLAMA_FLOATS = (("rms_norm_eps", 0.0, math.inf, False), ("initializer_range", 0
                  ("attention_dropout", 0.0, 1.0, True))
 _GPT2_FLOATS = (("layer_norm_epsilon", 0.0, math.inf, False), ("initializer_range", 0.0, 1.0, True),
                 ("embd_pdrop", 0.0, 1.0, True), ("resid_pdrop", 0.0, 1.0, True), ("attn_pdrop", 0.0, 1.0, True))
-_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "norm_topk_prob", "output_router_logits")
+#: the mixtures of experts' own fields: the experts' count field, then (field, smallest, may be null)
+_MOE = {
+    "mixtral": ("num_local_experts", (("num_local_experts", 1, False), ("num_experts_per_tok", 1, False))),
+    "qwen2_moe": ("num_experts", (("num_experts", 1, False), ("num_experts_per_tok", 1, False),
+                                  ("moe_intermediate_size", 1, False), ("shared_expert_intermediate_size", 1, False),
+                                  ("decoder_sparse_step", 1, False))),
+    "qwen3_moe": ("num_experts", (("num_experts", 1, False), ("num_experts_per_tok", 1, False),
+                                  ("moe_intermediate_size", 1, False), ("decoder_sparse_step", 1, False))),
+    "deepseek_v3": ("num_local_experts", (("num_local_experts", 1, False), ("num_experts_per_tok", 1, False),
+                                          ("moe_intermediate_size", 1, False), ("n_shared_experts", 1, False),
+                                          ("first_k_dense_replace", 0, False), ("n_group", 1, False),
+                                          ("topk_group", 1, False), ("q_lora_rank", 1, True),
+                                          ("kv_lora_rank", 1, False), ("qk_rope_head_dim", 2, False),
+                                          ("qk_nope_head_dim", 1, False), ("v_head_dim", 1, False))),
+}
 #: the attention kinds a decoder layer's mask is made for (layers.py)
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -51,6 +66,8 @@ class Dims:
     head_dim: int
     inner: int  #: the MLP's hidden size
     positions: int  #: learned positions (GPT-2), 0 for rotary models
+    experts: int = 0  #: routed experts of a sparse MoE block (0: dense)
+    expert_inner: int = 0  #: an expert's hidden size
 
     def tensors(self) -> tuple[tuple[str, int], ...]:
         """The largest tensors, each as (what, elements), in the config's words."""
@@ -61,6 +78,9 @@ class Dims:
         if self.positions:
             out += [("n_positions x hidden_size (the position embedding)", self.positions * self.hidden),
                     ("3 x hidden_size^2 (the attention's c_attn)", 3 * self.hidden * self.hidden)]
+        if self.experts:
+            out.append(("experts x 2 x their intermediate size x hidden_size (the stacked experts' gate_up_proj)",
+                        self.experts * 2 * self.expert_inner * self.hidden))
         return tuple(out)
 
 
@@ -81,6 +101,8 @@ def check(raw: Any, where: str) -> Dims:
     values = _Values(raw, model_type, where)
     gpt2 = model_type == "gpt2"
     for name, low, null in _GPT2_SIZES if gpt2 else _LLAMA_SIZES:
+        if name == "sliding_window" and model_type == "qwen2_moe" and values.get(name) == 0:
+            continue  # transformers writes 0 when use_sliding_window is off
         values.whole(name, low, null)
     for name, low, high, closed in _GPT2_FLOATS if gpt2 else _LLAMA_FLOATS:
         values.number(name, low, high, closed)
@@ -90,6 +112,8 @@ def check(raw: Any, where: str) -> Dims:
     dims = _gpt2_dims(values) if gpt2 else _llama_dims(values)
     if not gpt2:
         _check_llama(values, dims)
+    if model_type in _MOE:
+        dims = _check_moe(values, dims, model_type)
     _check_sizes(dims, where)
     return dims
 
@@ -182,6 +206,36 @@ def _check_llama(v: _Values, d: Dims) -> None:
     pad = v.get("pad_token_id")
     if pad is not None and not (_is_int(pad) and -d.vocab <= pad < d.vocab):
         raise v.fail("pad_token_id", f"it must be null or a token id of the vocabulary (vocab_size {d.vocab})")
+
+
+def _check_moe(v: _Values, d: Dims, model_type: str) -> Dims:
+    """A mixture of experts' fields: counts, top-k within the experts, layer lists, DeepSeek-V3's groups; and
+    the router's auxiliary loss, which transformers computes over the whole batch and all layers at once."""
+    count, sizes = _MOE[model_type]
+    for name, low, null in sizes:
+        v.whole(name, low, null)
+    experts, k = v.get(count), v.get("num_experts_per_tok")
+    if k > experts:
+        raise v.fail("num_experts_per_tok", f"a token goes to at most {v.key(count)} ({experts}) experts")
+    only = v.get("mlp_only_layers")
+    if model_type in ("qwen2_moe", "qwen3_moe") and only is not None and not (
+            isinstance(only, list) and all(_is_int(x) and 0 <= x < d.layers for x in only)):
+        raise v.fail("mlp_only_layers", f"it must list decoder layer numbers 0..{d.layers - 1}")
+    if model_type == "deepseek_v3":
+        groups, top = v.get("n_group"), v.get("topk_group")
+        if experts % groups or experts // groups < 2:
+            raise v.fail("n_group", f"it must divide {v.key(count)} ({experts}) into groups of at least 2 experts")
+        if top > groups:
+            raise v.fail("topk_group", f"a token's experts come from at most n_group ({groups}) groups")
+        if k > top * (experts // groups):
+            raise v.fail("num_experts_per_tok", f"topk_group ({top}) groups of {experts // groups} experts hold "
+                         f"fewer than {k}")
+    if v.get("output_router_logits"):
+        raise v.fail("output_router_logits", "transformers then adds its load-balancing loss over the whole batch "
+                     "and every layer at once, which no pipeline computes (a micro-batch's backward starts before the "
+                     "last one's forward); set it false (transformers' default)")
+    inner = v.get("intermediate_size") if model_type == "mixtral" else v.get("moe_intermediate_size")
+    return dataclasses.replace(d, experts=experts, expert_inner=inner)
 
 
 def _check_sizes(d: Dims, where: str) -> None:

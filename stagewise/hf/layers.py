@@ -107,7 +107,7 @@ def _mask_function(config: Any, k: int) -> Callable:
     """The mask HF's own model gives decoder layer ``k``: sliding window where its config says so."""
     from transformers import masking_utils
 
-    if config.model_type == "mistral":  # no layer_types: its window, if any, applies to every layer
+    if config.model_type in ("mistral", "mixtral", "qwen3_moe"):  # no layer_types: a window is every layer's
         sliding = getattr(config, "sliding_window", None) is not None
     else:
         kinds = getattr(config, "layer_types", None)

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 from .. import limits
 from . import configs
 from .errors import HFError, within
-from .families import Family, family_of
+from .experts import assemble, sources
+from .families import MOE, Family, family_of, moe_layer
 from .files import inside, one_line, read_json
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -57,8 +58,9 @@ class HFModel:
 
     @property
     def symbols(self) -> list[str]:
-        """Layout letters (the planner's): ``E``, ``t`` per decoder layer, ``N`` (final norm), ``H``."""
-        return ["E"] + ["t"] * self.decoder_layers + ["N", "H"]
+        """Layout letters (the planner's): ``E``, ``t`` per decoder layer (``m`` for one with a sparse MoE block),
+        ``N`` (final norm), ``H``."""
+        return ["E"] + [self._kind(k + 1) for k in range(self.decoder_layers)] + ["N", "H"]
 
     @property
     def prefixes(self) -> tuple[str, ...]:
@@ -88,8 +90,12 @@ class HFModel:
             self.check()
         prefix = family_of(self.config.model_type)[1]
         module = make_layer(self.config, prefix, i).to_empty(device=device).to(getattr(torch, self.dtype))
+        _keep_fp32(module, self.config, prefix)
         names = self.names(i, module)
-        values = self._values(names.values())
+        kept = _kept_buffers(module)  # persistent buffers (DeepSeek-V3's e_score_correction_bias): stored or 0
+        wanted = {hf: tuple(module.get_parameter(local).shape) for local, hf in names.items()}
+        buffers = {f"{self.prefixes[i]}.{b}": tuple(module.get_buffer(b).shape) for b in kept}
+        values = self._values({**wanted, **buffers}, optional=set(buffers))
         with torch.no_grad():
             for local, hf in names.items():
                 param = module.get_parameter(local)
@@ -98,6 +104,10 @@ class HFModel:
                     _init(param, module, local, self._generator(hf), self.config)
                 else:
                     param.copy_(value)
+            for local in kept:
+                value = values.get(f"{self.prefixes[i]}.{local}")
+                buf = module.get_buffer(local)
+                buf.copy_(value) if value is not None else buf.zero_()
         finish_decoder(module, self.config, prefix, i - 1, device)
         return module
 
@@ -152,7 +162,8 @@ class HFModel:
         for i in range(self.num_layers if ck else 0):
             for local, shape in self._shapes[self._kind(i)].items():
                 hf = f"{self.prefixes[i]}.{local}"
-                ck.check(ck.resolve(self.source(hf), self.family.base), shape, hf)
+                for piece in sources(self.config.model_type, self.source(hf), shape, ck.tensors):
+                    ck.check(ck.resolve(piece.name, self.family.base), piece.shape, hf)
         self.__dict__["_checked"] = True  # frozen dataclass: a cache, as cached_property keeps one
 
     @cached_property
@@ -160,17 +171,20 @@ class HFModel:
         """The model's parameters (a tied head counted once, as HF counts them), from the config alone."""
         per = {k: sum(_numel(s) for s in shapes.values()) for k, shapes in self._shapes.items()}
         head = 0 if self.tied else per["H"]
-        return per["E"] + self.decoder_layers * per["t"] + per["N"] + head
+        return per["E"] + sum(per[self._kind(k + 1)] for k in range(self.decoder_layers)) + per["N"] + head
 
     @cached_property
     def _shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
         """Each kind of layer's parameters (local name -> shape), built on the meta device: every decoder
-        layer of a model has the same ones."""
+        layer of one kind (dense ``t``, sparse MoE ``m``) has the same ones."""
         from .layers import finish_decoder, make_layer
 
         prefix = family_of(self.config.model_type)[1]
         out = {}
-        for kind, i in (("E", 0), ("t", 1), ("N", self.decoder_layers + 1), ("H", self.decoder_layers + 2)):
+        first = {}
+        for i in range(1, self.decoder_layers + 1):
+            first.setdefault(self._kind(i), i)
+        for kind, i in (("E", 0), *first.items(), ("N", self.decoder_layers + 1), ("H", self.decoder_layers + 2)):
             try:
                 module = make_layer(self.config, prefix, i)
                 finish_decoder(module, self.config, prefix, i - 1, "meta")
@@ -181,7 +195,11 @@ class HFModel:
         return out
 
     def _kind(self, i: int) -> str:
-        return "E" if i == 0 else "t" if i <= self.decoder_layers else "N" if i == self.decoder_layers + 1 else "H"
+        if i == 0:
+            return "E"
+        if i <= self.decoder_layers:
+            return "m" if moe_layer(self.config.model_type, i - 1, lambda f: getattr(self.config, f, None)) else "t"
+        return "N" if i == self.decoder_layers + 1 else "H"
 
     @property
     def where(self) -> str:
@@ -234,14 +252,21 @@ class HFModel:
         """This process's reader of ``folder`` (one per folder, so its read counts add up)."""
         return _checkpoint(self.folder)
 
-    def _values(self, hf_names) -> dict:
-        """The stored tensors of these HF names (``check`` has checked each one's shape and dtype)."""
+    def _values(self, wanted: dict, optional: set = frozenset()) -> dict:
+        """The stored values of these HF names (name -> shape; ``check`` has checked each one's pieces), keyed by
+        ``source``; a stacked expert tensor is built from its per-expert pieces (experts.py). The names in
+        ``optional`` are read only when the folder has them (buffers)."""
         if self.folder is None:
             return {}
-        ck = self.checkpoint()
-        stored = {self.source(h): ck.resolve(self.source(h), self.family.base) for h in hf_names}
-        got = ck.read(sorted(set(stored.values())))
-        return {h: got[s] for h, s in stored.items()}
+        ck, base = self.checkpoint(), self.family.base
+        plan = {}
+        for h, shape in wanted.items():
+            src = self.source(h)
+            if h in optional and not ck.has(src, base):
+                continue
+            plan[src] = [ck.resolve(p.name, base) for p in sources(self.config.model_type, src, shape, ck.tensors)]
+        got = ck.read(sorted({n for names in plan.values() for n in names}))
+        return {src: assemble([got[n] for n in names], src) for src, names in plan.items()}
 
     def _generator(self, hf: str):
         import torch
@@ -265,6 +290,30 @@ def _numel(shape) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def _kept_buffers(module) -> list[str]:
+    """Local names of a layer's persistent buffers (saved in a state_dict; rotary tables are not)."""
+    out = []
+    for path, sub in module.named_modules():
+        for name, buf in sub._buffers.items():
+            if buf is not None and name not in sub._non_persistent_buffers_set:
+                out.append(f"{path}.{name}" if path else name)
+    return out
+
+
+def _keep_fp32(module, config, prefix: str) -> None:
+    """What transformers keeps in float32 whatever the dtype (its ``_keep_in_fp32_modules_strict``: DeepSeek-V3's
+    router), kept so here too."""
+    import torch
+
+    from .layers import modeling
+
+    keep = getattr(getattr(modeling(config.model_type), f"{prefix}PreTrainedModel", None),
+                   "_keep_in_fp32_modules_strict", None) or ()
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if any(name == k or name.endswith("." + k) or f".{k}." in f".{name}" for k in keep):
+            t.data = t.data.float()
 
 
 def _init(param, module, local: str, gen, config) -> None:
@@ -310,6 +359,8 @@ def load(source: str | Path, *, dtype: str = "float32", seed: int = 0, attention
     shown = str(file) if folder else f"`source` {path}"
     config = _config(read_json(file, "" if folder else "`source`"), shown)
     config._attn_implementation = attention  # what from_pretrained would set; layers read it at run time
+    if config.model_type in MOE:  # experts run one by one (from_pretrained may pick grouped_mm where it dispatches)
+        config._experts_implementation = "eager"
     model = HFModel(config=config, folder=str(path) if folder else None, dtype=dtype, seed=seed, origin=shown)
     model.check()
     return model

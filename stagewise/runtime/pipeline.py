@@ -32,6 +32,8 @@ from .run.config import RunError, check_positive_number, check_timeout
 from .run.resolve import resolve_schedule
 from .parallel.dp import DataParallel
 from .parallel.fsdp import Sharded
+from .parallel.ep import ExpertParallel
+from .execution.overlap import interleave
 from .parallel.mesh import Topology
 from .parallel.tp import TensorParallel, is_dtensor
 from .execution.executor import Executor, RankContext, StepOutcome
@@ -103,14 +105,20 @@ class Pipeline:
     - ``ties``: groups of parameter names that are one parameter, besides those found by identity.
     - ``dp``: data-parallel replicas of the pipeline (gradients all-reduced per stage); ``fsdp``: sharded data
       parallel (torch's FSDP2 on each stage, gathered and reduce-scattered where the schedule says;
-      ``dp`` x ``fsdp`` is HSDP); ``tp``: tensor parallel inside each stage (world = ranks x dp x fsdp x tp).
+      ``dp`` x ``fsdp`` is HSDP); ``tp``: tensor parallel inside each stage (world = ranks x dp x fsdp x ep x tp).
       Or ``mesh``, a DeviceMesh whose dimensions are named, in any order, from ``pp``, ``dp``, ``fsdp``,
-      ``tp`` (``init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "fsdp"))``).
+      ``tp``, ``ep`` (``init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "fsdp"))``).
     - ``tp_plan``: module-name patterns to tensor-parallel styles (``{"layers.*.mlp.up_proj": "colwise"}``, the
       shape of transformers' ``base_model_tp_plan``; parallel/tp.py), or ``parallelize(stage_module, tp_mesh)``;
       default: the model's own (``Layers.tp_plan``: the HF adapter's and the built-in GPT's).
     - ``reshard_after_forward``: with ``fsdp``, free a stage's gathered weights after each forward (and gather
       them again for its backward) instead of keeping them until its last backward.
+    - ``ep``: expert parallel (parallel/ep.py): the ``ep`` ranks of a pipeline rank take different rows, like
+      replicas, and share each MoE block's experts (world = ranks x dp x ep; or an ``ep`` dimension of ``mesh``).
+    - ``overlap``: how an F&B pair runs: None (default) interleaves its halves at the all-to-alls of
+      expert-parallel MoE blocks when the rank holds any (execution/overlap.py), else forward then backward;
+      False: always forward then backward; a function ``fn(pair)``: your own (it runs ``pair.forward.run()``
+      and ``pair.backward.run()`` once each).
     - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
     - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages).
     - ``measure_memory``: count the activation bytes each op holds (``meter``; activation_memory.py).
@@ -135,16 +143,18 @@ class Pipeline:
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
                  init: Callable | None = None, measure_memory: bool = False, mesh=None, nonfinite: str = "raise",
                  flight=None, fsdp: int = 1, tp: int = 1, tp_plan=None, parallelize: Callable | None = None,
-                 reshard_after_forward: bool = False):
+                 reshard_after_forward: bool = False, ep: int = 1, overlap: Callable | bool | None = None):
         check_timeout(timeout)
         if nonfinite not in NONFINITE:
             raise RunError(f"`nonfinite` must be one of {', '.join(map(repr, NONFINITE))}; got {nonfinite!r}")
         if not callable(loss_fn):
             raise RunError(f"`loss_fn` must be a function (output, target) -> loss; got {type(loss_fn).__name__}")
+        if not (overlap is None or overlap is False or callable(overlap)):
+            raise RunError(f"`overlap` must be None, False or a function of the F&B pair; got {overlap!r}")
         self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
         spec.check()
         rank, world = _process_group(timeout)
-        self.topo = topo = _topology(mesh, {"dp": dp, "fsdp": fsdp, "tp": tp}, world, rank)
+        self.topo = topo = _topology(mesh, {"dp": dp, "fsdp": fsdp, "tp": tp, "ep": ep}, world, rank)
         self.device = _device(device)
         self.schedule = sched = resolve_schedule(schedule, world=world, dp=topo.data_shards * topo.size("tp"),
                                                  microbatches=microbatches, chunks=chunks,
@@ -154,7 +164,8 @@ class Pipeline:
         counts = spec.split if spec.split is not None else split_counts(split, spec.all_names())
         ranges = stage_ranges(sched, spec.count, counts)
         self.stages, self.built_layers = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
-        self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties)
+        self.ep = ExpertParallel(topo, self.stages, self.device) if topo.size("ep") > 1 else None  # its experts only
+        self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties, ranks=topo.pipe_ranks)
         self.names = Names(spec, self.stage_map, sched, self.stages, topo.pipe)
         self.replicas = Replicas(self.stage_map, self.stages, sched.placement, topo.pipe, self.device, topo)
         self.replicas.make_equal()  # tied copies built apart start from one value
@@ -168,7 +179,9 @@ class Pipeline:
             shard = self.mesh["dp", "fsdp"] if topo.dp > 1 else self.mesh["fsdp"]  # HSDP: replicate over dp
             self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward)
         self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors
-        self.dp = DataParallel(topo, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
+        self.dp = self.ep.reduction(topo, self.stages, timeout) if self.ep is not None else \
+            DataParallel(topo, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
+        self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
         self.meter = ActivationMeter(self.stages) if measure_memory else None
@@ -257,7 +270,7 @@ class Pipeline:
         """Scale every rank's gradients so the global norm (each logical parameter once) is at most
         ``max_norm``; returns the norm before clipping (``torch.nn.utils.clip_grad_norm_``'s rule; collective)."""
         check_positive_number("`max_norm`", max_norm)
-        return self.replicas.clip(self.params, max_norm)
+        return self.replicas.clip(self.params, max_norm, sharded=(self.ep.sharded, self.ep.group) if self.ep else None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -343,7 +356,8 @@ class Pipeline:
                            loss=self._loss, clock=self.clock, autocast=self._autocast, forward_only=forward_only,
                            recompute=None if forward_only else Recompute(self.recompute, self.device),
                            meter=None if forward_only else self.meter, after=self._after(forward_only),
-                           before=self.sharded.before if self.sharded is not None else None, flight=self.flight)
+                           before=self.sharded.before if self.sharded is not None else None, flight=self.flight,
+                           overlap=None if forward_only else self._overlap)
 
     def _after(self, forward_only: bool) -> Callable | None:
         """What runs after each op: tensor parallel's partial-gradient sums, then FSDP's reduce-scatter (or
@@ -457,7 +471,7 @@ def _process_group(timeout: float) -> tuple[int, int]:
 
 
 def _topology(mesh, sizes: dict[str, int], world: int, rank: int) -> Topology:
-    """This rank's place in the grid: a named DeviceMesh, or ``sizes`` (dp, fsdp, tp) and pp = the rest."""
+    """This rank's place in the grid: a named DeviceMesh, or ``sizes`` (dp, fsdp, tp, ep) and pp = the rest."""
     if mesh is not None:
         given = [f"`{k}`" for k, v in sizes.items() if v != 1]
         if given:
@@ -465,11 +479,15 @@ def _topology(mesh, sizes: dict[str, int], world: int, rank: int) -> Topology:
         topo = Topology.of_mesh(mesh, world, rank)
     else:
         topo = Topology.of_sizes(world=world, rank=rank, **sizes)
-    running = {"pp", "dp", "fsdp", "tp"}  # what this runtime composes today; the other dimensions are torch's own parts
+    running = {"pp", "dp", "fsdp", "tp", "ep"}  # what this runtime composes today
     extra = [d for d in topo.dims if d not in running and topo.size(d) > 1]
     if extra:
         raise RunError(f"mesh {topo.describe()}: the {extra[0]!r} dimension is not run by this Pipeline; give "
                        f"a mesh of {', '.join(repr(d) for d in sorted(running))}")
+    if topo.size("ep") > 1 and (topo.size("fsdp") > 1 or topo.size("tp") > 1):
+        raise RunError(f"mesh {topo.describe()}: expert parallel is not composed with FSDP or tensor parallel yet "
+                       "(an expert-parallel rank's experts are its own, not shards of one tensor); give `ep` with "
+                       "`dp` only")
     return topo
 
 
@@ -490,6 +508,16 @@ def gather_full(state: dict) -> dict:
         return {k: v.full_tensor() if is_dtensor(v) else v for k, v in state.items()}
     finally:
         log.setLevel(level)
+
+
+def _overlap_hook(overlap, ep) -> Callable | None:
+    """What runs each F&B pair (``Pipeline(overlap=...)``): the user's function, the generic interleave where
+    MoE blocks communicate over an ep group, or None (forward, then backward)."""
+    if overlap is False:
+        return None
+    if callable(overlap):
+        return overlap
+    return interleave if ep is not None and ep.blocks else None
 
 
 def _rows(tree) -> int | None:

@@ -11,7 +11,10 @@ there) and ``after`` as it ends (dp.py, fsdp.py reduce there).
 Inputs, outputs and what crosses a boundary are pytrees (pytree.py): the
 backward differentiates the output leaves that carry a gradient and sends back
 one gradient per input leaf that carries one. A forward-only executor (a
-program of F's, for evaluation) keeps nothing for a backward.
+program of F's, for evaluation) keeps nothing for a backward. An F&B pair runs
+its forward, then its backward, unless the context has an ``overlap`` hook
+(overlap.py: the halves interleaved at their all-to-alls); either way each
+action's output is sent once it is computed, in the program's order.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .plan import RankPlan
 from ..messages.p2p import P2P
 from ..run.config import RunError
 from ..resilience.flight import NO_FLIGHT
+from .overlap import run_pair
 from .recompute import Recompute
 from .split_backward import Record, Splitter, input_grad, weight_grad
 from ..stages.stage import Stage
@@ -50,6 +54,7 @@ class RankContext:
     flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
     autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
+    overlap: Callable | None = None  #: runs each F&B pair (overlap.py); None: its forward, then its backward
 
 
 @dataclass(kw_only=True)
@@ -61,6 +66,7 @@ class Saved:
     rec: Record | None = None  #: split backward: holder outputs and, after I, their gradients
     rng: tuple | None = None  #: recomputation: the RNG state F started from (``root`` is None until the replay)
     held: tuple = ()  #: meter tokens of what the executor keeps: input, output; after I, W's gradients
+    replayed: bool = False  #: recomputation: ``root`` comes from the replayed forward
 
 
 @dataclass(kw_only=True)
@@ -71,6 +77,7 @@ class StepOutcome:
     loss: float = 0.0  #: sum of the micro-batch losses computed on this rank
     mb_losses: dict = field(default_factory=dict)  #: F action -> its loss tensor (names a non-finite one)
     outputs: dict = field(default_factory=dict)  #: forward-only: mb -> the last stage's output (detached)
+    overlaps: list = field(default_factory=list)  #: overlap.Overlapped (the op, its events) of each pair run by a hook
 
 
 class Executor:
@@ -104,8 +111,16 @@ class Executor:
             # what the op needs from other stages arrives before its clock starts: waiting is idle time
             got = [None if r is None else p2p.recv(r) for r in step.recv]
             start = clock.mark()
-            for a, g, out_route in zip(step.actions, got, step.send):
-                mb_loss = self._run(a, g, out_route)
+            if self.ctx.overlap is not None and len(step.actions) == 2:
+                done = run_pair(self, step, got, self.ctx.overlap)
+                for (_, value), out_route in zip(done, step.send):  # after both halves, in program order
+                    self._send(out_route, value)
+            else:
+                done = []
+                for a, g, out_route in zip(step.actions, got, step.send):
+                    done.append(self._run(a, g))
+                    self._send(out_route, done[-1][1])  # as soon as it is computed
+            for a, (mb_loss, _) in zip(step.actions, done):
                 if mb_loss is not None:
                     losses.append(mb_loss)
                     out.mb_losses[a] = mb_loss
@@ -121,20 +136,23 @@ class Executor:
         out.loss = float(torch.stack(losses).sum()) if losses else 0.0
         return out
 
-    def _run(self, a: Action, got, out_route):
+    def _send(self, route, value) -> None:
+        if route is not None:
+            self.ctx.p2p.send(route, value)
+
+    def _run(self, a: Action, got) -> tuple:
+        """Run one action: (its micro-batch's loss or None, what it sends or None)."""
         kind, s, mb = a
         if kind == "F":
-            return self._forward(s, mb, got, out_route)
+            return self._forward(s, mb, got)
         if kind == "W":
             weight_grad(self.saved.pop((s, mb)).rec)
-            return None
+            return None, None
+        self.prepare_backward(a)
         sv = self.saved[(s, mb)] if kind == "I" else self.saved.pop((s, mb))
-        replayed = sv.rng is not None
-        if replayed:
-            self._replay(s, mb, sv)
         first = self.plan.is_first(s)
         xs = [] if first else pytree.grad_leaves(sv.x)
-        roots, grads = _roots(sv.root, got, self.plan.is_last(s), replayed)
+        roots, grads = _roots(sv.root, got, self.plan.is_last(s), sv.replayed)
         with self._measure(kind, s):
             if kind == "B":
                 if roots:
@@ -145,11 +163,15 @@ class Executor:
                 sv.root = None  # the recorded holder outputs keep what W needs
                 sv.held = sv.held[:1]  # the input's token stays, the output's goes (before W's gradients count)
                 sv.held += self._hold(*sv.rec.grads)
-        if out_route is not None:
-            self.ctx.p2p.send(out_route, dx)
-        return None
+        return None, dx
 
-    def _forward(self, s: int, mb: int, got, out_route):
+    def prepare_backward(self, a: Action) -> None:
+        """Before a B or I of a recomputed stage: replay its forward (once)."""
+        sv = self.saved[(a.stage, a.mb)]
+        if sv.rng is not None:
+            self._replay(a.stage, a.mb, sv)
+
+    def _forward(self, s: int, mb: int, got):
         plan = self.plan
         x = self._input(s, mb) if plan.is_first(s) else got
         recompute = self.ctx.recompute is not None and s in self.ctx.recompute
@@ -168,11 +190,10 @@ class Executor:
         if plan.is_last(s):
             if self.ctx.forward_only:
                 self.outcome.outputs[mb] = pytree.map_tensors(torch.Tensor.detach, out)
-            return None if root is None else root.detach().double()
+            return None if root is None else root.detach().double(), None
         if recompute:  # computed without autograd: every floating leaf may need a gradient (see _roots)
             out = pytree.map_tensors(lambda t: t.detach().requires_grad_(t.is_floating_point()), out)
-        self.ctx.p2p.send(out_route, out)
-        return None
+        return None, out
 
     def _input(self, s: int, mb: int):
         if self.inputs is None:
@@ -208,7 +229,7 @@ class Executor:
         x = sv.x if self.plan.is_first(s) else pytree.detached(sv.x)
         with self._measure("R", s), self.ctx.recompute.replaying(sv.rng):
             _, sv.root, sv.rec = self._compute(s, mb, x)
-            sv.x, sv.rng, sv.held = x, None, self._hold(x, sv.root)
+            sv.x, sv.rng, sv.held, sv.replayed = x, None, self._hold(x, sv.root), True
 
     def _measure(self, kind: str, s: int):
         return self.ctx.meter.op(kind, s) if self.ctx.meter is not None else nullcontext()

@@ -14,7 +14,11 @@ path runs again (tests/test_runtime_split.py counts it).
 Assumption: within one stage a holder runs once per forward and no parameter
 is shared by two holders (the stage builder unties shared weights). A holder
 whose own parameters are used before its submodules makes ``W`` redo that
-submodule path (correct, slower).
+submodule path (correct, slower). A holder with several outputs, some computed
+from others (an HF MoE router returns its logits and the top-k weights made from
+them), records only those made from none of the others: I's gradient at such an
+output already holds the paths through the ones made from it, which W would
+otherwise count twice.
 """
 
 from __future__ import annotations
@@ -65,12 +69,35 @@ class Splitter:
                            "I/W, or another split)")
         self._seen.add(id(module))
         outs = tuple(t for t in _tensors(output) if t.requires_grad)
+        if len(outs) > 1:
+            outs = _independent(outs, args)
         if outs:
             # a plain Linear's dW = g^T x is one product: W computes it without the autograd engine (not for a
             # tensor-parallel one: its weight and input are DTensors, which autograd differentiates)
             x = args[0] if (type(module) is nn.Linear and len(outs) == 1 and module.weight.requires_grad
                             and type(module.weight) is nn.Parameter and type(args[0]) is torch.Tensor) else None
             rec.outputs.append((module, outs, x))
+
+
+def _independent(outs: tuple, inputs) -> tuple:
+    """The outputs computed from no other output of the same call (the module's own graph is walked back to its
+    inputs)."""
+    stop = {t.grad_fn for t in _tensors(inputs) if t.grad_fn is not None}
+    nodes = {t.grad_fn for t in outs}
+    return tuple(t for t in outs if not _reaches(t.grad_fn, nodes - {t.grad_fn}, stop))
+
+
+def _reaches(start, targets: set, stop: set) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen or node in stop:
+            continue
+        if node in targets:
+            return True
+        seen.add(node)
+        todo.extend(fn for fn, _ in node.next_functions)
+    return False
 
 
 def holders(module: nn.Module) -> list[nn.Module]:

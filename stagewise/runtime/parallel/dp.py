@@ -50,16 +50,20 @@ class DataParallel:
         for s in step.done:
             self._start(s)
 
+    def buckets(self, s: int) -> list:
+        """(parameters, group) of stage ``s``: what is summed over which ranks (ep.py sums its experts apart)."""
+        return [([p for p in self.stages[s].parameters() if p.requires_grad], self.groups[s])]
+
     def _start(self, s: int) -> None:
-        params = [p for p in self.stages[s].parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:  # a parameter this stage did not use: its copies sum zeros
-                p.grad = torch.zeros_like(p)
-        for dtype in sorted({p.dtype for p in params}, key=str):
-            same = [p for p in params if p.dtype == dtype]
-            flat = _flatten_dense_tensors([p.grad for p in same])
-            work = dist.all_reduce(flat, group=self.groups[s], async_op=True)
-            self.pending.append((work, flat, same))
+        for params, group in self.buckets(s):
+            for p in params:
+                if p.grad is None:  # a parameter this stage did not use: its copies sum zeros
+                    p.grad = torch.zeros_like(p)
+            for dtype in sorted({p.dtype for p in params}, key=str):
+                same = [p for p in params if p.dtype == dtype]
+                flat = _flatten_dense_tensors([p.grad for p in same])
+                work = dist.all_reduce(flat, group=group, async_op=True)
+                self.pending.append((work, flat, same))
         self.started.append(s)
 
     def finish(self) -> None:

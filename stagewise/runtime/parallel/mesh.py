@@ -149,19 +149,23 @@ class Topology:
         coordinates)."""
         return self.rank_at(pp=pipe, **({"dp": replica} if "dp" in self.dims else {}))
 
-    def groups(self, dim: str) -> list[tuple[int, ...]]:
-        """Every group of ranks that differ only along ``dim`` (each in order along it), in one order on every
-        rank: what each rank passes to ``new_group`` one by one."""
-        others = [d for d in self.dims if d != dim]
+    def groups(self, dim: str | tuple[str, ...]) -> list[tuple[int, ...]]:
+        """Every group of ranks that differ only along ``dim`` (or along each of several dimensions: row-major
+        over them), in one order on every rank: what each rank passes to ``new_group`` one by one."""
+        along = (dim,) if isinstance(dim, str) else tuple(dim)
+        others = [d for d in self.dims if d not in along]
         out = []
         for point in product(*(range(self.size(d)) for d in others)):
             fixed = dict(zip(others, point))
-            out.append(tuple(self._at({**fixed, dim: k}) for k in range(self.size(dim))))
+            out.append(tuple(self._at({**fixed, **dict(zip(along, inner))})
+                             for inner in product(*(range(self.size(d)) for d in along))))
         return out
 
-    def group_of(self, dim: str) -> tuple[int, ...]:
-        """This rank's group along ``dim``."""
-        return tuple(self.rank_at(**{dim: k}) for k in range(self.size(dim))) if dim in self.dims else (self.rank,)
+    def group_of(self, dim: str | tuple[str, ...]) -> tuple[int, ...]:
+        """This rank's group along ``dim`` (or several dimensions, as ``groups`` orders them)."""
+        along = (dim,) if isinstance(dim, str) else tuple(dim)
+        return tuple(self.rank_at(**dict(zip(along, inner)))
+                     for inner in product(*(range(self.size(d)) for d in along)))
 
     def _at(self, coords: dict[str, int]) -> int:
         at = 0

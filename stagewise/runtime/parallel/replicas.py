@@ -92,16 +92,19 @@ class Replicas:
                 for p in copies:
                     p.grad = total.clone()
 
-    def clip(self, params: list[torch.Tensor], max_norm: float) -> float:
+    def clip(self, params: list[torch.Tensor], max_norm: float, sharded=None) -> float:
         """Scale all gradients so the global norm (each logical parameter once) is at most ``max_norm``.
 
         Each rank adds the squares of its owned parameters' local gradient shards, divided by the number of
-        ranks holding that same shard (data-parallel replicas, and tp or fsdp ranks a parameter is not split
-        over), so one all-reduce over every rank gives each logical parameter's squares once."""
+        ranks holding that same shard (data-parallel replicas, and tp, fsdp or ep ranks a parameter is not split
+        over), so one all-reduce over every rank gives each logical parameter's squares once. ``sharded``: (ids
+        of parameters, group) held in shares over the ``ep`` group (ep.py's experts): each rank's share is its
+        own."""
+        ids = sharded[0] if sharded is not None else ()
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.owned:
             if p.grad is not None:
-                sq += local(p.grad).detach().double().pow(2).sum() / self._holding(p)
+                sq += local(p.grad).detach().double().pow(2).sum() / self._holding(p, id(p) in ids)
         dist.all_reduce(sq, group=self.pipeline if self._one_pipeline else None)
         norm = math.sqrt(float(sq))
         coef = min(1.0, max_norm / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
@@ -115,15 +118,15 @@ class Replicas:
         """The grid is pipelines and replicas only: the norm sums over this rank's pipeline."""
         return all(d in ("pp", "dp") or self.topo.size(d) == 1 for d in self.topo.dims)
 
-    def _holding(self, p) -> int:
+    def _holding(self, p, experts: bool = False) -> int:
         """How many ranks of the grid (all of it, or of one pipeline) hold the same values as this rank's
-        shard of ``p``: every dimension but pp that ``p`` is not split along."""
+        shard of ``p``: every dimension but pp that ``p`` is not split along (``experts``: nor ep)."""
         if self._one_pipeline:
             return 1
-        split = set()
+        split = {"ep"} if experts else set()
         if is_dtensor(p):
             names = p.device_mesh.mesh_dim_names or ()
-            split = {d for d, pl in zip(names, p.placements) if not pl.is_replicate()}
+            split |= {d for d, pl in zip(names, p.placements) if not pl.is_replicate()}
         return math.prod(self.topo.size(d) for d in self.topo.dims if d != "pp" and d not in split)
 
 

@@ -27,13 +27,13 @@ def default_batch(microbatches: int, dp: int = 1) -> int:
     return share * -(-8 // share)
 
 
-def check_batch(batch: int, microbatches: int, dp: int = 1, fsdp: int = 1) -> None:
-    """``batch`` splits into ``microbatches`` equal micro-batches on each of the ``dp`` x ``fsdp`` data shards
-    (the one rule)."""
-    share = microbatches * dp * fsdp
+def check_batch(batch: int, microbatches: int, dp: int = 1, fsdp: int = 1, ep: int = 1) -> None:
+    """``batch`` splits into ``microbatches`` equal micro-batches on each of the ``dp`` x ``fsdp`` x ``ep`` data
+    shards (the one rule: replicas, sharded and expert-parallel ranks take different rows)."""
+    share = microbatches * dp * fsdp * ep
     if batch % share:
-        shards = " x ".join(f"`{k}` {v}" for k, v in (("dp", dp), ("fsdp", fsdp)) if v > 1)
-        into = (f"{shards} replicas of `microbatches` {microbatches}" if dp * fsdp > 1 else
+        shards = " x ".join(f"`{k}` {v}" for k, v in (("dp", dp), ("fsdp", fsdp), ("ep", ep)) if v > 1)
+        into = (f"{shards} replicas of `microbatches` {microbatches}" if dp * fsdp * ep > 1 else
                 f"`microbatches` {microbatches}")
         raise RunError(f"`batch` {batch} does not split into {into} equal micro-batches; use a `batch` that is a "
                        f"multiple of {share}")
@@ -103,11 +103,13 @@ class RunConfig:
     ranks: int = 4  #: p, the ranks launched
     microbatches: int = 8  #: m
     chunks: int | None = None  #: v (family default when None)
-    dp: int = 1  #: pipeline replicas (data parallel); p x dp x fsdp x tp ranks in all
+    dp: int = 1  #: pipeline replicas (data parallel); p x dp x fsdp x ep x tp ranks in all
     fsdp: int = 1  #: sharded data parallel (FSDP2 on each stage; with dp > 1: HSDP)
     tp: int = 1  #: tensor parallel inside each stage (the model's tp plan)
     zero: int = 0  #: 1: ZeRO-1, the optimizer state sharded over the dp replicas (torch's ZeroRedundancyOptimizer)
     reshard_after_forward: bool = False  #: with fsdp: free each layer after its forward and backward (less memory)
+    ep: int = 1  #: expert-parallel ranks per pipeline rank (MoE experts sharded over them)
+    overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/overlap.py); False: F then B
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
     steps: int = 1  #: optimizer steps
@@ -147,19 +149,19 @@ class RunConfig:
             raise RunError(f"`split` {e}") from None
 
     @property
-    def pipelined(self) -> bool:
-        """Runs on ranks (p x dp x fsdp x tp > 1), not as the in-process reference."""
-        return (self.schedule is not None or self.csv is not None) and self.world > 1
-
-    @property
     def shards(self) -> int:
-        """How many shares of each step's batch there are: the data-parallel ranks (dp x fsdp)."""
-        return self.dp * self.fsdp
+        """The shares a step's batch is cut into across ranks: dp x fsdp x ep (tp ranks take the same rows)."""
+        return self.dp * self.fsdp * self.ep
 
     @property
     def world(self) -> int:
-        """The ranks one run needs: p x dp x fsdp x tp."""
-        return self.ranks * self.dp * self.fsdp * self.tp
+        """Ranks launched: p x dp x fsdp x ep x tp."""
+        return self.ranks * self.shards * self.tp
+
+    @property
+    def pipelined(self) -> bool:
+        """Runs on ranks (p x dp x fsdp x ep x tp > 1), not as the in-process reference."""
+        return (self.schedule is not None or self.csv is not None) and self.world > 1
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""
@@ -175,9 +177,9 @@ class RunConfig:
         if isinstance(seq, int) and seq >= 1:
             limits.TOKENS.check(self.batch * seq, "", detail=f"`batch` {self.batch} x `seq` {seq} = "
                                 f"{self.batch * seq:,} tokens per step")
-        if self.pipelined:
-            check_batch(self.batch, self.microbatches, max(self.dp, 1), max(self.fsdp, 1))
         self._check_scale()
+        if self.pipelined:
+            check_batch(self.batch, self.microbatches, self.dp, self.fsdp, self.ep)
         self._check_resilience()
         check_positive_number("`lr`", self.lr)
         if self.clip is not None:
@@ -195,8 +197,8 @@ class RunConfig:
             self.layer_split()
 
     def _check_scale(self) -> None:
-        """`dp`, `fsdp`, `tp`, `zero` and `recompute` (runtime at scale)."""
-        for name in ("dp", "fsdp", "tp"):
+        """`dp`, `fsdp`, `tp`, `zero`, `ep` and `recompute` (runtime at scale)."""
+        for name in ("dp", "fsdp", "tp", "ep"):
             check_count(f"`{name}`", getattr(self, name), 1, limits.RANKS)
         if self.zero not in (0, 1) or isinstance(self.zero, bool):
             raise RunError(f"`zero` must be 0 (off) or 1 (ZeRO-1: optimizer state sharded over `dp`); got "
@@ -208,8 +210,23 @@ class RunConfig:
             raise RunError("`reshard_after_forward` frees FSDP's gathered layers: it needs `fsdp` >= 2")
         if self.zero and self.dp < 2:
             raise RunError("`zero` 1 shards the optimizer state over the `dp` replicas: it needs `dp` >= 2")
-        if not self.pipelined and (self.dp > 1 or self.recompute):
-            what = f"`dp` {self.dp}" if self.dp > 1 else "`recompute`"
+        experts = getattr(self.model, "moe_experts", None)
+        if self.ep > 1 and isinstance(experts, int):
+            if experts < 1:
+                raise RunError(f"`ep` {self.ep} shards the experts of MoE blocks; the model has none: give "
+                               "`moe_experts`")
+            if experts % self.ep:
+                raise RunError(f"`ep` {self.ep} must divide `moe_experts` {experts}: each rank of the "
+                               "expert-parallel group holds as many experts")
+        if self.ep > 1 and (self.save or self.resume):
+            raise RunError(f"{'`save`' if self.save else '`resume`'} with `ep` {self.ep}: an expert-parallel rank "
+                           "holds its own experts under names the other ranks also use; run with `ep` 1 to save "
+                           "or resume")
+        if self.ep > 1 and (self.fsdp > 1 or self.tp > 1):
+            raise RunError(f"`ep` {self.ep} with {'`fsdp`' if self.fsdp > 1 else '`tp`'}: expert parallel is not "
+                           "composed with FSDP or tensor parallel yet; give `ep` with `dp` only")
+        if not self.pipelined and (self.dp > 1 or self.ep > 1 or self.recompute):
+            what = f"`dp` {self.dp}" if self.dp > 1 else f"`ep` {self.ep}" if self.ep > 1 else "`recompute`"
             raise RunError(f"{what} needs a `schedule` run on ranks (`ranks` or `dp` >= 2); the unpipelined "
                            "reference runs in one process")
         if self.schedule is None and self.csv is None and (self.fsdp > 1 or self.tp > 1):

@@ -23,6 +23,7 @@ from torch import nn
 from ... import limits
 from ..parallel.tp import is_dtensor
 from ..stages.layers import Layers
+from ..stages.moe import MoE, check_moe, pack, unpack
 from .config import RunError, check_count
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -46,34 +47,48 @@ class Embedding(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention and a 4x MLP, both residual."""
+    """Pre-norm transformer block: causal self-attention and a 4x MLP, both residual. With ``moe`` its MLP is a
+    mixture of experts (``stages/moe.py``): it takes the hidden states, or the pair (hidden, running aux loss)
+    after an earlier MoE block, and gives the pair."""
 
-    def __init__(self, d_model: int, heads: int):
+    def __init__(self, d_model: int, heads: int, moe: MoE | None = None):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.ln2 = nn.LayerNorm(d_model)
-        self.fc = nn.Linear(d_model, 4 * d_model)
-        self.out = nn.Linear(4 * d_model, d_model)
+        if moe is None:
+            self.fc = nn.Linear(d_model, 4 * d_model)
+            self.out = nn.Linear(4 * d_model, d_model)
+        self.moe = moe
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape
-        qkv, heads, first = self.qkv(self.ln1(x)), self.heads, 0
-        if is_dtensor(qkv):  # tensor parallel (TP_PLAN): q|k|v is fused, so it is gathered; this rank's heads
-            from torch.distributed.tensor import Partial
+    def forward(self, x):
+        if self.moe is None:
+            x = _attend(self, x)
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        h, aux = unpack(x)
+        h = _attend(self, h)
+        y, a = self.moe(self.ln2(h))
+        return h + y, a if aux is None else aux + a
 
-            heads = self.heads // qkv.device_mesh.size()
-            first = qkv.device_mesh.get_local_rank() * heads
-            qkv = qkv.to_local(grad_placements=[Partial()])  # each rank's gradient covers its own heads only
-        hd = D // self.heads
-        q, k, v = (t.view(B, T, self.heads, hd)[:, :, first:first + heads] if heads < self.heads else
-                   t.view(B, T, self.heads, hd) for t in qkv.split(D, dim=2))
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(B, T, heads * hd))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+def _attend(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Causal self-attention of a block (its ln1, qkv, proj), residual."""
+    B, T, D = x.shape
+    qkv, heads, first = block.qkv(block.ln1(x)), block.heads, 0
+    if is_dtensor(qkv):  # tensor parallel (TP_PLAN): q|k|v is fused, so it is gathered; this rank's heads
+        from torch.distributed.tensor import Partial
+
+        heads = block.heads // qkv.device_mesh.size()
+        first = qkv.device_mesh.get_local_rank() * heads
+        qkv = qkv.to_local(grad_placements=[Partial()])  # each rank's gradient covers its own heads only
+    hd = D // block.heads
+    q, k, v = (t.view(B, T, block.heads, hd)[:, :, first:first + heads] if heads < block.heads else
+               t.view(B, T, block.heads, hd) for t in qkv.split(D, dim=2))
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return x + block.proj(a.transpose(1, 2).reshape(B, T, heads * hd))
 
 
 def _gathered_columns():
@@ -90,15 +105,17 @@ TP_PLAN = {"qkv": _gathered_columns, "proj": "rowwise", "fc": "colwise", "out": 
 
 
 class Head(nn.Module):
-    """Final norm and the LM head; ``weight`` is tied to the token embedding."""
+    """Final norm and the LM head; ``weight`` is tied to the token embedding. After MoE blocks it takes and
+    gives the pair (hidden / logits, aux loss)."""
 
     def __init__(self, d_model: int, weight: nn.Parameter):
         super().__init__()
         self.ln = nn.LayerNorm(d_model)
         self.weight = weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.ln(x), self.weight)
+    def forward(self, x):
+        h, aux = unpack(x)
+        return pack(F.linear(self.ln(h), self.weight), aux)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +130,12 @@ class GPTConfig:
     dtype: str = "float32"
     data: str | None = None  #: a text file read as bytes; None = synthetic stream
     seed: int = 0
+    moe_experts: int = 0  #: routed experts of each block's MoE MLP (stages/moe.py); 0: the dense MLP
+    moe_top_k: int = 2  #: experts each token goes to
+    moe_shared: int = 0  #: shared experts every token goes through
+    moe_capacity: float | None = None  #: tokens an expert takes per sequence, x its fair share; None: dropless
+    moe_pad: bool = False  #: fixed-size expert buffers (padded to the capacity)
+    moe_aux: float = 0.01  #: the load-balancing loss's coefficient
 
     @property
     def num_layers(self) -> int:
@@ -123,9 +146,15 @@ class GPTConfig:
         return "gpt"
 
     @property
+    def moe(self) -> bool:
+        """The blocks' MLPs are mixtures of experts."""
+        return self.moe_experts > 0
+
+    @property
     def symbols(self) -> tuple[str, ...]:
-        """Layout letters of the layers: E, t per block, H (``--split 'E+t*2 | t*2+H'``)."""
-        return ("E",) + ("t",) * self.layers_n + ("H",)
+        """Layout letters of the layers: E, t per block (m for an MoE block, as the planner writes it), H
+        (``--split 'E+t*2 | t*2+H'``)."""
+        return ("E",) + ("m" if self.moe else "t",) * self.layers_n + ("H",)
 
     def layer_names(self) -> list[str]:
         return ["embedding"] + [f"block{i}" for i in range(self.layers_n)] + ["head"]
@@ -144,6 +173,10 @@ class GPTConfig:
             raise RunError(f"`seed` {self.seed}: torch seeds are 0..{MAX_SEED}")
         if self.d_model % self.heads:
             raise RunError(f"`d_model` {self.d_model} must be a multiple of `heads` {self.heads}")
+        check_count("`moe_experts`", self.moe_experts, 0)
+        if self.moe:
+            check_moe(experts=self.moe_experts, top_k=self.moe_top_k, hidden=4 * self.d_model, shared=self.moe_shared,
+                      capacity=self.moe_capacity, pad=self.moe_pad, aux=self.moe_aux)
         if self.dtype not in DTYPES:
             raise RunError(f"`dtype` must be one of {', '.join(DTYPES)}; got {self.dtype}")
         if self.data is None:
@@ -162,18 +195,27 @@ class GPTConfig:
     def check_sizes(self, sequences: int) -> None:
         """Tensor and parameter sizes against the limits (``sequences``: one micro-batch's), before building."""
         limits.check_gpt_size(layers=self.layers_n, d_model=self.d_model, heads=self.heads, seq=self.seq,
-                              vocab=self.vocab, batch=sequences)
+                              vocab=self.vocab, batch=sequences, experts=self.moe_experts + self.moe_shared)
 
     def identity(self) -> dict:
         """The model's options, as a checkpoint records them (seed and data are the run's: checkpoint_manifest)."""
-        return {"--layers": self.layers_n, "--d-model": self.d_model, "--heads": self.heads, "--seq": self.seq,
-                "--vocab": self.vocab, "--dtype": self.dtype}
+        out = {"--layers": self.layers_n, "--d-model": self.d_model, "--heads": self.heads, "--seq": self.seq,
+               "--vocab": self.vocab, "--dtype": self.dtype}
+        if self.moe:  # a dense model's identity stays what older checkpoints recorded
+            out.update({"--moe-experts": self.moe_experts, "--moe-top-k": self.moe_top_k,
+                        "--moe-shared": self.moe_shared, "--moe-capacity": self.moe_capacity,
+                        "--moe-pad": self.moe_pad, "--moe-aux": self.moe_aux})
+        return out
 
     def parameters(self) -> int:
         """The parameter count (the head's weight is the embedding's), without building the model."""
         d = self.d_model
-        block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
-        return self.vocab * d + self.seq * d + self.layers_n * block + 2 * d
+        attention = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d)
+        mlp = (4 * d * d + 4 * d) + (4 * d * d + d)  # one expert's too
+        if self.moe:
+            shared = self.moe_shared * (8 * d * d + 4 * d) + d if self.moe_shared else 0
+            mlp = self.moe_experts * d + self.moe_experts * mlp + shared
+        return self.vocab * d + self.seq * d + self.layers_n * (attention + mlp) + 2 * d
 
     def layers(self) -> Layers:
         """The model as a per-layer factory: each rank builds only its own layers, each from its own seed, so
@@ -191,13 +233,17 @@ class GPTConfig:
             if i == 0:
                 layer = Embedding(self.vocab, self.seq, self.d_model)
             elif i <= self.layers_n:
-                layer = Block(self.d_model, self.heads)
+                layer = Block(self.d_model, self.heads, self._moe() if self.moe else None)
             else:
                 layer = Head(self.d_model, nn.Parameter(torch.empty(self.vocab, self.d_model)))
             layer.apply(_init)
             if isinstance(layer, Head):  # its own copy of the tied weight (the pipeline makes copies equal)
                 nn.init.normal_(layer.weight, std=0.02)
         return layer.to(DTYPES[self.dtype])
+
+    def _moe(self) -> MoE:
+        return MoE(self.d_model, self.moe_experts, self.moe_top_k, 4 * self.d_model, shared=self.moe_shared,
+                   capacity=self.moe_capacity, pad=self.moe_pad, aux=self.moe_aux)
 
     def batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step ``step``'s ``size`` sequences: (inputs, targets), both (size, seq) token ids."""
@@ -210,9 +256,12 @@ class GPTConfig:
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
     @staticmethod
-    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the tokens of ``output`` (B, T, vocab)."""
-        return F.cross_entropy(output.flatten(0, 1).float(), target.flatten())
+    def loss(output, target: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the tokens of ``output`` (B, T, vocab), plus the MoE blocks' aux loss when the
+        output is the pair (logits, aux)."""
+        logits, aux = unpack(output)
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        return ce if aux is None else ce + aux.float()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,7 @@ class RunResult:
     fsdp: int = 1  #: sharded data parallel degree
     tp: int = 1  #: tensor parallel degree
     zero: int = 0  #: 1: ZeRO-1 (optimizer state sharded over dp)
+    ep: int = 1  #: expert-parallel ranks per pipeline rank
     recompute: tuple[int, ...] | None = None  #: stages that recompute their forward
     memory: Memory | None = None  #: rank 0 of a run that counted activations (not --no-memory)
     checkpoint: dict | None = None  #: what --save / --resume did (checkpoint.Checkpoints.info)
@@ -72,6 +73,8 @@ class RunResult:
                "predicted_bubble_fraction": self.predicted_bubble_fraction}
         if self.dp is not None:
             out.update(dp=self.dp, fsdp=self.fsdp, tp=self.tp, zero=self.zero, recompute=list(self.recompute or ()))
+        if self.ep > 1:
+            out["ep"] = self.ep
         if self.memory is not None:
             m = self.memory
             if m.peak_activation_bytes is not None:

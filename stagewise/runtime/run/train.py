@@ -63,8 +63,8 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
         raise RunError(f"one launch runs one number of ranks; got {sorted(worlds)}")
     world = worlds.pop()
     c = cfgs[0]
-    sizes = " x ".join(f"`{d}` {n}" for d, n in (("ranks", c.ranks), ("dp", c.dp), ("fsdp", c.fsdp), ("tp", c.tp))
-                       if n > 1 or d in ("ranks", "dp"))
+    sizes = " x ".join(f"`{d}` {n}" for d, n in (("ranks", c.ranks), ("dp", c.dp), ("fsdp", c.fsdp), ("ep", c.ep),
+                                                 ("tp", c.tp)) if n > 1 or d in ("ranks", "dp"))
     limits.LOCAL_RANKS.check(world, "", detail=f"{sizes} = {world} local ranks")
     from ..launching.local import check_importable
 

@@ -20,14 +20,20 @@ from .layers import Layers
 from .stage import StageMap, Stage, stage_map_of
 
 
-def gather_stage_map(sched: Schedule, spec: Layers, ranges, stages: dict[int, Stage], ties) -> StageMap:
-    """The stage map of the whole pipeline from every rank's parameter names (a collective)."""
+def gather_stage_map(sched: Schedule, spec: Layers, ranges, stages: dict[int, Stage], ties,
+                     ranks: tuple[int, ...] | None = None) -> StageMap:
+    """The stage map of the whole pipeline from every rank's parameter names (a collective over every rank).
+
+    ``ranks``: the global ranks of this rank's pipeline, whose names make the map (default: every rank's; an
+    expert-parallel pipeline holds its own share of the experts, so each pipeline maps its own)."""
     mine = {}
     for st in stages.values():
         for k, layer in enumerate(st.layers):
             mine[st.first_layer + k] = [(n, tuple(p.shape)) for n, p in layer.named_parameters()]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
+    if ranks is not None:
+        gathered = [gathered[r] for r in ranks]
     shapes: dict[tuple[int, str], tuple] = {}
     names: dict[int, list[str]] = {}
     for part in gathered:
