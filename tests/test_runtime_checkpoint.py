@@ -29,7 +29,8 @@ from stagewise.runtime.launching.launch import RankFailure
 from stagewise.runtime.run.train import train, train_many
 from runtime_helpers import TINY
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
+              pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 BASE = RunConfig(schedule="1f1b", ranks=2, microbatches=4, batch=4, steps=4, model=TINY, timeout=30,
                  collect=("params",))

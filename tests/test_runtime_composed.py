@@ -26,7 +26,8 @@ import stagewise
 from stagewise.runtime import RunConfig
 from stagewise.runtime.run.train import train, train_many
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 FOUR = [
     Case("fsdp 1f1b", "1f1b", 4, options={"fsdp": 2}),

@@ -63,6 +63,8 @@ def test_the_options_are_checked_before_any_rank_starts(capsys):
         RunConfig(schedule="1f1b", ranks=2, zero=1).check()
     with pytest.raises(RunError, match="`reshard_after_forward` frees FSDP's gathered layers: it needs `fsdp` >= 2"):
         RunConfig(schedule="1f1b", ranks=2, reshard_after_forward=True).check()
+    with pytest.raises(RunError, match="`ep` 2 with `tp`: expert parallel is not composed with FSDP or tensor"):
+        RunConfig(schedule="1f1b", ranks=2, ep=2, tp=2, microbatches=2, batch=4).check()
     with pytest.raises(RunError, match="`batch` 4 does not split into `dp` 2 x `fsdp` 2 replicas of `microbatches` 2"):
         RunConfig(schedule="1f1b", ranks=2, dp=2, fsdp=2, microbatches=2, batch=4).check()
     tiny = ["train", "--schedule", "1f1b", "-p", "2", "-m", "2", "--layers", "2", "--d-model", "32"]
