@@ -1,8 +1,9 @@
 """Checkpoints: a resume continues with the uninterrupted run's losses; any layout resumes; broken ones never load.
 
-Four launches in all: the uninterrupted run and the saving run together, then
-every resume at p=2 together (same layout, two other schedules, and a
-fallback past an incomplete newer save), the resumes at p=4, and a corrupt file.
+A step folder is one torch.distributed.checkpoint (DCP) checkpoint with our manifest. Launches: the
+uninterrupted run and the saving run together, then every resume at p=2 together (same layout, two other
+schedules, and a fallback past an incomplete newer save), the resumes at p=4, a corrupt file, an earlier
+stagewise's layer-keyed checkpoint. Resuming under FSDP and tensor parallel: test_runtime_composed.py.
 """
 
 from __future__ import annotations
@@ -28,20 +29,27 @@ from stagewise.runtime.launching.launch import RankFailure
 from stagewise.runtime.run.train import train, train_many
 from runtime_helpers import TINY
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
+              pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 BASE = RunConfig(schedule="1f1b", ranks=2, microbatches=4, batch=4, steps=4, model=TINY, timeout=30,
                  collect=("params",))
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """(the uninterrupted 4-step run, a --save folder holding steps 1 and 2 of the same run): one launch."""
+def saving(tmp_path_factory):
+    """(the uninterrupted 4-step run, a --save folder holding steps 1 and 2 of the same run, the saving run):
+    one launch."""
     root = tmp_path_factory.mktemp("ckpt") / "run"
     full, part = train_many([BASE, dataclasses.replace(BASE, steps=2, save=str(root), save_every=1)])
     assert part.losses == full.losses[:2]
     assert part.checkpoint["saved"] == [str(root / "step-00000001"), str(root / "step-00000002")]
-    return full, root
+    return full, root, part
+
+
+@pytest.fixture(scope="module")
+def saved(saving):
+    return saving[:2]
 
 
 def copy_of(root: Path, tmp_path: Path) -> Path:
@@ -98,47 +106,62 @@ def test_another_number_of_ranks_resumes_the_same_training(saved):
         np.testing.assert_allclose(res.losses, full.losses[2:], rtol=1e-5, err_msg=res.schedule)
 
 
-def test_the_folder_holds_each_layer_once_and_a_manifest_of_every_file(saved):
-    _, root = saved
+def test_the_folder_is_one_dcp_checkpoint_that_torch_reads_into_the_plain_model(saving):
+    """Every rank wrote its share in parallel (a DCP data file each, rank 0 the index), the manifest lists
+    every file; torch's own dcp.load fills the unpipelined model and its AdamW state under the original
+    names: exactly the saving run's weights after step 2."""
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+
+    _, root, part = saving
     folder = root / "step-00000002"
     manifest = json.loads((folder / files.MANIFEST).read_text())
-    layers = [files.layer_file(i) for i in range(TINY.num_layers)]
-    assert sorted(manifest["files"]) == sorted(layers + [files.rng_file(0), files.rng_file(1)])
-    assert manifest["step"] == 2 and manifest["data"] == {"next_step": 2, "batch": 4, "sequences": 8}
+    assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp", files.rng_file(0),
+                                         files.rng_file(1)]
+    assert manifest["format"] == "stagewise-checkpoint/3" and manifest["step"] == 2
+    assert manifest["data"] == {"next_step": 2, "batch": 4, "sequences": 8}
     assert manifest["optimizer"] == "AdamW" and manifest["layers"] == TINY.num_layers
-    # the head's weight is the embedding's (tied): stored once, with layer 0
-    assert manifest["params"]["0.tok.weight"]["layer"] == 0
+    assert manifest["params"]["0.tok.weight"]["layer"] == 0  # the tied head is the embedding's parameter
     assert not any(n.startswith(f"{TINY.num_layers - 1}.weight") for n in manifest["params"])
-    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]  # no temporary left behind
-    payload = torch.load(folder / files.layer_file(1), weights_only=True)
-    assert set(payload["optim"]["1.fc.weight"]) == {"step", "exp_avg", "exp_avg_sq"}
-    assert float(payload["optim"]["1.fc.weight"]["step"]) == 2.0
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name != ".metadata"]
+    model = nn.Sequential(*TINY.layers().build_all())
+    opt = torch.optim.AdamW(model.parameters())
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    for name, copies in part.params.items():
+        assert np.array_equal(state["model"][name].numpy(), copies[0]), name
+    optim = {"optim": {f"state.1.fc.weight.{k}": torch.zeros(()) if k == "step" else torch.zeros(4 * 32, 32)
+                       for k in ("step", "exp_avg", "exp_avg_sq")}}
+    dcp.load(optim, checkpoint_id=str(folder), no_dist=True)
+    assert float(optim["optim"]["state.1.fc.weight.step"]) == 2.0
+    assert optim["optim"]["state.1.fc.weight.exp_avg_sq"].min() > 0
+    del opt
 
 
-def test_a_corrupt_file_is_refused_by_the_rank_that_reads_it(saved, tmp_path):
+def test_a_corrupt_file_is_refused_by_name_on_every_rank(saved, tmp_path):
     _, root = saved
     bad = copy_of(root, tmp_path)
-    path = bad / "step-00000002" / files.layer_file(5)  # stage 1's layer: read by rank 1
+    path = bad / "step-00000002" / "__1_0.distcp"  # rank 1's share: hashed by rank 1, refused by all
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: only the hash can tell
     path.write_bytes(bytes(data))
     with pytest.raises(RankFailure) as info:
         train(dataclasses.replace(BASE, resume=str(bad)))
     assert info.value.user
-    assert f"rank 1: --resume {bad / 'step-00000002'}: layer-00005.pt is corrupt" in say(str(info.value))
+    assert f"every rank: --resume {bad / 'step-00000002'}: __1_0.distcp is corrupt" in say(str(info.value))
 
 
 def test_a_truncated_file_or_a_missing_manifest_is_refused_before_any_rank_starts(saved, tmp_path):
     _, root = saved
     bad = copy_of(root, tmp_path)
     step2 = bad / "step-00000002"
-    with open(step2 / files.layer_file(0), "r+b") as f:
+    with open(step2 / "__0_0.distcp", "r+b") as f:
         f.truncate(100)
-    with pytest.raises(RunError, match=r"step-00000002: step-00000002/layer-00000.pt has 100 bytes, the manifest "
+    with pytest.raises(RunError, match=r"step-00000002: step-00000002/__0_0.distcp has 100 bytes, the manifest "
                        r"says \d+; refusing to load it \(the newest complete one is .*step-00000001; or resume "):
         train(dataclasses.replace(BASE, resume=str(step2)))
     (bad / "step-00000001" / files.MANIFEST).unlink()
-    with pytest.raises(RunError, match=r"no complete checkpoint \(step-00000002/layer-00000.pt has 100 bytes.*; "
+    with pytest.raises(RunError, match=r"no complete checkpoint \(step-00000002/__0_0.distcp has 100 bytes.*; "
                        r"step-00000001 has no manifest.json \(its save did not finish\)\)"):
         train(dataclasses.replace(BASE, resume=str(bad)))
 
@@ -206,13 +229,19 @@ def test_bad_checkpoint_options_exit_2_before_any_rank_starts(capsys, tmp_path, 
 
 
 def test_data_parallel_replicas_save_one_copy_that_a_single_pipeline_resumes(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
     root = tmp_path / "dp"
     base = dataclasses.replace(BASE, batch=8, collect=())
     (part,) = train_many([dataclasses.replace(base, dp=2, steps=2, save=str(root))])  # 2 pipelines x 2 ranks
     manifest = json.loads((root / "step-00000002" / files.MANIFEST).read_text())
     assert manifest["world"] == 4 and manifest["layout"]["replicas"] == 2
-    assert sorted(manifest["files"]) == sorted([files.layer_file(i) for i in range(TINY.num_layers)]
-                                               + [files.rng_file(r) for r in range(4)])
+    assert {files.rng_file(r) for r in range(4)} <= set(manifest["files"])
+    meta = dcp.FileSystemReader(str(root / "step-00000002")).read_metadata()
+    written = {}  # each tensor's chunks, from whichever rank wrote them: the replicas' copies once
+    for index, info in meta.storage_data.items():
+        written.setdefault(index.fqn, []).append(info.length)
+    assert all(len(lengths) == 1 for lengths in written.values())
     full, res = train_many([base, dataclasses.replace(base, resume=str(root))])  # one pipeline, the whole batch
     np.testing.assert_allclose(part.losses, full.losses[:2], rtol=1e-5)
     np.testing.assert_allclose(res.losses, full.losses[2:], rtol=1e-5)
@@ -305,7 +334,7 @@ def test_a_checkpoint_of_another_model_seed_or_data_is_refused_saying_what_diffe
     (lambda m: {**m, "params": {"0.tok.weight": {"layer": 0, "shape": [-1], "dtype": "f"}}},
      "is malformed: params['0.tok.weight'].shape must be a list of sizes; got [-1]"),
     (lambda m: {**m, "format": "stagewise-checkpoint/1"},
-     "is malformed: not a stagewise-checkpoint/2 manifest (format 'stagewise-checkpoint/1')"),
+     "is malformed: not a stagewise-checkpoint/3 manifest (format 'stagewise-checkpoint/1')"),
 ])
 def test_a_manifest_of_the_wrong_shape_is_refused_in_one_line(capsys, tmp_path, saved, edit, needle):
     _, root = saved
@@ -364,26 +393,31 @@ def _rehash(folder: Path, name: str) -> None:
 
 
 def test_files_that_match_their_hash_but_are_not_ours_are_refused_by_name(capsys, saved, tmp_path):
-    """Random bytes with the manifest's hash updated, and two layer files swapped: exit 2 naming the file."""
+    """Random bytes with the manifest's hash updated (in a data file, in DCP's index), and two ranks' data files
+    swapped: exit 2 naming the file, before any of it is read as a tensor where that can be told."""
     _, root = saved
     tiny = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--layers", "6", "--d-model", "32", "--seq", "16",
             "--batch", "4", "--steps", "3"]
-    noise = copy_of(root, tmp_path / "noise")
-    step = noise / "step-00000002"
-    (step / files.layer_file(0)).write_bytes(os.urandom(4096))
-    _rehash(step, files.layer_file(0))
-    rc, _, err = run_cli(capsys, *tiny, "--resume", str(noise))
-    assert rc == 2 and "layer-00000.pt is not a layer file of a checkpoint" in err and err.count("\n") == 1, err
+    cases = {"__0_0.distcp": "its DCP files do not read as a checkpoint of this model",
+             ".metadata": ".metadata is not the index of a DCP checkpoint"}
+    for name, needle in cases.items():
+        noise = copy_of(root, tmp_path / f"noise{name}")
+        step = noise / "step-00000002"
+        (step / name).write_bytes(os.urandom((step / name).stat().st_size))  # same size: the index still fits
+        _rehash(step, name)
+        rc, _, err = run_cli(capsys, *tiny, "--resume", str(noise))
+        assert rc == 2 and needle in err and err.count("\n") == 1, err
     swapped = copy_of(root, tmp_path / "swapped")
     step = swapped / "step-00000002"
-    a, b = step / files.layer_file(0), step / files.layer_file(3)
+    a, b = step / "__0_0.distcp", step / "__1_0.distcp"
     da, db = a.read_bytes(), b.read_bytes()
     a.write_bytes(db)
     b.write_bytes(da)
-    _rehash(step, files.layer_file(0))
-    _rehash(step, files.layer_file(3))
+    _rehash(step, a.name)
+    _rehash(step, b.name)
     rc, _, err = run_cli(capsys, *tiny, "--resume", str(swapped))
-    assert rc == 2 and "layer-00000.pt does not hold 0." in err and "swapped or edited" in err, err
+    assert rc == 2 and "__0_0.distcp does not hold what .metadata says is in it" in err, err
+    assert "swapped or edited" in err and err.count("\n") == 1, err
 
 
 def test_a_save_folder_is_checked_before_the_first_step_and_never_written_through(capsys, saved, tmp_path):
@@ -417,3 +451,40 @@ def test_a_save_folder_is_checked_before_the_first_step_and_never_written_throug
     os.mkfifo(manifest)  # opening it for reading would block forever
     rc, _, err = run_cli(capsys, *tiny, "--steps", "3", "--resume", str(fifo_run / "step-00000002"))
     assert rc == 2 and "manifest.json is unreadable" in err and "not a regular file (a FIFO)" in err, err
+
+
+def as_layer_checkpoint(step: Path, out: Path) -> Path:
+    """``step``'s contents as an earlier stagewise wrote them (stagewise-checkpoint/2): one torch.save file per
+    model layer with its logical parameters and their optimizer state, the RNG files, the manifest last."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out.mkdir(parents=True)
+    dcp_to_torch_save(str(step), str(out / "whole.pt"))
+    whole = torch.load(out / "whole.pt", weights_only=False)
+    (out / "whole.pt").unlink()
+    m = json.loads((step / files.MANIFEST).read_text())
+    payloads: dict[int, dict] = {}
+    for name in m["params"]:  # the built-in GPT's original names are its logical ones
+        p = payloads.setdefault(int(name.split(".")[0]), {"params": {}, "optim": {}})
+        p["params"][name] = whole["model"][name]
+        p["optim"][name] = {k: whole["optim"][f"state.{name}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq")}
+    entries = {}
+    for layer, payload in payloads.items():
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        entries[files.layer_file(layer)] = files.atomic_write(out / files.layer_file(layer), buf.getvalue())
+    for rng in (n for n in m["files"] if n.startswith("rng-")):
+        shutil.copy(step / rng, out / rng)
+        entries[rng] = m["files"][rng]
+    files.write_manifest(out, {**m, "format": "stagewise-checkpoint/2", "files": entries})
+    return out
+
+
+def test_a_layer_keyed_checkpoint_of_an_earlier_stagewise_resumes_under_any_layout(saved, tmp_path):
+    full, root = saved
+    old = as_layer_checkpoint(root / "step-00000002", tmp_path / "old" / "step-00000002")
+    assert sorted(p.name for p in old.iterdir())[:2] == ["layer-00000.pt", "layer-00001.pt"]
+    same, other = train_many([dataclasses.replace(BASE, resume=str(old)),
+                              dataclasses.replace(BASE, resume=str(old), ranks=1, fsdp=2, microbatches=2)])
+    assert same.losses == full.losses[2:] and same.checkpoint["rng_restored"]  # the same layout: bit for bit
+    np.testing.assert_allclose(other.losses, full.losses[2:], rtol=1e-5)  # sharded: each rank its own rows

@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 TINY = ["--layers", "2", "--d-model", "32", "--seq", "16", "--steps", "2"]
 KEYS = {"schedule", "ranks", "microbatches", "losses", "step_time_s", "measured_bubble_fraction",
         "predicted_bubble_fraction", "dp", "recompute", "peak_activation_bytes", "predicted_peak_activation_bytes",
-        "peak_memory_allocated_bytes", "layers_built_per_rank"}
+        "peak_memory_allocated_bytes", "layers_built_per_rank", "fsdp", "tp", "zero", "state_bytes",
+        "predicted_state_bytes"}
 
 
 

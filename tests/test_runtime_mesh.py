@@ -50,3 +50,21 @@ def test_sizes_that_do_not_divide_the_world_are_refused():
         Topology.of_sizes(world=8, rank=0, dp=3)
     with pytest.raises(RunError, match="`dp` must be a whole number >= 1; got '2'"):
         Topology.of_sizes(world=8, rank=0, dp="2")
+
+
+def test_fsdp_and_tp_sizes_make_the_grid_with_tp_innermost():
+    t = Topology.of_sizes(world=8, rank=5, fsdp=2, tp=2)
+    assert (t.dims, t.shape, t.coords) == (("fsdp", "pp", "tp"), (2, 2, 2), {"fsdp": 1, "pp": 0, "tp": 1})
+    assert t.pipe_ranks == (5, 7) and t.data_shards == 2 and t.data_index == 1  # tp ranks take the same rows
+    assert t.group_of("tp") == (4, 5) and t.group_of("fsdp") == (1, 5)
+    with pytest.raises(RunError, match="`fsdp` 2 x `tp` 2 = 4 does not divide the 6 ranks launched"):
+        Topology.of_sizes(world=6, rank=0, fsdp=2, tp=2)
+
+
+def test_a_mesh_and_sizes_together_are_refused():
+    from stagewise.runtime.pipeline import _topology
+
+    with pytest.raises(RunError, match="give either `mesh` or `fsdp`, `tp`, not both"):
+        _topology(Mesh((2, 2), ("pp", "fsdp")), {"dp": 1, "fsdp": 2, "tp": 2}, 4, 0)
+    topo = _topology(Mesh((2, 1, 2), ("tp", "dp", "pp")), {"dp": 1, "fsdp": 1, "tp": 1}, 4, 3)
+    assert (topo.p, topo.size("tp"), topo.pipe, topo.coords["tp"], topo.pipe_ranks) == (2, 2, 1, 1, (2, 3))

@@ -57,3 +57,24 @@ def test_every_route_is_received_once_and_sent_once(name, p, extra):
             sent += [x for x in step.send if x is not None]
             got += [x for x in step.recv if x is not None]
     assert sorted(sent) == sorted(got) and len(set(sent)) == len(sent)
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(sorted(FAMILIES)), p=st.sampled_from([2, 4]))
+def test_a_sharded_stage_is_gathered_one_stage_ahead_and_freed_after_its_last_action(name, p):
+    """FSDP's points: every stage's gather starts at most at its first forward, at the first forward of the
+    stage before it in the program (the first one's at op 0), and it is freed exactly once, after its last op
+    (its last B or W: where its gradients are complete)."""
+    sched = generate(name, p, 2 * p)
+    for r in range(p):
+        plan = lower(sched, r)
+        starts = {s: k for k, step in enumerate(plan.steps) for s in step.gather}
+        frees = [(s, k) for k, step in enumerate(plan.steps) for s in step.free]
+        assert sorted(starts) == sorted(s for s, _ in frees) == list(plan.stages)
+        order = sorted(plan.first_forward, key=plan.first_forward.get)
+        assert starts[order[0]] == 0
+        for before, s in zip(order, order[1:]):
+            assert starts[s] == plan.first_forward[before] < plan.first_forward[s]
+        for s, k in frees:
+            assert k == max(i for i, step in enumerate(plan.steps) for a in step.actions if a.stage == s)
+            assert k == plan.last_backward[s] and s in plan.steps[k].done

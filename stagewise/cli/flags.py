@@ -14,7 +14,7 @@ FLAGS = {
     # the schedule and the ranks (RunConfig, Pipeline, generate)
     "schedule": "--schedule", "csv": "--csv", "ranks": "--ranks", "microbatches": "--microbatches",
     "chunks": "--chunks", "dp": "--dp",
-    "fsdp": "--fsdp", "tp": "--tp", "ep": "--ep", "zero": "--zero",
+    "fsdp": "--fsdp", "tp": "--tp", "ep": "--ep", "zero": "--zero", "reshard_after_forward": "--reshard-after-forward",
     "split": "--split", "layout": "--layout", "recompute": "--recompute/--recompute-stages",
     # the run
     "steps": "--steps", "batch": "--batch", "lr": "--lr", "optimizer": "--optimizer", "clip": "--clip",

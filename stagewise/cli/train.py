@@ -87,7 +87,8 @@ def config_from(args):
 def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, bool]:
     """(--schedule name, ranks, whether this is the unpipelined reference) from the parsed options.
 
-    Without -p the ranks are torchrun's WORLD_SIZE (divided by --dp when ``world_per_replica``), else 4.
+    Without -p the ranks are torchrun's WORLD_SIZE (divided by --dp x --fsdp x --ep x --tp when
+    ``world_per_replica``), else 4. One rank with none of --dp, --fsdp, --ep, --tp is the reference.
     """
     from ..runtime.launching.groups import is_torchrun
 
@@ -96,10 +97,10 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
         raise UsageError("--schedule NAME (or --csv FILE, or --schedule none) is required")
     if name and args.csv:
         raise UsageError(f"give either --schedule ({name}) or --csv, not both")
-    world = int(os.environ["WORLD_SIZE"]) // (args.dp if world_per_replica else 1) if is_torchrun() else 4
+    other = args.dp * args.fsdp * args.tp * getattr(args, "ep", 1)
+    world = int(os.environ["WORLD_SIZE"]) // (other if world_per_replica else 1) if is_torchrun() else 4
     ranks = args.ranks if args.ranks is not None else world
-    return name, ranks, name == "none" or (ranks == 1 and args.dp == 1 and getattr(args, "ep", 1) == 1
-                                           and not args.csv)
+    return name, ranks, name == "none" or (ranks == 1 and other == 1 and not args.csv)
 
 
 def _split(text: str | None):
@@ -113,6 +114,7 @@ def _split(text: str | None):
 def _check_sizes(args) -> None:
     """Sizes that the defaults are computed from: >= 1 when given (zero never means "default")."""
     for option, value in (("-p", args.ranks), ("-m", args.microbatches), ("-v", args.chunks), ("--dp", args.dp),
+                          ("--fsdp", args.fsdp), ("--tp", args.tp),
                           ("--batch", args.batch), ("--vocab", args.vocab), ("--threads", args.threads)):
         if value is not None and value < 1:
             raise UsageError(f"{option} must be >= 1; got {value}")

@@ -16,8 +16,9 @@ def add_args(p) -> None:
     g.add_argument("--hf", metavar="FOLDER_OR_CONFIG", default=None,
                    help="train a transformers causal LM (Llama, Mistral, Qwen2, Qwen3, GPT-2) instead of the "
                    "built-in GPT: a local folder (config.json + safetensors, sharded or not) or a config.json "
-                   "(random weights); needs --data; --seq, --dtype, --seed apply; --save DIR writes checkpoints "
-                   "that resume under any schedule, -p or --dp, each with an HF folder (DIR/step-N/hf) that "
+                   "(random weights); needs --data; --seq, --dtype, --seed apply; --tp uses the model's own "
+                   "base_model_tp_plan; --save DIR writes checkpoints (torch.distributed.checkpoint) that resume "
+                   "under any schedule, -p, --dp, --fsdp or --tp, each with an HF folder (DIR/step-N/hf) that "
                    "from_pretrained loads")
     g.add_argument("--tokenizer", metavar="FOLDER", default=None,
                    help="a local tokenizer folder for --data (default: byte tokens, which need vocab_size >= 256)")

@@ -1,4 +1,4 @@
-"""`stagewise train`'s data-parallel and recomputation options, and the memory it reports.
+"""`stagewise train`'s parallelism (--dp, --fsdp, --zero, --tp) and recomputation options, and the memory it reports.
 
 Not a subcommand: ``train.py`` adds these options and prints these lines.
 """
@@ -16,6 +16,18 @@ def add_args(p) -> None:
                    help="pipeline replicas (data parallel), default 1: p x dp ranks, each replica on its share of "
                    "the batch, gradients summed per stage over the replicas (under torchrun -p defaults to "
                    "WORLD_SIZE / dp)")
+    g.add_argument("--fsdp", type=positive_int, default=1,
+                   help="sharded data parallel, default 1: torch's FSDP2 on each stage, gathered one stage ahead "
+                   "of its first forward and reduce-scattered after its last backward (with --dp: HSDP)")
+    g.add_argument("--reshard-after-forward", action="store_true",
+                   help="with --fsdp: free each layer's gathered weights after its forward and its backward (an "
+                   "all-gather per layer per pass) instead of keeping the stage gathered until its last backward")
+    g.add_argument("--zero", type=int, choices=(0, 1), default=0,
+                   help="1: ZeRO-1, the optimizer state sharded over the --dp replicas (torch's "
+                   "ZeroRedundancyOptimizer; gradients all-reduced), default 0")
+    g.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor parallel inside each stage, default 1: the model's plan (the built-in GPT's, or "
+                   "an --hf model's base_model_tp_plan); p x dp x fsdp x tp ranks in all")
     g.add_argument("--recompute", action="store_true",
                    help="activation recomputation on every stage: F keeps only the stage input, the backward "
                    "redoes the forward first")
@@ -31,12 +43,15 @@ def apply(cfg, args):
 
     if args.recompute and args.recompute_stages:
         raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")
-    cfg = dataclasses.replace(cfg, dp=args.dp, recompute=True if args.recompute else _stages(args.recompute_stages),
+    cfg = dataclasses.replace(cfg, dp=args.dp, fsdp=args.fsdp, tp=args.tp, zero=args.zero,
+                              reshard_after_forward=args.reshard_after_forward,
+                              recompute=True if args.recompute else _stages(args.recompute_stages),
                               measure_memory=not args.no_memory)
-    if is_torchrun() and args.ranks is None and cfg.pipelined and cfg.shards > 1:
+    other = cfg.world // cfg.ranks
+    if is_torchrun() and args.ranks is None and cfg.pipelined and other > 1:
         world = int(os.environ["WORLD_SIZE"])
-        cfg = dataclasses.replace(cfg, ranks=world // cfg.shards if world % cfg.shards == 0 else world)  # else preflight
-    if args.batch is None and cfg.pipelined:  # the default batch, now that --dp is known
+        cfg = dataclasses.replace(cfg, ranks=world // other if world % other == 0 else world)  # else preflight
+    if args.batch is None and cfg.pipelined:  # the default batch, now that --dp, --fsdp and --ep are known
         from ..runtime.run.config import default_batch
 
         cfg = dataclasses.replace(cfg, batch=default_batch(cfg.microbatches, cfg.shards))
@@ -44,18 +59,32 @@ def apply(cfg, args):
 
 
 def lines(res) -> list[str]:
-    """Measured against predicted peak activation memory (of a ``RunResult``), one line."""
+    """The grid, the model state per rank against the parallelism's share, measured against predicted peak
+    activation memory (of a ``RunResult``)."""
     if res.memory is None:
         return []
     from ..plan.cluster import fmt_bytes
 
     mem = res.memory
+    out = []
+    dims = [(n, k) for n, k in (("dp", res.dp or 1), ("fsdp", res.fsdp), ("tp", res.tp)) if k > 1]
+    if dims:
+        world = res.ranks * (res.dp or 1) * res.fsdp * res.tp
+        grid = " x ".join(f"{n} {k}" for n, k in [("pp", res.ranks), *dims])
+        how = {"dp": "gradients all-reduced per stage" + (", optimizer state sharded (ZeRO-1)" if res.zero else ""),
+               "fsdp": "FSDP2 per stage" + (" (HSDP with dp)" if res.dp and res.dp > 1 else ""),
+               "tp": "tensor parallel in each stage"}
+        out.append(f"ranks: {grid} = {world} ({'; '.join(how[n] for n, _ in dims)})")
+    if mem.state_bytes:
+        def say(d: dict) -> str:
+            return "/".join("-" if d[k] is None else fmt_bytes(d[k]) for k in ("parameters", "gradients", "optimizer"))
+
+        ranks = ", ".join(f"{say(m)} ({say(p)})" for m, p in zip(mem.state_bytes, mem.predicted_state_bytes))
+        out.append(f"parameters/gradients/optimizer state per rank, held (parallelism's share): {ranks}")
+    if mem.peak_activation_bytes is None:
+        return out
     pairs = ", ".join(f"{fmt_bytes(m)} / {fmt_bytes(p)}"
                       for m, p in zip(mem.peak_activation_bytes, mem.predicted_peak_activation_bytes))
-    out = []
-    if (res.dp or 1) > 1:
-        out.append(f"data parallel: {res.dp} replicas of the {res.ranks}-rank pipeline "
-                   f"({res.ranks * res.dp} ranks), gradients summed per stage over the replicas")
     out.append(f"peak activation memory per rank, measured / predicted by the simulator: {pairs}")
     if mem.peak_memory_allocated_bytes:
         out.append("torch.cuda.max_memory_allocated per rank: "

@@ -126,7 +126,22 @@ class HFModel:
         from ..runtime.stages.layers import Layers
 
         return Layers(count=self.num_layers, build=partial(self.layer, device=device or "cpu"),
-                      names=self.prefixes, ties=self.ties)
+                      names=self.prefixes, ties=self.ties, tp_plan=self.tp_plan, tp_divides=self.tp_divides)
+
+    @property
+    def tp_plan(self) -> dict | None:
+        """transformers' own tensor-parallel plan of the base model (``base_model_tp_plan``: patterns such as
+        ``layers.*.self_attn.q_proj``, matched against the ends of our HF names); None: it has none."""
+        plan = getattr(self.config, "base_model_tp_plan", None)
+        return dict(plan) if plan else None
+
+    @property
+    def tp_divides(self) -> tuple[tuple[str, int], ...]:
+        """What tensor parallel splits among the tp ranks, which `tp` must divide: the heads."""
+        c = self.config
+        heads = getattr(c, "num_attention_heads", None) or getattr(c, "n_head", None)
+        kv = getattr(c, "num_key_value_heads", None)
+        return tuple((what, int(n)) for what, n in (("attention heads", heads), ("key/value heads", kv)) if n)
 
     def check(self) -> None:
         """Everything about the model that holds before a rank builds a layer; ``HFError`` naming what does not.

@@ -1,9 +1,10 @@
 """An HF causal LM on ``stagewise.Pipeline``: build this rank's part, and save the pipelined model as an HF folder.
 
 Saving is a collective: each pipeline rank writes one safetensors shard with
-the tensors it owns (``Pipeline.state_dict``: each parameter on the lowest rank
-holding it; only the first data-parallel replica writes), then rank 0 writes
-the index and ``config.json``. The folder is what ``from_pretrained`` loads.
+the tensors it owns (each parameter on the lowest rank holding it, sharded ones
+gathered whole first; only the first rank of the data-parallel and
+tensor-parallel groups writes), then rank 0 writes the index and
+``config.json``. The folder is what ``from_pretrained`` loads, from any layout.
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ def pipeline(model: HFModel, schedule, *, device=None, **options):
     from ..runtime.pipeline import Pipeline, _device, _process_group
     from ..runtime.run.resolve import resolve_schedule
 
-    _, world = _process_group(options.get("timeout", 30.0))  # the group exists (torchrun: made here)
-    sched = resolve_schedule(schedule, world=world, dp=options.get("dp", 1),
+    rank, world = _process_group(options.get("timeout", 30.0))  # the group exists (torchrun: made here)
+    if options.get("mesh") is not None:
+        from ..runtime.parallel.mesh import Topology
+
+        others = world // Topology.of_mesh(options["mesh"], world, rank).p
+    else:
+        others = options.get("dp", 1) * options.get("fsdp", 1) * options.get("tp", 1)
+    sched = resolve_schedule(schedule, world=world, dp=others,
                              microbatches=options.pop("microbatches", None), chunks=options.pop("chunks", None))
     model.check_fit(sched.stages_per_copy, options.get("split"))
     device = _device(device)  # layers are materialized right there (a GPU under NCCL), not moved
@@ -37,14 +44,19 @@ def save_pretrained(pipe, model: HFModel, folder: str | Path) -> Path:
 
     from .weights import save_shard, write_index
 
+    from ..runtime.pipeline import gather_full
+
     folder = Path(folder)
-    mine = {name: t for name, t in pipe.state_dict().items() if model.source(name) == name}
+    # whole tensors: a sharded parameter (FSDP, tensor parallel) is gathered by the ranks sharing it
+    owned = gather_full(pipe.names.owned_state_dict())
+    mine = {name: t for name, t in owned.items() if model.source(name) == name}
     n = pipe.topo.p
     if dist.get_rank() == 0:  # an earlier save's shards must not join this one's index
         for old in [*folder.glob("model-*-of-*.safetensors"), folder / "model.safetensors.index.json"]:
             old.unlink(missing_ok=True)
     dist.barrier()
-    if pipe.topo.replica == 0 and mine:
+    writes = all(pipe.topo.coords.get(d, 0) == 0 for d in ("dp", "fsdp", "tp"))  # one rank per pipeline rank
+    if writes and mine:
         save_shard(folder, pipe.topo.pipe, n, mine)
     dist.barrier()  # every shard is on disk before the index reads their headers
     if dist.get_rank() == 0:

@@ -129,24 +129,29 @@ def deepspeed_config(c: ClusterCandidate, job: Job) -> str:
 
 
 def stagewise_command(c: ClusterCandidate, job: Job, csv_path: str | None) -> str:
-    """The `stagewise train` line under torchrun that runs the layout on the cluster."""
-    g, hw = c.config, job.hardware
-    nodes = max(1, job.gpus // hw.gpus_per_node)
-    launch = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(min(job.gpus, hw.gpus_per_node)),
-              "-m", "stagewise", "train"]
-    sched = ["--csv", csv_path] if csv_path else ["--schedule", g.family, "-v", str(g.v)]
-    args = [*sched, "-p", str(g.p), "-m", str(g.m), "--split", str(c.candidate.split), "--batch",
-            str(job.global_batch), "--seq", str(job.spec.seq), "--hf", f"<{job.spec.name} folder>",
-            "--dtype", "bfloat16"]
-    args += ["--dp", str(g.dp)] if g.dp > 1 else []
-    args += ["--tp", str(c.t)] if c.t > 1 else []
-    if g.dp > 1 and c.sharding == "zero1":
-        args.append("--zero")
+    """The layout as ``stagewise train --hf`` under torchrun on every node: the degrees (``-p``, ``--tp``, the
+    data-parallel ranks as ``--dp`` replicas, ``--fsdp`` shards or both for HSDP, ``--zero 1``), the schedule
+    (its CSV when it round-trips, else the family, ``-m``, ``-v``) and the split as layout text over the HF
+    layers (E, t per block, N, H)."""
+    g, spec, hw = c.config, job.spec, job.hardware
+    blocks = block_counts(c.candidate.counts)
+    pieces = [f"t*{b}" if b else "" for b in blocks]
+    pieces[0] = "+".join(x for x in ("E", pieces[0]) if x)
+    pieces[-1] = "+".join(x for x in (pieces[-1], "N", "H") if x)
+    args = ["torchrun", f"--nnodes={max(1, job.gpus // hw.gpus_per_node)}",
+            f"--nproc-per-node={min(job.gpus, hw.gpus_per_node)}", "-m", "stagewise", "train",
+            "--hf", "MODEL_FOLDER", "--data", "TEXT_FILE"]
+    args += ["--csv", csv_path] if csv_path else ["--schedule", g.family, "-m", str(g.m), "-v", str(g.v)]
+    args += ["-p", str(g.p), "--tp", str(c.t)]
     if c.sharding in ("fsdp", "hsdp"):
-        args += ["--fsdp", str(c.shard or g.dp)]
-    if c.recompute == "stage":
+        shards = (c.shard or g.dp) if c.sharding == "hsdp" else g.dp
+        args += ["--dp", str(g.dp // shards), "--fsdp", str(shards)]
+    else:
+        args += ["--dp", str(g.dp)] + (["--zero", "1"] if c.sharding == "zero1" and g.dp > 1 else [])
+    args += ["--batch", str(g.m * g.mbs * g.dp), "--seq", str(spec.seq), "--split", " | ".join(pieces)]
+    if c.recompute == "full":
         args.append("--recompute")
-    return shlex.join(launch + args)
+    return shlex.join(args)
 
 
 def commands(best: dict, job: Job, csv_path: str | None, winner: ClusterCandidate) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -30,9 +31,11 @@ from .execution.plan import lower
 from .run.config import RunError, check_positive_number, check_timeout
 from .run.resolve import resolve_schedule
 from .parallel.dp import DataParallel
+from .parallel.fsdp import Sharded
 from .parallel.ep import ExpertParallel
 from .execution.overlap import interleave
 from .parallel.mesh import Topology
+from .parallel.tp import TensorParallel, is_dtensor
 from .execution.executor import Executor, RankContext, StepOutcome
 from .resilience.flight import NO_FLIGHT, SYNC
 from .resilience.nonfinite import NonFiniteLoss, locate_nonfinite
@@ -100,9 +103,16 @@ class Pipeline:
     - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean).
     - ``split``: layers per stage of one model copy: counts, layout text (``"E+t*3 | t*4"``) or module names.
     - ``ties``: groups of parameter names that are one parameter, besides those found by identity.
-    - ``dp``: data-parallel replicas of the pipeline (world = ranks x dp); or ``mesh``, a DeviceMesh whose
-      dimensions are named, in any order, ``pp`` and ``dp`` (``init_device_mesh("cpu", (2, 2),
-      mesh_dim_names=("pp", "dp"))``): the pipeline runs along ``pp``, replicas along ``dp``.
+    - ``dp``: data-parallel replicas of the pipeline (gradients all-reduced per stage); ``fsdp``: sharded data
+      parallel (torch's FSDP2 on each stage, gathered and reduce-scattered where the schedule says;
+      ``dp`` x ``fsdp`` is HSDP); ``tp``: tensor parallel inside each stage (world = ranks x dp x fsdp x ep x tp).
+      Or ``mesh``, a DeviceMesh whose dimensions are named, in any order, from ``pp``, ``dp``, ``fsdp``,
+      ``tp``, ``ep`` (``init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "fsdp"))``).
+    - ``tp_plan``: module-name patterns to tensor-parallel styles (``{"layers.*.mlp.up_proj": "colwise"}``, the
+      shape of transformers' ``base_model_tp_plan``; parallel/tp.py), or ``parallelize(stage_module, tp_mesh)``;
+      default: the model's own (``Layers.tp_plan``: the HF adapter's and the built-in GPT's).
+    - ``reshard_after_forward``: with ``fsdp``, free a stage's gathered weights after each forward (and gather
+      them again for its backward) instead of keeping them until its last backward.
     - ``ep``: expert parallel (parallel/ep.py): the ``ep`` ranks of a pipeline rank take different rows, like
       replicas, and share each MoE block's experts (world = ranks x dp x ep; or an ``ep`` dimension of ``mesh``).
     - ``overlap``: how an F&B pair runs: None (default) interleaves its halves at the all-to-alls of
@@ -132,7 +142,8 @@ class Pipeline:
                  device: str | torch.device | None = None, recompute: bool | Sequence[int] = False,
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
                  init: Callable | None = None, measure_memory: bool = False, mesh=None, nonfinite: str = "raise",
-                 flight=None, ep: int = 1, overlap: Callable | bool | None = None):
+                 flight=None, fsdp: int = 1, tp: int = 1, tp_plan=None, parallelize: Callable | None = None,
+                 reshard_after_forward: bool = False, ep: int = 1, overlap: Callable | bool | None = None):
         check_timeout(timeout)
         if nonfinite not in NONFINITE:
             raise RunError(f"`nonfinite` must be one of {', '.join(map(repr, NONFINITE))}; got {nonfinite!r}")
@@ -143,7 +154,7 @@ class Pipeline:
         self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
         spec.check()
         rank, world = _process_group(timeout)
-        self.topo = topo = _topology(mesh, dp, world, rank, ep)
+        self.topo = topo = _topology(mesh, {"dp": dp, "fsdp": fsdp, "tp": tp, "ep": ep}, world, rank)
         self.device = _device(device)
         self.schedule = sched = resolve_schedule(schedule, world=world, dp=topo.data_shards * topo.size("tp"),
                                                  microbatches=microbatches, chunks=chunks,
@@ -158,8 +169,18 @@ class Pipeline:
         self.names = Names(spec, self.stage_map, sched, self.stages, topo.pipe)
         self.replicas = Replicas(self.stage_map, self.stages, sched.placement, topo.pipe, self.device, topo)
         self.replicas.make_equal()  # tied copies built apart start from one value
+        self.mesh = _mesh(topo, self.device)  # torch's DeviceMesh of the grid, when other parts need one
+        self.tensor_parallel = self.sharded = None
+        if topo.size("tp") > 1:
+            self.tensor_parallel = TensorParallel(self.stages, spec.prefix, self.mesh["tp"], sizes=spec.tp_divides,
+                                                  plan=tp_plan if tp_plan is not None or parallelize else spec.tp_plan,
+                                                  parallelize=parallelize)
+        if topo.size("fsdp") > 1:
+            shard = self.mesh["dp", "fsdp"] if topo.dp > 1 else self.mesh["fsdp"]  # HSDP: replicate over dp
+            self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward)
+        self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors
         self.dp = self.ep.reduction(topo, self.stages, timeout) if self.ep is not None else \
-            DataParallel(topo, sched, self.stages, timeout) if topo.dp > 1 else None
+            DataParallel(topo, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
         self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
@@ -194,15 +215,19 @@ class Pipeline:
         self.clock.start()
         t0 = self.clock.mark()
         try:
+            if self.sharded is not None:
+                self.sharded.start_step()
             done = self.last_outcome = self.executor.step(xs, ys)
             self.flight.event(SYNC, "gradients and loss")
+            if self.sharded is not None:
+                self.sharded.finish()
             if self.dp is not None:
                 self.dp.finish()
             self.replicas.sync_grads()
         except BaseException as e:
             self._broken = f"{type(e).__name__}: {e}"  # messages in flight and saved activations are lost
             raise
-        total = RankSum([done.loss], self.device)
+        total = RankSum([done.loss if self._counts_loss else 0.0], self.device)
         skipped = None if self.nonfinite == "ignore" else self._check_finite(total.value()[0], done, earlier)
         for p, g in earlier:
             p.grad = g if p.grad is None else p.grad.add_(g)
@@ -219,8 +244,10 @@ class Pipeline:
         self.clock.start()
         t0 = self.clock.mark()
         done = self._evaluator.step(xs, ys)
-        has = bool(done.mb_losses)
-        loss, counted = RankSum([done.loss, float(has)], self.device).value()
+        if self.sharded is not None:
+            self.sharded.finish()
+        has = bool(done.mb_losses) and self._counts_loss
+        loss, counted = RankSum([done.loss if has else 0.0, float(has)], self.device).value()
         mbs = tuple(sorted(done.outputs))
         outs = _concat([done.outputs[k] for k in mbs]) if mbs else None
         res = self._result(loss if counted else None, done, t0, False)
@@ -268,22 +295,56 @@ class Pipeline:
         return self.names.original(logical)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's share of the model's state_dict: each name on the lowest pipeline rank holding it, so the
-        union over the ranks of one pipeline is the whole model's (``full_state_dict`` gathers it)."""
+        """This rank's parameters and persistent buffers under their original names (a tied parameter under
+        each of its names); sharded ones (``fsdp``, ``tp``) as DTensors. The union over the ranks is the whole
+        model's, so torch.distributed.checkpoint's conventions hold: every rank ``dcp.save``s its
+        ``{"model": pipe.state_dict(), "optim": pipe.optimizer_state_dict(opt)}``, and to resume under any
+        layout ``dcp.load``s into the same dicts, then ``load_state_dict`` / ``load_optimizer_state_dict``."""
         return self.names.state_dict()
 
     def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
-        """Load this rank's parameters and buffers from a state_dict keyed by the original names (a whole
-        model's, or any part holding this rank's names); ``strict``: every one of them must be there."""
+        """Load this rank's parameters and buffers from a state_dict keyed by the original names: a whole
+        model's (each sharded parameter takes its own shard), any part holding this rank's names, or what
+        ``dcp.load`` filled into ``state_dict()``; ``strict``: every one of them must be there."""
         self.names.load(state, strict, self.topo.rank)
 
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict:
+        """``optimizer``'s state of this rank's parameters, flattened as DCP's ``get_state_dict`` flattens it
+        (``state.NAME.exp_avg``, ``param_groups.NAME.lr``; NAME the original name), so it reshards onto any
+        layout. Initialises a stateless optimizer first (zero gradients, lr 0), to give a load its tensors.
+        A ``ZeroRedundancyOptimizer`` gives its partition's state."""
+        return self.names.optimizer_state_dict(optimizer)
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Set ``optimizer``'s state of every local copy of each parameter from ``optimizer_state_dict``'s form
+        (param groups' values included)."""
+        self.names.load_optimizer_state_dict(optimizer, state)
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model's state_dict (CPU tensors) on every rank: loads into the unpipelined model.
-        A collective."""
-        mine = {k: v.cpu() for k, v in self.state_dict().items()} if self.topo.replica == 0 else {}
+        """The whole model's state_dict (whole CPU tensors) on every rank: loads into the unpipelined model.
+        A collective (sharded parameters are gathered first)."""
+        mine = gather_full(self.names.owned_state_dict())
+        first = all(self.topo.coords.get(d, 0) == 0 for d in ("dp", "fsdp", "tp"))
+        mine = {k: v.cpu() for k, v in mine.items()} if first else {}
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         return {k: v for part in gathered for k, v in part.items()}
+
+    def group(self, dim: str):
+        """The process group of this rank along a dimension of the grid (``"dp"``: what a
+        ``ZeroRedundancyOptimizer`` shards its state over; ``"tp"``, ``"fsdp"``). Every rank calls it alike
+        the first time (it may make the groups: a collective)."""
+        if dim not in self.topo.dims:
+            raise RunError(f"`dim` {dim!r} is not a dimension of this pipeline's grid ({self.topo.describe()})")
+        if self.mesh is None:
+            self.mesh = self.topo.device_mesh(self.device.type)
+        return self.mesh.get_group(dim)
+
+    @property
+    def _counts_loss(self) -> bool:
+        """This rank's losses enter the step's loss: tensor-parallel ranks of a stage compute the same one, so
+        only the first of them counts it."""
+        return self.topo.coords.get("tp", 0) == 0
 
     # ---- internals
 
@@ -294,9 +355,23 @@ class Pipeline:
         return RankContext(plan=plan, stages=self.stages, p2p=p2p,
                            loss=self._loss, clock=self.clock, autocast=self._autocast, forward_only=forward_only,
                            recompute=None if forward_only else Recompute(self.recompute, self.device),
-                           meter=None if forward_only else self.meter,
-                           after=None if forward_only or self.dp is None else self.dp.after, flight=self.flight,
+                           meter=None if forward_only else self.meter, after=self._after(forward_only),
+                           before=self.sharded.before if self.sharded is not None else None, flight=self.flight,
                            overlap=None if forward_only else self._overlap)
+
+    def _after(self, forward_only: bool) -> Callable | None:
+        """What runs after each op: tensor parallel's partial-gradient sums, then FSDP's reduce-scatter (or
+        data parallel's all-reduce) of each stage whose backward is complete; evaluating, FSDP's reshard."""
+        hooks = []
+        if not forward_only and self.tensor_parallel is not None and any(self.tensor_parallel.partial.values()):
+            hooks.append(self.tensor_parallel.after)
+        if self.sharded is not None:
+            hooks.append(functools.partial(self.sharded.after, training=not forward_only))
+        if not forward_only and self.dp is not None:
+            hooks.append(self.dp.after)
+        if len(hooks) < 2:
+            return hooks[0] if hooks else None
+        return lambda step: [hook(step) for hook in hooks]
 
     def _check_usable(self) -> None:
         if self._broken is not None:
@@ -395,21 +470,44 @@ def _process_group(timeout: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _topology(mesh, dp: int, world: int, rank: int, ep: int = 1) -> Topology:
-    """This rank's place in the grid: a named DeviceMesh, or ``dp`` replicas (and ``ep`` expert-parallel ranks) of
-    world / (dp x ep) pipeline ranks."""
+def _topology(mesh, sizes: dict[str, int], world: int, rank: int) -> Topology:
+    """This rank's place in the grid: a named DeviceMesh, or ``sizes`` (dp, fsdp, tp, ep) and pp = the rest."""
     if mesh is not None:
-        if dp != 1 or ep != 1:
-            raise RunError("give either `mesh` or `dp` / `ep`, not both (the mesh's 'dp' and 'ep' dimensions say them)")
+        given = [f"`{k}`" for k, v in sizes.items() if v != 1]
+        if given:
+            raise RunError(f"give either `mesh` or {', '.join(given)}, not both (the mesh's dimensions are the sizes)")
         topo = Topology.of_mesh(mesh, world, rank)
     else:
-        topo = Topology.of_sizes(world=world, rank=rank, dp=dp, ep=ep)
-    running = {"pp", "dp", "ep"}  # what this runtime composes today; the other dimensions are torch's own parts
+        topo = Topology.of_sizes(world=world, rank=rank, **sizes)
+    running = {"pp", "dp", "fsdp", "tp", "ep"}  # what this runtime composes today
     extra = [d for d in topo.dims if d not in running and topo.size(d) > 1]
     if extra:
         raise RunError(f"mesh {topo.describe()}: the {extra[0]!r} dimension is not run by this Pipeline; give "
-                       "a mesh of 'pp', 'dp' and 'ep'")
+                       f"a mesh of {', '.join(repr(d) for d in sorted(running))}")
+    if topo.size("ep") > 1 and (topo.size("fsdp") > 1 or topo.size("tp") > 1):
+        raise RunError(f"mesh {topo.describe()}: expert parallel is not composed with FSDP or tensor parallel yet "
+                       "(an expert-parallel rank's experts are its own, not shards of one tensor); give `ep` with "
+                       "`dp` only")
     return topo
+
+
+def _mesh(topo: Topology, device: torch.device):
+    """The grid as torch's DeviceMesh when FSDP or tensor parallel needs one (None: pipelines and replicas)."""
+    return topo.device_mesh(device.type) if topo.size("fsdp") > 1 or topo.size("tp") > 1 else None
+
+
+def gather_full(state: dict) -> dict:
+    """Each DTensor of ``state`` as its whole tensor (a collective over its mesh: every rank holding a shard of
+    it calls this with the same names in the same order), the others as they are."""
+    import logging
+
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = log.level
+    log.setLevel(logging.ERROR)  # FSDP over tp gathers in two steps, which torch warns of on every tensor
+    try:
+        return {k: v.full_tensor() if is_dtensor(v) else v for k, v in state.items()}
+    finally:
+        log.setLevel(level)
 
 
 def _overlap_hook(overlap, ep) -> Callable | None:

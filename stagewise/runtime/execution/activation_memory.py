@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..parallel.tp import is_dtensor
+
 #: op kinds the prediction reads: F, I, and R (the forward replayed by recomputation)
 KINDS = ("F", "I", "R")
 
@@ -41,7 +43,7 @@ class SavedBytes:
         Storages of ``module``'s parameters are not activations (autograd saves views of
         weights, such as the transposed matrix of a Linear) and are not counted.
         """
-        params = {p.untyped_storage().data_ptr() for p in module.parameters()} if module is not None else set()
+        params = {_storage(p).data_ptr() for p in module.parameters()} if module is not None else set()
         return self.saving(params)
 
     def saving(self, params: set):
@@ -56,10 +58,10 @@ class SavedBytes:
         self.peak = self.live
 
     def _pack(self, t: torch.Tensor, params):
-        storage = t.untyped_storage()
+        storage = _storage(t)
         key = storage.data_ptr()
-        if isinstance(t, nn.Parameter) or key in params:
-            return t
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in params:
+            return t  # a weight, or a view of one (a Linear's transposed matrix; FSDP's gathered ones too)
         n, size = self._refs.get(key, (0, storage.nbytes()))
         if n == 0:
             self.live += size
@@ -90,6 +92,11 @@ class _Held:
         self.owner._release(self.key)
 
 
+def _storage(t: torch.Tensor):
+    """The storage holding ``t``'s data on this rank (a DTensor's: its local shard's)."""
+    return (t._local_tensor if is_dtensor(t) else t).untyped_storage()
+
+
 def _unpack(x):
     return x.t if isinstance(x, _Held) else x
 
@@ -107,19 +114,18 @@ class ActivationMeter:
         self.stages = stages
         self.added: dict[str, dict[int, int]] = {k: {} for k in KINDS}
         self.peak = 0  #: the largest live count over the steps so far
-        self._params: set = set()
 
     def start_step(self) -> None:
-        # parameter storages, fresh each step (a checkpoint load may replace them)
-        self._params = {p.untyped_storage().data_ptr() for st in self.stages.values() for p in st.parameters()}
         self.count.reset_peak()
 
     def end_step(self) -> None:
         self.peak = max(self.peak, self.count.peak)
 
     def saving(self):
-        """Count what autograd saves inside the block."""
-        return self.count.saving(self._params)
+        """Count what autograd saves inside the block (the parameters' storages, read now: a checkpoint load may
+        replace them, and FSDP registers its gathered ones while a stage is gathered, its shards otherwise)."""
+        params = {_storage(p).data_ptr() for st in self.stages.values() for p in st.parameters()}
+        return self.count.saving(params)
 
     def hold(self, *tensors) -> tuple:
         return self.count.hold(tensors)

@@ -6,7 +6,8 @@ gradient for B or I) is received before its clock starts, so a measured op
 spans compute only and waiting shows up as idle time, as in the simulator.
 A stage that recomputes (recompute.py) keeps only its input from F and
 replays the forward at its B or I; the meter (activation_memory.py) counts
-what each (stage, mb) holds; ``after`` hears of each op as it ends (dp.py).
+what each (stage, mb) holds; ``before`` hears of each op before its receives (fsdp.py gathers
+there) and ``after`` as it ends (dp.py, fsdp.py reduce there).
 Inputs, outputs and what crosses a boundary are pytrees (pytree.py): the
 backward differentiates the output leaves that carry a gradient and sends back
 one gradient per input leaf that carries one. A forward-only executor (a
@@ -49,6 +50,7 @@ class RankContext:
     recompute: Recompute | None = None  #: stages whose F keeps only the input (recompute.py)
     meter: ActivationMeter | None = None  #: counts activation bytes (activation_memory.py)
     after: Callable | None = None  #: called with each Step once it ran (data parallel starts reductions)
+    before: Callable | None = None  #: called with each Step before its receives (sharded stages are gathered)
     flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
     autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
@@ -98,12 +100,14 @@ class Executor:
         self.inputs, self.targets = inputs, targets
         out = self.outcome = StepOutcome()
         losses = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
-        clock, meter, after = self.ctx.clock, self.ctx.meter, self.ctx.after
+        clock, meter, before, after = self.ctx.clock, self.ctx.meter, self.ctx.before, self.ctx.after
         if meter is not None:
             meter.start_step()
         p2p = self.ctx.p2p
         for step in self.plan.steps:
             self.ctx.flight.start(step.op)
+            if before is not None:
+                before(step)
             # what the op needs from other stages arrives before its clock starts: waiting is idle time
             got = [None if r is None else p2p.recv(r) for r in step.recv]
             start = clock.mark()

@@ -39,6 +39,8 @@ class Step(NamedTuple):
     recv: tuple[Route | None, ...]
     send: tuple[Route | None, ...]
     done: tuple[int, ...] = ()  #: stages whose weight gradients are complete after this op (their last B/W)
+    gather: tuple[int, ...] = ()  #: stages whose parameters a sharded rank starts gathering before this op
+    free: tuple[int, ...] = ()  #: stages this op is the last of in the step (a sharded stage is released after it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,23 +77,39 @@ def lower(schedule: Schedule, rank: int) -> RankPlan:
     first, last = messages.first, messages.last
     last_bw: dict[int, int] = {}
     first_fw: dict[int, int] = {}
+    last_use: dict[int, int] = {}
     split = set()
     for k, op in enumerate(program):
         for a in actions_of(op):
+            last_use[a.stage] = k
             if a.kind == "F":
                 first_fw.setdefault(a.stage, k)
             if a.kind in ("B", "W"):
                 last_bw[a.stage] = k
             if a.kind == "I":
                 split.add((a.stage, a.mb))
-    done: dict[int, list[int]] = {}
-    for s, k in last_bw.items():
-        done.setdefault(k, []).append(s)
+    done, gather, free = _at(last_bw), _at(_gathers(first_fw)), _at(last_use)
     steps = []
     for k, op in enumerate(program):
         acts = tuple(actions_of(op))
         steps.append(Step(op=op, actions=acts, recv=tuple(route_in(a, first, last) for a in acts),
-                          send=tuple(route_out(a, first, last) for a in acts), done=tuple(sorted(done.get(k, ())))))
+                          send=tuple(route_out(a, first, last) for a in acts), done=done.get(k, ()),
+                          gather=gather.get(k, ()), free=free.get(k, ())))
     return RankPlan(rank=rank, schedule=schedule, messages=messages, steps=tuple(steps),
                     stages=tuple(schedule.stages_of_rank(rank)), split=frozenset(split), first_forward=first_fw,
                     last_backward=last_bw)
+
+
+def _gathers(first_fw: dict[int, int]) -> dict[int, int]:
+    """stage -> the step its gather starts at: one stage ahead, i.e. at the first forward of the stage whose
+    first forward comes before its own (the first stage of the program: at the step's first op)."""
+    order = sorted(first_fw, key=first_fw.get)
+    return {s: (first_fw[order[j - 1]] if j else 0) for j, s in enumerate(order)}
+
+
+def _at(points: dict[int, int]) -> dict[int, tuple[int, ...]]:
+    """stage -> step index, as step index -> its stages (ascending)."""
+    out: dict[int, list[int]] = {}
+    for s, k in points.items():
+        out.setdefault(k, []).append(s)
+    return {k: tuple(sorted(v)) for k, v in out.items()}

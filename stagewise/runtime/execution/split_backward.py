@@ -72,8 +72,10 @@ class Splitter:
         if len(outs) > 1:
             outs = _independent(outs, args)
         if outs:
-            # a plain Linear's dW = g^T x is one product: W computes it without the autograd engine
-            x = args[0] if type(module) is nn.Linear and len(outs) == 1 and module.weight.requires_grad else None
+            # a plain Linear's dW = g^T x is one product: W computes it without the autograd engine (not for a
+            # tensor-parallel one: its weight and input are DTensors, which autograd differentiates)
+            x = args[0] if (type(module) is nn.Linear and len(outs) == 1 and module.weight.requires_grad
+                            and type(module.weight) is nn.Parameter and type(args[0]) is torch.Tensor) else None
             rec.outputs.append((module, outs, x))
 
 
@@ -116,18 +118,22 @@ def input_grad(roots: list, grads: list | None, xs: list, rec: Record) -> tuple:
 
 
 def weight_grad(rec: Record) -> None:
-    """W: accumulate each holder's parameter gradients from the gradients I saved."""
+    """W: accumulate each holder's parameter gradients from the gradients I saved.
+
+    Every holder's parameters are taken before any gradient is formed: an autograd pass can end with FSDP
+    freeing the gathered layers of the stage (``reshard_after_forward``) and registering their shards, while
+    the gradients belong to the gathered parameters, which FSDP reduces."""
     if rec.grads is None:
         raise RuntimeError("W before I: no saved gradients")
     grads = iter(rec.grads)
-    for module, outs, x in rec.outputs:
-        gs = [next(grads) for _ in outs]
+    work = [(outs, x, [next(grads) for _ in outs], dict(module._parameters)) for module, outs, x in rec.outputs]
+    for outs, x, gs, own in work:
         if x is not None:
             if gs[0] is not None:
-                _linear_weight_grad(module, x, gs[0])
+                _linear_weight_grad(own["weight"], own.get("bias"), x, gs[0])
             continue
+        params = [p for p in own.values() if p is not None and p.requires_grad]
         pairs = [(t, g) for t, g in zip(outs, gs) if g is not None]
-        params = [p for p in module._parameters.values() if p is not None and p.requires_grad]
         if not pairs or not params:
             continue
         dws = torch.autograd.grad([t for t, _ in pairs], params, [g for _, g in pairs],
@@ -137,14 +143,14 @@ def weight_grad(rec: Record) -> None:
     rec.outputs, rec.grads = [], None
 
 
-def _linear_weight_grad(module: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
+def _linear_weight_grad(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, g: torch.Tensor) -> None:
     """dW = g^T x, as autograd forms it: under autocast the product runs in the output's dtype (bf16) with the
     input cast to it, and the result is cast to the parameter's dtype (an fp32 master weight)."""
     g2 = g.reshape(-1, g.shape[-1])
     x2 = x.detach().reshape(-1, x.shape[-1]).to(g2.dtype)
-    _accumulate(module.weight, g2.t().mm(x2).to(module.weight.dtype))
-    if module.bias is not None and module.bias.requires_grad:
-        _accumulate(module.bias, g2.sum(0).to(module.bias.dtype))
+    _accumulate(weight, g2.t().mm(x2).to(weight.dtype))
+    if bias is not None and bias.requires_grad:
+        _accumulate(bias, g2.sum(0).to(bias.dtype))
 
 
 def _accumulate(p: torch.Tensor, dw: torch.Tensor | None) -> None:

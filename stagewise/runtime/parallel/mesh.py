@@ -173,6 +173,18 @@ class Topology:
             at = at * n + coords[d]
         return self.ranks[at]
 
+    def device_mesh(self, device_type: str):
+        """This grid as a torch ``DeviceMesh`` with its dimensions in ``DEFAULT_ORDER`` (replicas outermost,
+        tensor parallel innermost), over the same ranks whatever order they were given in, so the sub-meshes
+        torch's parts take are slices of one mesh: ``("dp", "fsdp")`` for HSDP, ``"tp"`` (FSDP2 over tensor
+        parallel needs both from one root). Every rank builds it (it makes process groups: a collective)."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        order = [d for d in DEFAULT_ORDER if d in self.dims]
+        grid = torch.tensor(self.ranks).view(self.shape).permute([self.dims.index(d) for d in order])
+        return DeviceMesh(device_type, grid.contiguous(), mesh_dim_names=tuple(order))
+
     def describe(self) -> str:
         """``pp 2 x dp 2`` (the dimensions in order)."""
         return " x ".join(f"{d} {n}" for d, n in zip(self.dims, self.shape))

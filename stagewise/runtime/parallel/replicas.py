@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..stages.stage import StageMap, Stage
+from .tp import is_dtensor, local
 
 
 class Replicas:
@@ -27,7 +28,6 @@ class Replicas:
                  topo):
         """``rank``: in the pipeline; ``topo`` (mesh.Topology) places the pipeline among the other ranks."""
         self.rank, self.device = rank, device
-        self.local = []  # (rank set, local copies) per replica held here
         sets = sorted({r.ranks for r in lay.replicas if len(r.ranks) > 1})
         pipelines = topo.groups("pp")  # every pipeline of the grid, each its global ranks in pipeline order
         here = pipelines.index(topo.pipe_ranks)
@@ -36,7 +36,15 @@ class Replicas:
         made = [{ranks: dist.new_group([pipe[r] for r in ranks]) for ranks in sets} for pipe in pipelines][here]
         self.groups = {ranks: g for ranks, g in made.items() if rank in ranks}
         pipes = [dist.new_group(list(pipe)) for pipe in pipelines] if len(pipelines) > 1 else [None]
-        self.pipeline = pipes[here]  # the global norm is a sum over one pipeline (None: all ranks)
+        self.pipeline = pipes[here]  # without other dimensions the global norm is a sum over one pipeline
+        self.lay, self.stages, self.placement, self.topo = lay, stages, placement, topo
+        self.capture()
+
+    def capture(self) -> None:
+        """Read this rank's copies from the stages (again after FSDP or tensor parallel replaced the parameters
+        with their sharded DTensors: those stay the parameters between steps)."""
+        lay, stages, rank = self.lay, self.stages, self.rank
+        self.local = []  # (rank set, local copies) per replica held here
         for rep in lay.replicas:
             copies = [stages[h.stage].param(h) for h in rep.holders if h.stage in stages]
             if copies:
@@ -44,9 +52,9 @@ class Replicas:
         # each logical parameter's gradient counts once in the global norm: on its lowest rank's first copy
         self.owned = []
         for holders in lay.params.values():
-            owner = min(placement[h.stage] for h in holders)
+            owner = min(self.placement[h.stage] for h in holders)
             if owner == rank:
-                h = next(h for h in holders if placement[h.stage] == rank)
+                h = next(h for h in holders if self.placement[h.stage] == rank)
                 self.owned.append(stages[h.stage].param(h))
 
     def make_equal(self) -> None:
@@ -66,41 +74,60 @@ class Replicas:
                         p.copy_(value)
 
     def sync_grads(self) -> None:
-        """Every copy's gradient becomes the sum over all copies (local sum, then within its rank set)."""
+        """Every copy's gradient becomes the sum over all copies (local sum, then within its rank set). Sharded
+        copies (FSDP, tensor parallel) are summed shard by shard: the copies of one logical parameter are
+        sharded alike (the same coordinates of the grid on every rank of its set)."""
         sums: dict[tuple, list] = {}
         for ranks, copies in self.local:
             total = sum(_grad(p) for p in copies)
             sums.setdefault(ranks, []).append((copies, total))
         for ranks, items in sums.items():
             if len(ranks) > 1:
-                flat = _flatten_dense_tensors([t for _, t in items])
+                shards = [local(t) for _, t in items]
+                flat = _flatten_dense_tensors(shards)
                 dist.all_reduce(flat, group=self.groups[ranks])
-                totals = _unflatten_dense_tensors(flat, [t for _, t in items])
-            else:
-                totals = [t for _, t in items]
-            for (copies, _), total in zip(items, totals):
+                for t, g in zip(shards, _unflatten_dense_tensors(flat, shards)):
+                    t.copy_(g)
+            for copies, total in items:
                 for p in copies:
                     p.grad = total.clone()
 
     def clip(self, params: list[torch.Tensor], max_norm: float, sharded=None) -> float:
         """Scale all gradients so the global norm (each logical parameter once) is at most ``max_norm``.
 
-        ``sharded``: (ids of parameters, group) held in shares over ``group`` (ep.py's experts): each share of
-        every rank of the group counts too."""
-        ids, group = sharded if sharded is not None else ((), None)
-        sq = torch.zeros(2, dtype=torch.float64, device=self.device)  # the pipeline's own, then its shares
+        Each rank adds the squares of its owned parameters' local gradient shards, divided by the number of
+        ranks holding that same shard (data-parallel replicas, and tp, fsdp or ep ranks a parameter is not split
+        over), so one all-reduce over every rank gives each logical parameter's squares once. ``sharded``: (ids
+        of parameters, group) held in shares over the ``ep`` group (ep.py's experts): each rank's share is its
+        own."""
+        ids = sharded[0] if sharded is not None else ()
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.owned:
             if p.grad is not None:
-                sq[int(id(p) in ids)] += p.grad.detach().double().pow(2).sum()
-        dist.all_reduce(sq, group=self.pipeline)
-        if group is not None:
-            dist.all_reduce(sq[1:], group=group)
-        norm = math.sqrt(float(sq.sum()))
+                sq += local(p.grad).detach().double().pow(2).sum() / self._holding(p, id(p) in ids)
+        dist.all_reduce(sq, group=self.pipeline if self._one_pipeline else None)
+        norm = math.sqrt(float(sq))
         coef = min(1.0, max_norm / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s rule
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coef)
         return norm
+
+    @property
+    def _one_pipeline(self) -> bool:
+        """The grid is pipelines and replicas only: the norm sums over this rank's pipeline."""
+        return all(d in ("pp", "dp") or self.topo.size(d) == 1 for d in self.topo.dims)
+
+    def _holding(self, p, experts: bool = False) -> int:
+        """How many ranks of the grid (all of it, or of one pipeline) hold the same values as this rank's
+        shard of ``p``: every dimension but pp that ``p`` is not split along (``experts``: nor ep)."""
+        if self._one_pipeline:
+            return 1
+        split = {"ep"} if experts else set()
+        if is_dtensor(p):
+            names = p.device_mesh.mesh_dim_names or ()
+            split |= {d for d, pl in zip(names, p.placements) if not pl.is_replicate()}
+        return math.prod(self.topo.size(d) for d in self.topo.dims if d != "pp" and d not in split)
 
 
 def all_sum(value: float, device) -> float:

@@ -92,7 +92,7 @@ def _busy(tl) -> float:
 
 
 def _row(c: Candidate, times: list[float], runs, timelines=()) -> dict:
-    mems = [r.memory for r in runs if r.memory is not None]
+    mems = [r.memory for r in runs if r.memory is not None and r.memory.peak_activation_bytes is not None]
     peaks = [max(m.peak_activation_bytes[r] for m in mems) if mems else None for r in range(c.config.p)]
     measured = statistics.median(times)
     return {"config": c.config.label(), "layout": c.layout, "predicted_step": c.step_time, "measured_step": measured,

@@ -1,23 +1,20 @@
-"""Save and restore training state keyed by model layer, so any schedule or number of ranks can resume it.
+"""Save and restore training state with torch.distributed.checkpoint (DCP), so any layout can resume it.
 
-What a checkpoint holds (folder format in ``checkpoint_files``): per model
-layer, the value and optimizer state of each logical parameter whose first
-use is in that layer (``stage.logical_names``: a tied head weight is stored
-once, with the embedding), written by one rank only: the lowest pipeline rank
-holding the layer, in data-parallel replica 0 (copies of a parameter are equal
-on every rank that holds one, so any copy is the value). Per rank, its RNG
-states (torch, CUDA, Python, NumPy). Per checkpoint, the step (the data
-position: step ``k``'s batch is a function of ``k``), the layout it was
-saved under, and the run it belongs to (``checkpoint_manifest``: model, seed,
-data, a run id that every resume of the run keeps).
+A step folder is one DCP checkpoint of ``{"model": pipe.state_dict(), "optim": pipe.optimizer_state_dict(opt)}``
+(original parameter names; sharded parameters and their optimizer state as DTensors; the optimizer state
+flattened as ``state.NAME.exp_avg``, DCP's ``get_state_dict`` form), written in parallel by every rank
+(``__R_K.distcp`` per rank, ``.metadata`` by rank 0), plus each rank's RNG states and our manifest, written
+last (``checkpoint_files``, ``checkpoint_manifest``: sizes, hashes, the run it belongs to). Copies of a
+parameter (data-parallel replicas, tied or duplicated ones) are the same key: DCP writes it once.
 
-Resuming loads every local copy of each logical parameter from its layer's
-file and hands the optimizer its state per parameter through
-``load_state_dict`` (so AdamW's moments move with their parameter onto any
-rank, device and dtype). RNG states are restored when the layout is the one
-saved (same schedule, ranks, replicas): then the resumed run's losses are the
-uninterrupted run's, bit for bit. Under another layout the work per rank is
-different anyway, and the run says the RNG was not restored.
+Resuming under any p, v, schedule, dp, fsdp or tp is DCP's resharding: every rank asks for the keys of the
+parameters it holds, each shard at its own place, and reads them into its tensors in place. A ZeRO-1
+optimizer asks for its own partition's. The run's own learning rate and settings stay (the saved param
+groups are not loaded). RNG states are restored when the layout is the one saved (same schedule, ranks and
+grid): then the resumed run's losses are the uninterrupted run's, bit for bit. A layer-keyed checkpoint of an
+earlier stagewise (``stagewise-checkpoint/2``) still loads (``checkpoint_layers``). The same folder is what a
+user's own DCP code reads (``dcp.load({"model": model.state_dict()}, checkpoint_id=folder)`` into the plain
+model, or a ``Pipeline`` of any layout).
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
+from . import checkpoint_layers
 from . import checkpoint_manifest as manifests
 from . import flight
 from ..run.config import RunError
@@ -41,27 +39,15 @@ class Checkpoints:
 
     def __init__(self, *, cfg, pipe, optimizer, rank: int, world: int, device, recorder=flight.NO_FLIGHT,
                  export=None):
-        """``pipe``: this rank's Pipeline (its stage map, stages and place among the ranks); ``export(pipe,
-        folder)``: also write the model in its own format into each step folder (the HF adapter's
-        ``save_pretrained``), a collective run before the manifest, so a step folder is complete only with it."""
-        schedule, stage_map, stages, topo = pipe.schedule, pipe.stage_map, pipe.stages, pipe.topo
-        pipe_rank, replica, replicas = topo.pipe, topo.replica, world // schedule.ranks
-        self.cfg, self.schedule, self.stage_map, self.optimizer = cfg, schedule, stage_map, optimizer
+        """``pipe``: this rank's Pipeline (its names, stages and place among the ranks); ``export(pipe, folder)``:
+        also write the model in its own format into each step folder (the HF adapter's ``save_pretrained``), a
+        collective run before the manifest, so a step folder is complete only with it."""
+        schedule, topo = pipe.schedule, pipe.topo
+        self.cfg, self.schedule, self.stage_map, self.optimizer = cfg, schedule, pipe.stage_map, optimizer
         self.rank, self.world, self.device, self.recorder = rank, world, device, recorder
         self.pipe, self.export = pipe, export
-        self.local: dict[str, list[torch.Tensor]] = {}  # logical name -> this rank's copies
-        for name, holders in stage_map.params.items():
-            copies = [stages[h.stage].param(h) for h in holders if h.stage in stages]
-            if copies:
-                self.local[name] = copies
-        place = schedule.placement
-        writer = {}  # layer -> lowest pipeline rank holding it
-        for s, rg in enumerate(stage_map.ranges):
-            for layer in rg:
-                writer[layer] = min(writer.get(layer, place[s]), place[s])
-        self.writes = sorted(i for i, r in writer.items() if r == pipe_rank and replica == 0)
-        self.layout_key = {"schedule": schedule.name, "ranks": schedule.ranks, "replicas": replicas,
-                           "microbatches": schedule.microbatches, "stages": schedule.stages}
+        self.layout_key = {"schedule": schedule.name, "ranks": schedule.ranks, "replicas": world // schedule.ranks,
+                           "microbatches": schedule.microbatches, "stages": schedule.stages, "grid": topo.describe()}
         self.info: dict = {}
         self.run_id = manifests.new_run_id()  # a resume takes its checkpoint's (restore)
         self.prepared = False  # rank 0 checks and tidies the --save folder before the first save
@@ -70,28 +56,16 @@ class Checkpoints:
     # ---- resume
 
     def restore(self) -> int:
-        """Load ``cfg.resume`` into the local copies and the optimizer; the number of steps already done."""
+        """Load ``cfg.resume`` into this rank's parameters and optimizer; the number of steps already done."""
         found = files.find(self.cfg.resume)
         folder, m = found.folder, found.manifest
         self._check_compatible(folder, m)
         self.run_id = m["run"]["id"]
-        payloads: dict[int, dict] = {}
-        for name, copies in self.local.items():
-            layer = home_layer(name)
-            if layer not in payloads:
-                payloads[layer] = _payload(folder, layer, files.read_verified(folder, files.layer_file(layer), m))
-            if name not in payloads[layer]["params"]:
-                held = ", ".join(sorted(payloads[layer]["params"])[:2]) or "nothing"
-                raise RunError(f"`resume` {folder}: {files.layer_file(layer)} does not hold {name} (it holds {held}): "
-                               "the layer files were swapped or edited; resume from another checkpoint")
-            value = payloads[layer]["params"][name]
-            if tuple(value.shape) != tuple(copies[0].shape):
-                raise RunError(f"`resume` {folder}: parameter {name} has shape {tuple(value.shape)} there and "
-                               f"{tuple(copies[0].shape)} in this model")
-            with torch.no_grad():
-                for p in copies:
-                    p.copy_(value)
-        self._load_optimizer({n: payloads[home_layer(n)]["optim"].get(n) for n in self.local})
+        if m["format"] == manifests.LAYERS_FORMAT:
+            checkpoint_layers.restore(folder, m, self.pipe, self.optimizer)
+        else:
+            self._verify_share(folder, m)
+            load(folder, m, self.pipe, self.optimizer)
         rng = m["layout"] == self.layout_key and self.world == m["world"]
         if rng:
             data = files.read_verified(folder, files.rng_file(self.rank), m)
@@ -109,19 +83,22 @@ class Checkpoints:
                            f"does not; {len(theirs)} parameters there, {len(ours)} here)")
         # the optimizer and the layer count were checked by checkpoint_files.preflight
 
-    def _load_optimizer(self, state_by_name: dict) -> None:
-        """Each local parameter gets its logical parameter's state (a private copy per copy)."""
-        logical = {id(p): n for n, copies in self.local.items() for p in copies}
-        sd = self.optimizer.state_dict()
-        state, i = {}, 0
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                saved = state_by_name.get(logical.get(id(p)))
-                if saved:
-                    state[i] = {k: v.clone() if torch.is_tensor(v) else v for k, v in saved.items()}
-                i += 1
-        sd["state"] = state
-        self.optimizer.load_state_dict(sd)
+    def _verify_share(self, folder, m: dict) -> None:
+        """Every DCP file's size and SHA-256 against the manifest before any is read: each rank hashes a share
+        of them (every world-th), and every rank stops with the first problem found (a collective)."""
+        names = sorted(n for n in m["files"] if files.is_dcp_file(n))
+        problem = None
+        for name in names[self.rank::self.world]:
+            try:
+                files.check_file(folder, name, m)
+            except RunError as e:
+                problem = str(e)
+                break
+        seen: list = [None] * self.world
+        dist.all_gather_object(seen, problem)
+        first = next((p for p in seen if p), None)
+        if first:
+            raise RunError(first)
 
     # ---- save
 
@@ -131,7 +108,7 @@ class Checkpoints:
         return cfg.save is not None and (done == cfg.steps or bool(cfg.save_every) and done % cfg.save_every == 0)
 
     def save(self, done: int) -> None:
-        """Every rank writes its layers and RNG state; rank 0 writes the manifest last."""
+        """Every rank writes its share (DCP) and RNG state; rank 0 writes the manifest last."""
         t0 = time.perf_counter()
         folder = files.step_dir(self.cfg.save, done)
         if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
@@ -146,36 +123,39 @@ class Checkpoints:
                 self.prepared = True
             folder.mkdir(parents=True, exist_ok=True)
             files.drop_manifest(folder)  # an older save of this step is incomplete from now on
+            files.clear_step(folder)  # and its files go (another layout writes other ones)
         dist.barrier()
-        written, params = {}, {}
-        for layer in self.writes:
-            payload = {"params": {}, "optim": {}}
-            for name in self.local:
-                if home_layer(name) == layer:
-                    p = self.local[name][0]
-                    payload["params"][name] = p.detach().cpu()
-                    payload["optim"][name] = {k: v.detach().cpu() if torch.is_tensor(v) else v
-                                              for k, v in self.optimizer.state.get(p, {}).items()}
-                    params[name] = {"layer": layer, "shape": list(p.shape), "dtype": str(p.dtype)}
-            written[files.layer_file(layer)] = files.atomic_write(folder / files.layer_file(layer), _bytes(payload))
+        write(folder, self.pipe, self.optimizer)
+        written = {name: files.entry(folder / name) for name in files.dcp_files(folder, self.rank)}
         written[files.rng_file(self.rank)] = files.atomic_write(folder / files.rng_file(self.rank),
                                                                 _bytes(rng_state(self.device)))
         if self.export is not None:
             self.export(self.pipe, folder / files.EXPORT)
         parts = [None] * self.world if self.rank == 0 else None
-        dist.gather_object((written, params), parts, dst=0)
+        dist.gather_object((written, self._params()), parts, dst=0)
         if self.rank == 0:
             files.write_manifest(folder, self._manifest(done, parts))
         self.recorder.event(flight.SAVED, str(folder))
         self.info.setdefault("saved", []).append(str(folder))
         self.info.setdefault("save_s", []).append(time.perf_counter() - t0)
 
+    def _params(self) -> dict:
+        """logical name -> its home layer, whole shape and dtype, for the parameters held here."""
+        out = {}
+        for name, holders in self.stage_map.params.items():
+            local = self.pipe.names.local(holders)
+            if local:
+                p = local[0]
+                out[name] = {"layer": checkpoint_layers.home_layer(name), "shape": list(p.shape),
+                             "dtype": str(p.dtype)}
+        return out
+
     def _manifest(self, done: int, parts: list) -> dict:
         all_files, all_params = {}, {}
         for written, params in parts:
             all_files.update(written)
             all_params.update(params)
-        cfg, optimizer = self.cfg, type(self.optimizer).__name__
+        cfg, optimizer = self.cfg, optimizer_name(self.optimizer)
         return {"format": manifests.FORMAT, "step": done, "world": self.world, "layout": self.layout_key,
                 "data": {"next_step": done, "batch": cfg.batch, "sequences": done * cfg.batch},
                 "run": self._run_section(all_params, optimizer),
@@ -190,25 +170,66 @@ class Checkpoints:
         return self.run
 
 
-def _payload(folder, layer: int, data: bytes) -> dict:
-    """A layer file's contents: {"params": {name: tensor}, "optim": {name: state}}, or ``RunError`` naming the
-    file (its bytes match the manifest but are not one of our layer files)."""
-    name = files.layer_file(layer)
+def write(folder, pipe, optimizer) -> None:
+    """One DCP checkpoint of the pipeline's model and optimizer state into ``folder`` (every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": pipe.state_dict(), "optim": pipe.optimizer_state_dict(optimizer)}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True))
+
+
+def load(folder, manifest: dict, pipe, optimizer) -> None:
+    """Read a DCP checkpoint into the pipeline and ``optimizer`` (every rank calls it): each rank asks for its
+    own parameters' tensors and their optimizer state, at its own shards; the run's param groups stay."""
+    import torch.distributed.checkpoint as dcp
+
+    check_index(folder, manifest)
+    model, optim = pipe.state_dict(), pipe.optimizer_state_dict(optimizer)
+    state = {"model": model, "optim": {k: v for k, v in optim.items() if k.startswith("state.")}}
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
     try:
-        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is not ours
-        raise RunError(f"`resume` {folder}: {name} is not a layer file of a checkpoint ({type(e).__name__}); "
-                       "resume from another checkpoint") from None
-    if not (isinstance(payload, dict) and isinstance(payload.get("params"), dict)
-            and isinstance(payload.get("optim"), dict)):
-        raise RunError(f"`resume` {folder}: {name} is not a layer file of a checkpoint (no params and optim "
-                       "state); resume from another checkpoint")
-    return payload
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)))
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - whatever DCP met: not this model's checkpoint
+        why = str(e).strip().splitlines()[-1][:200] if str(e).strip() else ""
+        raise RunError(f"`resume` {folder}: its DCP files do not read as a checkpoint of this model "
+                       f"({type(e).__name__}{': ' + why if why else ''}); resume from another checkpoint") from None
+    pipe.load_state_dict(model)
+    pipe.names.load_optimizer_state_dict(optimizer, state["optim"], hyperparameters=False)
 
 
-def home_layer(logical: str) -> int:
-    """The layer whose file holds a logical parameter: its first use (``stage.logical_names``: "3.fc.weight")."""
-    return int(logical.split(".", 1)[0])
+def check_index(folder, manifest: dict) -> None:
+    """DCP's index (``.metadata``) points into the files the manifest lists, and its byte ranges tile each of
+    them exactly, so a data file swapped with another or edited (its hash updated) is refused by name before
+    DCP reads a byte of it as a tensor."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        infos = list(dcp.FileSystemReader(str(folder)).read_metadata().storage_data.values())
+        ranges: dict[str, list] = {}
+        for info in infos:
+            ranges.setdefault(info.relative_path, []).append((int(info.offset), int(info.length)))
+    except Exception as e:  # noqa: BLE001 - any failure to read it means it is not DCP's index
+        raise RunError(f"`resume` {folder}: {files.DCP_METADATA} is not the index of a DCP checkpoint "
+                       f"({type(e).__name__}); resume from another checkpoint") from None
+    listed = {n for n in manifest["files"] if files.is_dcp_file(n) and n != files.DCP_METADATA}
+    for name in sorted(set(ranges) | listed):
+        if name not in listed:
+            raise RunError(f"`resume` {folder}: {files.DCP_METADATA} points into {str(name)[:80]!r}, which the "
+                           "manifest does not list; resume from another checkpoint")
+        end = 0
+        for offset, length in sorted(ranges.get(name, ())):
+            if offset != end:
+                break
+            end += length
+        if end != manifest["files"][name]["bytes"]:
+            raise RunError(f"`resume` {folder}: {name} does not hold what {files.DCP_METADATA} says is in it "
+                           "(the files were swapped or edited); resume from another checkpoint")
+
+
+def optimizer_name(optimizer) -> str:
+    """The optimizer's class name, the one a ZeroRedundancyOptimizer wraps (a checkpoint's state is that one's)."""
+    return type(getattr(optimizer, "optim", optimizer)).__name__
 
 
 def rng_state(device) -> dict:

@@ -1,15 +1,14 @@
-"""A checkpoint folder on disk: atomic files, a manifest written last, and finding the newest complete one.
+"""A checkpoint folder on disk: a manifest written last, and finding the newest complete one.
 
-``--save DIR`` writes ``DIR/step-00000004/`` after step 4: ``layer-00003.pt``
-per model layer (that layer's parameters and their optimizer state, keyed by
-logical parameter name), ``rng-rank-00001.pt`` per rank, and ``manifest.json``
-last. Every file is written to a temporary name in the same folder, fsynced,
-then renamed over its final name (``os.replace`` is atomic), and the folder is
-fsynced. The manifest lists each file with its size and SHA-256, so a folder
-without a manifest is a save that did not finish, and a file that differs
-from its entry is corrupt: neither ever loads. ``--resume DIR`` takes the
-newest complete step folder under DIR (saying which incomplete ones it
-skipped), or exactly the step folder it is given.
+``--save DIR`` writes ``DIR/step-00000004/`` after step 4: one torch.distributed.checkpoint (DCP) checkpoint
+(``__R_K.distcp`` files written by each rank R, ``.metadata`` by rank 0; checkpoint.py), ``rng-rank-00001.pt``
+per rank, and ``manifest.json`` last. The manifest is written to a temporary name in the same folder,
+fsynced, then renamed over its final name (``os.replace`` is atomic), and the folder is fsynced; DCP fsyncs
+its files. The manifest lists each file with its size and SHA-256, so a folder without a manifest is a save
+that did not finish, and a file that differs from its entry is corrupt: neither ever loads. ``--resume DIR``
+takes the newest complete step folder under DIR (saying which incomplete ones it skipped), or exactly the
+step folder it is given. An earlier stagewise's layer-keyed folders (``layer-00003.pt`` per layer) still
+load (checkpoint_layers.py).
 
 Every manifest is checked against its schema before it is trusted
 (``checkpoint_manifest``), and names the run it belongs to: ``--save`` into a
@@ -37,8 +36,11 @@ from ..run.config import RunError
 
 MANIFEST = "manifest.json"
 EXPORT = "hf"  #: the model in its own library's format, beside the checkpoint (HF: a from_pretrained folder)
+DCP_METADATA = ".metadata"  #: DCP's index of a checkpoint (rank 0 writes it)
+_DCP_DATA = re.compile(r"__\d+_\d+\.distcp")  #: DCP's data files, per rank
 _STEP_DIR = re.compile(r"step-(\d{8})")
-_TEMPORARY = re.compile(r"\..+\.tmp-\d+|\.probe-\d+")  #: atomic_write's temporaries, check_save_dir's probe
+#: atomic_write's temporaries, check_save_dir's probe, DCP's metadata before its rename
+_TEMPORARY = re.compile(r"\..+\.tmp-\d+|\.probe-\d+|(__\d+)?\.metadata\.tmp")
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:
@@ -52,6 +54,53 @@ def layer_file(layer: int) -> str:
 
 def rng_file(rank: int) -> str:
     return f"rng-rank-{rank:05d}.pt"
+
+
+def is_dcp_file(name: str) -> bool:
+    """A file of a DCP checkpoint (its data files and its metadata)."""
+    return name == DCP_METADATA or _DCP_DATA.fullmatch(name) is not None
+
+
+def dcp_files(folder: Path, rank: int) -> list[str]:
+    """The DCP files ``rank`` wrote into ``folder`` (its data files; rank 0's also the metadata)."""
+    mine = sorted(p.name for p in folder.iterdir() if p.name.startswith(f"__{rank}_") and is_dcp_file(p.name))
+    return mine + ([DCP_METADATA] if rank == 0 and (folder / DCP_METADATA).exists() else [])
+
+
+def clear_step(folder: Path) -> None:
+    """Delete an older save's checkpoint files from a step folder (its manifest went first): another layout
+    writes other files, and none of the old ones may linger beside the new."""
+    for f in folder.iterdir():
+        if f.is_file() and not f.is_symlink() and (manifests.FILE_NAME.fullmatch(f.name) or
+                                                   _TEMPORARY.fullmatch(f.name)):
+            f.unlink(missing_ok=True)
+
+
+def entry(path: Path) -> dict:
+    """The manifest entry of a file on disk: its size and SHA-256 (read in blocks)."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+            size += len(block)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def check_file(folder: Path, name: str, manifest: dict, option: str = "`resume`") -> None:
+    """``name`` matches its manifest entry (``RunError`` naming it when not), read in blocks."""
+    if manifest["files"].get(name) is None:
+        raise RunError(f"{option} {folder}: the manifest lists no {name}; the checkpoint was saved from another "
+                       "model or layout")
+    path = folder / name
+    if path.is_symlink() or not path.is_file():
+        raise RunError(f"{option} {folder}: {name} is not a regular file (a checkpoint's files are its own)")
+    try:
+        got = entry(path)
+    except OSError as e:
+        raise RunError(f"{option} {folder}: cannot read {name}: {e.strerror}") from None
+    if got != manifest["files"][name]:
+        raise RunError(f"{option} {folder}: {name} is corrupt ({got['bytes']} bytes, SHA-256 differs from the "
+                       "manifest's); resume from an older checkpoint")
 
 
 def atomic_write(path: Path, data: bytes) -> dict:

@@ -12,7 +12,7 @@ No torch here: these checks run before any rank starts.
 
 Example::
 
-    >>> problem({"format": "stagewise-checkpoint/2", "step": -5}, "step-00000002")
+    >>> problem({"format": "stagewise-checkpoint/3", "step": -5}, "step-00000002")
     'step must be an integer >= 1; got -5'
 """
 
@@ -27,8 +27,10 @@ import stat
 import uuid
 from typing import Any, Callable, NamedTuple
 
-FORMAT = "stagewise-checkpoint/2"
-FILE_NAME = re.compile(r"(layer|rng-rank)-\d{5}\.pt")  #: the only names a manifest may list (no paths)
+FORMAT = "stagewise-checkpoint/3"  #: a DCP checkpoint (checkpoint.py)
+LAYERS_FORMAT = "stagewise-checkpoint/2"  #: an earlier stagewise's layer-keyed files, read only (checkpoint_layers.py)
+#: the only names a manifest may list (no paths): DCP's files, RNG states, an earlier format's layer files
+FILE_NAME = re.compile(r"(layer|rng-rank)-\d{5}\.pt|__\d+_\d+\.distcp|\.metadata")
 
 
 class Rule(NamedTuple):
@@ -57,7 +59,7 @@ SHAPE = Rule(lambda v: isinstance(v, list) and all(type(d) is int and d >= 0 for
 
 #: the manifest's shape: dicts are objects with these keys (more keys are allowed), leaves are rules
 SCHEMA = {
-    "format": Rule(lambda v: v == FORMAT, repr(FORMAT)),
+    "format": Rule(lambda v: v in (FORMAT, LAYERS_FORMAT), repr(FORMAT)),
     "step": _int(1), "world": _int(1), "optimizer": STR, "layers": _int(1), "saved_at": STR,
     "layout": {"schedule": STR, "ranks": _int(1), "replicas": _int(1), "microbatches": _int(1), "stages": _int(1)},
     "data": {"next_step": _int(1), "batch": _int(1), "sequences": _int(0)},
@@ -73,7 +75,7 @@ def problem(manifest: Any, folder_name: str) -> str:
     """What is wrong with a manifest read from ``folder_name`` ('' when it has the schema's shape and types)."""
     if not isinstance(manifest, dict):
         return "not a JSON object"
-    if manifest.get("format") != FORMAT:
+    if manifest.get("format") not in (FORMAT, LAYERS_FORMAT):
         return f"not a {FORMAT} manifest (format {manifest.get('format')!r})"
     why = _check(manifest, SCHEMA, "")
     if why:

@@ -27,14 +27,14 @@ def default_batch(microbatches: int, dp: int = 1) -> int:
     return share * -(-8 // share)
 
 
-def check_batch(batch: int, microbatches: int, dp: int = 1, ep: int = 1) -> None:
-    """``batch`` splits into ``microbatches`` equal micro-batches on each of ``dp`` x ``ep`` data shards (the one
-    rule: replicas and expert-parallel ranks take different rows)."""
-    share = microbatches * dp * ep
+def check_batch(batch: int, microbatches: int, dp: int = 1, fsdp: int = 1, ep: int = 1) -> None:
+    """``batch`` splits into ``microbatches`` equal micro-batches on each of the ``dp`` x ``fsdp`` x ``ep`` data
+    shards (the one rule: replicas, sharded and expert-parallel ranks take different rows)."""
+    share = microbatches * dp * fsdp * ep
     if batch % share:
-        into = f"`dp` {dp} replicas of `microbatches` {microbatches}" if dp > 1 else f"`microbatches` {microbatches}"
-        if ep > 1:
-            into = f"`dp` {dp} x `ep` {ep} shares of `microbatches` {microbatches}"
+        shards = " x ".join(f"`{k}` {v}" for k, v in (("dp", dp), ("fsdp", fsdp), ("ep", ep)) if v > 1)
+        into = (f"{shards} replicas of `microbatches` {microbatches}" if dp * fsdp * ep > 1 else
+                f"`microbatches` {microbatches}")
         raise RunError(f"`batch` {batch} does not split into {into} equal micro-batches; use a `batch` that is a "
                        f"multiple of {share}")
 
@@ -56,6 +56,14 @@ def check_positive_number(option: str, value: float, limit=None) -> None:
         raise RunError(f"{option} must be a finite number > 0; got {value!r}")
     if limit is not None:
         limit.check(value, option)
+
+
+def check_divides(tp: int, sizes) -> None:
+    """``tp`` must divide each size tensor parallel splits (``(("attention heads", 4), ...)``)."""
+    for what, n in sizes:
+        if n % tp:
+            raise RunError(f"`tp` {tp} does not divide the model's {n} {what}: tensor parallel gives each tp rank "
+                           f"the same number of them; use a `tp` that divides {n}")
 
 
 def check_timeout(value: float) -> None:
@@ -95,8 +103,12 @@ class RunConfig:
     ranks: int = 4  #: p, the ranks launched
     microbatches: int = 8  #: m
     chunks: int | None = None  #: v (family default when None)
-    dp: int = 1  #: pipeline replicas (data parallel); p x dp ranks in all
-    ep: int = 1  #: expert-parallel ranks per pipeline rank (MoE experts sharded over them); p x dp x ep ranks in all
+    dp: int = 1  #: pipeline replicas (data parallel); p x dp x fsdp x ep x tp ranks in all
+    fsdp: int = 1  #: sharded data parallel (FSDP2 on each stage; with dp > 1: HSDP)
+    tp: int = 1  #: tensor parallel inside each stage (the model's tp plan)
+    zero: int = 0  #: 1: ZeRO-1, the optimizer state sharded over the dp replicas (torch's ZeroRedundancyOptimizer)
+    reshard_after_forward: bool = False  #: with fsdp: free each layer after its forward and backward (less memory)
+    ep: int = 1  #: expert-parallel ranks per pipeline rank (MoE experts sharded over them)
     overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/overlap.py); False: F then B
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
@@ -138,17 +150,17 @@ class RunConfig:
 
     @property
     def shards(self) -> int:
-        """The shares a step's batch is cut into across ranks: dp x ep."""
-        return self.dp * self.ep
+        """The shares a step's batch is cut into across ranks: dp x fsdp x ep (tp ranks take the same rows)."""
+        return self.dp * self.fsdp * self.ep
 
     @property
     def world(self) -> int:
-        """Ranks launched: p x dp x ep."""
-        return self.ranks * self.shards
+        """Ranks launched: p x dp x fsdp x ep x tp."""
+        return self.ranks * self.shards * self.tp
 
     @property
     def pipelined(self) -> bool:
-        """Runs on ranks (p x dp x ep > 1), not as the in-process reference."""
+        """Runs on ranks (p x dp x fsdp x ep x tp > 1), not as the in-process reference."""
         return (self.schedule is not None or self.csv is not None) and self.world > 1
 
     def check(self) -> None:
@@ -167,7 +179,7 @@ class RunConfig:
                                 f"{self.batch * seq:,} tokens per step")
         self._check_scale()
         if self.pipelined:
-            check_batch(self.batch, self.microbatches, self.dp, self.ep)
+            check_batch(self.batch, self.microbatches, self.dp, self.fsdp, self.ep)
         self._check_resilience()
         check_positive_number("`lr`", self.lr)
         if self.clip is not None:
@@ -185,9 +197,19 @@ class RunConfig:
             self.layer_split()
 
     def _check_scale(self) -> None:
-        """`dp`, `ep` and `recompute` (runtime at scale)."""
-        check_count("`dp`", self.dp, 1, limits.RANKS)
-        check_count("`ep`", self.ep, 1, limits.RANKS)
+        """`dp`, `fsdp`, `tp`, `zero`, `ep` and `recompute` (runtime at scale)."""
+        for name in ("dp", "fsdp", "tp", "ep"):
+            check_count(f"`{name}`", getattr(self, name), 1, limits.RANKS)
+        if self.zero not in (0, 1) or isinstance(self.zero, bool):
+            raise RunError(f"`zero` must be 0 (off) or 1 (ZeRO-1: optimizer state sharded over `dp`); got "
+                           f"{self.zero!r}")
+        if self.zero and self.fsdp > 1:
+            raise RunError(f"`zero` 1 with `fsdp` {self.fsdp}: FSDP already shards the optimizer state with the "
+                           "parameters; give one of them (ZeRO-1 shards it over `dp` replicas)")
+        if self.reshard_after_forward and self.fsdp < 2:
+            raise RunError("`reshard_after_forward` frees FSDP's gathered layers: it needs `fsdp` >= 2")
+        if self.zero and self.dp < 2:
+            raise RunError("`zero` 1 shards the optimizer state over the `dp` replicas: it needs `dp` >= 2")
         experts = getattr(self.model, "moe_experts", None)
         if self.ep > 1 and isinstance(experts, int):
             if experts < 1:
@@ -197,19 +219,31 @@ class RunConfig:
                 raise RunError(f"`ep` {self.ep} must divide `moe_experts` {experts}: each rank of the "
                                "expert-parallel group holds as many experts")
         if self.ep > 1 and (self.save or self.resume):
-            raise RunError(f"{'`save`' if self.save else '`resume`'} with `ep` {self.ep}: checkpoints keep whole "
-                           "layers and an expert-parallel rank holds a share of each MoE block; run with `ep` 1 "
-                           "to save or resume")
+            raise RunError(f"{'`save`' if self.save else '`resume`'} with `ep` {self.ep}: an expert-parallel rank "
+                           "holds its own experts under names the other ranks also use; run with `ep` 1 to save "
+                           "or resume")
+        if self.ep > 1 and (self.fsdp > 1 or self.tp > 1):
+            raise RunError(f"`ep` {self.ep} with {'`fsdp`' if self.fsdp > 1 else '`tp`'}: expert parallel is not "
+                           "composed with FSDP or tensor parallel yet; give `ep` with `dp` only")
         if not self.pipelined and (self.dp > 1 or self.ep > 1 or self.recompute):
             what = f"`dp` {self.dp}" if self.dp > 1 else f"`ep` {self.ep}" if self.ep > 1 else "`recompute`"
             raise RunError(f"{what} needs a `schedule` run on ranks (`ranks` or `dp` >= 2); the unpipelined "
                            "reference runs in one process")
+        if self.schedule is None and self.csv is None and (self.fsdp > 1 or self.tp > 1):
+            what = f"`fsdp` {self.fsdp}" if self.fsdp > 1 else f"`tp` {self.tp}"
+            raise RunError(f"{what} needs a `schedule` run on ranks; the unpipelined reference runs in one process")
+        if self.tp > 1 and self.model is not None and hasattr(self.model, "layers"):
+            self._check_tp()
+
+    def _check_tp(self) -> None:
+        """`tp` divides what the model's tensor-parallel plan splits (its heads), before any rank starts."""
+        check_divides(self.tp, getattr(self.model.layers(), "tp_divides", ()))
 
     def _check_resilience(self) -> None:
-        """`save`, `save_every`, `resume` (checkpoint_files.py; the test fault: worker.preflight)."""
+        """`save`, `save_every`, `resume` (checkpoint_files.py; the test fault: worker.preflight). The
+        unpipelined reference may resume a checkpoint (any layout's), not save one."""
         if self.save_every is not None:
             check_count("`save_every`", self.save_every, 1)
-        if not self.pipelined and (self.save or self.resume):
-            what = "`save`" if self.save else "`resume`"
-            raise RunError(f"{what} needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
-                           "keeps no checkpoints")
+        if not self.pipelined and self.save:
+            raise RunError("`save` needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
+                           "keeps no checkpoints (it resumes them: `resume`)")

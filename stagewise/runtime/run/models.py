@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import limits
+from ..parallel.tp import is_dtensor
 from ..stages.layers import Layers
 from ..stages.moe import MoE, check_moe, pack, unpack
 from .config import RunError, check_count
@@ -75,10 +76,32 @@ class Block(nn.Module):
 def _attend(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Causal self-attention of a block (its ln1, qkv, proj), residual."""
     B, T, D = x.shape
-    q, k, v = block.qkv(block.ln1(x)).split(D, dim=2)
-    q, k, v = (t.view(B, T, block.heads, D // block.heads).transpose(1, 2) for t in (q, k, v))
+    qkv, heads, first = block.qkv(block.ln1(x)), block.heads, 0
+    if is_dtensor(qkv):  # tensor parallel (TP_PLAN): q|k|v is fused, so it is gathered; this rank's heads
+        from torch.distributed.tensor import Partial
+
+        heads = block.heads // qkv.device_mesh.size()
+        first = qkv.device_mesh.get_local_rank() * heads
+        qkv = qkv.to_local(grad_placements=[Partial()])  # each rank's gradient covers its own heads only
+    hd = D // block.heads
+    q, k, v = (t.view(B, T, block.heads, hd)[:, :, first:first + heads] if heads < block.heads else
+               t.view(B, T, block.heads, hd) for t in qkv.split(D, dim=2))
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return x + block.proj(a.transpose(1, 2).reshape(B, T, D))
+    return x + block.proj(a.transpose(1, 2).reshape(B, T, heads * hd))
+
+
+def _gathered_columns():
+    """The fused q|k|v projection split by output columns and gathered whole (as a DTensor: ``Block`` takes
+    its heads), since its columns are [q | k | v], not one head after another."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return ColwiseParallel(output_layouts=Replicate(), use_local_output=False)
+
+
+#: the built-in GPT's tensor-parallel plan: attention and MLP split Megatron-style (column then row)
+TP_PLAN = {"qkv": _gathered_columns, "proj": "rowwise", "fc": "colwise", "out": "rowwise"}
 
 
 class Head(nn.Module):
@@ -200,7 +223,8 @@ class GPTConfig:
         tied to the token embedding by name (``0.tok.weight``): built apart, the copies start equal (the
         pipeline broadcasts the embedding's; ``Layers.build_all`` shares one Parameter)."""
         n = self.num_layers
-        return Layers(count=n, build=self.layer, ties=(("0.tok.weight", f"{n - 1}.weight"),))
+        return Layers(count=n, build=self.layer, ties=(("0.tok.weight", f"{n - 1}.weight"),), tp_plan=TP_PLAN,
+                      tp_divides=(("attention heads", self.heads),))
 
     def layer(self, i: int) -> nn.Module:
         """Layer ``i`` alone (0: embedding, 1..L: blocks, L + 1: head), initialised from (seed, i)."""

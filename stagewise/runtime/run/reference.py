@@ -12,7 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .config import RunConfig
+from ..resilience.checkpoint_manifest import FORMAT
+from .config import RunConfig, RunError
 from .result import RunResult
 from ..stages.stage import logical_names
 from .worker import optimizer
@@ -20,13 +21,17 @@ from .worker import optimizer
 
 def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     cfg.check()
-    layers = cfg.model.layers().build_all()  # one process: each tie one shared Parameter
+    spec = cfg.model.layers()
+    layers = spec.build_all()  # one process: each tie one shared Parameter
     model = nn.Sequential(*layers)
     names = {lg: (i, n) for i, uses in enumerate(logical_names(layers)) for n, lg in uses}
     params = list(model.parameters())
     opt = optimizer(cfg, params)
+    first, info = 0, None
+    if cfg.resume is not None:
+        first, info = resume(cfg, spec, layers, opt)
     losses, times, grads = [], [], None
-    for step in range(cfg.steps):
+    for step in range(first, cfg.steps):
         inputs, targets = cfg.model.batch(step, cfg.batch)
         t0 = time.perf_counter()
         loss = cfg.model.loss(model(inputs), targets)
@@ -45,7 +50,53 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     if "params" in cfg.collect:
         params_out = {lg: [_get(layers, i, n).detach().numpy().copy()] for lg, (i, n) in names.items()}
     return RunResult(schedule="none", ranks=1, microbatches=1, losses=tuple(losses), step_time_s=tuple(times),
-                     measured_bubble_fraction=0.0, predicted_bubble_fraction=0.0, grads=grads, params=params_out)
+                     measured_bubble_fraction=0.0, predicted_bubble_fraction=0.0, grads=grads, params=params_out,
+                     checkpoint=info)
+
+
+def resume(cfg: RunConfig, spec, layers, opt) -> tuple[int, dict]:
+    """Load ``cfg.resume`` (saved under any layout) into the unpipelined model and its optimizer with torch's
+    own DCP calls: the model as a module tree under its original names, ``get_state_dict`` /
+    ``set_state_dict`` with the optimizer state flattened. (steps done, what it did)"""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    from ..resilience import checkpoint_files
+    from ..resilience.checkpoint import check_index
+    from .worker import optimizer_class
+
+    found = checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
+    if found.manifest["format"] != FORMAT:
+        raise RunError(f"`resume` {found.folder}: a layer-keyed checkpoint of an earlier stagewise; the unpipelined "
+                       "reference reads DCP checkpoints only (resume it on ranks once and save, then here)")
+    for name in sorted(n for n in found.manifest["files"] if checkpoint_files.is_dcp_file(n)):
+        checkpoint_files.check_file(found.folder, name, found.manifest)
+    check_index(found.folder, found.manifest)
+    tree = named_tree(spec, layers)
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    model_sd, optim_sd = get_state_dict(tree, opt, options=options)
+    state = {"model": model_sd, "optim": {k: v for k, v in optim_sd.items() if k.startswith("state.")}}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.folder)), no_dist=True)  # this one process
+    set_state_dict(tree, opt, model_state_dict=model_sd, optim_state_dict={**optim_sd, **state["optim"]},
+                   options=options)
+    step = found.manifest["step"]
+    return step, {"resumed_from": str(found.folder), "resumed_step": step, "rng_restored": False,
+                  "skipped": list(found.skipped)}
+
+
+def named_tree(spec, layers) -> nn.Module:
+    """The layers as a module tree whose names are the original model's (``model.layers.3`` ...): its
+    state_dict keys are the pipeline's, for torch's own state-dict and checkpoint functions."""
+    root = nn.Module()
+    for i, layer in enumerate(layers):
+        *path, last = spec.prefix(i).split(".")
+        parent = root
+        for part in path:
+            if part not in parent._modules:
+                parent.add_module(part, nn.Module())
+            parent = parent._modules[part]
+        parent.add_module(last, layer)
+    return root
 
 
 def _get(layers, i: int, name: str) -> torch.Tensor:

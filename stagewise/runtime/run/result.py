@@ -16,12 +16,17 @@ Copies = dict[str, list]
 
 @dataclass(frozen=True, kw_only=True)
 class Memory:
-    """Activation memory of a pipelined run: measured per rank against the simulator's prediction."""
+    """Memory of a pipelined run, per rank: activations measured against the simulator's prediction (when
+    counted), and the model state (parameters, gradients, optimizer) counted against the parallelism's share."""
 
-    stage_activation_bytes: Any  #: per stage, the bytes each action kind adds (activation_memory.merge_added)
-    peak_activation_bytes: tuple[float, ...]  #: measured peak per rank (all p x dp ranks)
-    predicted_peak_activation_bytes: tuple[float, ...]  #: the simulator's, per rank of one replica, x dp
+    stage_activation_bytes: Any = None  #: per stage, the bytes each action kind adds (activation_memory.merge_added)
+    peak_activation_bytes: tuple[float, ...] | None = None  #: measured peak per rank (every rank of the grid)
+    predicted_peak_activation_bytes: tuple[float, ...] | None = None  #: the simulator's, per rank of one replica
     peak_memory_allocated_bytes: tuple[int, ...] | None = None  #: torch.cuda.max_memory_allocated per rank (GPU)
+    #: per rank, bytes held of {"parameters", "gradients", "optimizer"} after the first step (parallel/memory.py)
+    state_bytes: tuple[dict, ...] | None = None
+    #: per rank, the same as the parallelism says: each parameter over the ranks sharing it (the planner's rule)
+    predicted_state_bytes: tuple[dict, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +47,9 @@ class RunResult:
     measured_bubble_fraction: float | None = None  #: over the steps after the first (rank 0)
     predicted_bubble_fraction: float | None = None  #: the simulator's, fed the measured mean cost per action kind
     dp: int | None = None  #: pipeline replicas (None: the unpipelined reference)
+    fsdp: int = 1  #: sharded data parallel degree
+    tp: int = 1  #: tensor parallel degree
+    zero: int = 0  #: 1: ZeRO-1 (optimizer state sharded over dp)
     ep: int = 1  #: expert-parallel ranks per pipeline rank
     recompute: tuple[int, ...] | None = None  #: stages that recompute their forward
     memory: Memory | None = None  #: rank 0 of a run that counted activations (not --no-memory)
@@ -64,15 +72,18 @@ class RunResult:
                "measured_bubble_fraction": self.measured_bubble_fraction,
                "predicted_bubble_fraction": self.predicted_bubble_fraction}
         if self.dp is not None:
-            out.update(dp=self.dp, recompute=list(self.recompute or ()))
+            out.update(dp=self.dp, fsdp=self.fsdp, tp=self.tp, zero=self.zero, recompute=list(self.recompute or ()))
         if self.ep > 1:
             out["ep"] = self.ep
         if self.memory is not None:
             m = self.memory
-            out.update(peak_activation_bytes=list(m.peak_activation_bytes),
-                       predicted_peak_activation_bytes=list(m.predicted_peak_activation_bytes),
-                       peak_memory_allocated_bytes=(None if m.peak_memory_allocated_bytes is None
-                                                    else list(m.peak_memory_allocated_bytes)))
+            if m.peak_activation_bytes is not None:
+                out.update(peak_activation_bytes=list(m.peak_activation_bytes),
+                           predicted_peak_activation_bytes=list(m.predicted_peak_activation_bytes),
+                           peak_memory_allocated_bytes=(None if m.peak_memory_allocated_bytes is None
+                                                        else list(m.peak_memory_allocated_bytes)))
+            if m.state_bytes is not None:
+                out.update(state_bytes=list(m.state_bytes), predicted_state_bytes=list(m.predicted_state_bytes))
         if self.checkpoint is not None:
             out["checkpoint"] = self.checkpoint
         if self.skipped_steps is not None:

@@ -58,12 +58,14 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
         return _as_torchrun_rank(cfgs, report)
     from .worker import preflight as check
 
-    worlds = {check(c).ranks * c.shards if preflight else c.world for c in cfgs}
+    worlds = {check(c).ranks * (c.world // c.ranks) if preflight else c.world for c in cfgs}
     if len(worlds) != 1:
         raise RunError(f"one launch runs one number of ranks; got {sorted(worlds)}")
     world = worlds.pop()
-    ep = f" x `ep` {cfgs[0].ep}" if cfgs[0].ep > 1 else ""
-    limits.LOCAL_RANKS.check(world, "", detail=f"`ranks` {cfgs[0].ranks} x `dp` {cfgs[0].dp}{ep} = {world} local ranks")
+    c = cfgs[0]
+    sizes = " x ".join(f"`{d}` {n}" for d, n in (("ranks", c.ranks), ("dp", c.dp), ("fsdp", c.fsdp), ("ep", c.ep),
+                                                 ("tp", c.tp)) if n > 1 or d in ("ranks", "dp"))
+    limits.LOCAL_RANKS.check(world, "", detail=f"{sizes} = {world} local ranks")
     from ..launching.local import check_importable
 
     for c in cfgs:  # a model config from a script on stdin would kill every rank without a message

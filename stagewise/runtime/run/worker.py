@@ -21,10 +21,11 @@ from ..execution.activation_memory import merge_added, predicted_peaks
 from .config import RunConfig, RunError, check_batch
 from .resolve import resolve_schedule
 from ..resilience.faults import check_fault, injector_for, parse_fault
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, gather_full
 from ..execution.recompute import recompute_stages
 from ..resilience import flight
 from ..resilience.checkpoint import Checkpoints
+from ..parallel.memory import held_bytes, predicted_bytes
 from .result import Memory, RunResult
 from ..stages.stage import partition
 from ..execution.timing import bubbles
@@ -45,15 +46,17 @@ class Env:
 def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None = None) -> Schedule:
     """The schedule of ``cfg``, checked against the options, the model and the ranks launched.
 
-    ``launched_by`` names what set the number of ranks (default `ranks` x `dp`; ``WORLD_SIZE`` under torchrun).
+    ``launched_by`` names what set the number of ranks (default `ranks` x `dp` x `fsdp` x `tp`; ``WORLD_SIZE``
+    under torchrun).
     """
     cfg.check()
     world = cfg.world if world is None else world
     named = isinstance(cfg.schedule, str) and not cfg.csv
-    sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.shards, csv=cfg.csv, launched_by=launched_by,
-                             microbatches=cfg.microbatches if named else None, chunks=cfg.chunks if named else None,
-                             ranks=cfg.ranks if named else None)
-    check_batch(cfg.batch, sched.microbatches, cfg.dp, cfg.ep)  # a --csv schedule brings its own m
+    sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.world // cfg.ranks, csv=cfg.csv,
+                             launched_by=launched_by, microbatches=cfg.microbatches if named else None,
+                             chunks=cfg.chunks if named else None, ranks=cfg.ranks if named else None,
+                             across=across(cfg))
+    check_batch(cfg.batch, sched.microbatches, cfg.dp, cfg.fsdp, cfg.ep)  # a --csv schedule brings its own m
     recompute_stages(cfg.recompute, sched.stages)
     fit = getattr(cfg.model, "check_fit", None)  # a model may say it in its own terms (HF: decoder layers)
     if fit is not None:
@@ -61,9 +64,15 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
     partition(cfg.model.num_layers, sched.stages_per_copy, cfg.layer_split())
     optimizer_class(cfg.optimizer)
     if cfg.fault:
-        check_fault(parse_fault(cfg.fault), sched, cfg.shards)
+        check_fault(parse_fault(cfg.fault), sched, world // sched.ranks)
     checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
     return sched
+
+
+def across(cfg: RunConfig) -> str:
+    """The grid's other dimensions as the options say them: "`dp` 2 x `fsdp` 2" (None: none but pp)."""
+    parts = [f"`{d}` {n}" for d, n in (("dp", cfg.dp), ("fsdp", cfg.fsdp), ("ep", cfg.ep), ("tp", cfg.tp)) if n > 1]
+    return " x ".join(parts) or None
 
 
 def optimizer_class(name: str) -> type:
@@ -84,7 +93,7 @@ def optimizer_class(name: str) -> type:
     return cls
 
 
-def optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+def optimizer(cfg: RunConfig, params: list[torch.Tensor], zero_group=None) -> torch.optim.Optimizer:
     """The optimizer of ``params``, after a trial step on a dense matrix and vector (SparseAdam, or Muon with
     its 2-D parameters only, fail here as --optimizer, not in the first step). Not in the launcher's
     preflight: the first optimizer constructed in a process imports torch._dynamo (seconds); ranks have it."""
@@ -97,6 +106,10 @@ def optimizer(cfg: RunConfig, params: list[torch.Tensor]) -> torch.optim.Optimiz
     except Exception as e:  # noqa: BLE001 - whatever it is, the optimizer cannot train this model
         raise RunError(f"`optimizer` {cfg.optimizer}: {cls.__name__} cannot step this model's dense weights and "
                        f"biases ({e})") from None
+    if cfg.zero:  # ZeRO-1: each dp replica steps (and keeps the state of) its share, then broadcasts it
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=zero_group, lr=cfg.lr)
     return cls(params, lr=cfg.lr)
 
 
@@ -117,12 +130,14 @@ class RankTrainer:
         loss = injector.loss(cfg.model.loss) if injector is not None and injector.fault.how == "nan" else \
             cfg.model.loss
         self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), dp=cfg.dp, ep=cfg.ep,
-                                    overlap=None if cfg.overlap else False,
-                                    device=env.device, recompute=cfg.recompute, static_shapes=True,
-                                    timeout=cfg.timeout, measure_memory=cfg.measure_memory, flight=self.flight,
+                                    fsdp=cfg.fsdp, tp=cfg.tp, reshard_after_forward=cfg.reshard_after_forward,
+                                    overlap=None if cfg.overlap else False, device=env.device,
+                                    recompute=cfg.recompute, static_shapes=True, timeout=cfg.timeout,
+                                    measure_memory=cfg.measure_memory, flight=self.flight,
                                     nonfinite="skip" if cfg.skip_nonfinite else "raise")
         self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
-        self.optimizer = optimizer(cfg, pipe.parameters())
+        self.optimizer = optimizer(cfg, pipe.parameters(), pipe.group("dp") if cfg.zero else None)
+        self.state_bytes: dict | None = None  # parameter, gradient and optimizer bytes here (after step 1)
         self.losses: list[float] = []
         self.step_time_s: list[float] = []
         self.timelines: list = []  # rank 0's
@@ -153,6 +168,8 @@ class RankTrainer:
             self.grads = self.copies(lambda p: p.grad)
         if res.skipped is None:
             self.optimizer.step()
+        if self.state_bytes is None:  # gradients and the optimizer's state all exist now
+            self.state_bytes = held_bytes(self.pipe.parameters(), self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)
@@ -179,7 +196,8 @@ class RankTrainer:
                          microbatches=self.schedule.microbatches, losses=tuple(self.losses),
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
                          measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
-                         dp=self.cfg.dp, ep=self.cfg.ep, recompute=tuple(sorted(self.pipe.recompute)), memory=memory,
+                         dp=self.cfg.dp, fsdp=self.cfg.fsdp, tp=self.cfg.tp, zero=self.cfg.zero, ep=self.cfg.ep,
+                         recompute=tuple(sorted(self.pipe.recompute)), memory=memory,
                          checkpoint=dict(self.checkpoints.info) if self.checkpoints.info else None,
                          skipped_steps=tuple(self.skipped) if self.cfg.skip_nonfinite else None,
                          layers_built=tuple(built) if built else None,
@@ -194,28 +212,40 @@ class RankTrainer:
         return gathered
 
     def _memory(self) -> Memory | None:
-        """Measured peak activation bytes per rank and the simulator's prediction (on rank 0; a collective)."""
+        """Per rank: the model state held against the parallelism's share and, when counted, peak activation
+        bytes against the simulator's prediction (on rank 0; a collective)."""
         meter = self.pipe.meter
-        if meter is None:  # --no-memory: every rank skips the gather alike
-            return None
-        gathered = self._gather({**meter.report(), "device": self.device_peak or None})
+        zero = self.cfg.dp if self.cfg.zero else 1
+        mine = {"state": self.state_bytes, "predicted": predicted_bytes(self.pipe.parameters(), self.cfg.optimizer,
+                                                                           zero), "device": self.device_peak or None}
+        gathered = self._gather({**mine, **(meter.report() if meter is not None else {})})
         if self.env.rank != 0:
             return None
-        added = merge_added(gathered[:self.schedule.ranks])
+        state = dict(state_bytes=tuple(r["state"] for r in gathered) if gathered[0]["state"] else None,
+                     predicted_state_bytes=tuple(r["predicted"] for r in gathered))
+        if meter is None:  # --no-memory: no activation counts
+            return Memory(**state)
+        # the grid's ranks in global order; the pipeline of the first replica is ranks 0..p-1 only without
+        # fsdp or tp (the default grid puts tp innermost), so take that pipeline's ranks by place
+        pipe0 = [gathered[r] for r in self.pipe.topo.groups("pp")[0]]
+        added = merge_added(pipe0)
         predicted = predicted_peaks(self.schedule, added, self.pipe.recompute)
+        by_rank = {r: predicted[self.pipe.topo.coords_of(r)["pp"]] for r in range(self.env.world)}
         return Memory(stage_activation_bytes=added, peak_activation_bytes=tuple(r["peak"] for r in gathered),
-                      predicted_peak_activation_bytes=tuple(predicted * (self.env.world // self.schedule.ranks)),
+                      predicted_peak_activation_bytes=tuple(by_rank[r] for r in range(self.env.world)),
                       peak_memory_allocated_bytes=tuple(r["device"] for r in gathered) if gathered[0]["device"]
-                      else None)
+                      else None, **state)
 
     def copies(self, get) -> dict:
-        """logical name -> this rank's copies (as numpy), for tests that compare with the reference."""
+        """logical name -> this rank's copies (as numpy, sharded ones whole: a collective), for tests that compare
+        with the reference."""
         out: dict[str, list] = {}
         stages = self.pipe.stages
         for name, holders in self.pipe.stage_map.params.items():
             for h in holders:
                 if h.stage in stages:
                     t = get(stages[h.stage].param(h))
+                    t = gather_full({"t": t})["t"] if t is not None else None
                     out.setdefault(name, []).append(None if t is None else t.detach().cpu().numpy().copy())
         return out
 

@@ -53,6 +53,10 @@ class Layers:
     ties: tuple[tuple[str, ...], ...] = field(default=(), kw_only=True)
     #: layers per stage of one model copy, when the model says (split points)
     split: tuple[int, ...] | None = field(default=None, kw_only=True)
+    #: the model's tensor-parallel plan (module-name patterns -> styles, parallel/tp.py), used when `tp` > 1
+    tp_plan: dict | None = field(default=None, kw_only=True, hash=False, compare=False)
+    #: sizes tensor parallel splits, which `tp` must divide: (("attention heads", 8), ...)
+    tp_divides: tuple[tuple[str, int], ...] = field(default=(), kw_only=True)
 
     @classmethod
     def from_modules(cls, named: Sequence[tuple[str, nn.Module]], ties: Sequence[Sequence[str]] = ()) -> "Layers":

@@ -66,21 +66,33 @@ class Names:
         return [self.stages[h.stage].param(h) for h in holders if h.stage in self.stages]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's share: each name on the lowest pipeline rank holding it."""
+        """Every parameter and persistent buffer this rank holds, under each of its original names (a tied
+        parameter under all of them; of two copies on this rank, the first): the union over the ranks is the
+        whole model's. A sharded parameter (FSDP, tensor parallel) is its DTensor, as torch's own
+        ``model.state_dict()`` gives it, so DCP saves and loads it in place (``dcp.load`` into this dict, then
+        ``load``)."""
+        out = {}
+        for holders in self.stage_map.params.values():
+            local = self.local(holders)
+            if local:
+                for name in self.all_of(holders):
+                    out[name] = local[0].detach()
+        return {**out, **self._buffers(self._layers(owned=False))}
+
+    def owned_state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's share: each name on the lowest pipeline rank holding it (the union over one pipeline's
+        ranks is the whole model's, each tensor once: what an export writes)."""
         place, out = self.sched.placement, {}
         for holders in self.stage_map.params.values():
             if min(place[h.stage] for h in holders) == self.pipe_rank:
                 value = self.local(holders)[0].detach()
                 for name in self.all_of(holders):
                     out[name] = value
-        for i, layer in self._owned_layers().items():
-            for bname, buf in layer.named_buffers():
-                if bname.rsplit(".", 1)[-1] not in _non_persistent(layer, bname):
-                    out[f"{self.spec.prefix(i)}.{bname}"] = buf.detach()
-        return out
+        return {**out, **self._buffers(self._layers(owned=True))}
 
     def load(self, state: dict[str, torch.Tensor], strict: bool, rank: int) -> None:
-        """Copy this rank's parameters (every copy) and buffers from ``state``, keyed by original names."""
+        """Copy this rank's parameters (every copy) and buffers from ``state``, keyed by original names: whole
+        tensors (then each sharded parameter takes its own shard) or the DTensors of ``state_dict``."""
         missing = []
         with torch.no_grad():
             for logical, holders in self.stage_map.params.items():
@@ -89,31 +101,81 @@ class Names:
                 if local and key is None:
                     missing.append(self.original(logical))
                 for p in local if key is not None else ():
-                    p.copy_(state[key])
-            for st in self.stages.values():
-                for k, layer in enumerate(st.layers):
-                    for bname, buf in layer.named_buffers():
-                        key = f"{self.spec.prefix(st.first_layer + k)}.{bname}"
-                        if key in state:
-                            buf.copy_(state[key])
+                    copy_into(p, state[key])
+            for i, layer in self._layers(owned=False, copies=True):
+                for bname, buf in layer.named_buffers():
+                    key = f"{self.spec.prefix(i)}.{bname}"
+                    if key in state:
+                        buf.copy_(state[key])
         if strict and missing:
             raise RunError(f"load_state_dict: {len(missing)} parameters of rank {rank} are missing, e.g. "
                            f"{missing[0]!r}")
 
-    def _owned_layers(self) -> dict[int, nn.Module]:
-        """layer -> module, for the layers whose lowest holding rank is this one (their buffers are saved here)."""
-        place, low = self.sched.placement, {}
-        for s, rg in enumerate(self.stage_map.ranges):
-            for i in rg:
-                low[i] = min(low.get(i, place[s]), place[s])
+    def optimizer_state_dict(self, optimizer) -> dict:
+        """The optimizer's state of this rank's parameters in DCP's flattened form, keyed by each logical
+        parameter's original name (its first, for a tied one): ``state.NAME.KEY`` and
+        ``param_groups.NAME.KEY`` (what ``torch.distributed.checkpoint.state_dict`` calls
+        ``flatten_optimizer_state_dict``). The tensors are the optimizer's own (``dcp.load`` fills them in
+        place); a ZeRO-1 optimizer gives its own partition's state. An optimizer without state yet is
+        initialised first (a step with zero gradients and learning rate 0, as torch's ``get_state_dict``
+        does), so that a load has tensors to fill."""
+        init_state(optimizer)
+        state, groups = _state_of(optimizer), _group_of(optimizer)
         out = {}
+        for logical, holders in self.stage_map.params.items():
+            local = self.local(holders)
+            if not local:
+                continue
+            name, p = self.original(logical), local[0]
+            for k, v in state.get(p, {}).items():
+                out[f"state.{name}.{k}"] = v
+            for k, v in groups.get(id(p), {}).items():
+                if k != "params":
+                    out[f"param_groups.{name}.{k}"] = v
+        return out
+
+    def load_optimizer_state_dict(self, optimizer, state: dict, hyperparameters: bool = True) -> None:
+        """Give every copy of each parameter here its state from ``state`` (``optimizer_state_dict``'s form);
+        ``hyperparameters``: also the param groups' values (lr, betas...) stored with them."""
+        init_state(optimizer)  # every state tensor exists, of its parameter's placement, to load into
+        own, groups = _state_of(optimizer), _group_of(optimizer)
+        mine = _owned_params(optimizer)
+        for logical, holders in self.stage_map.params.items():
+            name = self.original(logical)
+            prefix = f"state.{name}."
+            saved = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            for p in self.local(holders):
+                if saved and id(p) in mine:
+                    own[p] = {k: _into(own.get(p, {}).get(k), v) for k, v in saved.items()}
+                group = groups.get(id(p))
+                if hyperparameters and group is not None:
+                    for k in group:
+                        v = state.get(f"param_groups.{name}.{k}")
+                        if k != "params" and v is not None:
+                            group[k] = v
+
+    def _layers(self, owned: bool, copies: bool = False) -> list[tuple[int, nn.Module]]:
+        """(layer, module) of the layers here: each once (the first copy), or only those whose lowest
+        holding rank is this one (``owned``); ``copies``: every copy."""
+        low = {}
+        if owned:
+            place = self.sched.placement
+            for s, rg in enumerate(self.stage_map.ranges):
+                for i in rg:
+                    low[i] = min(low.get(i, place[s]), place[s])
+        out, seen = [], set()
         for _, st in sorted(self.stages.items()):
             for k, layer in enumerate(st.layers):
                 i = st.first_layer + k
-                if low[i] == self.pipe_rank and i not in out:
-                    out[i] = layer
+                if (owned and low[i] != self.pipe_rank) or (i in seen and not copies):
+                    continue
+                seen.add(i)
+                out.append((i, layer))
         return out
 
+    def _buffers(self, layers) -> dict[str, torch.Tensor]:
+        return {f"{self.spec.prefix(i)}.{bname}": buf.detach() for i, layer in layers
+                for bname, buf in layer.named_buffers() if bname.rsplit(".", 1)[-1] not in _non_persistent(layer, bname)}
 
 def _tie_map(spec: Layers, names: dict[int, list[str]], groups) -> dict[tuple[int, str], str]:
     """(layer, parameter) -> the logical name of its tie group (its first member in model order)."""
@@ -151,3 +213,68 @@ def _resolve(full: str, prefixes: dict[str, int], names: dict[int, list[str]]) -
 def _non_persistent(layer: nn.Module, bname: str) -> set:
     owner = layer.get_submodule(bname.rsplit(".", 1)[0]) if "." in bname else layer
     return owner._non_persistent_buffers_set
+
+
+def copy_into(p: torch.Tensor, value: torch.Tensor) -> None:
+    """``p.copy_(value)`` for a parameter that may be sharded: a whole tensor gives each rank its own shard
+    (computed locally: every rank has the whole value), a DTensor of the same placement its local shard."""
+    from ..parallel.tp import is_dtensor, local
+
+    if not is_dtensor(p):
+        p.copy_(value.full_tensor() if is_dtensor(value) else value)
+        return
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(value, DTensor):
+        value = value if value.placements == p.placements else value.redistribute(p.device_mesh, p.placements)
+    else:
+        value = distribute_tensor(value.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None)
+    local(p).copy_(local(value))
+
+
+def init_state(optimizer) -> None:
+    """Give a stateless optimizer its state: one step with zero gradients at learning rate 0 (what torch's
+    ``get_state_dict`` does before a load; the parameters do not move)."""
+    if _state_of(optimizer) or any(p.grad is not None for g in optimizer.param_groups for p in g["params"]):
+        return
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    lrs = [g.get("lr") for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        if "lr" in g:
+            g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, lrs):
+        if lr is not None:
+            g["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _state_of(optimizer) -> dict:
+    """The per-parameter state this rank keeps (ZeroRedundancyOptimizer: its partition's optimizer's)."""
+    return getattr(optimizer, "optim", optimizer).state
+
+
+def _owned_params(optimizer) -> set[int]:
+    """ids of the parameters whose state this rank keeps (ZeRO-1: its partition)."""
+    return {id(p) for g in getattr(optimizer, "optim", optimizer).param_groups for p in g["params"]}
+
+
+def _group_of(optimizer) -> dict[int, dict]:
+    return {id(p): g for g in optimizer.param_groups for p in g["params"]}
+
+
+def _into(target, value):
+    """A state value as the optimizer keeps it: into its own tensor where it has one (a DCP load already
+    filled it: then nothing to do), else a private copy."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if target is value:
+        return target
+    if isinstance(target, torch.Tensor) and target.shape == value.shape:
+        with torch.no_grad():
+            copy_into(target, value)
+        return target
+    return value.detach().clone()

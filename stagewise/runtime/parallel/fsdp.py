@@ -1,0 +1,121 @@
+"""Sharded data parallel: torch's FSDP2 (``fully_shard``) on each stage, the schedule deciding when it gathers.
+
+Each layer of a stage that holds parameters is its own FSDP unit, and the stage is the root over them (what
+torchtitan does per model chunk). A rank runs several forwards and backwards of a stage per step, so FSDP's
+own per-call rhythm (gather before each forward, reduce-scatter after each backward) is replaced by the
+plan's points (execution/plan.py), the way torch's ``_PipelineScheduleRuntime`` does with its UNSHARD,
+RESHARD and REDUCE_GRAD actions:
+
+- **gather** (``Step.gather``): the all-gather of a stage starts, asynchronously, when the rank begins the
+  first forward of the stage before it in its program (the first stage's at the step's first op), so it is
+  in flight one stage ahead; an op of a stage waits for its gather before its clock starts.
+- the stage stays gathered while it has micro-batches left (``reshard_after_forward=False``, torchtitan's
+  choice under pipeline parallel); ``reshard_after_forward=True`` frees each layer after each of its forwards
+  and backwards, for an all-gather per layer per forward and backward (FSDP's own hooks, one layer at a
+  time) and of the stage before each W. Either way the gradients stay whole until the stage's last backward.
+- **free** (``Step.free``): after the stage's last backward (its last W under split backward) its gradients
+  are reduce-scattered (all-reduced over ``dp`` too with HSDP) and it is resharded. Until then the
+  backward only accumulates into the gathered gradients (``set_requires_gradient_sync(False)``). W adds
+  its gradients to the gathered parameters' ``.grad`` like autograd would, so FSDP reduces them alike.
+
+Gradients are summed, not averaged (``set_gradient_divide_factor(1)`` with sum-only collectives, which
+gloo also runs): the pipeline's loss is already divided by the number of data shards.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+class Sharded:
+    """This rank's stages under FSDP2 over ``mesh`` (1-D ``fsdp``, or 2-D ``(dp, fsdp)``: HSDP).
+    Mutable: which stages are gathered, the gathers in flight."""
+
+    def __init__(self, stages: dict, mesh, *, reshard_after_forward: bool = False):
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        self.stages, self.raf = stages, reshard_after_forward
+        self.units: dict[int, list] = {}  # stage -> its FSDP modules (layers, then the stage itself)
+        for s, st in stages.items():
+            for layer in st.layers:
+                if any(True for _ in layer.parameters()):
+                    fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(st, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            self.units[s] = [m for m in st.modules() if isinstance(m, FSDPModule)]
+            for m in self.units[s]:
+                m.set_gradient_divide_factor(1.0)
+                m.set_force_sum_reduction_for_comms(True)
+        self.pending: dict[int, list] = {}  # stage -> unshard handles in flight
+        self.gathered: set[int] = set()
+
+    # ---- the executor's points
+
+    def start_step(self) -> None:
+        """Before a step: the backwards only accumulate; nothing is reduced until ``free``, nor resharded
+        (with ``reshard_after_forward``: each layer after each of its forwards and backwards)."""
+        for st in self.stages.values():
+            st.set_requires_gradient_sync(False)
+            st.set_reshard_after_backward(self.raf)
+            st.set_is_last_backward(False)
+
+    def before(self, step) -> None:
+        """Before an op (ahead of its receives): start the gathers the plan puts here; wait for the op's own.
+        With ``reshard_after_forward`` FSDP gathers one layer at a time itself in F, B and I; a W gathers its
+        stage (its weight gradients belong to the gathered parameters)."""
+        if not self.raf:
+            for s in step.gather:
+                self._gather(s)
+        for a in step.actions:
+            if self.raf and a.kind != "W":
+                continue
+            if self.raf:
+                self.gathered.discard(a.stage)
+            self._gather(a.stage)
+            for handle in self.pending.pop(a.stage, ()):
+                handle.wait()
+
+    def after(self, step, training: bool = True) -> None:
+        """After an op: reduce-scatter and reshard each stage the plan frees here (reshard only when evaluating)."""
+        for s in step.free:
+            if training:
+                self._reduce(s)
+            else:
+                for m in self.units[s]:
+                    m.reshard()
+            self.gathered.discard(s)
+
+    def finish(self) -> None:
+        """After the program: no gather is left in flight (a stage the program never ran)."""
+        for handles in self.pending.values():
+            for handle in handles:
+                handle.wait()
+        self.pending.clear()
+
+    # ---- internals
+
+    def _gather(self, s: int) -> None:
+        if s not in self.gathered:
+            self.pending[s] = [m.unshard(async_op=True) for m in self.units[s]]
+            self.gathered.add(s)
+
+    def _reduce(self, s: int) -> None:
+        """torch.distributed.pipelining's REDUCE_GRAD (stage.py ``perform_reduce_grad``): every FSDP unit of the
+        stage runs its post-backward with gradient sync on, then the root's end-of-backward callback."""
+        from torch.distributed.fsdp import fully_shard
+
+        st = self.stages[s]
+        st.set_is_last_backward(True)
+        st.set_reshard_after_backward(True)
+        st.set_requires_gradient_sync(True)
+        state = fully_shard.state(st)
+        for unit in state._state_ctx.all_states:
+            for group in unit._fsdp_param_groups:
+                group.post_backward()
+        state._root_post_backward_final_callback()
+
+
+def sharded_modules(module: nn.Module) -> list:
+    """The FSDP units inside ``module`` (empty when it is not sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]

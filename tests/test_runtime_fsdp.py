@@ -1,0 +1,48 @@
+"""FSDP2 driven by the plan's points (runtime/parallel/fsdp.py), on a group of one rank: gathered where the plan
+says, gradients accumulated across micro-batches and reduced into the shards only where the stage is freed."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stagewise.actions import Action  # noqa: E402
+from stagewise.runtime.execution.plan import Step  # noqa: E402
+from stagewise.runtime.parallel.fsdp import Sharded  # noqa: E402
+from stagewise.runtime.stages.stage import Stage  # noqa: E402
+
+
+def layers():
+    torch.manual_seed(0)
+    return [torch.nn.Linear(4, 6), torch.nn.LayerNorm(6)]
+
+
+def step(kind: str, mb: int, **points) -> Step:
+    a = Action(kind, 0, mb)
+    return Step(op=a, actions=(a,), recv=(None,), send=(None,), **points)
+
+
+def test_gathered_before_its_forward_reduced_into_the_shards_after_its_last_backward(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
+    stage = Stage(0, layers(), 0)
+    fsdp = Sharded({0: stage}, mesh)
+    plain = torch.nn.Sequential(*layers())
+    xs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(k)) for k in range(2)]
+    shards = list(stage.parameters())  # what the optimizer holds: the DTensor shards
+    fsdp.start_step()
+    for k, x in enumerate(xs):
+        fsdp.before(step("F", k, gather=(0,) if k == 0 else ()))
+        assert type(stage.layers[0].weight) is torch.nn.Parameter  # gathered: the whole weight, not a DTensor
+        stage(x).pow(2).mean().backward()
+        plain(x).pow(2).mean().backward()
+        assert all(p.grad is None for p in shards)  # accumulated in the gathered weights only
+        fsdp.after(step("B", k, free=(0,) if k == 1 else ()))
+    assert type(stage.layers[0].weight).__name__ == "DTensor"  # freed: its shards are the parameters again
+    assert list(stage.parameters()) == shards
+    for p, q in zip(shards, plain.parameters()):
+        assert torch.allclose(p.grad.full_tensor(), q.grad, atol=1e-6)
+    fsdp.finish()
+    assert not fsdp.gathered and not fsdp.pending
