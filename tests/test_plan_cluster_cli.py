@@ -29,7 +29,8 @@ def test_plan_a_cluster_prints_table_frameworks_and_csv(tmp_path, capsys):
     assert "--tensor-model-parallel-size" in lines["Megatron-LM"] and "(#" in lines["Megatron-LM"]
     assert "--parallelism.tensor_parallel_degree" in lines["torchtitan"]
     assert '"train_batch_size":256' in lines["DeepSpeed"] and "PipelineModule(num_stages=" in lines["DeepSpeed"]
-    assert "torchrun --nnodes 8 --nproc-per-node 8 -m stagewise train" in lines["stagewise"]
+    assert "torchrun --nnodes=8 --nproc-per-node=8 -m stagewise train" in lines["stagewise"]
+    _train_takes(lines["stagewise"])
     assert str(csv) in out and "ranks first:" in out
     sched = torch_csv.load(csv)
     assert sched.ranks >= 1
@@ -163,3 +164,27 @@ def test_megatron_gets_its_own_best_layout_and_any_split(tmp_path, capsys):
     from stagewise.plan.frameworks import megatron_layout
 
     assert megatron_layout([2, 3, 0, 1]) == "Et*2|t*3||tL"
+
+
+def _train_takes(line: str) -> None:
+    """The printed stagewise line is a command `stagewise train` accepts: every flag exists, with its value."""
+    import shlex
+
+    from stagewise.cli import build_parser
+
+    words = shlex.split(line[line.index("torchrun"):])
+    argv = words[words.index("train"):]
+    argv = [w for w in argv if not w.startswith("#")]
+    args = build_parser().parse_args(argv)
+    assert args.hf == "MODEL_FOLDER" and args.ranks >= 1 and args.split
+
+
+def test_the_stagewise_line_of_a_sharded_plan_names_the_runtimes_flags(tmp_path, capsys):
+    """FSDP and ZeRO-1 plans print --fsdp or --zero 1, in what train parses (issue 19's runtime runs them)."""
+    for sharding, flag in (("fsdp", "--fsdp"), ("zero1", "--zero")):
+        rc, out, err = run(capsys, *BASE, "--sharding", sharding, "-o", str(tmp_path / f"{sharding}.csv"))
+        assert rc == 0, err
+        line = next(ln for ln in out.splitlines() if ln.startswith("stagewise:"))
+        if "--dp 1 " not in line or sharding == "fsdp":
+            assert flag in line, line
+        _train_takes(line)
