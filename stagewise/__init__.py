@@ -9,6 +9,7 @@ from .actions import Action, Pair, parse
 from .costs import Costs
 from .errors import StagewiseError
 from .layout import Split
+from .parallelism import Parallelism, ParallelismError
 from .schedule import Lane, Schedule
 from .schedules import generate, names
 from .simulate import simulate
@@ -18,6 +19,7 @@ from .validate import ScheduleError, validate
 __all__ = [
     "Action", "Pair", "parse", "Costs", "Lane", "Schedule", "generate", "names",
     "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "StagewiseError", "validate", "Split",
+    "Parallelism", "ParallelismError",
     "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe",
 ]
 
