@@ -7,6 +7,7 @@ these. The tied weight here is one parameter used twice, as in a plain model.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -76,7 +77,9 @@ def resume(cfg: RunConfig, spec, layers, opt) -> tuple[int, dict]:
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     model_sd, optim_sd = get_state_dict(tree, opt, options=options)
     state = {"model": model_sd, "optim": {k: v for k, v in optim_sd.items() if k.startswith("state.")}}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.folder)), no_dist=True)  # this one process
+    with warnings.catch_warnings():  # DCP warns that it loads in one process: that is the point here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.folder)), no_dist=True)
     set_state_dict(tree, opt, model_state_dict=model_sd, optim_state_dict={**optim_sd, **state["optim"]},
                    options=options)
     step = found.manifest["step"]
