@@ -40,7 +40,7 @@ class Limit:
     env: str  #: STAGEWISE_MAX_...: set it to a larger whole number to raise the limit
     default: int
     what: str  #: what is counted, plural ("ranks", "actions per schedule")
-    where: str = ""  #: where users meet it (the README's table)
+    where: str = ""  #: where users meet it (docs/limits.md's table)
 
     @property
     def value(self) -> int:
@@ -199,7 +199,7 @@ def table() -> str:
 
 
 def markdown() -> str:
-    """The defaults as the README's limits table (tests/test_limits.py holds the README to it)."""
+    """The defaults as docs/limits.md's table (tests/test_limits.py holds the page to it)."""
     rows = [f"| `{lim.env}` | {lim.default:,} | {lim.what} | {lim.where} |" for lim in ALL.values()]
     return "\n".join(["| variable | default | what it counts | where |", "|---|---|---|---|", *rows])
 
