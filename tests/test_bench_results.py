@@ -65,3 +65,11 @@ def test_the_summary_links_every_section():
     links = [t for _, t in docs.links(results)]
     assert links and all(t.startswith("#") and t[1:] in anchors for t in links)
     assert len(links) == len(re.findall(r"^<!-- bench \{", results.read_text(), re.M))
+
+
+def test_every_benchmark_compiles():
+    """make bench runs every bench_*.py: none may fail before it starts (a bad indent once did)."""
+    import py_compile
+
+    for script in sorted((docs.ROOT / "benchmarks").glob("*.py")):
+        py_compile.compile(str(script), doraise=True)
