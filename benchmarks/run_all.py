@@ -74,13 +74,12 @@ class Run:
 
 
 def machine() -> dict:
-    """What the runs share about the machine (cores, torch, Python, the commit)."""
+    """What the runs share about the machine (cores, torch, Python)."""
     try:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch = "not installed"
-    return {"cores": os.cpu_count() or 1, "torch": torch, "python": platform.python_version(),
-            "commit": commit()}
+    return {"cores": os.cpu_count() or 1, "torch": torch, "python": platform.python_version()}
 
 
 def commit() -> str:
@@ -102,7 +101,7 @@ def run_one(name: str, script: Path, args: list[str], env: dict, shared: dict) -
     """Run one command, echoing its output as it comes, and record it."""
     shown = command_line(script, args)
     print(f"\n=== {shown} ===", flush=True)
-    start, load = datetime.now(timezone.utc), os.getloadavg()[0]
+    start, load, head = datetime.now(timezone.utc), os.getloadavg()[0], commit()
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -111,7 +110,8 @@ def run_one(name: str, script: Path, args: list[str], env: dict, shared: dict) -
         sys.stdout.write(line)
         lines.append(line)
     rc = proc.wait()
-    return Run(name=name, command=shown, date=start.strftime("%Y-%m-%dT%H:%M:%SZ"), commit=shared["commit"],
+    # the commit as this command starts: the work tree may change while a long run goes on
+    return Run(name=name, command=shown, date=start.strftime("%Y-%m-%dT%H:%M:%SZ"), commit=head,
                cores=shared["cores"], load_start=round(load, 2), load_end=round(os.getloadavg()[0], 2),
                torch=shared["torch"], python=shared["python"], wall_s=round(time.perf_counter() - t0, 1), rc=rc,
                output="".join(lines).rstrip("\n"))
