@@ -30,6 +30,7 @@ from itertools import accumulate
 from typing import Callable, NamedTuple
 
 from ..costs import Costs
+from ..parallelism import Parallelism
 from ..schedules import FAMILIES
 from ..simulate import simulate
 from .analytic import TensorParallel, analytic_profile, replay_bytes
@@ -85,6 +86,13 @@ class ClusterCandidate:
         return self.candidate.config
 
     @property
+    def parallelism(self) -> Parallelism:
+        """The layout as the one value every printed command and run is built from (the planner's t,
+        sharding and shard said by ``Parallelism.of_plan``)."""
+        g = self.config
+        return Parallelism.of_plan(p=g.p, dp=g.dp, t=self.t, sharding=self.sharding, shard=self.shard, ep=self.ep)
+
+    @property
     def step_time(self) -> float:
         return self.candidate.step_time
 
@@ -116,6 +124,7 @@ class ClusterCandidate:
     def to_dict(self) -> dict:
         band = self.step_band
         return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes, **self.candidate.to_dict(),
+                "parallelism": self.parallelism.to_dict(),
                 "recompute": self.recompute,
                 "framework": self.framework, "sharding": self.sharding, "shard": self.shard,
                 "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "mfu": self.mfu,
@@ -448,8 +457,9 @@ def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
                 if mode == recompute_modes(job)[0]:  # once per layout, whatever the recomputation
                     skipped[why] = skipped.get(why, 0) + 1
                 continue
-            runners = _runners(job, mode, sharding)
-            families = _families(job, runners)
+            par = Parallelism.of_plan(p=p, dp=dp, t=t, sharding=sharding, shard=shard)
+            runners = offered(_runners(job, mode, sharding), par, skipped)
+            families = _families(job, runners, skipped)
             if not families:
                 continue
             cl = _OnePipeline(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=usable,
@@ -462,10 +472,34 @@ def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
     return out
 
 
-def _families(job: Job, runners: tuple[Framework, ...]) -> tuple[str, ...]:
-    """The families the job asks for that one of ``runners`` runs."""
+def _families(job: Job, runners: tuple[Framework, ...], skipped: dict | None = None) -> tuple[str, ...]:
+    """The families the job asks for that one of ``runners`` runs (``skipped`` collects the others, in
+    the frameworks' words)."""
     asked = job.space.families or tuple(FAMILIES)
-    return tuple(f for f in asked if any(fw.runs(f) for fw in runners))
+    out = tuple(f for f in asked if any(fw.runs(f) for fw in runners))
+    if skipped is not None and runners:
+        for f in asked:
+            if f not in out:
+                runs = "; ".join(f"{fw.title} runs {', '.join(fw.families)}" for fw in runners if fw.families)
+                why = f"--schedules {f}: no framework asked for runs it ({runs})"
+                skipped[why] = skipped.get(why, 0) + 1
+    return out
+
+
+def offered(runners: tuple[Framework, ...], par: Parallelism, skipped: dict) -> tuple[Framework, ...]:
+    """``runners`` less those that cannot express the layout (``frameworks.refusal``); ``skipped`` collects
+    why, per framework, for the plan to say."""
+    from .frameworks import refusal
+
+    out = []
+    for fw in runners:
+        why = refusal(fw.name, par)
+        if why is None:
+            out.append(fw)
+        else:
+            key = f"not offered for {fw.title}: {why}"
+            skipped[key] = skipped.get(key, 0) + 1
+    return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import accumulate
 
+from ..parallelism import Parallelism
 from .analytic import ExpertParallel, TensorParallel, analytic_profile, replay_bytes
 from .block_split import block_split
 from .cluster_job import Job, state_factor
@@ -154,7 +155,7 @@ def moe_pipelines(job: Job, t: int, tp: TensorParallel, mode: str, shared: dict,
     profile at that ep and the nodes its group spans, the cluster in the MoE device order. Under ZeRO-1 and
     FSDP the routed experts' state is sharded over the dp / ep peers that hold the same experts (HSDP is
     not searched for MoE models)."""
-    from .cluster_search import _families, _runners, recompute_modes
+    from .cluster_search import _families, _runners, offered, recompute_modes
     from .cluster_job import shardings
 
     hw, spec = job.hardware, job.spec
@@ -176,8 +177,9 @@ def moe_pipelines(job: Job, t: int, tp: TensorParallel, mode: str, shared: dict,
                                                  expert=ExpertParallel(ep=ep, nodes=nodes, zero=job.zero))
             prof = profiles[key]
             for sharding in modes:
-                runners = _runners(job, mode, sharding)
-                families = _families(job, runners)
+                par = Parallelism.of_plan(p=p, dp=dp, t=t, sharding=sharding, ep=ep)
+                runners = offered(_runners(job, mode, sharding), par, skipped)
+                families = _families(job, runners, skipped)
                 if not families:
                     continue
                 sf = state_factor(dp, sharding=sharding)

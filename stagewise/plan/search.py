@@ -126,7 +126,7 @@ class Searcher:
         for name in self.space.families or tuple(FAMILIES):
             fam = FAMILIES[name]
             for v in fam.chunks or self.space.chunks:
-                if p * v > layers:
+                if p * v > layers or (p == 1 and v > 1):  # v chunks on one rank are gradient accumulation
                     continue
                 if not build:
                     if self._accepts(name, p, m, v):
