@@ -428,12 +428,17 @@ def _recomputes(fw: Framework, mode: str) -> bool:
     return mode in fw.recompute
 
 
-def _groups(job: Job, dp: int, mode: str) -> list[tuple[str, int | None]]:
+def _groups(job: Job, dp: int, mode: str, skipped: dict | None = None) -> list[tuple[str, int | None]]:
     """(sharding, HSDP shard group) pairs searched at ``dp`` replicas by some framework running ``mode``."""
     out = []
     for sh in dict.fromkeys(x for fw in _runners(job, mode) for x in shardings(job, fw)):
         if sh == "hsdp":
-            out += [(sh, g) for g in job.hsdp_shards if 1 < g < dp and dp % g == 0]
+            groups = [(sh, g) for g in job.hsdp_shards if 1 < g < dp and dp % g == 0]
+            if not groups and skipped is not None:
+                why = (f"--hsdp-shard {','.join(map(str, job.hsdp_shards))}: an HSDP shard group must divide the "
+                       "data-parallel ranks with more than one group (1 < shard < dp)")
+                skipped[why] = skipped.get(why, 0) + 1
+            out += groups
         else:
             out.append((sh, None))
     return out
@@ -450,7 +455,7 @@ def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
         if ranks % p or p > len(prof.layers):
             continue
         dp = ranks // p
-        for sharding, shard in _groups(job, dp, mode):
+        for sharding, shard in _groups(job, dp, mode, skipped):
             factor = state_factor(dp, sharding=sharding, shard=shard)
             if weights * factor / p > usable:
                 why = "weights, gradients and optimizer state alone exceed the GPU's usable memory"
@@ -480,7 +485,7 @@ def _families(job: Job, runners: tuple[Framework, ...], skipped: dict | None = N
     if skipped is not None and runners:
         for f in asked:
             if f not in out:
-                runs = "; ".join(f"{fw.title} runs {', '.join(fw.families)}" for fw in runners if fw.families)
+                runs = "; ".join(f"{fw.title} runs {', '.join(fw.families)}" for fw in job.frameworks if fw.families)
                 why = f"--schedules {f}: no framework asked for runs it ({runs})"
                 skipped[why] = skipped.get(why, 0) + 1
     return out
@@ -532,7 +537,7 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
     skipped: dict = {}
     found = searchers(job, skipped, schedules)
     if not found:
-        raise PlanError(_weights_do_not_fit(job))
+        raise PlanError(_nothing_offered(job, skipped) or _weights_do_not_fit(job))
     work = [(s, c) for s in found for c in s.configs(build=False)]
     if not work:
         raise PlanError(_nothing_to_search(job, skipped))
@@ -633,6 +638,20 @@ class _BestFirst:
             if progress:
                 progress(done, total)
         return out, counts
+
+
+#: the skip reasons that are the options' own doing (a framework that cannot run what was asked), not memory
+_NOT_OFFERED = ("not offered for ", "--schedules ", "--hsdp-shard ")
+
+
+def _nothing_offered(job: Job, skipped: dict) -> str | None:
+    """The real culprit when no searcher was made and the options, not memory, left nothing: a framework that
+    does not run the schedules asked for, a layout no framework asked for can express, HSDP shard groups that
+    divide no data-parallel degree."""
+    why = [k for k in skipped if k.startswith(_NOT_OFFERED)]
+    if not why or any(k.startswith("weights, gradients") for k in skipped):
+        return None
+    return f"--gpus {job.gpus}: nothing to search: " + "; ".join(why)
 
 
 def _weights_do_not_fit(job: Job) -> str:

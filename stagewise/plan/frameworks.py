@@ -60,7 +60,7 @@ def block_counts(counts: tuple[int, ...]) -> list[int]:
 # ---- what each framework cannot express
 
 
-def refusal(framework: str, par: Parallelism, *, family: str | None = None, v: int = 1,
+def refusal(framework: str, par: Parallelism, *, family: str | None = None, v: int = 1, recompute: str = "off",
             hf: bool = True) -> str | None:
     """Why ``framework`` cannot run this layout as planned (None: it can). The search offers no such row for
     that framework and the plan names the reason. ``hf``: stagewise runs a Hugging Face model (``--hf``)."""
@@ -69,6 +69,9 @@ def refusal(framework: str, par: Parallelism, *, family: str | None = None, v: i
                 "(plan it as p=1, v=1)")
     if framework == "stagewise":
         return par.unsupported() or (par.unsupported_by_hf() if hf else None)
+    if framework == "torchtitan" and recompute == "selective":
+        return ("torchtitan's selective activation checkpointing is per operator (every second matmul "
+                "recomputed), not the attention core the plan costs")
     if framework == "torchtitan" and par.ep > 1 and par.fsdp == 1:
         return (f"torchtitan's expert parallel borrows its ranks from FSDP and TP (efsdp = dp_shard x tp / ep): "
                 f"`ep` {par.ep} over replicated data-parallel ranks is not a torchtitan layout (plan --sharding "
@@ -117,12 +120,12 @@ def megatron_split(counts, p: int, v: int) -> list[str]:
     vpp = ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
     if p == 1 or len(set(blocks)) == 1:
         return vpp
-    if len(set(counts)) == 1:
-        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"] + vpp
     first, last, middle = blocks[0::p], blocks[p - 1::p], [b for r in range(1, p - 1) for b in blocks[r::p]]
     if len(set(first)) == 1 and len(set(last)) == 1 and len(set(middle)) <= 1 and first[0] and last[0]:
         return ["--decoder-first-pipeline-num-layers", str(sum(first)),
                 "--decoder-last-pipeline-num-layers", str(sum(last))] + vpp
+    if len(set(counts)) == 1:
+        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"] + vpp
     return ["--pipeline-model-parallel-layout", megatron_layout(blocks)]  # the layout implies v
 
 
@@ -141,7 +144,7 @@ def torchtitan_options(c: "ClusterCandidate", job: "Job", csv_path: str | None) 
     """(torchtitan flags, note): the degrees, the batch, the schedule (our CSV when given, else its class),
     the planned stages by module name, activation checkpointing; None when torchtitan cannot run it."""
     g, spec, par = c.config, job.spec, c.parallelism
-    why = refusal("torchtitan", par, family=g.family, v=g.v)
+    why = refusal("torchtitan", par, family=g.family, v=g.v, recompute=c.recompute)
     if why:
         return None, why
     schedule, note = _torchtitan_schedule(c, csv_path)
@@ -164,7 +167,7 @@ def torchtitan_options(c: "ClusterCandidate", job: "Job", csv_path: str | None) 
     if g.p > 1:
         args += schedule + ["--parallelism.module-fqns-per-model-part", *torchtitan_parts(c.candidate.counts),
                             "--training.disable-cuda-graphs"]
-    args.append("activation-checkpoint:" + {"off": "none", "full": "full"}[c.recompute])
+    args.append("activation-checkpoint:" + {"off": "none", "full": "full"}[c.recompute])  # refusal: no other
     return shlex.join(args), note
 
 
