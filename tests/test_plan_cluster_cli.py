@@ -31,7 +31,7 @@ def test_plan_a_cluster_prints_table_frameworks_and_csv(tmp_path, capsys):
     assert '"train_batch_size":256' in lines["DeepSpeed"] and "PipelineModule(layers, topology=" in lines["DeepSpeed"]
     assert "torchrun --nnodes=8 --nproc-per-node=8 -m stagewise train" in lines["stagewise"]
     _train_takes(lines["stagewise"])
-    assert str(csv) in out and "ranks first:" in out
+    assert str(csv) in out and ("ranks first:" in out or "is recommended:" in out)
     sched = torch_csv.load(csv)
     assert sched.ranks >= 1
 

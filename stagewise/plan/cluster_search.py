@@ -524,6 +524,8 @@ class Result:
     #: of ``pruned``: the same configuration with less recomputation fits
     dominated: int = 0
     best: dict = field(default_factory=dict)  #: framework name -> its fastest ClusterCandidate (exact)
+    #: why a framework was not offered some layouts (``frameworks.refusal``) -> how many
+    not_offered: dict = field(default_factory=dict)
 
 
 def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None, keep: int = 10,
@@ -553,7 +555,8 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
         best.setdefault(g.framework, g)
     pruned = len(work) - counts["too_big"] - counts["simulated"]
     return Result(ranking=out, configurations=len(work), simulated=counts["simulated"], pruned=pruned,
-                  too_big=counts["too_big"], unbuilt=counts["unbuilt"], dominated=counts["dominated"], best=best)
+                  too_big=counts["too_big"], unbuilt=counts["unbuilt"], dominated=counts["dominated"], best=best,
+                  not_offered={k: n for k, n in skipped.items() if k.startswith("not offered for ")})
 
 
 @dataclass(kw_only=True)

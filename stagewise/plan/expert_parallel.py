@@ -41,8 +41,8 @@ from .search import Config
 def expert_degrees(job: Job, ranks: int) -> list[int]:
     """ep tried: ``job.expert``, or every divisor of the experts that divides the pipeline ranks."""
     experts = job.spec.moe.experts
-    cands = job.expert or tuple(e for e in range(1, experts + 1) if experts % e == 0)
-    return [e for e in cands if ranks % e == 0]
+    cands = job.expert or tuple(e for e in range(1, ranks + 1) if ranks % e == 0)  # bounded by the GPUs
+    return [e for e in cands if ranks % e == 0 and experts % e == 0]
 
 
 @lru_cache(maxsize=4096)
