@@ -2,6 +2,7 @@
 commit and its layer-count rules), torchtitan (its own ConfigManager and ParallelDims, where installed),
 DeepSpeed (its own config and topology, where installed) and stagewise (train's own parser)."""
 
+import importlib.util
 import json
 import shlex
 import sys
@@ -110,8 +111,8 @@ def test_torchtitans_own_parser_accepts_its_lines_with_the_planned_split(tmp_pat
             continue
         layouts.add(key)
         cmd, note = torchtitan_options(c, job, str(csv) if c.config.family not in ("1f1b",) else None)
-        if cmd is None:
-            continue
+        if cmd is None or ("llama3_405b" in cmd and importlib.util.find_spec("torchao") is None):
+            continue  # torchtitan's 405B config converts to float8 through torchao
         cfg = ConfigManager().parse_args(shlex.split(cmd))
         par, g, pa = c.parallelism, c.config, cfg.parallelism
         dims = ParallelDims.from_config(pa, world_size=job.gpus)  # its own degree rules
