@@ -121,7 +121,7 @@ TEXT_WIDTH = Limit(env="STAGEWISE_MAX_TEXT_WIDTH", default=10_000, what="columns
 #: every limit, for the docs and ``table()``
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
        "compare_actions": COMPARE_ACTIONS, "plan_actions": PLAN_ACTIONS, "auto_actions": AUTO_ACTIONS,
-       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "gpus": GPUS, "elements": ELEMENTS, "parameters": PARAMETERS,
+       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "gpus": GPUS, "experts": EXPERTS, "elements": ELEMENTS, "parameters": PARAMETERS,
        "file_bytes": FILE_BYTES, "local_ranks": LOCAL_RANKS, "batch": BATCH, "tokens": TOKENS, "timeout": TIMEOUT,
        "threads": THREADS, "data_bytes": DATA_BYTES, "repeats": REPEATS, "sizes": SIZES, "text_width": TEXT_WIDTH}
 
