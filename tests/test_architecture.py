@@ -19,19 +19,24 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(mod: str, path: Path, known: dict) -> set[str]:
-    """Every stagewise module ``mod`` imports, at its top or inside a function (lazy imports count too)."""
+def _import_statements(mod: str, path: Path):
+    """(module, names) of every import in ``mod``, at its top or inside a function, relative ones resolved;
+    names is () for ``import x``."""
     base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             target = ".".join(base[:len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
                 else node.module or ""
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                out.add(sub if sub in known else target)
+            yield target, tuple(a.name for a in node.names)
         elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
+            yield from ((a.name, ()) for a in node.names)
+
+
+def _imports(mod: str, path: Path, known: dict) -> set[str]:
+    """Every stagewise module ``mod`` imports (lazy imports count too)."""
+    out = set()
+    for target, names in _import_statements(mod, path):
+        out |= {f"{target}.{n}" if f"{target}.{n}" in known else target for n in names} if names else {target}
     return {m for m in out if m in known and m != mod}
 
 
@@ -123,17 +128,8 @@ def _may_import(init: Path) -> tuple[bool, tuple[str, ...]]:
 
 
 def _raw_imports(path: Path, mod: str) -> set[str]:
-    """Every module name ``path`` imports (relative ones resolved), at its top or inside a function."""
-    base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            t = ".".join(base[:len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
-                else node.module or ""
-            out |= {t} | {f"{t}.{a.name}" for a in node.names}
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-    return out
+    """Every module name ``path`` imports, and each ``from`` import's module.name (which may be a module)."""
+    return {x for target, names in _import_statements(mod, path) for x in (target, *(f"{target}.{n}" for n in names))}
 
 
 def _owner(mod: str, modules: dict, packages: list[str]) -> str:
