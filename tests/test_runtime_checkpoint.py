@@ -398,7 +398,7 @@ def test_files_that_match_their_hash_but_are_not_ours_are_refused_by_name(capsys
     _, root = saved
     tiny = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--layers", "6", "--d-model", "32", "--seq", "16",
             "--batch", "4", "--steps", "3"]
-    cases = {"__0_0.distcp": "its DCP files do not read as a checkpoint of this model",
+    cases = {"__0_0.distcp": "__0_0.distcp does not read as the tensors .metadata says it holds (damaged",
              ".metadata": ".metadata is not the index of a DCP checkpoint"}
     for name, needle in cases.items():
         noise = copy_of(root, tmp_path / f"noise{name}")
