@@ -174,7 +174,7 @@ class Pipeline:
         if topo.size("tp") > 1:
             self.tensor_parallel = TensorParallel(self.stages, spec.prefix, self.mesh["tp"], sizes=spec.tp_divides,
                                                   plan=tp_plan if tp_plan is not None or parallelize else spec.tp_plan,
-                                                  parallelize=parallelize)
+                                                  parallelize=parallelize, strict=tp_plan is not None)
         if topo.size("fsdp") > 1:
             shard = self.mesh["dp", "fsdp"] if topo.dp > 1 else self.mesh["fsdp"]  # HSDP: replicate over dp
             self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward)

@@ -135,10 +135,14 @@ class Checkpoints:
                                                                 _bytes(rng_state(self.device)))
         if self.export is not None:
             self.export(self.pipe, folder / files.EXPORT)
+            self.info.setdefault("exported", []).append(str(folder / files.EXPORT))
         parts = [None] * self.world if self.rank == 0 else None
         dist.gather_object((written, self._params()), parts, dst=0)
         if self.rank == 0:
-            files.write_manifest(folder, self._manifest(done, parts))
+            manifest = self._manifest(done, parts)
+            if self.export is not None:  # what --overwrite may delete of it later
+                manifest["export"] = files.export_listing(folder / files.EXPORT)
+            files.write_manifest(folder, manifest)
         self.recorder.event(flight.SAVED, str(folder))
         self.info.setdefault("saved", []).append(str(folder))
         self.info.setdefault("save_s", []).append(time.perf_counter() - t0)
