@@ -15,7 +15,7 @@ def test_one_line_per_gap_with_its_cause(capsys):
     rc, out, err = run(capsys, "explain", "1f1b", "-p", "4", "-m", "8")
     assert rc == 0 and not err
     head, *lines = out.splitlines()
-    assert head == "1f1b p=4 m=8 v=1: makespan 33, bubble 27.3% (closed form 27.3%): idle 36 = fill 18 + drain 18"
+    assert head == "1f1b p=4 m=8 v=1, costs per stage: makespan 33, bubble 27.3% (closed form 27.3%): idle 36 = fill 18 + drain 18"
     assert len(lines) == 15 and all(LINE.fullmatch(x) for x in lines), lines
     idle = {}
     for x in lines:
@@ -49,7 +49,7 @@ def test_a_torch_csv_is_explained_too(capsys, tmp_path):
     path = tmp_path / "mine.csv"
     path.write_text(torch_csv.dumps(generate("gpipe", 3, 4)))
     rc, out, _ = run(capsys, "explain", "--csv", str(path))
-    assert rc == 0 and out.startswith("mine p=3 m=4 v=1: ") and "fill" in out and "drain" in out
+    assert rc == 0 and out.startswith("mine p=3 m=4 v=1, costs per stage: ") and "fill" in out and "drain" in out
 
 
 def test_bad_input_is_one_line(capsys):
