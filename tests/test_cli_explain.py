@@ -45,6 +45,18 @@ def test_costs_name_a_slow_stage(capsys):
     assert rc == 0 and "slow stage: " in out and "stage 3's B takes 4; the fastest stage's 2" in out
 
 
+def test_the_summary_says_what_the_costs_are_per(capsys):
+    """Per stage (the default) a v-chunk family's makespan is v times the one of one rank's share, which demo and
+    the workshop draw: the summary says which it is, and how to get the other."""
+    rc, out, _ = run(capsys, "explain", "dualpipe-v", "-p", "4", "-m", "8")
+    assert rc == 0 and out.startswith("dualpipe-v p=4 m=8 v=2, costs per stage (--costs-per rank: one rank's "
+                                      "share, as demo and the workshop): makespan 54,")
+    rc, out, _ = run(capsys, "explain", "dualpipe-v", "-p", "4", "-m", "8", "--costs-per", "rank", "--json")
+    assert rc == 0 and (json.loads(out)["makespan"], json.loads(out)["costs_per"]) == (27, "rank")
+    rc, out, _ = run(capsys, "compare", "-p", "4", "-m", "8", "--schedules", "dualpipe-v")
+    assert rc == 0 and out.splitlines()[-1].startswith("costs: per stage")
+
+
 def test_a_torch_csv_is_explained_too(capsys, tmp_path):
     path = tmp_path / "mine.csv"
     path.write_text(torch_csv.dumps(generate("gpipe", 3, 4)))

@@ -81,7 +81,7 @@ def join(backend: str, rank: int, world: int, port: int, timeout_s: float) -> No
     init_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
-def init_group(backend: str, *, timeout: timedelta, **kwargs) -> None:
+def init_group(backend: str, *, timeout: timedelta = timedelta(seconds=30), **kwargs) -> None:
     """``init_process_group`` with the startup allowance (``startup_s``) as its timeout until ``settle`` sets
     ``timeout``; a rank that never reaches the rendezvous is named (``RunError``).
 
