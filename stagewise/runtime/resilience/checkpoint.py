@@ -78,7 +78,7 @@ class Checkpoints:
         return m["step"]
 
     def _check_compatible(self, folder, m: dict) -> None:
-        """The manifest's parameters are this model's (``compatible``); every rank checks the shapes of its own
+        """The manifest's parameters are this model's (``incompatible``); every rank checks the shapes of its own
         and all refuse with the first problem (a collective)."""
         here = {name: self.pipe.names.local(holders) for name, holders in self.stage_map.params.items()}
         first = _first_of_every_rank(incompatible(m, set(self.stage_map.params),
@@ -98,9 +98,7 @@ class Checkpoints:
             except RunError as e:
                 problem = str(e)
                 break
-        seen: list = [None] * self.world
-        dist.all_gather_object(seen, problem)
-        first = next((p for p in seen if p), None)
+        first = _first_of_every_rank(problem)
         if first:
             raise RunError(first)
 
@@ -206,11 +204,11 @@ def read_into(folder, manifest: dict, state: dict, *, no_dist: bool = False, agr
 
     md = check_index(folder, manifest)
     found = index.problems(md, state, _what)
-    first = agree(found[0] if found else None)
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    first = agree(f"{found[0]}{more}" if found else None)
     if first:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise RunError(f"`resume` {folder}: not a checkpoint of this model: {first}{more}; resume from a "
-                       "checkpoint of this model")
+        raise RunError(f"`resume` {folder}: not a checkpoint of this model: {first}; resume from a checkpoint of "
+                       "this model")
     try:
         with warnings.catch_warnings():  # one process on purpose: DCP's warning that it is one says nothing
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")

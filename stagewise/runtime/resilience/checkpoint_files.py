@@ -13,7 +13,8 @@ load (checkpoint_layers.py).
 Every manifest is checked against its schema before it is trusted
 (``checkpoint_manifest``), and names the run it belongs to: ``--save`` into a
 folder holding another run's checkpoints is refused unless ``--overwrite``
-(which deletes them at the first save), and ``--resume`` refuses another
+(which deletes them at the first save, only the files their manifests list; anything else in a step folder,
+or a symlink, refuses it), and ``--resume`` refuses another
 model's checkpoint saying what differs. Temporary files left by a crash are
 deleted at the next save. A failed write (a full disk) names the file.
 
@@ -26,7 +27,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -337,7 +337,7 @@ def check_not_another_run(path: str, run_id: str | None) -> None:
 def prepare_save(path: str, run_id: str, overwrite: bool) -> list[str]:
     """Before a run's first save (rank 0): refuse another run's checkpoints that appeared since the launch
     (a concurrent run), or with ``overwrite`` delete them and every incomplete step folder, file by file, only
-    what a save of ours wrote (``overwrite_plan``; anything else refuses); delete the temporary files a crashed
+    what a save of ours wrote (``check_overwrite``; anything else refuses); delete the temporary files a crashed
     save left. Returns what was deleted."""
     root = Path(path)
     if not overwrite:
@@ -346,7 +346,10 @@ def prepare_save(path: str, run_id: str, overwrite: bool) -> list[str]:
     if overwrite:
         for d, ours in check_overwrite(path, run_id):
             for f in ours:  # deepest first: a folder's files, then the folder, empty by then
-                f.rmdir() if f.is_dir() else f.unlink(missing_ok=True)
+                if f.is_dir():
+                    f.rmdir()
+                else:
+                    f.unlink(missing_ok=True)
             d.rmdir()
             deleted.append(d.name)
     for d in [root, *_step_dirs(root)]:
@@ -394,7 +397,8 @@ def _ours(step: Path, manifest: dict | None, blocked: list[str]) -> list[Path]:
         elif e.is_dir() and e.name == EXPORT:
             inner = sorted(e.iterdir())
             for f in inner:
-                mine = f.name in export if export is not None else _EXPORT_FILE.fullmatch(f.name)
+                mine = (f.name in export and f.stat().st_size == export[f.name]["bytes"] if export is not None
+                        else _EXPORT_FILE.fullmatch(f.name))
                 if f.is_symlink() or not f.is_file() or not mine:
                     blocked.append(f"{step.name}/{e.name}/{f.name}")
             ours += [*inner, e]
