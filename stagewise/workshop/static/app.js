@@ -156,7 +156,7 @@ async function update() {
     return;
   }
   const t1 = performance.now();
-  if (query !== shownQuery) Modes.settingsChanged();
+  if (shown && query !== shownQuery) Modes.settingsChanged(); // not on the first answer: the address chose the place
   shown = data.results;
   shownQuery = query;
   await Modes.arrive(shown); // a mode may replace what is drawn (Build your own: the edited schedule)

@@ -209,14 +209,17 @@ function block(parts, r, i, y) {
   g.mem = y;
   if (!r.stuck) { // an order that never runs has no memory curve to show
     parts.push(`<text x="${L.left - 6}" y="${y + 9}" text-anchor="end" fill="${C.dim}">memory</text>`);
+    const top = r.peak_activations.indexOf(Math.max(...r.peak_activations));
     r.memory.forEach((steps, rank) => {
       const my = y + rank * L.mem;
       const cap = r.memory_cap ? r.memory_cap[rank] : null;
       const over = overCap(r, rank);
-      parts.push(memoryPath(steps, my, cap, r.makespan, `over-${i}-${rank}`, rank) +
-        `<text x="${L.width - L.right + 6}" y="${my + L.mem - 1}" fill="${over ? C.bad : C.label}" ` +
-        `font-size="${L.font}"${over ? ' font-weight="600" class="over"' : ""}>` +
-        `${rank === 0 ? "peak " : ""}${num(r.peak_activations[rank])}${over ? " > cap" : ""}</text>`);
+      // strips too thin for a label each: the highest peak and those over the cap (the table has them all)
+      const label = L.mem >= 8 || rank === top || over;
+      parts.push(memoryPath(steps, my, cap, r.makespan, `over-${i}-${rank}`, rank) + (label
+        ? `<text x="${L.width - L.right + 6}" y="${my + L.mem - 1}" fill="${over ? C.bad : C.label}" ` +
+          `font-size="${L.font}"${over ? ' font-weight="600" class="over"' : ""}>` +
+          `${rank === 0 || L.mem < 8 ? "peak " : ""}${num(r.peak_activations[rank])}${over ? " > cap" : ""}</text>` : ""));
     });
     y += r.ranks * L.mem + 4;
   }
@@ -332,7 +335,7 @@ const rowY = (i, rank) => geo[i].y + rank * L.step;
 const opAt = (r, rank, k) => (k < r.ops[rank].length ? r.ops[rank][k] : Modes.extraOp(r, rank, k));
 const overlay = (i) => document.querySelector(`#layers .overlay[data-i="${i}"]`); // the modes draw here
 
-function arrow(x0, y0, x1, y1, head, cls, stroke, bend = null) {
+function arrow(x0, y0, x1, y1, head, cls, stroke, bend = null, halo = false) {
   // an arrow from (x0, y0) to (x1, y1): straight where it is short or vertical (a message at latency 0),
   // else bent; `bend` (px) curves it to the right of its direction, so two opposite arrows form a loop
   const dx = x1 - x0, dy = y1 - y0, len = Math.hypot(dx, dy) || 1;
@@ -340,5 +343,7 @@ function arrow(x0, y0, x1, y1, head, cls, stroke, bend = null) {
   const mx = (x0 + x1) / 2 - (dy / len) * off, my = (y0 + y1) / 2 + (dx / len) * off;
   const d = off ? `M${x0.toFixed(1)},${y0.toFixed(1)}Q${mx.toFixed(1)},${my.toFixed(1)} ${x1.toFixed(1)},${y1.toFixed(1)}`
     : `M${x0.toFixed(1)},${y0.toFixed(1)}L${x1.toFixed(1)},${y1.toFixed(1)}`;
-  return `<path class="${cls}" d="${d}" fill="none" stroke="${stroke}" stroke-width="1.4" marker-end="url(#l-${head})"/>`;
+  // a halo (the panel's colour, wider, under it) keeps an arrow readable over cells of any colour
+  return (halo ? `<path class="halo" d="${d}" fill="none" stroke="${C.panel}" stroke-width="4" stroke-opacity="0.85"/>` : "") +
+    `<path class="${cls}" d="${d}" fill="none" stroke="${stroke}" stroke-width="1.4" marker-end="url(#l-${head})"/>`;
 }

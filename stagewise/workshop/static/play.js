@@ -125,9 +125,11 @@ const Play = {
       // row middle to row middle: a message that takes no time is a straight arrow a row long, drawn over the cursor
       const down = tr > fr;
       const y0 = rowY(i, fr) + L.row / 2, y1 = rowY(i, tr) + L.row / 2 + (down ? -2 : 2);
-      const x0 = L.x(r.ops[fr][fk][5]), x1 = Math.max(x0, L.x(arrival));
+      // just inside the receiving op, off its outline and the cursor
+      const x0 = L.x(r.ops[fr][fk][5]) + 3, x1 = Math.max(x0, L.x(arrival) + 3);
       const cls = `msg ${grad ? "gradient" : "activation"}${arrival > t ? " flying" : ""}`;
-      out.push(arrow(x0, y0, x1, y1, grad ? "head-g" : "head-a", cls, grad ? info.style.kinds.B : info.style.kinds.F));
+      out.push(arrow(x0, y0, x1, y1, grad ? "head-g" : "head-a", cls, grad ? info.style.kinds.B : info.style.kinds.F,
+        null, true));
     }
     return out.join("");
   },

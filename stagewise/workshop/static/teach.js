@@ -61,10 +61,12 @@ const Teach = {
       `<a href="#" data-lesson="${x.key}" class="${x.key === lesson.key ? "on" : ""}${x.answered ? " done" : ""}" ` +
       `title="${esc(x.title)}">${k + 1}${x.answered ? "\u2713" : ""}</a>`).join("");
     const text = (LESSONS[lesson.key] || (() => ""))(lessonContext(results, rows));
+    const all = this.data.lessons, next = all[all.indexOf(lesson) + 1];
     return `<nav class="lessons" aria-label="lessons">${nav}</nav><h3>${esc(lesson.title)}</h3>${text}` +
       `<div class="question" data-answered="${lesson.answered}"><p><b>Question.</b> ${esc(lesson.question)}</p>` +
       `<p class="answer ${lesson.answered ? "ok" : "no"}">${lesson.answered ? "\u2713 answered" : "not yet"}: ` +
-      `${esc(lesson.now)}</p><p><a href="#" data-start>start the lesson's view again</a></p></div>`;
+      `${esc(lesson.now)}</p><p><a href="#" data-start>start the lesson's view again</a>` +
+      (next ? ` \u00b7 next: <a href="#" data-lesson="${next.key}">${esc(next.title)} \u2192</a>` : "") + "</p></div>";
   },
 };
 
