@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import accumulate
 
+from ..parallelism import Parallelism
 from .analytic import ExpertParallel, TensorParallel, analytic_profile, replay_bytes
 from .block_split import block_split
 from .cluster_job import Job, state_factor
@@ -40,8 +41,8 @@ from .search import Config
 def expert_degrees(job: Job, ranks: int) -> list[int]:
     """ep tried: ``job.expert``, or every divisor of the experts that divides the pipeline ranks."""
     experts = job.spec.moe.experts
-    cands = job.expert or tuple(e for e in range(1, experts + 1) if experts % e == 0)
-    return [e for e in cands if ranks % e == 0]
+    cands = job.expert or tuple(e for e in range(1, ranks + 1) if ranks % e == 0)  # bounded by the GPUs
+    return [e for e in cands if ranks % e == 0 and experts % e == 0]
 
 
 @lru_cache(maxsize=4096)
@@ -154,7 +155,7 @@ def moe_pipelines(job: Job, t: int, tp: TensorParallel, mode: str, shared: dict,
     profile at that ep and the nodes its group spans, the cluster in the MoE device order. Under ZeRO-1 and
     FSDP the routed experts' state is sharded over the dp / ep peers that hold the same experts (HSDP is
     not searched for MoE models)."""
-    from .cluster_search import _families, _runners, recompute_modes
+    from .cluster_search import _families, _runners, offered, recompute_modes
     from .cluster_job import shardings
 
     hw, spec = job.hardware, job.spec
@@ -176,8 +177,9 @@ def moe_pipelines(job: Job, t: int, tp: TensorParallel, mode: str, shared: dict,
                                                  expert=ExpertParallel(ep=ep, nodes=nodes, zero=job.zero))
             prof = profiles[key]
             for sharding in modes:
-                runners = _runners(job, mode, sharding)
-                families = _families(job, runners)
+                par = Parallelism.of_plan(p=p, dp=dp, t=t, sharding=sharding, ep=ep)
+                runners = offered(_runners(job, mode, sharding), par, skipped)
+                families = _families(job, runners, skipped)
                 if not families:
                     continue
                 sf = state_factor(dp, sharding=sharding)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from ..parallelism import Parallelism
 from ..schedule import Schedule
 from ..schedules import FAMILIES, generate
 from .. import limits
@@ -65,6 +66,12 @@ class Candidate:
     schedule: Schedule = field(compare=False, repr=False)
     overhead: float = 0.0  #: beyond the layers' profile: their slowdown in a run x makespan + per-step work (measured)
     band: float | None = None  #: relative half-width of the step's error band (the profile's measured spread)
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The layout as the one value runs are built from: p pipeline ranks x dp replicas (a local plan's
+        data parallelism is replicated)."""
+        return Parallelism(pp=self.config.p, dp=self.config.dp)
 
     @property
     def split(self) -> Split:
@@ -126,7 +133,7 @@ class Searcher:
         for name in self.space.families or tuple(FAMILIES):
             fam = FAMILIES[name]
             for v in fam.chunks or self.space.chunks:
-                if p * v > layers:
+                if p * v > layers or (p == 1 and v > 1):  # v chunks on one rank are gradient accumulation
                     continue
                 if not build:
                     if self._accepts(name, p, m, v):
