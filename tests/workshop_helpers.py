@@ -81,6 +81,17 @@ def text(browser, css):
     return browser.execute_script("const e = document.querySelector(arguments[0]); return e && e.innerText", css)
 
 
+def words(browser, css):
+    """The text content of the first match with its white space collapsed (no layout's line breaks)."""
+    return browser.execute_script("const e = document.querySelector(arguments[0]); "
+                                  "return e && e.textContent.replace(/\\s+/g, ' ').trim()", css)
+
+
+def legend_entry(browser, cause):
+    """The legend's entry of a cause of idle time ('fill the pipeline fills'), or None."""
+    return words(browser, f'#legend .cause[data-cause="{cause}"]')
+
+
 def count(browser, css):
     return browser.execute_script("return document.querySelectorAll(arguments[0]).length", css)
 
