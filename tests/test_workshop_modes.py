@@ -6,7 +6,7 @@ Screenshots of each state go under pytest's tmp dir (or $STAGEWISE_SCREENSHOTS).
 import re
 
 import pytest
-from workshop_helpers import (browser, capture_saves, count, legend_entry, open_page, require_browser,  # noqa: F401
+from workshop_helpers import (browser, capture_saves, click, count, legend_entry, open_page, require_browser,  # noqa: F401
                               server, set_value, shots, text, wait_for, words)
 
 from stagewise import torch_csv
@@ -328,7 +328,7 @@ def test_every_cause_is_said_in_plain_words_with_its_own_hatch_in_the_legend(ser
         view = browser.execute_script("return [readControls(), Modes.results(shown)[0].schedule, "
                                       "Modes.results(shown)[0].gaps[arguments[0]]]", j)
         settings, schedule, (rank, _, _, pos, _) = view
-        browser.find_element(By.CSS_SELECTOR, f'#timeline .gap[data-g="0,{j}"]').click()
+        click(browser, f'#timeline .gap[data-g="0,{j}"]')
         want = api.why(api.parse_settings(settings), schedule, rank, pos)
         wait_for(browser, lambda d: words(d, "#why-detail .why-plain") == want["plain"] + ".")
         assert want["cause"] == cause and not re.search(r"\d[FBIW]\d|OVERLAP", want["plain"])  # no op codes

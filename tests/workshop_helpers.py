@@ -76,6 +76,22 @@ def wait_for(browser, check, timeout=10):
                              f"url, status, errors, ticked: {state}") from None
 
 
+def click(browser, css, timeout=10):
+    """Click the element at ``css``, found again if the page redrew it between finding and clicking (a chart
+    is redrawn when its answer arrives and again when the window's layout settles)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def once(d):
+        try:
+            d.find_element(By.CSS_SELECTOR, css).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    wait_for(browser, once, timeout)
+
+
 def text(browser, css):
     """Visible text of the first match, read in one step (the page redraws under us)."""
     return browser.execute_script("const e = document.querySelector(arguments[0]); return e && e.innerText", css)
