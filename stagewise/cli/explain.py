@@ -7,9 +7,10 @@ from .common import add_cost_args, add_schedule_args, costs_from, print_json, sc
 
 def register(sub) -> None:
     p = sub.add_parser("explain", help="say why each idle gap waits: the action it waits for and the first cause",
-                       description="Simulate a schedule and print one line per idle gap: the action that waits, "
-                       "the one it waits for, the chain of waits back to the first cause (fill, drain, slow "
-                       "stage, link or order) and the idle time per cause.")
+                       description="Simulate a schedule and print each idle gap in plain words, then on an "
+                       "indented line in exact terms: the action that waits, the one it waits for, the chain of "
+                       "waits back to the first cause (fill, drain, slow stage, link or order); and the idle time "
+                       "per cause.")
     add_schedule_args(p)
     add_cost_args(p)
     p.add_argument("--rank", type=int, default=None, metavar="R", help="only the gaps of rank R")
@@ -18,7 +19,8 @@ def register(sub) -> None:
 
 
 def cmd_explain(args) -> int:
-    from ..explain import explain, explain_ranks, gap_dict, idle_by_cause
+    from ..causes import gap_json, lines
+    from ..explain import explain, explain_ranks, idle_by_cause
     from ..report import result
     from ..simulate import simulate
     from .common import UsageError
@@ -37,11 +39,12 @@ def cmd_explain(args) -> int:
                     "chunks": res["chunks"], "costs_per": args.costs_per, "makespan": res["makespan"],
                     "bubble_fraction": res["bubble_fraction"],
                     "formula_bubble_fraction": res["formula_bubble_fraction"], "idle": sum(res["idle"]),
-                    "idle_by_cause": by_cause, "gaps": [gap_dict(g, tl) for g in gaps]})
+                    "idle_by_cause": by_cause, "gaps": [gap_json(g, tl) for g in gaps]})
         return 0
     print(summary_line(res, by_cause, args.costs_per))
     for g in gaps:
-        print(g.text)
+        words, exact = lines(g, tl)
+        print(f"{words}\n    {exact}")
     return 0
 
 
