@@ -16,7 +16,7 @@ def test_each_gap_in_plain_words_then_in_exact_terms(capsys):
     rc, out, err = run(capsys, "explain", "1f1b", "-p", "4", "-m", "8")
     assert rc == 0 and not err
     head, *lines = out.splitlines()
-    assert head == "1f1b p=4 m=8 v=1: makespan 33, bubble 27.3% (closed form 27.3%): idle 36 = fill 18 + drain 18"
+    assert head == "1f1b p=4 m=8 v=1, costs per stage: makespan 33, bubble 27.3% (closed form 27.3%): idle 36 = fill 18 + drain 18"
     words, exact = lines[::2], lines[1::2]
     assert len(words) == len(exact) == 15 and all(WORDS.fullmatch(x) for x in words), words
     assert all(EXACT.fullmatch(x) for x in exact), exact
@@ -65,11 +65,23 @@ def test_a_dualpipe_pair_is_worded_by_its_halves(capsys):
     assert exact.startswith("    (7F4;0B0)OVERLAP_F_B waits for (6F4;1B0)OVERLAP_F_B")
 
 
+def test_the_summary_says_what_the_costs_are_per(capsys):
+    """Per stage (the default) a v-chunk family's makespan is v times the one of one rank's share, which demo and
+    the workshop draw: the summary says which it is, and how to get the other."""
+    rc, out, _ = run(capsys, "explain", "dualpipe-v", "-p", "4", "-m", "8")
+    assert rc == 0 and out.startswith("dualpipe-v p=4 m=8 v=2, costs per stage (--costs-per rank: one rank's "
+                                      "share, as demo and the workshop): makespan 54,")
+    rc, out, _ = run(capsys, "explain", "dualpipe-v", "-p", "4", "-m", "8", "--costs-per", "rank", "--json")
+    assert rc == 0 and (json.loads(out)["makespan"], json.loads(out)["costs_per"]) == (27, "rank")
+    rc, out, _ = run(capsys, "compare", "-p", "4", "-m", "8", "--schedules", "dualpipe-v")
+    assert rc == 0 and out.splitlines()[-1].startswith("costs: per stage")
+
+
 def test_a_torch_csv_is_explained_too(capsys, tmp_path):
     path = tmp_path / "mine.csv"
     path.write_text(torch_csv.dumps(generate("gpipe", 3, 4)))
     rc, out, _ = run(capsys, "explain", "--csv", str(path))
-    assert rc == 0 and out.startswith("mine p=3 m=4 v=1: ") and "fill" in out and "drain" in out
+    assert rc == 0 and out.startswith("mine p=3 m=4 v=1, costs per stage: ") and "fill" in out and "drain" in out
 
 
 def test_bad_input_is_one_line(capsys):

@@ -6,7 +6,8 @@ from .. import torch_csv
 from ..report import result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
-from .common import UsageError, add_cost_args, add_schedule_args, costs_from, family_names, positive_int, print_json, schedule_from
+from .common import (UsageError, add_cost_args, add_schedule_args, costs_basis, costs_from, family_names, positive_int,
+                     print_json, schedule_from)
 
 
 def register(sub) -> None:
@@ -103,6 +104,7 @@ def cmd_compare(args) -> int:
             print_json(results)
         else:
             print(table(results))
+            print(costs_basis(args))
         if args.output:
             path = write_comparison([tl for _, tl in entries], args.output)
             if not args.json:

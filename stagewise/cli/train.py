@@ -176,8 +176,10 @@ def summary(res) -> str:
     """Mean step time and measured vs predicted bubble, the first step excluded when there are several."""
     times = res.step_time_s[1:] or res.step_time_s
     warm = " (step 1 excluded as warm-up)" if len(res.step_time_s) > 1 else ""
-    lines = [f"{res.schedule}: p={res.ranks} m={res.microbatches}, mean step {_sec(sum(times) / len(times))}"
-             f"{warm}"]
+    shape = (f"p={res.ranks} m={res.microbatches}" if res.schedule != "none" else
+              "the unpipelined reference, one process over the whole batch at once (no micro-batches: -m does not "
+              "apply)")
+    lines = [f"{res.schedule}: {shape}, mean step {_sec(sum(times) / len(times))}{warm}"]
     if res.ranks > 1:
         over = "the mean over steps 2.." + str(len(res.step_time_s)) if len(res.step_time_s) > 1 else "step 1"
         lines.append(f"bubble: measured {res.measured_bubble_fraction:.1%} ({over}), predicted "
