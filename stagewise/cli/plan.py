@@ -41,7 +41,7 @@ def register(sub) -> None:
                    help="bytes held per parameter byte: weights, gradients, optimizer (default 4: fp32 Adam)")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all)")
     p.add_argument("--chunks", default=None, help="v tried for families that take any v, default 2,4 (with "
-                   "--model: 2,4,8)")
+                   "--model: every v that fits the layers)")
     p.add_argument("--micro-batch-sizes", default=None, help="subset of the profiled sizes (default: all)")
     p.add_argument("--recompute", choices=("both", "on", "full", "off", "selective"), default="both",
                    help="off, full (= on), selective (attention core only; with --model), or both: every one "
@@ -134,7 +134,9 @@ _OPTIONS = (("--profile", "profile"), ("-N", "devices"), ("-G", "global_batch"),
             ("--per-node", "per_node"), ("--intra-bandwidth", "intra_bandwidth"), ("--intra-latency", "intra_latency"),
             ("--inter-bandwidth", "inter_bandwidth"), ("--inter-latency", "inter_latency"), ("--model", "model"),
             ("--hardware", "hardware"), ("--gpus", "gpus"), ("--global-batch-tokens", "global_batch_tokens"),
-            ("--tensor", "tensor"), ("--pipeline", "pipeline"), ("--expert", "expert"), ("--framework", "framework"),
+            ("--tensor", "tensor"), ("--pipeline", "pipeline"), ("--expert", "expert"),
+            ("--expert-tensor", "expert_tensor"), ("--expert-placement", "expert_placement"),
+            ("--recompute-modules", "recompute_modules"), ("--framework", "framework"),
             ("--sharding", "sharding"), ("--hsdp-shard", "hsdp_shard"), ("--schedules", "schedules"),
             ("--chunks", "chunks"), ("--micro-batch-sizes", "micro_batch_sizes"), ("--layout", "layout"),
             ("--memory-reserve", "memory_reserve"), ("--top", "top"), ("-o", "output"))
@@ -149,7 +151,10 @@ def command_line(args) -> list[str]:
             out += [flag, str(value)]
     if getattr(args, "recompute", "both") != "both":
         out += ["--recompute", args.recompute]
-    for flag, key in (("--no-sequence-parallel", "no_sequence_parallel"), ("--no-zero", "no_zero")):
+    if getattr(args, "precision", "bf16") != "bf16":
+        out += ["--precision", args.precision]
+    for flag, key in (("--no-sequence-parallel", "no_sequence_parallel"), ("--no-zero", "no_zero"),
+                      ("--fp8-all-gather", "fp8_all_gather"), ("--async-tp", "async_tp")):
         if getattr(args, key, False):
             out.append(flag)
     return out

@@ -42,6 +42,25 @@ def add_options(p) -> None:
     g.add_argument("--expert", default=None, metavar="EP,..",
                    help="expert-parallel degrees to try for an MoE model (default: every one that divides its experts "
                         "and the data-parallel ranks)")
+    g.add_argument("--expert-tensor", default=None, metavar="ETP,..",
+                   help="expert tensor-parallel degrees to try for an MoE model: GPUs each expert is cut over, apart "
+                        "from attention's --tensor (default: t and 1, MoE parallel folding)")
+    g.add_argument("--expert-placement", default=None, metavar="WHERE,..",
+                   help="device orders to try for an MoE model: within (expert groups packed into nodes, the "
+                        "pipeline outermost: Megatron-LM's default) and across (each pipeline inside a node, an "
+                        "expert group's GPUs on other nodes); default both")
+    g.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
+                   help="the linear layers' multiplies: bf16, or fp8 at the hardware file's FP8 rate and "
+                        "efficiency, their kept inputs in FP8 (Transformer Engine, torchao Float8)")
+    g.add_argument("--fp8-all-gather", action="store_true",
+                   help="with --precision fp8: FP8 weights, all-gathered in FP8 (half the bytes; torchao's FSDP2 "
+                        "float8 all-gather, Megatron-LM --fp8-param-gather)")
+    g.add_argument("--async-tp", action="store_true",
+                   help="overlap the tensor-parallel collectives with the multiplies (torch's AsyncTP, Megatron-LM "
+                        "--tp-comm-overlap); only the frameworks that do it are planned")
+    g.add_argument("--recompute-modules", default=None, metavar="MODULE,..",
+                   help="what --recompute selective recomputes, of core_attn (default), layernorm, mla_up_proj, "
+                        "mlp, moe_act (Megatron-LM's --recompute-modules)")
     g.add_argument("--no-sequence-parallel", action="store_true",
                    help="keep norms and dropouts whole under tensor parallel (Megatron-LM 2021)")
     g.add_argument("--no-zero", action="store_true",
@@ -123,7 +142,7 @@ def _job(args):
     from ..plan.analytic import RECOMPUTE
 
     rc = {"both": RECOMPUTE, "on": ("full",)}.get(args.recompute, (args.recompute,))
-    chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks else (2, 4, 8)
+    chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks else None  # every v that fits
     sizes = tuple(_int_list(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes else (1, 2, 4)
     sharding = _names(args.sharding, "--sharding") if args.sharding else None
     if args.no_zero:
@@ -134,6 +153,8 @@ def _job(args):
     reserve = parse_reserve(args.memory_reserve, hw.memory) if args.memory_reserve is not None else None
     frameworks = (FRAMEWORKS[args.framework],) if args.framework else tuple(FRAMEWORKS.values())
     shards = tuple(_int_list(args.hsdp_shard, "--hsdp-shard")) if args.hsdp_shard else (2, 4, 8, 16, 32, 64)
+    if args.fp8_all_gather and args.precision != "fp8":
+        raise UsageError("--fp8-all-gather keeps the weights in FP8, which FP8 compute reads: give --precision fp8 too")
     return Job(spec=TransformerSpec.load(args.model), hardware=hw, gpus=args.gpus,
                global_batch_tokens=parse_tokens(args.global_batch_tokens),
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
@@ -141,7 +162,20 @@ def _job(args):
                pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline else None,
                expert=tuple(_int_list(args.expert, "--expert")) if getattr(args, "expert", None) else None,
                micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks),
-               frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve)
+               frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve,
+               expert_tensor=tuple(_int_list(args.expert_tensor, "--expert-tensor")) if args.expert_tensor else None,
+               expert_placement=_words(args.expert_placement, "--expert-placement") if args.expert_placement
+               else ("within", "across"),
+               precision=args.precision, fp8_gather=args.fp8_all_gather, async_tp=args.async_tp,
+               recompute_modules=_words(args.recompute_modules, "--recompute-modules") if args.recompute_modules
+               else ("core_attn",))
+
+
+def _words(text: str, option: str) -> tuple[str, ...]:
+    """A comma-separated list of names (checked by the job against its own list of choices)."""
+    if len(text) > 200:
+        raise UsageError(f"{option} {text[:40]!r}...: at most 200 characters")
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def _names(text: str, option: str) -> tuple[str, ...]:
@@ -240,7 +274,7 @@ def cluster_table(cands, ties: int = 0) -> str:
     moe = any(c.ep > 1 for c in cands)
     ep_head = f"{'ep':>5}" if moe else ""
     head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} "
-            f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU':>10}"
+            f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU (band)':>22}"
             f"{'free':>9}{'bubble':>8}  blocks per stage")
     lines = [head, "-" * len(head)]
     for n, c in enumerate(cands, 1):
@@ -253,11 +287,20 @@ def cluster_table(cands, ties: int = 0) -> str:
         shard = c.sharding + (f"/{c.shard}" if c.shard else "")
         lines.append(f"{n:>3}{'=' if 1 < n <= ties else ' '} {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
                      f"{g.m:>5}{g.mbs:>4} {_RC[c.recompute]:<4} {shard:<9}{c.framework:<11}{step:>20}{mfus:>20}"
-                     f"{fmt_bytes(max(c.candidate.memory)):>10}{fmt_bytes(c.headroom):>9}"
+                     f"{_memory(c):>22}{fmt_bytes(c.headroom):>9}"
                      f"{c.candidate.bubble:>8.1%}  {_blocks(c)}")
     if ties > 1:
         lines.append(f"(=: a tie with #1, their bands overlap; #1-#{ties} cannot be ranked by this model)")
     return "\n".join(lines)
+
+
+def _memory(c) -> str:
+    """The allocator's predicted peak on the fullest GPU with its band: '61.6 GiB (49.7-73.5)'."""
+    from ..plan.cluster import fmt_bytes
+
+    band = c.reserved_band
+    text = fmt_bytes(c.reserved)
+    return text + (f" ({band[0] / 2**30:.3g}-{band[1] / 2**30:.3g})" if band else "")
 
 
 def _short(x: float) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import limits
-from .analytic import RECOMPUTE
+from .analytic import DEFAULT_MODULES, RECOMPUTE, Compute
 from .data_parallel import state_factor
 from .errors import PlanError
 from .hardware import Hardware, Reserve
@@ -44,13 +44,22 @@ class Job:
     expert: tuple[int, ...] | None = None
     #: recomputation tried, of ``analytic.RECOMPUTE`` ("off", "selective", "full"); it replaces space.recompute
     recompute: tuple[str, ...] = RECOMPUTE
-    space: Space = field(default_factory=lambda: Space(chunks=(2, 4, 8)))
+    #: families and v searched (chunks None: every v that fits the layers)
+    space: Space = field(default_factory=lambda: Space(chunks=None))
     #: the frameworks whose rules a layout is costed under (``overlap.FRAMEWORKS``), each with what it can run
     frameworks: tuple[Framework, ...] = tuple(FRAMEWORKS.values())
     #: data-parallel sharding tried, of ``overlap.SHARDING`` (None: each framework's default; ``zero`` False: ddp)
     sharding: tuple[str, ...] | None = None
     hsdp_shards: tuple[int, ...] = (2, 4, 8, 16, 32, 64)  #: HSDP shard-group sizes tried (those that divide dp)
     reserve: Reserve | None = None  #: memory kept free per GPU (None: the hardware file's reserve)
+    #: expert tensor-parallel degrees tried for an MoE model; None = t (as attention) and 1 (MoE parallel folding)
+    expert_tensor: tuple[int, ...] | None = None
+    #: device orders tried for an MoE model, of ``expert_parallel.PLACEMENTS``
+    expert_placement: tuple[str, ...] = ("within", "across")
+    precision: str = "bf16"  #: the linear layers' multiplies, of ``hardware.PRECISIONS``
+    fp8_gather: bool = False  #: FP8 weights, all-gathered in FP8 (torchao Float8 FSDP2, Megatron --fp8-param-gather)
+    async_tp: bool = False  #: tensor-parallel collectives overlapped with the multiplies (AsyncTP, --tp-comm-overlap)
+    recompute_modules: tuple[str, ...] = DEFAULT_MODULES  #: what "selective" recomputes (``activations``)
 
     @property
     def global_batch(self) -> int:
@@ -66,6 +75,30 @@ class Job:
     @property
     def memory_reserve(self) -> Reserve:
         return self.reserve if self.reserve is not None else self.hardware.reserve
+
+    @property
+    def compute(self) -> Compute:
+        """The layers' precision and what selective recomputation drops."""
+        return Compute(precision=self.precision, modules=self.recompute_modules)
+
+    @property
+    def linear_factor(self) -> float:
+        """A linear layer's kept input as a fraction of its bf16 bytes (the hardware's FP8 factor)."""
+        return self.hardware.fp8.activation_factor if self.precision == "fp8" else 1.0
+
+    @property
+    def weight_extra(self) -> float:
+        """Bytes per bf16 parameter byte that FP8 adds to the state: the FP8 weight copies of FP8 compute
+        (the hardware file's ``fp8.weight_bytes`` per parameter), or with FP8 weights gathered in FP8 the half
+        of the bf16 weights they replace (-0.5)."""
+        if self.fp8_gather:
+            return -0.5
+        return self.hardware.fp8.weight_bytes / 2 if self.precision == "fp8" else 0.0
+
+    @property
+    def gather_scale(self) -> float:
+        """Bytes all-gathered per bf16 weight byte: halved when the weights are gathered in FP8."""
+        return 0.5 if self.fp8_gather else 1.0
 
 
 def shardings(job: Job, fw: Framework) -> tuple[str, ...]:
@@ -126,11 +159,40 @@ def check_job(job: Job) -> None:
         if bad or not job.expert:
             raise PlanError(f"--expert {bad[0] if bad else ''}: each expert-parallel degree must be >= 1 and divide "
                             f"the {job.spec.moe.experts} experts of {job.spec.name}")
+    _check_precision(job)
     if not tensor_degrees(job):
         node = job.hardware.gpus_per_node
         tried = f" with --tensor {','.join(map(str, job.tensor))}" if job.tensor else ""
         raise PlanError(f"--gpus {job.gpus}{tried}: no tensor-parallel degree divides both the GPU count and a node "
                         f"of {node} GPUs while splitting {job.spec.heads} heads and {job.spec.kv_heads} KV heads")
+
+
+def _check_precision(job: Job) -> None:
+    """``precision``, ``fp8_gather``, ``async_tp``, the recomputation modules and the expert layout options."""
+    from .expert_parallel import PLACEMENTS
+
+    job.compute  # checks precision and modules (their messages name the options)
+    hw = job.hardware
+    if (job.precision == "fp8" or job.fp8_gather) and hw.fp8 is None:
+        raise PlanError(f"--precision fp8: --hardware {hw.name} has no fp8 entry (the FP8 rate, its efficiency and "
+                        "sources); give a hardware file with one, or plan in bf16")
+    if job.fp8_gather and job.precision != "fp8":
+        raise PlanError("--fp8-all-gather keeps the weights in FP8, which FP8 compute reads: give --precision fp8 too")
+    if job.async_tp and not any(fw.async_tp for fw in job.frameworks):
+        raise PlanError("--async-tp: none of the frameworks asked for overlaps tensor-parallel collectives with "
+                        f"the multiplies ({', '.join(fw.name for fw in job.frameworks)}); Megatron-LM "
+                        "(--tp-comm-overlap) and torchtitan (AsyncTP) do")
+    bad = [x for x in job.expert_placement if x not in PLACEMENTS]
+    if bad or not job.expert_placement:
+        raise PlanError(f"--expert-placement {','.join(job.expert_placement)}: each must be one of "
+                        f"{', '.join(PLACEMENTS)}")
+    if job.expert_tensor is not None:
+        if job.spec.moe is None:
+            raise PlanError(f"--expert-tensor {','.join(map(str, job.expert_tensor))}: {job.spec.name} has no experts")
+        bad = [e for e in job.expert_tensor if not isinstance(e, int) or e < 1 or job.hardware.gpus_per_node % e]
+        if bad or not job.expert_tensor:
+            raise PlanError(f"--expert-tensor {bad[0] if bad else ''}: each expert tensor-parallel degree must be >= 1 "
+                            f"and divide a node of {job.hardware.gpus_per_node} GPUs")
 
 
 def _nothing_to_search(job: Job, skipped: dict) -> str:

@@ -32,11 +32,12 @@ from typing import Callable, NamedTuple
 from ..costs import Costs
 from ..schedules import FAMILIES
 from ..simulate import simulate
+from .activations import dropped_modules
 from .analytic import TensorParallel, analytic_profile, replay_bytes
 from .block_split import block_split, is_block_model
 from .cluster import Cluster
 from .cluster_job import Job, _nothing_to_search, check_job, shardings, state_factor, tensor_degrees
-from .data_parallel import exposed_gather, exposed_reduction, reduce_scatter_time, reduction_cost
+from .data_parallel import exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost
 from .errors import PlanError
 from ..layout import format_layout
 from .model import (blocking_p2p, layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes,
@@ -79,6 +80,12 @@ class ClusterCandidate:
     costed_from: int | None = None
     ep: int = 1  #: expert-parallel degree (MoE models): routed experts sharded over ep of a stage's dp peers
     ep_nodes: int = 1  #: nodes one expert-parallel group spans (1: its all-to-all stays inside a node)
+    etp: int | None = None  #: expert tensor parallel (MoE models; None: t, the experts split as attention)
+    #: relative half-width of the memory prediction's band (the hardware file's ``memory_band``; None: unknown)
+    memory_band: float | None = None
+    fragmentation: float = 0.0  #: bytes the caching allocator holds beside the planned tensors (the reserve's)
+    memory_parts: MemoryParts | None = None  #: the fullest GPU's bytes by kind
+    expert_placement: str = "within"  #: the device order of an MoE layout (``expert_parallel.PLACEMENTS``)
 
     @property
     def config(self) -> Config:
@@ -98,6 +105,18 @@ class ClusterCandidate:
         return self.usable - max(self.candidate.memory)
 
     @property
+    def reserved(self) -> float:
+        """The allocator's predicted peak on the fullest GPU (what ``torch.cuda.max_memory_reserved`` reads):
+        the planned tensors plus the fragmentation the hardware file's reserve sets aside."""
+        return max(self.candidate.memory) + self.fragmentation
+
+    @property
+    def reserved_band(self) -> tuple[float, float] | None:
+        """(least, most) the allocator's peak may be, by the memory band."""
+        w = self.memory_band
+        return None if w is None else (self.reserved * (1 - w), self.reserved * (1 + w))
+
+    @property
     def step_band(self) -> tuple[float, float] | None:
         """(fastest, slowest) step the band allows."""
         w = self.band
@@ -111,17 +130,24 @@ class ClusterCandidate:
     def label(self) -> str:
         dp = f" {self.sharding}" + (f"/{self.shard}" if self.shard else "")
         ep = f" ep={self.ep}" if self.ep > 1 else ""
+        if self.etp is not None and self.etp != self.t:
+            ep += f" etp={self.etp}"
         return f"t={self.t}{ep} {self.config.label()} recompute={self.recompute}{dp} ({self.framework})"
 
     def to_dict(self) -> dict:
         band = self.step_band
-        return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes, **self.candidate.to_dict(),
+        return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes,
+                "etp": self.t if self.etp is None else self.etp, "expert_placement": self.expert_placement,
+                **self.candidate.to_dict(),
                 "recompute": self.recompute,
                 "framework": self.framework, "sharding": self.sharding, "shard": self.shard,
                 "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "mfu": self.mfu,
                 "tokens_per_second": self.tokens_per_second, "usable_memory": self.usable,
                 "costed_from_microbatches": self.costed_from,
                 "headroom": self.headroom, "band": self.band,
+                "peak_memory_reserved": self.reserved, "memory_band": self.memory_band,
+                "peak_memory_reserved_band": list(self.reserved_band) if self.reserved_band else None,
+                "memory_parts": self.memory_parts.to_dict() if self.memory_parts else None,
                 "step_time_band": list(band) if band else None,
                 "mfu_band": list(self.mfu_band) if band else None}
 
@@ -158,6 +184,21 @@ class Prepared(NamedTuple):
     optimizer: float
     costs: Costs  #: what the simulator plays (asynchronous P2P)
     free: bool = False  #: the split is the fastest one, memory aside (no memory constraint bent it)
+    #: the fullest GPU's bytes by kind: ``MemoryParts`` (the gathered weights are the term the lowered
+    #: program's UNSHARD/RESHARD points will bound)
+    parts: "MemoryParts | None" = None
+
+
+class MemoryParts(NamedTuple):
+    """What the fullest GPU holds at its peak, by kind (bytes)."""
+
+    state: float  #: weights, gradients and optimizer state kept all step (sharded ones: this GPU's share)
+    gathered: float  #: a sharded stage's bf16 weights and fp32 gradients while it is gathered (FSDP, HSDP)
+    activations: float  #: the schedule's peak of in-flight micro-batches
+    transient: float  #: a recomputed micro-batch's rebuilt activations, the block being replayed
+
+    def to_dict(self) -> dict:
+        return self._asdict()
 
 
 @dataclass(kw_only=True)
@@ -201,7 +242,7 @@ class ClusterSearcher(Searcher):
         k = self.profile.size_index(c.mbs)
         work = sum(x.t_f[k] * (2 if c.recompute else 1) + x.t_b[k] for x in self.profile.layers)
         opt = sum(x.t_opt for x in self.profile.layers) / c.p / self._opt_share(c.dp)
-        return c.m * work / c.p + opt
+        return c.m * work / c.p + opt + self.job.hardware.step_fixed
 
     def _opt_share(self, dp: int) -> int:
         """How many replicas split the optimizer step."""
@@ -223,16 +264,22 @@ class ClusterSearcher(Searcher):
         resolved = costs.resolve(sched.stages)
         acts = peak_activation_bytes(h, resolved.activation_bytes)
         fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor, cl)
+        gathered = rank_fixed_bytes(prof, counts, h, gathered_factor(self.sharding)) if self.sharding in (
+            "fsdp", "hsdp") else [0.0] * h.ranks
         transient = rank_transient_bytes(prof, counts, h, c.mbs, c.recompute)
         memory = tuple(f + a + x + replay for f, a, x in zip(fixed, acts, transient))
+        r = max(range(h.ranks), key=memory.__getitem__)
+        parts = MemoryParts(state=fixed[r] - gathered[r], gathered=gathered[r], activations=acts[r],
+                            transient=transient[r] + replay)
         opt = max(rank_optimizer_time(prof, counts, h)) / self._opt_share(c.dp)
         end = step_sync_time(prof, counts, h, cl, c.p, c.dp) + opt
         split = FAMILIES[c.family].split_backward if c.family in FAMILIES else True
         fill = 0.0 if self.long_step(c) else pipeline_bound(sched, resolved, split)  # the stand-in is shorter
-        bound = max(c.m * part.bottleneck, fill) + end
+        over = self.job.hardware.step_overhead(max(len(prog) for prog in sched.programs) * _steps(self.long_step(c), c.m))
+        bound = max(c.m * part.bottleneck, fill) + end + over
         return Prepared(config=c, counts=counts, memory=memory, activations=acts,
                         fits=max(memory) <= cl.memory * (1 + 1e-9), bound=max(bound, self.floor(c)), step_end=end,
-                        optimizer=opt, costs=costs, free=counts == self._free_split(h, c))
+                        optimizer=opt, costs=costs, free=counts == self._free_split(h, c), parts=parts)
 
     def _free_split(self, h, c: Config) -> tuple[int, ...] | None:
         """The block water-fill without a memory limit (cached per holding), where it applies."""
@@ -242,10 +289,16 @@ class ClusterSearcher(Searcher):
             self._partitions[key] = block_split(lc, h, None) if is_block_model(lc) else None
         return self._partitions[key]
 
+    @property
+    def gather_scale(self) -> float:
+        """Bytes all-gathered per bf16 weight byte (halved with FP8 weights)."""
+        return self.job.gather_scale
+
     def _gather(self, c: Config, counts, h, fixed: list[float]) -> float:
-        """ZeRO-1's all-gather of the updated bf16 weights over the data-parallel group."""
+        """ZeRO-1's all-gather of the updated weights over the data-parallel group."""
         cl = self.cluster
-        return reduce_scatter_time(max(fixed) / cl.state_factor, c.dp, dp_link(cl, c.p, c.dp))
+        weights = max(_rank_weights(self.profile, counts, h))
+        return reduce_scatter_time(weights * self.gather_scale, c.dp, dp_link(cl, c.p, c.dp))
 
     def _reduction_bytes(self, counts) -> list[list[float]]:
         """Per piece, the gradient bytes of each layer that the data-parallel reduction moves."""
@@ -278,11 +331,12 @@ class ClusterSearcher(Searcher):
         tl, makespan, bubble = self._timelines[key]
         layer_bytes = self._reduction_bytes(pre.counts)
         exposed, gather = self._traffic(tl, layer_bytes, h, pre, fw)
-        step = makespan + exposed + gather + pre.step_end
+        over = hw.step_overhead(max(len(prog) for prog in sched.programs) * _steps(self.long_step(c), c.m))
+        step = makespan + exposed + gather + pre.step_end + over
         tokens = self.global_batch * self.job.spec.seq
         cand = Candidate(config=c, counts=pre.counts, layout=format_layout(prof.symbols, pre.counts),
                          step_time=step, makespan=makespan,
-                         allreduce=step - makespan - pre.optimizer, optimizer=pre.optimizer,
+                         allreduce=step - makespan - pre.optimizer - over, optimizer=pre.optimizer, overhead=over,
                          throughput=self.global_batch / step, bubble=bubble, memory=pre.memory,
                          activations=pre.activations, fits=pre.fits, schedule=sched)
         mfu = self.job.spec.model_flops_per_token() * tokens / (step * self.job.gpus * hw.peak_flops)
@@ -290,7 +344,9 @@ class ClusterSearcher(Searcher):
         return ClusterCandidate(t=self.t, candidate=cand, exposed_dp=exposed, mfu=mfu,
                                 tokens_per_second=tokens / step, recompute=self.recompute, framework=fw.name,
                                 sharding=self.sharding, shard=self.shard, exposed_gather=gather,
-                                usable=cl.memory, band=hw.band, costed_from=long[0] if long else None)
+                                usable=cl.memory, band=hw.band, costed_from=long[0] if long else None,
+                                memory_band=hw.memory_band, memory_parts=pre.parts,
+                                fragmentation=self.job.memory_reserve.fragmentation * hw.memory)
 
     def _play(self, c: Config, sched, costs) -> tuple:
         """(timeline, makespan, bubble) of ``c``: simulated, or for a long step extended from its shorter ones
@@ -322,8 +378,14 @@ class ClusterSearcher(Searcher):
         if unit == "end":  # after the optimizer step: the rank's whole shard, exposed
             fixed = rank_fixed_bytes(self.profile, pre.counts, h, cl.state_factor, cl)
             return exposed, self._gather(c, pre.counts, h, fixed)
+        g = self.gather_scale
         return exposed, exposed_gather(tl, layer_bytes, h.stage_piece, unit,
-                                       lambda nbytes: reduce_scatter_time(nbytes, group, shard_link))
+                                       lambda nbytes: reduce_scatter_time(nbytes * g, group, shard_link))
+
+
+def _steps(long, m: int) -> float:
+    """Scale from a schedule's actions per rank to the step's: a long step's stand-in has 2 mc micro-batches."""
+    return 1.0 if long is None else m / (2 * long[0])
 
 
 def pipeline_bound(sched, sc, split_backward: bool) -> float:
@@ -361,6 +423,13 @@ def dp_link(cl: Cluster, p: int, dp: int) -> Link:
     return cl.inter if dp > 1 and p * dp > cl.per_node else cl.intra
 
 
+def _rank_weights(prof, counts, h) -> list[float]:
+    """bf16 weight bytes per rank (over every piece copy it holds)."""
+    bounds = [0, *accumulate(counts)]
+    per_piece = [sum(x.param_bytes for x in prof.layers[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+    return [sum(per_piece[h.stage_piece[s]] for s in h.rank_stages[r]) for r in range(h.ranks)]
+
+
 def _piece_layer_bytes(prof, counts) -> list[list[float]]:
     bounds = [0, *accumulate(counts)]
     return [[prof.layers[i].param_bytes for i in range(bounds[k], bounds[k + 1])] for k in range(len(counts))]
@@ -375,7 +444,7 @@ def searchers(job: Job, skipped: dict, schedules: dict | None = None) -> list[Cl
     shared: dict = {} if schedules is None else schedules
     out = []
     for t in tensor_degrees(job):
-        tp = TensorParallel(t=t, sequence_parallel=job.sequence_parallel)
+        tp = TensorParallel(t=t, sequence_parallel=job.sequence_parallel, overlap=job.async_tp)
         profiles: dict = {}
         for mode in recompute_modes(job):
             if spec.moe is not None:  # the profile depends on ep too; experts go with ZeRO-1 or ddp
@@ -387,8 +456,10 @@ def searchers(job: Job, skipped: dict, schedules: dict | None = None) -> list[Cl
                 continue
             base = "off" if mode == "stage" else mode
             if base not in profiles:
-                profiles[base] = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=base)
-            replay = {b: replay_bytes(spec, b, tp) for b in job.micro_batch_sizes} if mode == "full" else {}
+                profiles[base] = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=base,
+                                                  compute=job.compute)
+            replay = ({b: replay_bytes(spec, b, tp, linear_factor=job.linear_factor) for b in job.micro_batch_sizes}
+                      if mode == "full" else {})
             out += _pipelines(job, t, profiles[base], mode, replay, shared, skipped)
     return out
 
@@ -398,17 +469,26 @@ def recompute_modes(job: Job) -> tuple[str, ...]:
     keeps no scores, so the two are the same), plus "stage" (the runtime's whole-stage replay) for "full"
     when a framework recomputes that way."""
     modes = job.recompute
-    if job.spec.flash_attention and "off" in modes:
+    if "off" in modes and not _selective_drops(job):
         modes = tuple(m for m in modes if m != "selective")
     if "full" in modes and any(fw.stage_recompute for fw in job.frameworks):
         modes += ("stage",)
     return tuple(m for m in modes if _runners(job, m))
 
 
+def _selective_drops(job: Job) -> bool:
+    """Whether "selective" keeps less than "off" for this model: a flash-attention model keeps no scores, so
+    recomputing the attention core alone drops nothing."""
+    spec = job.spec
+    kinds = {spec.block_kind(i) for i in range(spec.layers)}
+    return any(dropped_modules(spec, k, job.recompute_modules) for k in kinds)
+
+
 def _runners(job: Job, mode: str, sharding: str | None = None) -> tuple[Framework, ...]:
-    """The job's frameworks that recompute as ``mode`` says (and run ``sharding``)."""
+    """The job's frameworks that recompute as ``mode`` says (and run ``sharding``, and overlap tensor-parallel
+    collectives when the job asks for it)."""
     return tuple(fw for fw in job.frameworks if _recomputes(fw, mode)
-                 and (sharding is None or sharding in shardings(job, fw)))
+                 and (sharding is None or sharding in shardings(job, fw)) and (fw.async_tp or not job.async_tp))
 
 
 def _recomputes(fw: Framework, mode: str) -> bool:
@@ -442,7 +522,7 @@ def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
             continue
         dp = ranks // p
         for sharding, shard in _groups(job, dp, mode):
-            factor = state_factor(dp, sharding=sharding, shard=shard)
+            factor = state_factor(dp, sharding=sharding, shard=shard) + job.weight_extra
             if weights * factor / p > usable:
                 why = "weights, gradients and optimizer state alone exceed the GPU's usable memory"
                 if mode == recompute_modes(job)[0]:  # once per layout, whatever the recomputation

@@ -59,6 +59,18 @@ def state_factor(dp: int, zero: bool = True, sharding: str | None = None, shard:
     return 3 + 8 / (shard or dp)  # fsdp, hsdp
 
 
+def gathered_factor(sharding: str) -> float:
+    """Of ``state_factor``, the bytes per bf16 parameter byte a sharded stage holds only while it is gathered
+    (FSDP and HSDP: its bf16 weights and unsharded fp32 gradients, 1 + 2; the runtime's rule, a stage
+    gathered from its first forward to its last backward), which the lowered program's UNSHARD and RESHARD
+    points bound; none for replicated or ZeRO-1 weights.
+
+    >>> gathered_factor("fsdp"), gathered_factor("zero1")
+    (3.0, 0.0)
+    """
+    return 1.0 + GRAD_BYTES_PER_PARAM_BYTE if sharding in ("fsdp", "hsdp") else 0.0
+
+
 def reduction_cost(mode: str, dp: int, shard: int | None, link: Link, across: Link) -> Callable[[float], float]:
     """Seconds to reduce ``nbytes`` of fp32 gradients under ``mode`` among ``dp`` replicas (``across``: the
     link between HSDP's shard groups)."""

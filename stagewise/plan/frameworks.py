@@ -53,16 +53,30 @@ def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
         args += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     elif g.dp > 1:
         args.append("--overlap-grad-reduce")
-    if c.ep > 1:  # experts sharded over ep of the data-parallel ranks; expert tensor parallel = t
+    if c.ep > 1:  # experts sharded over ep GPUs of a stage, each cut over etp (MoE parallel folding)
         args += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
                  "--expert-model-parallel-size", str(c.ep)]
+        if c.etp is not None and c.etp != c.t:
+            args += ["--expert-tensor-parallel-size", str(c.etp)]
+        if c.expert_placement == "across":
+            args.append("--use-tp-pp-dp-mapping")
+    args += _megatron_precision(job)
     if c.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+        if tuple(job.recompute_modules) != ("core_attn",):
+            args += ["--recompute-modules", *job.recompute_modules]
     if c.recompute == "full":  # every block its own checkpoint, as the analytic profile assumes
         per_chunk = max(1, max(blocks))
         args += ["--recompute-granularity", "full", "--recompute-method", "block",
                  "--recompute-num-layers", str(per_chunk)]
     return shlex.join(args), ""
+
+
+def _megatron_precision(job: Job) -> list[str]:
+    """FP8 (Transformer Engine's hybrid format), FP8 weights gathered in FP8, overlapped TP collectives."""
+    out = ["--fp8-format", "hybrid"] if job.precision == "fp8" else []
+    out += ["--fp8-param-gather"] if job.fp8_gather else []
+    return out + (["--tp-comm-overlap"] if job.async_tp else [])
 
 
 def _megatron_split(counts, blocks) -> list[str]:
@@ -102,6 +116,14 @@ def torchtitan_options(c: ClusterCandidate, job: Job, csv_path: str | None) -> s
              "--training.local_batch_size", str(g.m * g.mbs), "--training.seq_len", str(spec.seq)]
     if c.ep > 1:
         args += ["--parallelism.expert_parallel_degree", str(c.ep)]
+        if c.etp is not None and c.etp != c.t:
+            args += ["--parallelism.expert_tensor_parallel_degree", str(c.etp)]
+    if job.precision == "fp8":  # torchao Float8 linear layers
+        args += ["--model.converters", "float8"]
+        if job.fp8_gather:
+            args.append("--float8.enable_fsdp_float8_all_gather")
+    if job.async_tp:  # AsyncTP needs torch.compile
+        args += ["--parallelism.enable_async_tensor_parallel", "--compile.enable"]
     if csv_path:
         args += ["--parallelism.pipeline_parallel_schedule_csv", csv_path]
     elif g.family in TORCHTITAN_SCHEDULES:

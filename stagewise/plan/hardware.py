@@ -47,6 +47,33 @@ class Reserve:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Fp8:
+    """What FP8 training (Transformer Engine's recipes, torchao's Float8) changes on a GPU type: the linear
+    layers' multiplies at the FP8 rate, their kept inputs as FP8 copies, and FP8 weight copies.
+
+    Example:
+        >>> f = Hardware.load("h100").fp8
+        >>> f.peak_flops == 2 * Hardware.load("h100").peak_flops
+        True
+    """
+
+    peak_flops: float  #: dense FP8 FLOP/s of one GPU
+    efficiency: float  #: achievable fraction of ``peak_flops`` for the linear layers' FP8 multiplies
+    activation_factor: float = 0.5  #: a linear layer's kept input, as a fraction of its bf16 bytes
+    #: bytes per parameter of the FP8 weight copies kept for the step (a weight and its transpose); with the
+    #: all-gather in FP8 the weights themselves are FP8 (1 byte) and nothing more is kept
+    weight_bytes: float = 2.0
+
+    @property
+    def rate(self) -> float:
+        return self.peak_flops * self.efficiency
+
+
+#: the precisions a plan's linear layers may compute in (``--precision``)
+PRECISIONS = ("bf16", "fp8")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Hardware:
     """One GPU type in nodes of ``gpus_per_node``.
 
@@ -66,12 +93,35 @@ class Hardware:
     reserve: Reserve = field(default_factory=Reserve)  #: memory a run holds besides the planned tensors
     #: relative error band of a prediction (the published rows' calibration residuals); None: not calibrated
     band: float | None = None
+    #: relative error band of a memory prediction (measured runs' and published rows' peaks); None: unknown
+    memory_band: float | None = None
+    fp8: Fp8 | None = None  #: FP8 training's rates and bytes; None: the GPU has no FP8 tensor cores
+    #: the routed experts' grouped multiplies' rate relative to a dense multiply's (1: as fast)
+    expert_efficiency: float = 1.0
+    #: seconds a training step spends beyond its GPU work: ``step_fixed`` once a step (the framework's host work:
+    #: the loss and norm reductions, logging, the data loader) and ``step_per_action`` per forward or backward
+    #: a rank runs (kernel launches and each action's P2P set-up); where the pipeline barely fills they weigh most
+    step_fixed: float = 0.0
+    step_per_action: float = 0.0
+
+    def step_overhead(self, actions: int) -> float:
+        """Seconds of host overhead of a step whose busiest rank runs ``actions`` forwards and backwards."""
+        return self.step_fixed + self.step_per_action * actions
     sources: dict = field(default_factory=dict, compare=False)
 
     @property
     def rate(self) -> float:
-        """FLOP/s a matrix multiply achieves."""
+        """FLOP/s a (bf16) matrix multiply achieves."""
         return self.peak_flops * self.efficiency
+
+    def linear_rate(self, precision: str = "bf16") -> float:
+        """FLOP/s of the linear layers' multiplies in ``precision`` (``PRECISIONS``)."""
+        if precision == "bf16":
+            return self.rate
+        if self.fp8 is None:
+            raise PlanError(f"--precision {precision}: --hardware {self.name} has no fp8 entry (FP8 tensor cores "
+                            "with their rate and efficiency); plan in bf16 or give a hardware file with one")
+        return self.fp8.rate
 
     @property
     def usable(self) -> float:
@@ -112,10 +162,43 @@ def from_json(data: dict, where: str) -> Hardware:
         raise SpecError(str(e)) from None
     memory = _ranged(data, "memory", where)
     band = number(data, "band", where, positive=False, maximum=1.0) if "band" in data else None
+    mband = number(data, "memory_band", where, positive=False, maximum=1.0) if "memory_band" in data else None
     return Hardware(name=label(data, "name", where, where), peak_flops=_ranged(data, "peak_flops", where),
                     memory=memory, memory_bandwidth=_ranged(data, "memory_bandwidth", where),
                     gpus_per_node=per_node, efficiency=number(data, "efficiency", where, maximum=1.0),
-                    reserve=_reserve(data, memory, where), band=band, sources=sources(data, where), **links)
+                    reserve=_reserve(data, memory, where), band=band, memory_band=mband, fp8=_fp8(data, where),
+                    sources=sources(data, where), **_overhead(data, where), **links)
+
+
+def _overhead(data: dict, where: str) -> dict:
+    """The optional ``step_overhead`` object: ``fixed`` seconds a step, ``per_action`` seconds an action."""
+    raw = data.get("step_overhead")
+    if raw is None:
+        return {}
+    ctx = f"{where}: step_overhead"
+    if not isinstance(raw, dict) or set(raw) - {"fixed", "per_action"}:
+        raise SpecError(f"{ctx} must be an object {{\"fixed\": seconds, \"per_action\": seconds}}; "
+                        f"got {str(raw)[:60]!r}")
+    return {f"step_{k}": number(raw, k, ctx, positive=False, maximum=10.0) for k in ("fixed", "per_action") if k in raw}
+
+
+def _fp8(data: dict, where: str) -> Fp8 | None:
+    """The optional ``fp8`` object: peak FP8 FLOP/s, its efficiency, the kept-input and weight-copy bytes."""
+    raw = data.get("fp8")
+    if raw is None:
+        return None
+    ctx = f"{where}: fp8"
+    if not isinstance(raw, dict):
+        raise SpecError(f"{ctx} must be an object {{\"peak_flops\": FLOP/s, \"efficiency\": fraction, ...}}; "
+                        f"got {str(raw)[:60]!r}")
+    unknown = sorted(set(raw) - {"peak_flops", "efficiency", "activation_factor", "weight_bytes"})
+    if unknown:
+        raise SpecError(f"{ctx}: unknown field {unknown[0]!r}; the fields are peak_flops, efficiency, "
+                        "activation_factor, weight_bytes")
+    extra = {k: number(raw, k, ctx, positive=False, maximum=m) for k, m in (("activation_factor", 1.0),
+                                                                           ("weight_bytes", 8.0)) if k in raw}
+    return Fp8(peak_flops=_ranged(raw, "peak_flops", ctx), efficiency=number(raw, "efficiency", ctx, maximum=1.0),
+               **extra)
 
 
 def _reserve(data: dict, memory: float, where: str) -> Reserve:

@@ -74,6 +74,10 @@ class Framework:
     recompute: tuple[str, ...] = ("off", "selective", "full")  #: of analytic.RECOMPUTE
     #: "full" replays a whole stage in its backward (the stage's activations rebuilt at once), not block by block
     stage_recompute: bool = False
+    #: overlaps tensor-parallel collectives with the multiplies (Megatron-LM --tp-comm-overlap, torchtitan AsyncTP)
+    async_tp: bool = False
+    #: the device orders it runs an MoE model's expert groups in (``expert_parallel.PLACEMENTS``)
+    expert_placements: tuple[str, ...] = ("within",)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -89,7 +93,8 @@ class Framework:
 
 MEGATRON = Framework(
     name="megatron", title="Megatron-LM", families=("1f1b", "interleaved-1f1b"), sharding=("zero1", "ddp"),
-    default_sharding=("zero1",), reduce="layer", gather="layer",
+    default_sharding=("zero1",), reduce="layer", gather="layer", async_tp=True,
+    expert_placements=("within", "across"),
     source="Megatron-LM --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
            "(docs/source/distrib_optimizer.md: reduce-scatter in buckets during the backward, all-gather "
            "overlapped with the next forward); P2P overlapped")
@@ -101,12 +106,13 @@ DEEPSPEED = Framework(
 TORCHTITAN = Framework(
     name="torchtitan", title="torchtitan", families=None, sharding=("fsdp", "hsdp", "ddp"),
     default_sharding=("fsdp",), reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="layer",
+    async_tp=True,
     source="torchtitan: FSDP2 fully_shard per transformer block in each stage, reshard_after_forward off under "
            "PP; torch.distributed.pipelining reduce-scatters a stage's gradients after its last backward")
 STAGEWISE = Framework(
     name="stagewise", title="stagewise", families=None, sharding=("zero1", "ddp", "fsdp"),
     default_sharding=("zero1",), reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="stage",
-    recompute=("off", "full"), stage_recompute=True,
+    recompute=("off", "full"), stage_recompute=True, expert_placements=("across",),
     source="stagewise runtime: a stage's reduction starts at its last B or W; FSDP gathers a stage ahead of "
            "its first forward (one stage ahead) and reduce-scatters after its last backward")
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (MEGATRON, TORCHTITAN, DEEPSPEED, STAGEWISE)}

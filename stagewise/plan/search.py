@@ -88,7 +88,8 @@ class Space:
     """What to enumerate; None = everything that applies."""
 
     families: tuple[str, ...] | None = None
-    chunks: tuple[int, ...] = (2, 4)  #: v tried for families that take any v
+    #: v tried for families that take any v; None: every v >= 2 that fits the layers (p x v <= layers)
+    chunks: tuple[int, ...] | None = (2, 4)
     micro_batch_sizes: tuple[int, ...] | None = None
     recompute: tuple[bool, ...] = (False, True)
     counts: tuple[int, ...] | None = None  #: a fixed split (from --layout) instead of the partitioner
@@ -125,7 +126,7 @@ class Searcher:
     def _families(self, p: int, m: int, layers: int, build: bool = True) -> Iterable[tuple[str, int]]:
         for name in self.space.families or tuple(FAMILIES):
             fam = FAMILIES[name]
-            for v in fam.chunks or self.space.chunks:
+            for v in fam.chunks or self.space.chunks or range(2, layers // p + 1):
                 if p * v > layers:
                     continue
                 if not build:
