@@ -296,11 +296,9 @@ def cluster_table(cands, ties: int = 0) -> str:
 
 def _memory(c) -> str:
     """The allocator's predicted peak on the fullest GPU with its band: '61.6 GiB (49.7-73.5)'."""
-    from ..plan.cluster import fmt_bytes
+    from ..plan.bands import memory_cell
 
-    band = c.reserved_band
-    text = fmt_bytes(c.reserved)
-    return text + (f" ({band[0] / 2**30:.3g}-{band[1] / 2**30:.3g})" if band else "")
+    return memory_cell(c.reserved, c.memory_band)
 
 
 def _short(x: float) -> str:

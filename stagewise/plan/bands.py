@@ -16,9 +16,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+#: a local plan's memory band: the worst error of the runtime's measured peak activation bytes per rank against
+#: the simulator's prediction fed the profile's per-op bytes (benchmarks/bench_activation_memory.py: 1F1B, GPipe,
+#: ZB-H2, ZB-V, V-Half, V-Min on 4 ranks, worst 5.4%); the weights and optimizer state are counted exactly
+LOCAL_MEMORY_BAND = 0.054
 #: how much each sensitivity probe changes its input
 EFFICIENCY_STEP = 0.9  #: efficiency x 0.9 (10% slower matrix multiplies)
 BANDWIDTH_STEP = 0.5  #: a link at half its bandwidth
+
+
+def memory_cell(nbytes: float, band: float | None) -> str:
+    """A memory cell with its band: '39.9 GiB (37.7-42.1)' (no band: the bytes alone)."""
+    from .cluster import fmt_bytes
+
+    if band is None:
+        return fmt_bytes(nbytes)
+    return f"{fmt_bytes(nbytes)} ({nbytes * (1 - band) / 2**30:.3g}-{nbytes * (1 + band) / 2**30:.3g})"
 
 
 def interval(step: float, band: float | None) -> tuple[float, float]:

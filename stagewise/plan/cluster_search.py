@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 
 from ..costs import Costs
 from ..schedules import FAMILIES
+from ..schedules.registry import gc_paused
 from ..simulate import simulate
 from .activations import dropped_modules
 from .analytic import TensorParallel, analytic_profile, replay_bytes
@@ -575,6 +576,11 @@ def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None,
     (``Prepared.bound``) can (with ``per_layout``, also each t x p grid's best is exact). ``floors`` False
     builds and prepares every configuration before simulating any (benchmarks/bench_cluster_plan.py's baseline)."""
     check_job(job)
+    with gc_paused():  # thousands of schedules and no cycles: the collector's rescans cost a quarter of the search
+        return _search(job, progress, keep, per_layout, schedules, floors)
+
+
+def _search(job: Job, progress, keep: int, per_layout: bool, schedules: dict | None, floors: bool) -> Result:
     skipped: dict = {}
     found = searchers(job, skipped, schedules)
     if not found:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from .bands import tie
+from .bands import memory_cell, tie
 from .cluster import fmt_bytes
 from ..layout import format_layout
 from .profile import Profile
@@ -13,13 +13,13 @@ from .search import Candidate
 
 def table(cands: list[Candidate], symbols, top: int = 10) -> str:
     head = (f"{'#':>3}  {'schedule':<17}{'p':>3}{'dp':>4}{'v':>3}{'m':>5}{'mbs':>5} {'rc':<4}"
-            f"{'step':>10}{'samples/s':>11}{'bubble':>8}  {'peak mem (max/rank)':<20}{'fits':<5} layout")
+            f"{'step':>10}{'samples/s':>11}{'bubble':>8}  {'peak mem/rank (band)':<26}{'fits':<5} layout")
     lines = [head, "-" * len(head)]
     for n, c in enumerate(cands[:top], 1):
         g = c.config
         lines.append(
             f"{n:>3}  {g.family:<17}{g.p:>3}{g.dp:>4}{g.v:>3}{g.m:>5}{g.mbs:>5} {'on' if g.recompute else 'off':<4}"
-            f"{fmt_seconds(c.step_time):>10}{c.throughput:>11.4g}{c.bubble:>8.1%}  {fmt_bytes(max(c.memory)):<20}"
+            f"{fmt_seconds(c.step_time):>10}{c.throughput:>11.4g}{c.bubble:>8.1%}  {memory_cell(max(c.memory), c.memory_band):<26}"
             f"{'yes' if c.fits else 'NO':<5} {format_layout(symbols, c.counts, abbreviate=True)}")
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from .. import limits
 from ..schedules.registry import ScheduleArgError, check_args
 from ..simulate import simulate
 from ..timeline import Timeline
-from .bands import profile_band
+from .bands import LOCAL_MEMORY_BAND, profile_band
 from .cluster import Cluster
 from .errors import PlanError
 from .holding import Holding, holding
@@ -65,6 +65,8 @@ class Candidate:
     schedule: Schedule = field(compare=False, repr=False)
     overhead: float = 0.0  #: beyond the layers' profile: their slowdown in a run x makespan + per-step work (measured)
     band: float | None = None  #: relative half-width of the step's error band (the profile's measured spread)
+    #: relative half-width of the memory's band (measured runs: ``bands.LOCAL_MEMORY_BAND``)
+    memory_band: float | None = None
 
     @property
     def split(self) -> Split:
@@ -78,7 +80,7 @@ class Candidate:
                 "step_time": self.step_time, "makespan": self.makespan, "allreduce": self.allreduce,
                 "optimizer": self.optimizer, "overhead": self.overhead,
                 "throughput": self.throughput, "bubble": self.bubble, "peak_memory": list(self.memory),
-                "fits": self.fits, "band": self.band,
+                "fits": self.fits, "band": self.band, "memory_band": self.memory_band,
                 "step_time_band": None if self.band is None else [self.step_time * (1 - self.band),
                                                                   self.step_time * (1 + self.band)]}
 
@@ -187,7 +189,7 @@ class Searcher:
                          throughput=self.global_batch / step if step > 0 else float("inf"),
                          bubble=bubble, memory=memory, activations=acts, overhead=over,
                          fits=cl.memory is None or max(memory) <= cl.memory * (1 + 1e-9), schedule=sched,
-                         band=profile_band(prof, c.mbs))
+                         band=profile_band(prof, c.mbs), memory_band=LOCAL_MEMORY_BAND)
 
     def _partition(self, h: Holding, c: Config) -> Partition:
         """The exact split; the memory-free one is shared by every m and reused when it fits."""

@@ -139,14 +139,15 @@ def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None
     v = fam.default_chunks if chunks is None else chunks
     check_args(fam, ranks, microbatches, v)
     limits.check_schedule_size(ranks, microbatches, v, 3 if fam.split_backward else 2, name=fam.name)
-    with _gc_paused():
+    with gc_paused():
         return fam.generator(ranks, microbatches, v)
 
 
 @contextmanager
-def _gc_paused():
-    """Generators allocate hundreds of thousands of small tuples and no cycles;
-    the cyclic collector rescanning them as they pile up made generation superlinear."""
+def gc_paused():
+    """Generators (and the planner, which keeps thousands of schedules) allocate hundreds of thousands of
+    small tuples and no cycles; the cyclic collector rescanning them as they pile up made generation
+    superlinear. Nested uses keep it off until the outermost ends."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
