@@ -55,7 +55,11 @@ def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, .
     def load(r: int) -> float:
         return sum(share[k] * (ends[k] + t * n[k]) for k in pieces_of[r])
 
+    fast = _BlockMemory.of(lc, h)
+
     def memory(r: int) -> float:
+        if fast is not None:
+            return fast.rank(r, n)
         return _rank_memory(sums, h, r, [_span(n, k) for k in _stages_order(h, r)])
 
     if limit is not None and any(memory(r) > limit * (1 + _EPS) for r in pieces_of):
@@ -85,10 +89,15 @@ def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) 
         for r, share in held[k]:
             load[r] += share * (ends[k] + t * n[k])
 
+    fast = _BlockMemory.of(sums.lc, h)
+
+    def rank_memory(r: int) -> float:
+        if fast is not None:
+            return fast.rank(r, n)
+        return _rank_memory(sums, h, r, [_span(n, h.stage_piece[s]) for s in h.rank_stages[r]])
+
     def fits(k: int) -> bool:
-        return limit is None or all(
-            _rank_memory(sums, h, r, [_span(n, h.stage_piece[s]) for s in h.rank_stages[r]]) <= limit * (1 + _EPS)
-            for r, _ in held[k])
+        return limit is None or all(rank_memory(r) <= limit * (1 + _EPS) for r, _ in held[k])
 
     def grown(k: int) -> float:
         """The most memory a holder of piece k has with one more block in it (0 without a limit): ties in
@@ -97,8 +106,7 @@ def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) 
         if limit is None:
             return 0.0
         n[k] += 1
-        most = max(_rank_memory(sums, h, r, [_span(n, h.stage_piece[s]) for s in h.rank_stages[r]])
-                   for r, _ in held[k])
+        most = max(rank_memory(r) for r, _ in held[k])
         n[k] -= 1
         return most
 
@@ -124,6 +132,43 @@ def _place(r, pieces, n, ends, share, t, limit, memory) -> int | None:
             return k
         n[k] -= 1
     return None
+
+
+class _BlockMemory:
+    """A rank's memory in closed form when every block holds the same bytes: a piece of n blocks holds its
+    end layers' bytes (the embedding in the first, the head in the last) plus n times a block's, so a check is
+    a sum over the rank's stages instead of a walk over the layers (what ``partition._rank_memory`` computes,
+    the same value)."""
+
+    def __init__(self, lc: LayerCosts, h: Holding):
+        self.h, self.S = h, h.pieces
+        self.fb, self.ab = lc.fixed[1], lc.act[1]
+        self.ends = (lc.fixed[0], lc.fixed[-1], lc.act[0], lc.act[-1])
+        self.inputs = (lc.input_bytes[0], lc.input_bytes[1], lc.input_bytes[-1]) if lc.input_bytes else None
+        self.pieces = [[h.stage_piece[s] for s in h.rank_stages[r]] for r in range(h.ranks)]
+
+    @classmethod
+    def of(cls, lc: LayerCosts, h: Holding) -> "_BlockMemory | None":
+        blocks = range(1, len(lc.time) - 1)
+        same = all(lc.fixed[i] == lc.fixed[1] and lc.act[i] == lc.act[1] for i in blocks)
+        if lc.input_bytes is not None:
+            same = same and all(lc.input_bytes[i] == lc.input_bytes[1] for i in blocks)
+        return cls(lc, h) if same and len(lc.time) > 2 else None
+
+    def rank(self, r: int, n: list[int]) -> float:
+        S, (fe, fh, ae, ah) = self.S, self.ends
+        fixed, kept, full = 0.0, [], []
+        for k in self.pieces[r]:
+            first, last = k == 0, k == S - 1
+            fixed += (fe if first else 0.0) + (fh if last else 0.0) + n[k] * self.fb
+            act = (ae if first else 0.0) + (ah if last else 0.0) + n[k] * self.ab
+            full.append(act)
+            if self.inputs is None:
+                kept.append(act)
+            else:  # a recomputed piece keeps its first layer's input
+                kept.append(self.inputs[0] if first else self.inputs[1] if n[k] else self.inputs[2])
+        act = max((sum(c * a for c, a in zip(vec, kept)) for vec in self.h.live[r]), default=0.0)
+        return fixed + act + (max(full, default=0.0) if self.inputs is not None else 0.0)
 
 
 def _stages_order(h: Holding, r: int) -> list[int]:

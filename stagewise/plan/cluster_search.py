@@ -237,13 +237,28 @@ class ClusterSearcher(Searcher):
         return self._schedules.get(("short", c.family, c.p, c.m, c.v))
 
     def floor(self, c: Config) -> float:
-        """A lower bound on ``c``'s step without building its schedule: the busiest rank does at least the
-        average share of the work (every layer's F and B per micro-batch, F again when recomputed), and the
-        optimizer step runs on at least the average share of the weights."""
+        """A lower bound on ``c``'s step without building its schedule: the ranks do at least the average
+        share of the work (every layer's F and B per micro-batch, F again when recomputed) plus the average
+        of their fill and drain (``fill_floor``), and the optimizer step runs on at least the average share of
+        the weights."""
         k = self.profile.size_index(c.mbs)
-        work = sum(x.t_f[k] * (2 if c.recompute else 1) + x.t_b[k] for x in self.profile.layers)
-        opt = sum(x.t_opt for x in self.profile.layers) / c.p / self._opt_share(c.dp)
-        return c.m * work / c.p + opt + self.job.hardware.step_fixed
+        layers = self.profile.layers
+        work = sum(x.t_f[k] * (2 if c.recompute else 1) + x.t_b[k] for x in layers)
+        opt = sum(x.t_opt for x in layers) / c.p / self._opt_share(c.dp)
+        hw = self.job.hardware
+        return (c.m * work / c.p + fill_floor(c.family, c.p, layers, k) + opt
+                + hw.step_fixed + hw.step_per_action * actions_floor(c))
+
+    def memory_floor(self, c: Config) -> float:
+        """A lower bound on the fullest GPU's bytes without the schedule, where the family says how much it
+        holds (``Family.holds_all``: every micro-batch of every stage at once): the average of every rank's
+        state and its m micro-batches' kept bytes. 0 for the others."""
+        fam = FAMILIES.get(c.family)
+        if fam is None or not fam.holds_all:
+            return 0.0
+        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
+        kept = min(lc.input_bytes) * c.p * c.v if lc.input_bytes else sum(lc.act)  # a recomputed piece: its input
+        return (sum(lc.fixed) + c.m * kept) / c.p
 
     def _opt_share(self, dp: int) -> int:
         """How many replicas split the optimizer step."""
@@ -387,6 +402,33 @@ class ClusterSearcher(Searcher):
 def _steps(long, m: int) -> float:
     """Scale from a schedule's actions per rank to the step's: a long step's stand-in has 2 mc micro-batches."""
     return 1.0 if long is None else m / (2 * long[0])
+
+
+def actions_floor(c: Config) -> int:
+    """The fewest ops a rank runs in ``c``'s step: each of its stages' micro-batches needs an F and a B (or I
+    and W); an F&B pair holds at most one F (DualPipe's two lanes share the micro-batches)."""
+    fam = FAMILIES.get(c.family)
+    if fam is None:
+        return 0
+    units = c.m * c.v // fam.param_copies
+    return units if fam.pairs is not None else units * (3 if fam.split_backward else 2)
+
+
+def fill_floor(family: str, p: int, layers, k: int) -> float:
+    """The average over ranks of the least fill and drain any split gives, without the schedule.
+
+    Rank r's first op is a forward of its first stage, d_r stages into its lane (d_r = r; with two lanes,
+    DualPipe's, min(r, p - 1 - r)), so it waits for d_r pieces' forwards, all but the embedding's of at least
+    one layer; without a split backward its last op is a backward, after which as many pieces' backwards run.
+    The makespan is at least every rank's fill + work + drain, so at least their average."""
+    fam = FAMILIES.get(family)
+    if fam is None or p < 3:
+        return 0.0
+    f = min(x.t_f[k] for x in layers[1:])
+    b = 0.0 if fam.split_backward else min(x.t_b[k] for x in layers[1:])
+    lanes = fam.param_copies
+    chain = sum(max((r if lanes == 1 else min(r, p - 1 - r)) - 1, 0) for r in range(p))
+    return chain / p * (f + b)
 
 
 def pipeline_bound(sched, sc, split_backward: bool) -> float:
@@ -651,6 +693,10 @@ class _BestFirst:
                 bases = TRADES_BUBBLE_FOR_MEMORY.get(c.family, ())
                 if any(free_fits.get((id(s), b, c.p, c.m, c.mbs, c.recompute)) for b in bases):
                     counts["dominated"] += 1  # the base family fits with its fastest split: it is faster
+                    done += 1
+                    continue
+                if s.memory_floor(c) > s.cluster.memory * (1 + 1e-9):  # too big for sure, without its schedule
+                    counts["too_big"] += 1
                     done += 1
                     continue
                 if s._schedule(c.family, c.p, c.m, c.v) is None:
