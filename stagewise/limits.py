@@ -88,6 +88,10 @@ LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers",
 #: a cluster plan's GPUs (and a hardware file's GPUs per node): its layouts are the divisors of this count
 GPUS = Limit(env="STAGEWISE_MAX_GPUS", default=131_072, what="GPUs",
              where="a cluster plan's --gpus and a hardware file's gpus_per_node")
+#: a plan's MoE model file: routed experts per block (expert-parallel degrees are their divisors; Kimi K2 has 384);
+#: not in ``ALL`` until the README's limits table (generated from ``ALL``) is rewritten with it
+EXPERTS = Limit(env="STAGEWISE_MAX_EXPERTS", default=65_536, what="routed experts per MoE block",
+                where="a plan's model file (moe.experts)")
 #: a model (train, profile): one tensor, and all parameters (2**31 fp32 = 8 GiB: a 1B model fits, 7B does not)
 ELEMENTS = Limit(env="STAGEWISE_MAX_ELEMENTS", default=2**28, what="elements in one tensor",
                  where="the built-in GPT and HF configs in train and profile: weights, activations, logits")

@@ -260,6 +260,14 @@ class Parallelism:
             return f"`etp` {self.etp} (experts split unlike attention's `tp` {self.tp}) is not run by stagewise yet"
         return None
 
+    def unsupported_by_hf(self) -> str | None:
+        """Why ``stagewise train --hf`` cannot run this layout beyond ``unsupported()`` (None: it can): what a
+        Hugging Face model brings itself. Read by the train CLI and the planner's stagewise rows."""
+        if self.ep > 1:
+            return (f"`ep` {self.ep} shards the experts of stagewise's MoE blocks; a Hugging Face model's experts "
+                    "are transformers' own and stay whole (run it with `ep` 1)")
+        return None
+
     def check_runs(self) -> None:
         """``check()``, then what stagewise's runtime composes (raises ``ParallelismError``)."""
         self.check()

@@ -27,11 +27,11 @@ def test_plan_a_cluster_prints_table_frameworks_and_csv(tmp_path, capsys):
              ("Megatron-LM", "torchtitan", "DeepSpeed", "stagewise")}
     assert set(lines) == {"Megatron-LM", "torchtitan", "DeepSpeed", "stagewise"}  # each framework's best, run
     assert "--tensor-model-parallel-size" in lines["Megatron-LM"] and "(#" in lines["Megatron-LM"]
-    assert "--parallelism.tensor_parallel_degree" in lines["torchtitan"]
-    assert '"train_batch_size":256' in lines["DeepSpeed"] and "PipelineModule(num_stages=" in lines["DeepSpeed"]
+    assert "--parallelism.tensor-parallel-degree" in lines["torchtitan"]
+    assert '"train_batch_size":256' in lines["DeepSpeed"] and "PipelineModule(layers, topology=" in lines["DeepSpeed"]
     assert "torchrun --nnodes=8 --nproc-per-node=8 -m stagewise train" in lines["stagewise"]
     _train_takes(lines["stagewise"])
-    assert str(csv) in out and "ranks first:" in out
+    assert str(csv) in out and ("ranks first:" in out or "is recommended:" in out)
     sched = torch_csv.load(csv)
     assert sched.ranks >= 1
 
@@ -172,7 +172,7 @@ def _train_takes(line: str) -> None:
 
     from stagewise.cli import build_parser
 
-    words = shlex.split(line[line.index("torchrun"):])
+    words = shlex.split(line[line.index("torchrun"):], comments=True)
     argv = words[words.index("train"):]
     argv = [w for w in argv if not w.startswith("#")]
     args = build_parser().parse_args(argv)

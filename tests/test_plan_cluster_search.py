@@ -56,8 +56,9 @@ def test_llama3_405b_first_and_last_stages_get_fewer_blocks():
                                          global_batch_tokens=16 * 2**20))
     assert "--decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7" in mega
     assert "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16" in mega
-    titan = torchtitan_options(best, job(), "plan.csv")
-    assert "layers.7,layers.15," in titan and "--parallelism.pipeline_parallel_schedule_csv plan.csv" in titan
+    titan, _ = torchtitan_options(replace(best, recompute="off"), job(), "plan.csv")
+    assert "tok_embeddings," + ",".join(f"layers.{i}" for i in range(7)) + " layers.7," in titan
+    assert "--parallelism.pipeline-parallel-schedule-csv plan.csv" in titan
 
 
 def test_llama3_405b_on_16384_gpus_is_searched_fast():
@@ -98,7 +99,8 @@ def test_search_takes_the_least_recomputation_that_fits():
     full = cluster_search(Job(spec=spec, recompute=("full",), **kw), keep=1).ranking[0]
     assert off.step_time < sel.step_time < full.step_time
     assert "--recompute-granularity selective" in megatron_options(sel, Job(spec=spec, **kw))[0]
-    assert "--activation_checkpoint.mode selective" in torchtitan_options(sel, Job(spec=spec, **kw), None)
+    titan, why = torchtitan_options(sel, Job(spec=spec, **kw), None)
+    assert titan is None and "torchtitan's selective activation checkpointing is per operator" in why
 
 
 def test_flash_attention_models_skip_selective():
@@ -159,7 +161,7 @@ def test_schedules_megatron_cannot_run_go_to_torchtitan_only():
     best = res.ranking[0]
     mega, note = megatron_options(best, job())
     assert mega is None and "not zb-v" in note
-    assert "--parallelism.pipeline_parallel_schedule_csv x.csv" in torchtitan_options(best, job(), "x.csv")
+    assert "--parallelism.pipeline-parallel-schedule-csv x.csv" in torchtitan_options(best, job(), "x.csv")[0]
 
 
 @pytest.mark.parametrize("family, v", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipe", 2),

@@ -17,6 +17,7 @@ from .common import UsageError, family_names, finite_float, positive_int, print_
 
 
 def register(sub) -> None:
+    from ..plan.bands import RULE
     from . import plan_auto, plan_cluster, plan_profile
 
     plan_profile.register(sub)
@@ -24,7 +25,10 @@ def register(sub) -> None:
         "plan", help="search schedule x p x dp x v x m x recompute x split for the fastest that fits in memory",
         description="Given a profile, N devices, a global batch and a memory limit, simulate every configuration "
         "(p x dp = N, schedule family, v, micro-batch size, recomputation on/off, the exact best split of layers) "
-        "and rank them. Writes the winner as torch's compute-only CSV and prints the `stagewise train` command.")
+        "and rank them. Writes the winner as torch's compute-only CSV and prints the `stagewise train` command. "
+        "With --model (cluster scale): each framework's own command, written for the version its line is checked "
+        "against, and never a layout that framework cannot express (the plan says why). Recommendation under "
+        f"ties: {RULE}.")
     p.add_argument("--profile", metavar="FILE", help="a profile from `stagewise profile`")
     p.add_argument("-N", "--devices", type=positive_int, help="devices in all (p x dp)")
     p.add_argument("-G", "--global-batch", type=positive_int, help="samples per optimizer step")
@@ -112,7 +116,9 @@ def destinations(args) -> Destinations:
     """``-o``'s files, refused before any work if their folder is missing or not writable."""
     from ..render.files import OutputError, check_path
 
-    target = args.output or "plan.csv"
+    if args.output is not None and not args.output.strip():
+        raise UsageError("-o '': give a file name (FILE.csv, FILE.md or FILE.json), or leave -o out for plan.csv")
+    target = args.output if args.output is not None else "plan.csv"
     try:
         path = check_path(target, (".csv", ".md", ".json"))
         csv = str(path) if path.suffix.lower() == ".csv" else str(path.with_suffix(".csv"))
@@ -174,12 +180,12 @@ def _plan(args) -> int:
     prof = Profile.load(args.profile)
     cluster = _cluster(args, prof)
     fams = family_names(args.schedules)
-    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes else None
+    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes is not None else None
     for b in sizes or ():
         prof.size_index(b)
     rc = {"both": (False, True), "on": (True,), "full": (True,), "off": (False,)}[args.recompute]
-    counts = Split.parse(args.layout, prof.symbols).counts if args.layout else None
-    chunks = tuple(_int_list(args.chunks or "2,4", "--chunks"))
+    counts = Split.parse(args.layout, prof.symbols).counts if args.layout is not None else None
+    chunks = tuple(_int_list(args.chunks if args.chunks is not None else "2,4", "--chunks"))
     space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts)
     _check_search_size(args, prof, cluster, space)
     searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
@@ -327,9 +333,10 @@ def _cluster(args, prof):
 
 def _int_list(text: str, option: str) -> list[int]:
     try:
-        vals = [int(x) for x in text.split(",")]
+        vals = [int(x) for x in text.split(",")]  # '' and '1,,2' fail here: a default is the option left out
     except ValueError:
-        raise UsageError(f"{option} {text!r}: expected whole numbers separated by commas, e.g. 1,2,4") from None
+        raise UsageError(f"{option} {text[:40]!r}: expected whole numbers separated by commas, e.g. 1,2,4 (leave "
+                         "the option out for its default)") from None
     if any(v < 1 for v in vals):
         raise UsageError(f"{option} {text!r}: every value must be >= 1")
     return vals

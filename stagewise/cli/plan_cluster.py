@@ -93,7 +93,7 @@ def wants_cluster(args) -> bool:
 
 def run(args) -> int:
     """The cluster plan: search, table, each framework's best with its command, the written plan."""
-    from ..plan.bands import sensitivity, tied_with_first
+    from ..plan.bands import recommend, sensitivity
     from ..plan.cluster_search import cluster_search
     from ..plan.explain import cluster_why
     from .plan import _Bar, destinations
@@ -107,10 +107,16 @@ def run(args) -> int:
     elapsed = time.perf_counter() - t0
     if not res.ranking:
         raise UsageError(_nothing_fits(job, res))
-    ties = tied_with_first(res.ranking)
-    why = cluster_why(res.ranking, ties)
-    sens = sensitivity(job, res.ranking[0], schedules)
-    return _report(args, job, res, elapsed, out, why, ties, sens)
+    from dataclasses import replace
+
+    from .flags import say
+
+    res = replace(res, not_offered={say(k): n for k, n in res.not_offered.items()})  # in the CLI's words
+    reserve = job.memory_reserve.bytes(job.hardware.memory)
+    rec = recommend(res.ranking[:max(args.top, 1)], reserve)  # the rows the search ranked exactly
+    why = cluster_why(res.ranking, rec.tied, rec, reserve)
+    sens = sensitivity(job, rec.row, schedules)
+    return _report(args, job, res, elapsed, out, why, rec, sens)
 
 
 def _job(args):
@@ -142,9 +148,10 @@ def _job(args):
     from ..plan.analytic import RECOMPUTE
 
     rc = {"both": RECOMPUTE, "on": ("full",)}.get(args.recompute, (args.recompute,))
-    chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks else None  # every v that fits
-    sizes = tuple(_int_list(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes else (1, 2, 4)
-    sharding = _names(args.sharding, "--sharding") if args.sharding else None
+    chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks is not None else None  # every v that fits
+    sizes = (tuple(_int_list(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes is not None
+             else (1, 2, 4))
+    sharding = _names(args.sharding, "--sharding") if args.sharding is not None else None
     if args.no_zero:
         if sharding not in (None, ("ddp",)):
             raise UsageError(f"--no-zero is --sharding ddp; it cannot be combined with --sharding {args.sharding}")
@@ -152,15 +159,16 @@ def _job(args):
     hw = Hardware.load(args.hardware)
     reserve = parse_reserve(args.memory_reserve, hw.memory) if args.memory_reserve is not None else None
     frameworks = (FRAMEWORKS[args.framework],) if args.framework else tuple(FRAMEWORKS.values())
-    shards = tuple(_int_list(args.hsdp_shard, "--hsdp-shard")) if args.hsdp_shard else (2, 4, 8, 16, 32, 64)
+    shards = (tuple(_int_list(args.hsdp_shard, "--hsdp-shard")) if args.hsdp_shard is not None
+              else (2, 4, 8, 16, 32, 64))
     if args.fp8_all_gather and args.precision != "fp8":
         raise UsageError("--fp8-all-gather keeps the weights in FP8, which FP8 compute reads: give --precision fp8 too")
     return Job(spec=TransformerSpec.load(args.model), hardware=hw, gpus=args.gpus,
                global_batch_tokens=parse_tokens(args.global_batch_tokens),
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
-               tensor=tuple(_int_list(args.tensor, "--tensor")) if args.tensor else None,
-               pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline else None,
-               expert=tuple(_int_list(args.expert, "--expert")) if getattr(args, "expert", None) else None,
+               tensor=tuple(_int_list(args.tensor, "--tensor")) if args.tensor is not None else None,
+               pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline is not None else None,
+               expert=tuple(_int_list(args.expert, "--expert")) if args.expert is not None else None,
                micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks),
                frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve,
                expert_tensor=tuple(_int_list(args.expert_tensor, "--expert-tensor")) if args.expert_tensor else None,
@@ -184,27 +192,31 @@ def _names(text: str, option: str) -> tuple[str, ...]:
     names = tuple(x.strip() for x in text.split(","))
     bad = [n for n in names if n not in SHARDING]
     if bad or len(text) > 200:
-        raise UsageError(f"{option} {text[:40]!r}: each must be one of {', '.join(SHARDING)}")
+        raise UsageError(f"{option} {text[:40]!r}: each must be one of {', '.join(SHARDING)} (leave the option out "
+                         "for each framework's own)")
     return names
 
 
-def _report(args, job, res, elapsed, out, why: str, ties: int, sens: list[dict]) -> int:
+def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict]) -> int:
     from .. import torch_csv
+    from ..plan.bands import recommend
     from ..plan.frameworks import commands
     from ..plan.written import cluster_plan, markdown
     from .plan import _csv_round_trips, said_default
 
-    best = res.ranking[0]
+    best = rec.row
     schedule = full_schedule(best)
     csv_path = out.csv if _csv_round_trips(schedule) else None
     try:
         torch_csv.dump(schedule, out.csv)
     except OSError as e:
         raise UsageError(f"-o {out.csv}: cannot write: {e.strerror}") from None
-    cmds = commands(res.best, job, csv_path, best)
-    plan = cluster_plan(argv=out.argv, job=job, res=res, commands=cmds, why=why, ties=ties, sensitivity=sens,
+    reserve = job.memory_reserve.bytes(job.hardware.memory)
+    picks = {name: recommend([c for c in res.ranking if c.framework == name], reserve).row for name in res.best}
+    cmds = commands(picks, job, csv_path, best)
+    plan = cluster_plan(argv=out.argv, job=job, res=res, commands=cmds, why=why, rec=rec, sensitivity=sens,
                         top=args.top, seconds=elapsed, csv=out.csv)
-    table = cluster_table(res.ranking[:args.top], ties)
+    table = cluster_table(res.ranking[:args.top], rec.tied, best)
     out.write(plan, markdown(plan, table))
     if args.json:
         print_json(plan)
@@ -219,7 +231,9 @@ def _report(args, job, res, elapsed, out, why: str, ties: int, sens: list[dict])
     print()
     for name, (c, cmd, note) in cmds.items():
         print(_framework_line(name, c, cmd, note, res.ranking))
-    print(f"\nwrote {out.csv} (torch compute-only CSV of the winner's schedule, {schedule.ranks} pipeline ranks, "
+    for why_not, n in res.not_offered.items():
+        print(f"{why_not} ({n} layout{'s' if n > 1 else ''})")
+    print(f"\nwrote {out.csv} (torch compute-only CSV of the recommended schedule, {schedule.ranks} pipeline ranks, "
           f"{best.config.m} micro-batches){said_default(args)}")
     if out.plan:
         print(f"wrote {out.plan} (the plan: inputs, assumptions, results and commands; stagewise "
@@ -267,7 +281,7 @@ def _framework_line(name: str, c, cmd, note: str, ranking) -> str:
     return line + (f"  # {note}" if cmd and note else "")
 
 
-def cluster_table(cands, ties: int = 0) -> str:
+def cluster_table(cands, ties: int = 0, recommended=None) -> str:
     from ..plan.cluster import fmt_bytes
     from ..plan.explain import fmt_seconds
 
@@ -285,12 +299,16 @@ def cluster_table(cands, ties: int = 0) -> str:
                 else fmt_seconds(c.step_time))
         mfus = f"{c.mfu:.1%} ({mfu[0]:.0%}-{mfu[1]:.0%})" if mfu else f"{c.mfu:.1%}"
         shard = c.sharding + (f"/{c.shard}" if c.shard else "")
-        lines.append(f"{n:>3}{'=' if 1 < n <= ties else ' '} {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
+        mark = "*" if c is recommended else "=" if 1 < n <= ties else " "
+        lines.append(f"{n:>3}{mark} {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
                      f"{g.m:>5}{g.mbs:>4} {_RC[c.recompute]:<4} {shard:<9}{c.framework:<11}{step:>20}{mfus:>20}"
                      f"{_memory(c):>22}{fmt_bytes(c.headroom):>9}"
                      f"{c.candidate.bubble:>8.1%}  {_blocks(c)}")
     if ties > 1:
-        lines.append(f"(=: a tie with #1, their bands overlap; #1-#{ties} cannot be ranked by this model)")
+        lines.append(f"(=: a tie with #1, their bands overlap: #1-#{ties} cannot be ranked by speed; *: the one "
+                     "recommended by the rule in `plan --help`)")
+    elif recommended is not None and recommended is not cands[0]:
+        lines.append("(*: the one recommended by the rule in `plan --help`)")
     return "\n".join(lines)
 
 

@@ -45,8 +45,9 @@ def apply(cfg, args):
     given = {field: getattr(args, arg) for arg, field in SHAPE.items()
              if getattr(args, arg) is not None and getattr(args, arg) is not False}
     if args.hf and args.ep > 1:
-        raise UsageError(f"--ep {args.ep} shards the experts of stagewise's MoE blocks; an --hf model's experts are "
-                         "transformers' own and stay whole (run it with --ep 1)")
+        from ..parallelism import Parallelism
+
+        raise UsageError(Parallelism(ep=args.ep).unsupported_by_hf())  # said in the CLI's words (flags.say)
     if args.hf and given:
         raise UsageError(f"--{next(iter(given)).replace('_', '-')} shapes the built-in GPT's MoE blocks; an --hf "
                          "model brings its own experts")

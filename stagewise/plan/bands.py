@@ -14,7 +14,7 @@ reports how much its step moves.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 #: a local plan's memory band: the worst error of the runtime's measured peak activation bytes per rank against
 #: the simulator's prediction fed the profile's per-op bytes (benchmarks/bench_activation_memory.py: 1F1B, GPipe,
@@ -119,3 +119,58 @@ def _replan(job, best, fw, hw, mode: str, schedules):
     except PlanError:
         return None
     return res.ranking[0] if res.ranking else None
+
+
+# ---- one recommendation when bands overlap
+
+#: upper ends of bands closer than this (relative) are equal on the rule's first key: the planner's own
+#: resolution (a long step is extended from shorter ones within 1%, ``steady``)
+RESOLUTION = 0.01
+#: the rule, as ``plan --help`` and the plan say it
+RULE = ("when bands overlap, the planner still recommends one of the listed rows (--top) that tie with the "
+        "fastest: the best upper end of the band (the slowest step it allows; within 1% is equal), then the most "
+        "memory headroom, then fewer pipeline ranks, then fewer micro-batches; a recommendation that leaves less "
+        "headroom than the memory reserve says so and names the fastest tied row that leaves more")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """The row the rule picks among the ones that tie with the fastest, and why."""
+
+    row: object  #: the recommended candidate
+    tied: int  #: rows (the fastest included) whose bands overlap the fastest's
+    decided_by: str  #: the rule's key that picked it over the fastest ("fastest" when it is the fastest)
+    tight: bool  #: its headroom is below the reserve: said beside it
+    roomy: object | None = None  #: when tight: the fastest tied row whose headroom is at least the reserve
+
+
+def recommend(rows, reserve: float) -> Recommendation:
+    """``RULE`` over ranked cluster rows (fastest first, each with ``step_time``, ``band``, ``headroom`` and a
+    ``config`` with ``p`` and ``m``); ``reserve``: the bytes the memory reserve keeps free per GPU.
+
+    Example:
+        >>> from types import SimpleNamespace as R
+        >>> a = R(step_time=1.0, band=0.1, headroom=1e8, config=R(p=4, m=8))
+        >>> b = R(step_time=1.005, band=0.1, headroom=9e9, config=R(p=4, m=8))
+        >>> c = R(step_time=1.2, band=0.1, headroom=9e9, config=R(p=2, m=8))
+        >>> got = recommend([a, b, c], reserve=2e9)
+        >>> got.row is b, got.decided_by, got.tied
+        (True, 'more headroom', 3)
+    """
+    first = rows[0]
+    tied = [c for c in rows if tie(first.step_time, first.band, c.step_time, c.band)]
+    upper = {id(c): interval(c.step_time, c.band)[1] for c in tied}
+    best_upper = min(upper.values())
+    near = [c for c in tied if upper[id(c)] <= best_upper * (1 + RESOLUTION)]
+    pick = min(near, key=lambda c: (-c.headroom, c.config.p, c.config.m, upper[id(c)]))
+    if pick is first:
+        why = "fastest"
+    elif first not in near:
+        why = "the best upper end of the band"
+    elif pick.headroom > first.headroom:
+        why = "more headroom"
+    else:
+        why = "fewer pipeline ranks" if pick.config.p < first.config.p else "fewer micro-batches"
+    tight = pick.headroom < reserve
+    roomy = next((c for c in tied if c.headroom >= reserve), None) if tight else None
+    return Recommendation(row=pick, tied=len(tied), decided_by=why, tight=tight, roomy=roomy)

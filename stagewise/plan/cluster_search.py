@@ -30,6 +30,7 @@ from itertools import accumulate
 from typing import Callable, NamedTuple
 
 from ..costs import Costs
+from ..parallelism import Parallelism
 from ..schedules import FAMILIES
 from ..schedules.registry import gc_paused
 from ..simulate import simulate
@@ -93,6 +94,14 @@ class ClusterCandidate:
         return self.candidate.config
 
     @property
+    def parallelism(self) -> Parallelism:
+        """The layout as the one value every printed command and run is built from (the planner's t,
+        sharding and shard said by ``Parallelism.of_plan``)."""
+        g = self.config
+        return Parallelism.of_plan(p=g.p, dp=g.dp, t=self.t, sharding=self.sharding, shard=self.shard, ep=self.ep,
+                                   etp=self.etp)
+
+    @property
     def step_time(self) -> float:
         return self.candidate.step_time
 
@@ -139,7 +148,7 @@ class ClusterCandidate:
         band = self.step_band
         return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes,
                 "etp": self.t if self.etp is None else self.etp, "expert_placement": self.expert_placement,
-                **self.candidate.to_dict(),
+                **self.candidate.to_dict(), "parallelism": self.parallelism.to_dict(),
                 "recompute": self.recompute,
                 "framework": self.framework, "sharding": self.sharding, "shard": self.shard,
                 "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "mfu": self.mfu,
@@ -542,12 +551,17 @@ def _recomputes(fw: Framework, mode: str) -> bool:
     return mode in fw.recompute
 
 
-def _groups(job: Job, dp: int, mode: str) -> list[tuple[str, int | None]]:
+def _groups(job: Job, dp: int, mode: str, skipped: dict | None = None) -> list[tuple[str, int | None]]:
     """(sharding, HSDP shard group) pairs searched at ``dp`` replicas by some framework running ``mode``."""
     out = []
     for sh in dict.fromkeys(x for fw in _runners(job, mode) for x in shardings(job, fw)):
         if sh == "hsdp":
-            out += [(sh, g) for g in job.hsdp_shards if 1 < g < dp and dp % g == 0]
+            groups = [(sh, g) for g in job.hsdp_shards if 1 < g < dp and dp % g == 0]
+            if not groups and skipped is not None:
+                why = (f"--hsdp-shard {','.join(map(str, job.hsdp_shards))}: an HSDP shard group must divide the "
+                       "data-parallel ranks with more than one group (1 < shard < dp)")
+                skipped[why] = skipped.get(why, 0) + 1
+            out += groups
         else:
             out.append((sh, None))
     return out
@@ -564,15 +578,16 @@ def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
         if ranks % p or p > len(prof.layers):
             continue
         dp = ranks // p
-        for sharding, shard in _groups(job, dp, mode):
+        for sharding, shard in _groups(job, dp, mode, skipped):
             factor = state_factor(dp, sharding=sharding, shard=shard) + job.weight_extra
             if weights * factor / p > usable:
                 why = "weights, gradients and optimizer state alone exceed the GPU's usable memory"
                 if mode == recompute_modes(job)[0]:  # once per layout, whatever the recomputation
                     skipped[why] = skipped.get(why, 0) + 1
                 continue
-            runners = _runners(job, mode, sharding)
-            families = _families(job, runners)
+            par = Parallelism.of_plan(p=p, dp=dp, t=t, sharding=sharding, shard=shard)
+            runners = offered(_runners(job, mode, sharding), par, skipped)
+            families = _families(job, runners, skipped)
             if not families:
                 continue
             cl = _OnePipeline(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=usable,
@@ -585,10 +600,34 @@ def _pipelines(job: Job, t: int, prof, mode: str, replay: dict, shared: dict,
     return out
 
 
-def _families(job: Job, runners: tuple[Framework, ...]) -> tuple[str, ...]:
-    """The families the job asks for that one of ``runners`` runs."""
+def _families(job: Job, runners: tuple[Framework, ...], skipped: dict | None = None) -> tuple[str, ...]:
+    """The families the job asks for that one of ``runners`` runs (``skipped`` collects the others, in
+    the frameworks' words)."""
     asked = job.space.families or tuple(FAMILIES)
-    return tuple(f for f in asked if any(fw.runs(f) for fw in runners))
+    out = tuple(f for f in asked if any(fw.runs(f) for fw in runners))
+    if skipped is not None and runners:
+        for f in asked:
+            if f not in out:
+                runs = "; ".join(f"{fw.title} runs {', '.join(fw.families)}" for fw in job.frameworks if fw.families)
+                why = f"--schedules {f}: no framework asked for runs it ({runs})"
+                skipped[why] = skipped.get(why, 0) + 1
+    return out
+
+
+def offered(runners: tuple[Framework, ...], par: Parallelism, skipped: dict) -> tuple[Framework, ...]:
+    """``runners`` less those that cannot express the layout (``frameworks.refusal``); ``skipped`` collects
+    why, per framework, for the plan to say."""
+    from .frameworks import refusal
+
+    out = []
+    for fw in runners:
+        why = refusal(fw.name, par)
+        if why is None:
+            out.append(fw)
+        else:
+            key = f"not offered for {fw.title}: {why}"
+            skipped[key] = skipped.get(key, 0) + 1
+    return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -608,6 +647,8 @@ class Result:
     #: of ``pruned``: the same configuration with less recomputation fits
     dominated: int = 0
     best: dict = field(default_factory=dict)  #: framework name -> its fastest ClusterCandidate (exact)
+    #: why a framework was not offered some layouts (``frameworks.refusal``) -> how many
+    not_offered: dict = field(default_factory=dict)
 
 
 def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None, keep: int = 10,
@@ -626,7 +667,7 @@ def _search(job: Job, progress, keep: int, per_layout: bool, schedules: dict | N
     skipped: dict = {}
     found = searchers(job, skipped, schedules)
     if not found:
-        raise PlanError(_weights_do_not_fit(job))
+        raise PlanError(_nothing_offered(job, skipped) or _weights_do_not_fit(job))
     work = [(s, c) for s in found for c in s.configs(build=False)]
     if not work:
         raise PlanError(_nothing_to_search(job, skipped))
@@ -642,7 +683,8 @@ def _search(job: Job, progress, keep: int, per_layout: bool, schedules: dict | N
         best.setdefault(g.framework, g)
     pruned = len(work) - counts["too_big"] - counts["simulated"]
     return Result(ranking=out, configurations=len(work), simulated=counts["simulated"], pruned=pruned,
-                  too_big=counts["too_big"], unbuilt=counts["unbuilt"], dominated=counts["dominated"], best=best)
+                  too_big=counts["too_big"], unbuilt=counts["unbuilt"], dominated=counts["dominated"], best=best,
+                  not_offered={k: n for k, n in skipped.items() if k.startswith("not offered for ")})
 
 
 @dataclass(kw_only=True)
@@ -731,6 +773,20 @@ class _BestFirst:
             if progress:
                 progress(done, total)
         return out, counts
+
+
+#: the skip reasons that are the options' own doing (a framework that cannot run what was asked), not memory
+_NOT_OFFERED = ("not offered for ", "--schedules ", "--hsdp-shard ")
+
+
+def _nothing_offered(job: Job, skipped: dict) -> str | None:
+    """The real culprit when no searcher was made and the options, not memory, left nothing: a framework that
+    does not run the schedules asked for, a layout no framework asked for can express, HSDP shard groups that
+    divide no data-parallel degree."""
+    why = [k for k in skipped if k.startswith(_NOT_OFFERED)]
+    if not why or any(k.startswith("weights, gradients") for k in skipped):
+        return None
+    return f"--gpus {job.gpus}: nothing to search: " + "; ".join(why)
 
 
 def _weights_do_not_fit(job: Job) -> str:

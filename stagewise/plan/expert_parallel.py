@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import accumulate
 
+from ..parallelism import Parallelism
 from .analytic import ExpertParallel, TensorParallel, analytic_profile, replay_bytes
 from .block_split import block_split
 from .cluster_job import Job, state_factor
@@ -51,10 +52,11 @@ def expert_degrees(job: Job, pool: int, t: int) -> list[tuple[int, int]]:
     with ``job.expert_tensor`` (or etp = t and 1), ep x etp dividing the pool and a multiple of t (so the
     layout is a ``Parallelism``: ep x etp / t data ranks share each block's experts)."""
     experts = job.spec.moe.experts
-    eps = job.expert or tuple(e for e in range(1, experts + 1) if experts % e == 0)
+    # bounded by the GPUs (an MoE file's experts are bounded by STAGEWISE_MAX_EXPERTS, not their divisors)
+    eps = job.expert or tuple(e for e in range(1, pool + 1) if pool % e == 0 and experts % e == 0)
     etps = job.expert_tensor or tuple(dict.fromkeys((t, 1)))
     return [(e, x) for e in eps for x in etps
-            if pool % (e * x) == 0 and (e * x) % t == 0 and (x % t == 0 or t % x == 0)]
+            if experts % e == 0 and pool % (e * x) == 0 and (e * x) % t == 0 and (x % t == 0 or t % x == 0)]
 
 
 @lru_cache(maxsize=65536)
@@ -205,7 +207,7 @@ def moe_pipelines(job: Job, t: int, tp: TensorParallel, mode: str, shared: dict,
     ``mode``: the analytic profile at that expert layout and the nodes its group spans, the cluster in that
     device order. Under ZeRO-1 and FSDP the routed experts' state is sharded over their replicas (HSDP is
     not searched for MoE models)."""
-    from .cluster_search import _families, _runners, recompute_modes
+    from .cluster_search import _families, _runners, offered, recompute_modes
     from .cluster_job import shardings
 
     hw, spec = job.hardware, job.spec
@@ -232,8 +234,10 @@ def moe_pipelines(job: Job, t: int, tp: TensorParallel, mode: str, shared: dict,
                                                      compute=job.compute)
                 prof = profiles[key]
                 for sharding in modes:
-                    runners = tuple(fw for fw in _runners(job, mode, sharding) if place in fw.expert_placements)
-                    families = _families(job, runners)
+                    par = Parallelism.of_plan(p=p, dp=dp, t=t, sharding=sharding, ep=ep, etp=etp)
+                    runners = offered(tuple(fw for fw in _runners(job, mode, sharding) if place in fw.expert_placements),
+                                      par, skipped)
+                    families = _families(job, runners, skipped)
                     if not families:
                         continue
                     sf = state_factor(dp, sharding=sharding) + job.weight_extra

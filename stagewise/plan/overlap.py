@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..schedules import FAMILIES
 from .errors import PlanError
 
 #: data-parallel sharding a framework may run: replicated (gradients all-reduced), ZeRO-1 (optimizer state
@@ -104,11 +105,13 @@ DEEPSPEED = Framework(
     source="DeepSpeed runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads, OptimizerStep after "
            "the last backward; SendActivation/SendGrad block the sender; ZeRO stage <= 1 with pipeline parallelism")
 TORCHTITAN = Framework(
-    name="torchtitan", title="torchtitan", families=None, sharding=("fsdp", "hsdp", "ddp"),
-    default_sharding=("fsdp",), reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="layer",
-    async_tp=True,
+    name="torchtitan", title="torchtitan", families=tuple(f for f in FAMILIES if f != "dualpipe"),
+    sharding=("fsdp", "hsdp", "ddp"), default_sharding=("fsdp",), reduce="stage", gather="end",
+    fsdp_reduce="stage", fsdp_gather="layer", recompute=("off", "full"), async_tp=True,
     source="torchtitan: FSDP2 fully_shard per transformer block in each stage, reshard_after_forward off under "
-           "PP; torch.distributed.pipelining reduce-scatters a stage's gradients after its last backward")
+           "PP; torch.distributed.pipelining reduce-scatters a stage's gradients after its last backward; any "
+           "family but DualPipe (two model copies) through torch's CSV; its selective activation checkpointing "
+           "is per operator (every second matmul recomputed), not the attention core, so it is not searched")
 STAGEWISE = Framework(
     name="stagewise", title="stagewise", families=None, sharding=("zero1", "ddp", "fsdp"),
     default_sharding=("zero1",), reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="stage",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from ..parallelism import Parallelism
 from ..schedule import Schedule
 from ..schedules import FAMILIES, generate
 from .. import limits
@@ -67,6 +68,12 @@ class Candidate:
     band: float | None = None  #: relative half-width of the step's error band (the profile's measured spread)
     #: relative half-width of the memory's band (measured runs: ``bands.LOCAL_MEMORY_BAND``)
     memory_band: float | None = None
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The layout as the one value runs are built from: p pipeline ranks x dp replicas (a local plan's
+        data parallelism is replicated)."""
+        return Parallelism(pp=self.config.p, dp=self.config.dp)
 
     @property
     def split(self) -> Split:
@@ -129,7 +136,7 @@ class Searcher:
         for name in self.space.families or tuple(FAMILIES):
             fam = FAMILIES[name]
             for v in fam.chunks or self.space.chunks or range(2, layers // p + 1):
-                if p * v > layers:
+                if p * v > layers or (p == 1 and v > 1):  # v chunks on one rank are gradient accumulation
                     continue
                 if not build:
                     if self._accepts(name, p, m, v):

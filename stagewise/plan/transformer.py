@@ -367,6 +367,10 @@ def _moe(raw, where: str, layers: int) -> MoE:
     if unknown:
         raise SpecError(f"{where}: unknown field {unknown[0]!r}; the fields are {', '.join(_MOE_FIELDS)}")
     ints = {k: number(raw, k, where, integer=True) for k in ("experts", "top_k", "expert_ffn")}
+    try:  # ep degrees are the experts' divisors: a count past the limit is refused before any search
+        limits.EXPERTS.check(ints["experts"], "", detail=f"{where}: experts {ints['experts']}")
+    except limits.LimitError as e:
+        raise SpecError(str(e)) from None
     for k in ("shared_experts", "dense_layers"):
         ints[k] = whole(raw, k, where, default=0)
     if ints["top_k"] > ints["experts"]:

@@ -19,10 +19,12 @@ FORMAT = "stagewise-plan"
 VERSION = 1
 
 
-def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, ties: int, sensitivity: list[dict],
+def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, rec, sensitivity: list[dict],
                  top: int, seconds: float, csv: str | None) -> dict:
     """The cluster plan as a dict (see the module doc)."""
     from .. import __version__
+    from .bands import RULE
+    from .frameworks import VERSIONS
     from .overlap import FRAMEWORKS
 
     hw = job.hardware
@@ -54,10 +56,16 @@ def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, ties: i
         "search": {"configurations": res.configurations, "simulated": res.simulated, "pruned": res.pruned,
                    "pruned_before_building": res.unbuilt, "dominated_by_less_recomputation": res.dominated,
                    "too_big": res.too_big, "seconds": seconds},
-        "best": res.ranking[0].to_dict(),
-        "tie": ties, "why": why, "sensitivity": sensitivity, "csv": csv,
+        "best": rec.row.to_dict(),
+        "recommendation": {"rule": RULE, "rank": res.ranking.index(rec.row) + 1, "tied": rec.tied,
+                           "decided_by": rec.decided_by, "tight": rec.tight,
+                           "roomy_rank": res.ranking.index(rec.roomy) + 1 if rec.roomy is not None else None,
+                           "headroom": rec.row.headroom, "reserve": job.memory_reserve.bytes(hw.memory)},
+        "not_offered": res.not_offered,
+        "tie": rec.tied, "why": why, "sensitivity": sensitivity, "csv": csv,
         "frameworks": {name: {"rank": res.ranking.index(c) + 1, "layout": c.to_dict(), "command": cmd,
-                              "note": note or None} for name, (c, cmd, note) in commands.items()},
+                              "note": note or None, "version": VERSIONS.get(name)}
+                       for name, (c, cmd, note) in commands.items()},
         "ranking": [c.to_dict() for c in res.ranking[:top]],
     }
 
@@ -74,10 +82,13 @@ def markdown(plan: dict, table: str) -> str:
         lines += [f"- {s['input']} {s['change']}: " + (f"{s['delta']:+.1%}" if s["delta"] is not None else
                                                        "does not fit") for s in plan["sensitivity"]]
         lines.append("")
+    lines += ["Recommendation rule: " + plan["recommendation"]["rule"] + ".", ""]
+    if plan["not_offered"]:
+        lines += [f"- {why} ({n} layouts)" for why, n in plan["not_offered"].items()] + [""]
     lines += ["## Commands", ""]
     for name, fw in plan["frameworks"].items():
         lay = fw["layout"]
-        lines += [f"**{asm['frameworks'].get(name, {}).get('title', name)}** (#{fw['rank']}: {lay['family']} "
+        lines += [f"**{asm['frameworks'].get(name, {}).get('title', name)}** ({fw['version']}; #{fw['rank']}: {lay['family']} "
                   f"t={lay['t']} p={lay['p']} dp={lay['dp']} v={lay['v']}, {lay['sharding']}):", ""]
         lines += ["```", fw["command"] or f"none: {fw['note']}", "```", ""]
         if fw["note"] and fw["command"]:
