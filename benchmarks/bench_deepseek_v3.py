@@ -18,10 +18,10 @@ import argparse
 import time
 from dataclasses import replace
 
-from stagewise.plan.cluster_search import Job, cluster_search
-from stagewise.plan.hardware import Hardware
+from stagewise.plan.cluster import Job, cluster_search
+from stagewise.plan.cluster import Hardware
 from stagewise.plan.search import Space
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import TransformerSpec
 
 GPUS, SEQUENCES = 2048, 15360
 PUBLISHED_TPS = 1e12 / (180e3 * 3600)  #: tokens a second per GPU: 180K GPU hours per trillion tokens

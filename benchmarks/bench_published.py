@@ -57,13 +57,13 @@ import time
 from dataclasses import replace
 from typing import NamedTuple
 
-from stagewise.plan.analytic import RECOMPUTE
-from stagewise.plan.cluster_search import Job, cluster_search
-from stagewise.plan.hardware import Hardware, Reserve
-from stagewise.plan.overlap import MEGATRON, TORCHTITAN, Framework
-from stagewise.plan.profile import Link
+from stagewise.plan.cluster import RECOMPUTE
+from stagewise.plan.cluster import Job, cluster_search
+from stagewise.plan.cluster import Hardware, Reserve
+from stagewise.plan.cluster import MEGATRON, TORCHTITAN, Framework
+from stagewise.plan.search import Link
 from stagewise.plan.search import Space
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import TransformerSpec
 
 #: Megatron-LM as it ran in 2021: replicated optimizer, gradients all-reduced in buckets during the backward
 MEGATRON_2021 = replace(MEGATRON, sharding=("ddp",), default_sharding=("ddp",), gather="end",

@@ -94,7 +94,7 @@ def test_no_import_circle_in_the_runtime_or_between_it_and_the_planner():
 
 def test_the_planner_runs_with_torch_blocked():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import stagewise.plan.search, stagewise.plan.cluster_search, stagewise.plan.auto, stagewise.layout\n"
+            "import stagewise.plan.search.search, stagewise.plan.cluster.search, stagewise.plan.auto.auto, stagewise.layout\n"
             "bad = [m for m, v in sys.modules.items() if v is not None and m.startswith(('torch', 'stagewise.runtime'))]\n"
             "assert not bad, bad\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.block_split import block_split, is_block_model
-from stagewise.plan.holding import holding
-from stagewise.plan.model import layer_costs
-from stagewise.plan.partition import best_split, evaluate
+from stagewise.plan.search import block_split, is_block_model
+from stagewise.plan.search import holding
+from stagewise.plan.search import layer_costs
+from stagewise.plan.search import best_split, evaluate
 from stagewise.schedules import generate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -66,8 +66,8 @@ def test_the_closed_form_memory_of_identical_blocks_is_the_partitioners(family, 
     closed form also counts the head in the last piece while the blocks are still being placed)."""
     import random
 
-    from stagewise.plan.block_split import _BlockMemory, _span, _stages_order
-    from stagewise.plan.partition import _rank_memory, _Sums
+    from stagewise.plan.search.block_split import _BlockMemory, _span, _stages_order
+    from stagewise.plan.search.partition import _rank_memory, _Sums
 
     lc = layer_costs(gpt_profile(blocks=20, head=0.6), 1, recompute, 4.0)
     h = holding(generate(family, p, m, v))

@@ -8,15 +8,15 @@ import json
 import pytest
 from cli_helpers import fails, run
 
-from stagewise.plan.analytic import ExpertParallel, TensorParallel, analytic_profile, expert_a2a_time
-from stagewise.plan.cluster_search import Job, cluster_search, searchers
-from stagewise.plan.datafile import SpecError
+from stagewise.plan.cluster import ExpertParallel, TensorParallel, analytic_profile, expert_a2a_time
+from stagewise.plan.cluster import Job, cluster_search, searchers
+from stagewise.plan.cluster import SpecError
 from stagewise.plan.errors import PlanError
-from stagewise.plan.expert_parallel import ExpertPipeline, expert_state_factor, group_nodes
-from stagewise.plan.hardware import Hardware
-from stagewise.plan.model import rank_fixed_bytes
+from stagewise.plan.cluster import StageGrid, group_nodes, state_factor
+from stagewise.plan.cluster import Hardware
+from stagewise.plan.search import rank_fixed_bytes
 from stagewise.plan.search import Space
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import TransformerSpec
 
 H100, H800 = Hardware.load("h100"), Hardware.load("h800")
 DSV3 = TransformerSpec.load("deepseek-v3")
@@ -96,13 +96,13 @@ def test_an_expert_group_lands_on_consecutive_gpus_pipeline_outermost():
     # experts cut as attention is (etp 2) EP 8 is 16 GPUs, two nodes; folded (etp 1) the same EP 8 is one node
     assert group_nodes(8, 16, 128, 1, 64) == 8 and group_nodes(8, 16, 128, 1, 8) == 1
     assert group_nodes(8, 16, 128, 2, 8 * 2) == 2 and group_nodes(8, 16, 128, 2, 8 * 1) == 1
-    cl = ExpertPipeline(devices=2048, per_node=8, memory=H800.memory, intra=H800.intra, inter=H800.inter,
-                        state_factor=3.0, expert_state_factor=6.0, pipeline=16, ep=64, etp=1, t=1, node=8)
+    cl = StageGrid(devices=2048, per_node=8, memory=H800.memory, intra=H800.intra, inter=H800.inter,
+                        state_factor=3.0, expert_state_factor=6.0, pipeline=16, ep=64, etp=1, t=1, node=8, placement="within")
     assert cl.link(16, 128, 0, 1) == H800.inter  # pipeline neighbours are a dp block (16 nodes) apart
     assert cl.data_parallel_link(16, 128) == H800.inter
     assert cl.expert_data_parallel_link(16, 128) == H800.inter  # the two holders of an expert: 64 GPUs apart
-    small = ExpertPipeline(devices=16, per_node=8, memory=H800.memory, intra=H800.intra, inter=H800.inter,
-                           pipeline=2, ep=4, etp=1, t=1, node=8)
+    small = StageGrid(devices=16, per_node=8, memory=H800.memory, intra=H800.intra, inter=H800.inter,
+                           pipeline=2, ep=4, etp=1, t=1, node=8, placement="within")
     assert small.data_parallel_link(2, 8) == small.expert_data_parallel_link(2, 8) == H800.intra
     assert small.link(2, 8, 0, 1) == H800.inter and small.nodes() == 1
 
@@ -112,7 +112,7 @@ def test_across_puts_each_pipeline_inside_a_node_and_an_expert_group_across_node
     # (Megatron-LM's --use-tp-pp-dp-mapping) keeps each pipeline in a node and spreads the group over 8 nodes
     kw = dict(devices=64, per_node=8, memory=H100.memory, intra=H100.intra, inter=H100.inter, pipeline=8, ep=8,
               etp=1, t=1, node=8)
-    within, across = ExpertPipeline(**kw, placement="within"), ExpertPipeline(**kw, placement="across")
+    within, across = StageGrid(**kw, placement="within"), StageGrid(**kw, placement="across")
     assert (within.nodes(), across.nodes()) == (1, 8)
     assert within.link(8, 8, 0, 1) == H100.inter and across.link(8, 8, 0, 1) == H100.intra
     assert within.data_parallel_link(8, 8) == H100.intra and across.data_parallel_link(8, 8) == H100.inter
@@ -137,8 +137,8 @@ def test_folding_keeps_mixtral_ep8_with_tp2_inside_one_node(capsys, tmp_path):
 
 
 def test_zero1_shards_a_routed_experts_optimizer_state_over_the_replicas_holding_it(tiny):
-    assert expert_state_factor(2, True) == pytest.approx(1 + 2 + 6 / 2)  # EP 64 of dp 128: two replicas
-    assert expert_state_factor(2, False) == 9
+    assert state_factor(2, True) == pytest.approx(1 + 2 + 6 / 2)  # EP 64 of dp 128: two replicas of an expert
+    assert state_factor(2, False) == 9
     job = Job(spec=TransformerSpec.load(tiny), hardware=H100, gpus=16, global_batch_tokens=64 * 512, tensor=(1,),
               pipeline=(2,), expert=(4,), recompute=("off",), space=Space(families=("1f1b",)))
     s = searchers(job, {})[0]
@@ -203,7 +203,7 @@ def test_deepseek_v3_plans_its_published_layout_and_the_no_tp_search_finds_one_o
     parallel, no TP) and finds a layout within 10% of DeepSeek's."""
     from dataclasses import replace
 
-    from stagewise.plan.overlap import MEGATRON
+    from stagewise.plan.cluster import MEGATRON
 
     hai = replace(MEGATRON, name="hai-llm", title="HAI-LLM", families=("dualpipe",))
     job = Job(spec=DSV3, hardware=H800, gpus=2048, global_batch_tokens=60 * 2**20, tensor=(1,), pipeline=(16,),

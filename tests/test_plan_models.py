@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.activations import kept_bytes
-from stagewise.plan.analytic import Compute, ExpertParallel, TensorParallel, analytic_profile, block_activation_bytes
-from stagewise.plan.datafile import SpecError
-from stagewise.plan.hardware import Hardware
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import kept_bytes
+from stagewise.plan.cluster import Compute, ExpertParallel, TensorParallel, analytic_profile, block_activation_bytes
+from stagewise.plan.cluster import SpecError
+from stagewise.plan.cluster import Hardware
+from stagewise.plan.cluster import TransformerSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cli_helpers import fails, run  # noqa: E402

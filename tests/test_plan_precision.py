@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.analytic import Compute, TensorParallel, analytic_profile, block_activation_bytes, tp_allreduce_time
-from stagewise.plan.cluster_search import Job, cluster_search
-from stagewise.plan.datafile import SpecError
+from stagewise.plan.cluster import Compute, TensorParallel, analytic_profile, block_activation_bytes, tp_allreduce_time
+from stagewise.plan.cluster import Job, cluster_search
+from stagewise.plan.cluster import SpecError
 from stagewise.plan.errors import PlanError
-from stagewise.plan.hardware import Hardware
+from stagewise.plan.cluster import Hardware
 from stagewise.plan.search import Space
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import TransformerSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cli_helpers import fails, run  # noqa: E402
@@ -104,7 +104,7 @@ def test_selective_recomputation_by_module_kind():
 def test_selective_is_searched_for_a_flash_model_only_when_its_modules_drop_something():
     job = Job(spec=LLAMA, hardware=H100, gpus=8, global_batch_tokens=2**20, tensor=(8,), pipeline=(1,),
               space=Space(families=("1f1b",)), frameworks=(Job.__dataclass_fields__["frameworks"].default[0],))
-    from stagewise.plan.cluster_search import recompute_modes
+    from stagewise.plan.cluster import recompute_modes
 
     assert "selective" not in recompute_modes(job)  # flash attention: core_attn keeps nothing less
     assert "selective" in recompute_modes(replace(job, recompute_modules=("layernorm",)))
@@ -113,7 +113,7 @@ def test_selective_is_searched_for_a_flash_model_only_when_its_modules_drop_some
 def test_any_v_that_fits_the_layers_is_searched():
     job = Job(spec=LLAMA, hardware=H100, gpus=8, global_batch_tokens=2**20, tensor=(1,), pipeline=(4,),
               micro_batch_sizes=(1,), space=Space(families=("interleaved-1f1b",), chunks=None))
-    from stagewise.plan.cluster_search import searchers
+    from stagewise.plan.cluster import searchers
 
     vs = {c.v for s in searchers(job, {}) for c in s.configs(build=False)}
     assert {2, 3, 5, 8} <= vs and max(vs) == 34 // 4  # E + 32 blocks + H over 4 ranks
@@ -131,7 +131,7 @@ def test_the_step_overhead_is_the_hardware_files_fixed_and_per_action_seconds(tm
     assert actions == 2 * with_.config.m  # p = 1: a forward and a backward per micro-batch
     assert with_.candidate.overhead == pytest.approx(H100.step_fixed + H100.step_per_action * actions)
     assert with_.step_time - without.step_time == pytest.approx(with_.candidate.overhead)
-    data = json.loads((Path(__file__).parents[1] / "stagewise/plan/data/hardware/h100.json").read_text())
+    data = json.loads((Path(__file__).parents[1] / "stagewise/plan/cluster/data/hardware/h100.json").read_text())
     path = tmp_path / "hw.json"
     path.write_text(json.dumps({**data, "step_overhead": {"fixed": -1}}))
     with pytest.raises(SpecError, match="step_overhead: fixed must be >= 0"):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.hardware import Hardware
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import Hardware
+from stagewise.plan.cluster import TransformerSpec
 
 _spec = importlib.util.spec_from_file_location(
     "bench_published", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_published.py")

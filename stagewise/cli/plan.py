@@ -17,7 +17,7 @@ from .common import UsageError, family_names, finite_float, positive_int, print_
 
 
 def register(sub) -> None:
-    from ..plan.bands import RULE
+    from ..plan.search import RULE
     from . import plan_auto, plan_cluster, plan_profile
 
     plan_profile.register(sub)
@@ -168,7 +168,7 @@ def command_line(args) -> list[str]:
 
 def _plan(args) -> int:
     from ..layout import Split
-    from ..plan.profile import Profile
+    from ..plan.search import Profile
     from ..plan.search import Searcher, Space, search
 
     if args.global_batch < 1:
@@ -196,7 +196,7 @@ def _plan(args) -> int:
     if not cands[0].fits:
         raise UsageError(_nothing_fits(cands, cluster, args))
     if args.auto:
-        from ..plan.refine import refine
+        from ..plan.auto import refine
 
         cands = refine(searcher, cands)
     return _report(args, prof, cluster, cands, elapsed, searcher, out)
@@ -204,8 +204,8 @@ def _plan(args) -> int:
 
 def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) -> int:
     from .. import torch_csv
-    from ..plan.explain import table, train_command, why
-    from ..plan.written import local_markdown, local_plan
+    from ..plan.search import table, train_command, why
+    from ..plan.search import local_markdown, local_plan
 
     best = cands[0]
     csv_ok = _csv_round_trips(best.schedule)
@@ -268,7 +268,7 @@ def _check_search_size(args, prof, cluster, space) -> None:
 
 
 def _nothing_fits(cands, cluster, args) -> str:
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     least = min(cands, key=lambda c: max(c.memory))
     return (f"--memory {args.memory}: nothing fits in {fmt_bytes(cluster.memory)} per device; the least any of the "
@@ -282,7 +282,7 @@ def _ceil_size(n: float) -> str:
 
 
 def _fmt(n: float) -> str:
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     return fmt_bytes(n)
 
@@ -300,8 +300,8 @@ def _csv_round_trips(schedule) -> bool:
 
 
 def _cluster(args, prof):
-    from ..plan.cluster import Cluster, parse_bytes
-    from ..plan.profile import Link
+    from ..plan.search import Cluster, parse_bytes
+    from ..plan.search import Link
 
     base = prof.link or Link(latency=0.0, bandwidth=float("inf"))
     intra = Link(latency=args.intra_latency if args.intra_latency is not None else base.latency,
@@ -315,7 +315,7 @@ def _cluster(args, prof):
             raise UsageError(f"{name} must be >= 0; got {v}")
     memory = parse_bytes(args.memory, "--memory") if args.memory else None
     if args.memory_reserve is not None:
-        from ..plan.hardware import parse_reserve
+        from ..plan.cluster import parse_reserve
 
         if memory is None:
             raise UsageError("--memory-reserve needs --memory (the reserve is kept free of each device's memory)")

@@ -18,7 +18,7 @@ _BINARY = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 def add_options(p) -> None:
     """The cluster options of `stagewise plan` (used instead of --profile, -N and -G)."""
-    from ..plan.overlap import FRAMEWORKS, SHARDING
+    from ..plan.cluster import FRAMEWORKS, SHARDING
 
     g = p.add_argument_group("cluster scale (instead of --profile, -N, -G)")
     g.add_argument("--model", metavar="MODEL", default=None,
@@ -68,7 +68,7 @@ def add_options(p) -> None:
 
 
 def _shipped(kind: str) -> list[str]:
-    from ..plan.datafile import shipped
+    from ..plan.cluster import shipped
 
     return shipped(kind)
 
@@ -93,9 +93,10 @@ def wants_cluster(args) -> bool:
 
 def run(args) -> int:
     """The cluster plan: search, table, each framework's best with its command, the written plan."""
-    from ..plan.bands import recommend, sensitivity
-    from ..plan.cluster_search import cluster_search
-    from ..plan.explain import cluster_why
+    from ..plan.search import recommend
+    from ..plan.cluster import sensitivity
+    from ..plan.cluster import cluster_search
+    from ..plan.cluster import cluster_why
     from .plan import _Bar, destinations
 
     job = _job(args)
@@ -120,11 +121,11 @@ def run(args) -> int:
 
 
 def _job(args):
-    from ..plan.cluster_search import Job
-    from ..plan.hardware import Hardware, parse_reserve
-    from ..plan.overlap import FRAMEWORKS
+    from ..plan.cluster import Job
+    from ..plan.cluster import Hardware, parse_reserve
+    from ..plan.cluster import FRAMEWORKS
     from ..plan.search import Space
-    from ..plan.transformer import TransformerSpec
+    from ..plan.cluster import TransformerSpec
     from .plan import _int_list
 
     missing = [o for o, k in (("--model", "model"), ("--hardware", "hardware"), ("--gpus", "gpus"),
@@ -145,7 +146,7 @@ def _job(args):
     if args.gpus < 1:
         raise UsageError(f"--gpus must be >= 1; got {args.gpus}")
     fams = family_names(args.schedules)
-    from ..plan.analytic import RECOMPUTE
+    from ..plan.cluster import RECOMPUTE
 
     rc = {"both": RECOMPUTE, "on": ("full",)}.get(args.recompute, (args.recompute,))
     chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks is not None else None  # every v that fits
@@ -187,7 +188,7 @@ def _words(text: str, option: str) -> tuple[str, ...]:
 
 
 def _names(text: str, option: str) -> tuple[str, ...]:
-    from ..plan.overlap import SHARDING
+    from ..plan.cluster import SHARDING
 
     names = tuple(x.strip() for x in text.split(","))
     bad = [n for n in names if n not in SHARDING]
@@ -199,9 +200,9 @@ def _names(text: str, option: str) -> tuple[str, ...]:
 
 def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict]) -> int:
     from .. import torch_csv
-    from ..plan.bands import recommend
-    from ..plan.frameworks import commands
-    from ..plan.written import cluster_plan, markdown
+    from ..plan.search import recommend
+    from ..plan.cluster import commands
+    from ..plan.cluster import cluster_plan, markdown
     from .plan import _csv_round_trips, said_default
 
     best = rec.row
@@ -252,7 +253,7 @@ def full_schedule(c):
 
 
 def _headline(job, res, elapsed) -> str:
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     hw = job.hardware
     reserve = job.memory_reserve.describe(hw.memory)
@@ -271,8 +272,8 @@ def _headline(job, res, elapsed) -> str:
 
 
 def _framework_line(name: str, c, cmd, note: str, ranking) -> str:
-    from ..plan.explain import fmt_seconds
-    from ..plan.overlap import FRAMEWORKS
+    from ..plan.search import fmt_seconds
+    from ..plan.cluster import FRAMEWORKS
 
     title = FRAMEWORKS[name].title
     where = (f"#{ranking.index(c) + 1}, {c.config.family} t={c.t} p={c.config.p} dp={c.config.dp} v={c.config.v} "
@@ -282,8 +283,8 @@ def _framework_line(name: str, c, cmd, note: str, ranking) -> str:
 
 
 def cluster_table(cands, ties: int = 0, recommended=None) -> str:
-    from ..plan.cluster import fmt_bytes
-    from ..plan.explain import fmt_seconds
+    from ..plan.search import fmt_bytes
+    from ..plan.search import fmt_seconds
 
     moe = any(c.ep > 1 for c in cands)
     ep_head = f"{'ep':>5}" if moe else ""
@@ -314,7 +315,7 @@ def cluster_table(cands, ties: int = 0, recommended=None) -> str:
 
 def _memory(c) -> str:
     """The allocator's predicted peak on the fullest GPU with its band: '61.6 GiB (49.7-73.5)'."""
-    from ..plan.bands import memory_cell
+    from ..plan.search import memory_cell
 
     return memory_cell(c.reserved, c.memory_band)
 
@@ -327,7 +328,7 @@ _RC = {"off": "off", "selective": "sel", "full": "full", "stage": "stg"}
 
 
 def _blocks(c) -> str:
-    from ..plan.frameworks import block_counts
+    from ..plan.cluster import block_counts
 
     b = block_counts(c.candidate.counts)
     text = " ".join([f"E+{b[0]}", *map(str, b[1:-1]), f"{b[-1]}+H"]) if len(b) > 1 else f"E+{b[0]}+H"
@@ -335,7 +336,7 @@ def _blocks(c) -> str:
 
 
 def _nothing_fits(job, res) -> str:
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     x = res.least_memory
     hw, need = job.hardware, max(x.memory)

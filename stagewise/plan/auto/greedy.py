@@ -16,9 +16,9 @@ import heapq
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from ..actions import Action
-from ..costs import StageCosts
-from ..schedule import Schedule, make
+from ...actions import Action
+from ...costs import StageCosts
+from ...schedule import Schedule, make
 
 _EPS = 1e-9
 INF = float("inf")

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import TYPE_CHECKING
 
-from ..parallelism import Parallelism
-
-if TYPE_CHECKING:  # the search imports this module's refusal rule
-    from .cluster_search import ClusterCandidate, Job
+from ...parallelism import Parallelism
+from .candidate import ClusterCandidate
+from .job import Job
+from .overlap import refusal
 
 #: the framework versions the printed lines are written for and tested against (tests/test_plan_frameworks.py)
 VERSIONS = {"megatron": "Megatron-LM d98e8a6 (2026-08-22)", "torchtitan": "torchtitan 0.3.0",
@@ -57,32 +56,10 @@ def block_counts(counts: tuple[int, ...]) -> list[int]:
     return out
 
 
-# ---- what each framework cannot express
-
-
-def refusal(framework: str, par: Parallelism, *, family: str | None = None, v: int = 1, recompute: str = "off",
-            hf: bool = True) -> str | None:
-    """Why ``framework`` cannot run this layout as planned (None: it can). The search offers no such row for
-    that framework and the plan names the reason. ``hf``: stagewise runs a Hugging Face model (``--hf``)."""
-    if par.pp == 1 and v > 1:
-        return (f"v={v} on one pipeline stage: an interleaved schedule on one stage is gradient accumulation "
-                "(plan it as p=1, v=1)")
-    if framework == "stagewise":
-        return par.unsupported() or (par.unsupported_by_hf() if hf else None)
-    if framework == "torchtitan" and recompute == "selective":
-        return ("torchtitan's selective activation checkpointing is per operator (every second matmul "
-                "recomputed), not the attention core the plan costs")
-    if framework == "torchtitan" and par.ep > 1 and par.fsdp == 1:
-        return (f"torchtitan's expert parallel borrows its ranks from FSDP and TP (efsdp = dp_shard x tp / ep): "
-                f"`ep` {par.ep} over replicated data-parallel ranks is not a torchtitan layout (plan --sharding "
-                "fsdp)")
-    return None
-
-
 # ---- Megatron-LM
 
 
-def megatron_options(c: "ClusterCandidate", job: "Job") -> tuple[str | None, str]:
+def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
     """(Megatron-LM flags, note); None when Megatron-LM has no such schedule or layout."""
     g, spec, par = c.config, job.spec, c.parallelism
     if g.family not in MEGATRON_SCHEDULES:
@@ -119,7 +96,7 @@ def megatron_options(c: "ClusterCandidate", job: "Job") -> tuple[str | None, str
     return shlex.join(args), ""
 
 
-def _megatron_precision(job: "Job") -> list[str]:
+def _megatron_precision(job: Job) -> list[str]:
     """FP8 (Transformer Engine's hybrid format), FP8 weights gathered in FP8, overlapped TP collectives."""
     out = ["--fp8-format", "hybrid"] if job.precision == "fp8" else []
     out += ["--fp8-param-gather"] if job.fp8_gather else []
@@ -154,7 +131,7 @@ def megatron_layout(blocks: list[int]) -> str:
 # ---- torchtitan
 
 
-def torchtitan_options(c: "ClusterCandidate", job: "Job", csv_path: str | None) -> tuple[str | None, str]:
+def torchtitan_options(c: ClusterCandidate, job: Job, csv_path: str | None) -> tuple[str | None, str]:
     """(torchtitan flags, note): the degrees, the batch, the schedule (our CSV when given, else its class),
     the planned stages by module name, activation checkpointing; None when torchtitan cannot run it."""
     g, spec, par = c.config, job.spec, c.parallelism
@@ -193,7 +170,7 @@ def torchtitan_options(c: "ClusterCandidate", job: "Job", csv_path: str | None) 
     return shlex.join(args), note
 
 
-def _torchtitan_schedule(c: "ClusterCandidate", csv_path: str | None) -> tuple[list[str] | None, str]:
+def _torchtitan_schedule(c: ClusterCandidate, csv_path: str | None) -> tuple[list[str] | None, str]:
     """The schedule flags: the CSV with a class that places the stages as it does, or the family's class."""
     sched, g = c.candidate.schedule, c.config
     p, stages = sched.ranks, sched.stages
@@ -230,7 +207,7 @@ def torchtitan_parts(counts) -> list[str]:
 # ---- DeepSpeed
 
 
-def deepspeed_config(c: "ClusterCandidate", job: "Job") -> str:
+def deepspeed_config(c: ClusterCandidate, job: Job) -> str:
     """DeepSpeed's pipeline engine for the layout: its JSON config (the batch its assertion checks over the
     topology's data-parallel ranks) and the PipelineModule with its topology."""
     g, par = c.config, c.parallelism
@@ -251,7 +228,7 @@ def deepspeed_config(c: "ClusterCandidate", job: "Job") -> str:
 # ---- stagewise
 
 
-def stagewise_train_argv(c: "ClusterCandidate", job: "Job", csv_path: str | None = None) -> list[str]:
+def stagewise_train_argv(c: ClusterCandidate, job: Job, csv_path: str | None = None) -> list[str]:
     """The ``stagewise train`` options that run ``c`` (after ``stagewise train``): the model and data
     placeholders, the schedule (its CSV when it round-trips, else the family and -v), -m, the degrees
     (``Parallelism.flags``), the batch, the sequence, the dtype the plan is costed in, the split as layout
@@ -270,7 +247,7 @@ def stagewise_train_argv(c: "ClusterCandidate", job: "Job", csv_path: str | None
     return args
 
 
-def stagewise_command(c: "ClusterCandidate", job: "Job", csv_path: str | None = None) -> str:
+def stagewise_command(c: ClusterCandidate, job: Job, csv_path: str | None = None) -> str:
     """``stagewise_train_argv`` under torchrun on every node, as one shell line."""
     hw = job.hardware
     nodes = max(1, job.gpus // hw.gpus_per_node)
@@ -278,7 +255,7 @@ def stagewise_command(c: "ClusterCandidate", job: "Job", csv_path: str | None = 
                        "-m", "stagewise", "train", *stagewise_train_argv(c, job, csv_path)])
 
 
-def stagewise_note(c: "ClusterCandidate", job: "Job") -> str:
+def stagewise_note(c: ClusterCandidate, job: Job) -> str:
     """What the stagewise runtime runs otherwise than the plan costs it (said beside its line)."""
     if c.parallelism.tp > 1 and job.sequence_parallel:
         return ("stagewise's tensor parallel keeps norms whole (no sequence parallelism): plan with "
@@ -286,7 +263,7 @@ def stagewise_note(c: "ClusterCandidate", job: "Job") -> str:
     return ""
 
 
-def commands(best: dict, job: "Job", csv_path: str | None, winner: "ClusterCandidate") -> dict:
+def commands(best: dict, job: Job, csv_path: str | None, winner: ClusterCandidate) -> dict:
     """framework name -> (its best ClusterCandidate, command or None, note) for each framework planned."""
     out = {}
     for name, c in best.items():

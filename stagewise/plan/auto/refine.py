@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..simulate import simulate
-from ..timeline import metrics
+from ...simulate import simulate
+from ...timeline import metrics
 from .auto import auto_schedule
-from .holding import holding
-from .model import rank_fixed_bytes, rank_transient_bytes, stage_costs
-from .search import Candidate, Config, Searcher, rank
+from ..search import holding
+from ..search import rank_fixed_bytes, rank_transient_bytes, stage_costs
+from ..search import Candidate, Config, Searcher, rank
 
 
 def refine(searcher: Searcher, cands: list[Candidate], top: int = 5) -> list[Candidate]:

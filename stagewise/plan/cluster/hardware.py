@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import limits
+from ... import limits
 from .datafile import SpecError, label, number, read, sources
-from .errors import PlanError
-from .profile import Link
+from ..errors import PlanError
+from ..search import Link
 
 FORMAT = "stagewise-hardware"
 
@@ -37,7 +37,7 @@ class Reserve:
 
     def describe(self, memory: float) -> str:
         """'7 GiB (context 1 GiB + communication 2 GiB + fragmentation 5%)'."""
-        from .cluster import fmt_bytes
+        from ..search import fmt_bytes
 
         parts = [f"{name} {fmt_bytes(v)}" for name, v in (("context", self.context),
                                                            ("communication", self.communication)) if v]
@@ -217,7 +217,7 @@ def _reserve(data: dict, memory: float, where: str) -> Reserve:
 
 def parse_reserve(text: str, memory: float, option: str = "--memory-reserve") -> Reserve:
     """``--memory-reserve``: a size ('6GiB', '0') or a percentage of the memory ('10%') kept free per GPU."""
-    from .cluster import parse_bytes
+    from ..search import parse_bytes
 
     raw = str(text).strip()
     if len(raw) > 32:

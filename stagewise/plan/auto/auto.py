@@ -27,14 +27,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ..costs import Costs, StageCosts
-from ..schedule import Schedule
-from ..schedules import FAMILIES, generate
-from ..schedules.registry import ScheduleArgError
-from ..simulate import simulate
-from ..timeline import Metrics, metrics, peak_memory
-from ..validate import validate
-from .errors import PlanError
+from ...costs import Costs, StageCosts
+from ...schedule import Schedule
+from ...schedules import FAMILIES, generate
+from ...schedules.registry import ScheduleArgError
+from ...simulate import simulate
+from ...timeline import Metrics, metrics, peak_memory
+from ...validate import validate
+from ..errors import PlanError
 from .greedy import Policy, greedy
 
 _EPS = 1e-9

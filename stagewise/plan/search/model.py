@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import accumulate
 
-from ..costs import Costs
+from ...costs import Costs
 from .cluster import Cluster
 from .holding import Holding
 from .partition import LayerCosts

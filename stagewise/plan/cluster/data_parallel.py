@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..actions import Pair
-from ..timeline import Timeline
-from .profile import Link
+from ...actions import Pair
+from ...timeline import Timeline
+from ..search import Link
 
 GRAD_BYTES_PER_PARAM_BYTE = 2  #: fp32 gradients of bf16 weights
 

@@ -19,7 +19,7 @@ drifts with m) and interleaved 1F1B.
 
 from __future__ import annotations
 
-from ..schedules import FAMILIES
+from ...schedules import FAMILIES
 
 LONG = 2  #: the shorter steps have LONG x p x v micro-batches: past the warm-up (exact within 1% on the test grid)
 #: families whose schedule repeats from its first building block (V-Half, V-Min: one block per micro-batch,

@@ -14,8 +14,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import jsonout, limits
-from .errors import PlanError
+from ... import jsonout, limits
+from ..errors import PlanError
 
 FORMAT = "stagewise-profile"
 VERSION = 1

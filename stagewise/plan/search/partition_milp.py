@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .errors import PlanError
+from ..errors import PlanError
+from ..highs import highspy_module, linear, quiet_highs
 from .holding import Holding
-from .partition import LayerCosts, runs_of
+from .layers import LayerCosts, runs_of
 
 
 class _Cuts:
@@ -26,7 +27,7 @@ class _Cuts:
         self.bin = [[hs.addBinary() for _ in self.runs] for _ in range(S - 1)]
         self.off = [[hs.addIntegral(lb=0, ub=e - s - 1) for s, e in self.runs] for _ in range(S - 1)]
         for k in range(S - 1):
-            hs.addConstr(_lin(self.bin[k]) == 1)
+            hs.addConstr(linear(self.bin[k]) == 1)
             for j, (s, e) in enumerate(self.runs):
                 hs.addConstr(self.off[k][j] <= (e - s - 1) * self.bin[k][j])
         for k in range(S):  # every piece non-empty
@@ -37,7 +38,7 @@ class _Cuts:
             return 0.0
         if k == self.S:
             return float(self.L)
-        return _lin(s * b + o for (s, _), b, o in zip(self.runs, self.bin[k - 1], self.off[k - 1]))
+        return linear(s * b + o for (s, _), b, o in zip(self.runs, self.bin[k - 1], self.off[k - 1]))
 
     def prefix(self, values, k: int):
         """sum(values[:c_k]) as a linear expression (values constant within each run)."""
@@ -49,16 +50,16 @@ class _Cuts:
         for (s, _), b, o in zip(self.runs, self.bin[k - 1], self.off[k - 1]):
             before = float(sum(values[:s]))
             terms += [before * b, values[s] * o]
-        return _lin(terms)
+        return linear(terms)
 
     def piece(self, values, k: int):
-        return _lin([self.prefix(values, k + 1), -1.0 * self.prefix(values, k)])
+        return linear([self.prefix(values, k + 1), -1.0 * self.prefix(values, k)])
 
     def at_cut(self, values, k: int):
         """values[c_k]: the first layer of piece k (constant within a run)."""
         if k == 0:
             return float(values[0])
-        return _lin(values[s] * b for (s, _), b in zip(self.runs, self.bin[k - 1]))
+        return linear(values[s] * b for (s, _), b in zip(self.runs, self.bin[k - 1]))
 
     def counts(self) -> tuple[int, ...]:
         cuts = [0] + [round(sum(s * self.hs.val(b) + self.hs.val(o)
@@ -72,7 +73,7 @@ def solve(lc: LayerCosts, h: Holding, limit: float | None):
 
     Returns None when no split fits ``limit``.
     """
-    highspy = _highspy()
+    highspy = highspy_module("partitioning for ranks that hold several stages")
     hs = quiet_highs(highspy)
     hs.setOptionValue("mip_rel_gap", 0.0)
     S = h.pieces
@@ -82,7 +83,7 @@ def solve(lc: LayerCosts, h: Holding, limit: float | None):
     T = hs.addVariable(lb=0.0)
     for r in range(h.ranks):
         stages = h.rank_stages[r]
-        hs.addConstr(_lin(h.stage_share[s] * cuts.piece(lc.time, h.stage_piece[s]) for s in stages) <= T)
+        hs.addConstr(linear(h.stage_share[s] * cuts.piece(lc.time, h.stage_piece[s]) for s in stages) <= T)
         if limit is not None:
             _memory_rows(hs, cuts, lc, h, r, limit)
     ok = highspy.HighsModelStatus.kOptimal
@@ -107,7 +108,7 @@ def solve(lc: LayerCosts, h: Holding, limit: float | None):
 def _memory_rows(hs, cuts: _Cuts, lc: LayerCosts, h: Holding, r: int, limit: float) -> None:
     """Rank r's bytes at each of its possible peaks stay within ``limit``."""
     pieces = [h.stage_piece[s] for s in h.rank_stages[r]]
-    fixed = _lin(cuts.piece(lc.fixed, k) for k in pieces)
+    fixed = linear(cuts.piece(lc.fixed, k) for k in pieces)
     extra = 0.0
     if lc.input_bytes is not None:  # one micro-batch's full activations rebuilt in a backward
         extra = hs.addVariable(lb=0.0)
@@ -115,51 +116,5 @@ def _memory_rows(hs, cuts: _Cuts, lc: LayerCosts, h: Holding, r: int, limit: flo
             hs.addConstr(cuts.piece(lc.act, k) <= extra)
     kept = {k: cuts.at_cut(lc.input_bytes, k) if lc.input_bytes else cuts.piece(lc.act, k) for k in pieces}
     for vec in h.live[r]:
-        act = _lin(n * kept[k] for n, k in zip(vec, pieces) if n)
+        act = linear(n * kept[k] for n, k in zip(vec, pieces) if n)
         hs.addConstr(fixed + act + extra <= limit * (1 + 1e-9))
-
-
-def _lin(terms):
-    """Sum of HiGHS expressions and numbers; coefficients that cancel to rounding noise are dropped
-    (HiGHS refuses a row with a coefficient below 1e-9)."""
-    total = None
-    for t in terms:
-        total = t if total is None else total + t
-    if total is None:
-        return 0.0
-    if isinstance(total, (int, float)) or not hasattr(total, "simplify"):
-        return total  # a number, or a single variable
-    total = total.simplify()
-    kept = [(i, v) for i, v in zip(total.idxs, total.vals) if abs(v) > 1e-12]
-    total.idxs, total.vals = [i for i, _ in kept], [v for _, v in kept]
-    return total
-
-
-def quiet_highs(highspy):
-    """A HiGHS instance with its banner (printed to the C stdout on creation) silenced."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            hs = highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-    hs.setOptionValue("output_flag", False)
-    # one thread: twice as fast on these small programs, and the machine is shared; HiGHS keeps
-    # one thread pool per process, so every instance here asks for the same count
-    hs.setOptionValue("threads", 1)
-    return hs
-
-
-def _highspy():
-    try:
-        import highspy
-    except ImportError:
-        raise PlanError("partitioning for ranks that hold several stages needs HiGHS: "
-                        "pip install 'stagewise[plan]'") from None
-    return highspy

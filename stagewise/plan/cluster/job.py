@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import limits
+from ... import limits
 from .analytic import DEFAULT_MODULES, RECOMPUTE, Compute
 from .data_parallel import state_factor
-from .errors import PlanError
+from .grid import PLACEMENTS
+from ..errors import PlanError
 from .hardware import Hardware, Reserve
 from .overlap import FRAMEWORKS, SHARDING, Framework
-from .search import Space
+from ..search import Space
 from .transformer import TransformerSpec
 
 __all__ = ["Job", "check_job", "shardings", "state_factor", "tensor_degrees"]
@@ -169,7 +170,7 @@ def check_job(job: Job) -> None:
 
 def _check_precision(job: Job) -> None:
     """``precision``, ``fp8_gather``, ``async_tp``, the recomputation modules and the expert layout options."""
-    from .expert_parallel import PLACEMENTS
+
 
     job.compute  # checks precision and modules (their messages name the options)
     hw = job.hardware

@@ -7,22 +7,17 @@ is the profile's measured spread: each layer's relative half-range over its time
 repeats (``LayerProfile.spread``), weighted by the layer's share of the work. Two
 candidates whose bands overlap are a tie: the planner cannot say which is faster.
 
-The sensitivity of a cluster plan re-costs the winner's layout with one input changed
-(matrix-multiply efficiency, the node's link, the network, another recomputation) and
-reports how much its step moves.
+What moves a cluster plan's step most is ``cluster.sensitivity``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 #: a local plan's memory band: the worst error of the runtime's measured peak activation bytes per rank against
 #: the simulator's prediction fed the profile's per-op bytes (benchmarks/bench_activation_memory.py: 1F1B, GPipe,
 #: ZB-H2, ZB-V, V-Half, V-Min on 4 ranks, worst 5.4%); the weights and optimizer state are counted exactly
 LOCAL_MEMORY_BAND = 0.054
-#: how much each sensitivity probe changes its input
-EFFICIENCY_STEP = 0.9  #: efficiency x 0.9 (10% slower matrix multiplies)
-BANDWIDTH_STEP = 0.5  #: a link at half its bandwidth
 
 
 def memory_cell(nbytes: float, band: float | None) -> str:
@@ -65,60 +60,6 @@ def profile_band(profile, mbs: int) -> float | None:
     work = [x.t_f[k] + x.t_b[k] for x in layers]
     total = sum(work)
     return sum(w * x.spread[k] for w, x in zip(work, layers)) / total if total > 0 else 0.0
-
-
-def sensitivity(job, best, schedules: dict | None = None) -> list[dict]:
-    """The winner's step with one input changed at a time: [{"input", "change", "step", "delta", "fits"}], the
-    largest move first. Each probe re-plans the winner's layout (t, p, family, v, micro-batch size,
-    sharding, framework) with the changed input, so the split may move with it."""
-    from .overlap import framework
-    from .profile import Link
-
-    hw = job.hardware
-    probes = [("efficiency", f"x{EFFICIENCY_STEP:g}", replace(hw, efficiency=hw.efficiency * EFFICIENCY_STEP), None),
-              ("node link bandwidth", f"x{BANDWIDTH_STEP:g}",
-               replace(hw, intra=Link(latency=hw.intra.latency, bandwidth=hw.intra.bandwidth * BANDWIDTH_STEP)), None),
-              ("network bandwidth", f"x{BANDWIDTH_STEP:g}",
-               replace(hw, inter=Link(latency=hw.inter.latency, bandwidth=hw.inter.bandwidth * BANDWIDTH_STEP)), None)]
-    fw = framework(best.framework)
-    mine = "full" if best.recompute == "stage" else best.recompute
-    for mode in ("off", "selective", "full"):
-        same = mode == "selective" and job.spec.flash_attention  # flash attention keeps no scores either way
-        if mode != mine and not same and (mode == "off" or mode in fw.recompute) and mode in job.recompute:
-            probes.append(("recomputation", f"{_rc_name(best.recompute)} -> {_rc_name(mode, fw)}", hw, mode))
-    out = []
-    for name, change, hw2, mode in probes:
-        got = _replan(job, best, fw, hw2, mode or mine, schedules)
-        if got is None:
-            if mode is not None:
-                out.append({"input": name, "change": change, "step": None, "delta": None, "fits": False})
-            continue
-        out.append({"input": name, "change": change, "step": got.step_time,
-                    "delta": got.step_time / best.step_time - 1, "fits": True})
-    return sorted(out, key=lambda x: -abs(x["delta"]) if x["delta"] is not None else 1.0)
-
-
-def _rc_name(mode: str, fw=None) -> str:
-    if fw is not None and mode == "full" and fw.stage_recompute:
-        return "stage"
-    return mode
-
-
-def _replan(job, best, fw, hw, mode: str, schedules):
-    """The winner's layout planned again under ``hw`` and recomputation ``mode``; None if it does not fit."""
-    from .cluster_search import cluster_search
-    from .errors import PlanError
-
-    g = best.config
-    space = replace(job.space, families=(g.family,), chunks=(g.v,))
-    probe = replace(job, hardware=hw, tensor=(best.t,), pipeline=(g.p,), micro_batch_sizes=(g.mbs,),
-                    recompute=(mode,), frameworks=(fw,), sharding=(best.sharding,),
-                    hsdp_shards=(best.shard,) if best.shard else job.hsdp_shards, space=space)
-    try:
-        res = cluster_search(probe, keep=1, schedules=schedules)
-    except PlanError:
-        return None
-    return res.ranking[0] if res.ranking else None
 
 
 # ---- one recommendation when bands overlap

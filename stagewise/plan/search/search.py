@@ -12,18 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..parallelism import Parallelism
-from ..schedule import Schedule
-from ..schedules import FAMILIES, generate
-from .. import limits
-from ..schedules.registry import ScheduleArgError, check_args
-from ..simulate import simulate
-from ..timeline import Timeline
+from ...parallelism import Parallelism
+from ...schedule import Schedule
+from ...schedules import FAMILIES, generate
+from ... import limits
+from ...schedules.registry import ScheduleArgError, check_args
+from ...simulate import simulate
+from ...timeline import Timeline
 from .bands import LOCAL_MEMORY_BAND, profile_band
 from .cluster import Cluster
-from .errors import PlanError
+from ..errors import PlanError
 from .holding import Holding, holding
-from ..layout import Split, format_layout
+from ...layout import Split, format_layout
 from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
 from .overhead import step_overhead
 from .partition import Partition, best_split, evaluate

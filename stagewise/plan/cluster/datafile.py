@@ -12,8 +12,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from .. import limits
-from .errors import PlanError
+from ... import limits
+from ..errors import PlanError
 
 
 class SpecError(PlanError):
@@ -21,7 +21,7 @@ class SpecError(PlanError):
 
 
 def shipped(kind: str) -> list[str]:
-    """Names of the files shipped in stagewise/plan/data/<kind>/ (``models`` or ``hardware``)."""
+    """Names of the files shipped in stagewise/plan/cluster/data/<kind>/ (``models`` or ``hardware``)."""
     folder = resources.files(__package__).joinpath("data", kind)
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..actions import Action
-from ..costs import Costs
-from ..schedule import Schedule, make
-from .errors import PlanError
-from .partition_milp import _highspy, _lin, quiet_highs
+from ...actions import Action
+from ...costs import Costs
+from ...schedule import Schedule, make
+from ..errors import PlanError
+from ..highs import highspy_module, linear, quiet_highs
 
 LIMIT_P, LIMIT_M = 4, 8
 
@@ -48,7 +48,7 @@ def optimum(p: int, m: int, costs: Costs, cap: Sequence[float] | None = None, *,
     """
     if p > LIMIT_P or m > LIMIT_M:
         raise PlanError(f"the proven optimum is for p <= {LIMIT_P} and m <= {LIMIT_M}; got p={p}, m={m}")
-    highspy = _highspy()
+    highspy = highspy_module("the optimal order (--auto optimum)")
     sc = costs.resolve(p)
     dur = {"F": sc.f, "I": sc.i, "W": sc.w}
     hs = quiet_highs(highspy)
@@ -107,7 +107,7 @@ def _memory(hs, before, p: int, m: int, size, free_at_i: float, cap) -> None:
             excess = (j + 1) * a - cap[r]
             if excess <= 1e-9 * a:
                 continue
-            freed = _lin([a * free_at_i * before[("I", r, k), ("F", r, j)] for k in range(j)] +
+            freed = linear([a * free_at_i * before[("I", r, k), ("F", r, j)] for k in range(j)] +
                          [a * (1 - free_at_i) * before[("W", r, k), ("F", r, j)] for k in range(j)])
             hs.addConstr(freed >= excess)
 

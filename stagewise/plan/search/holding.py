@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..actions import Pair
-from ..schedule import Schedule
+from ...actions import Pair
+from ...schedule import Schedule
 
 
 @dataclass(frozen=True, kw_only=True)

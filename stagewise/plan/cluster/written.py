@@ -1,12 +1,11 @@
-"""A plan written down: what went in, what it assumed, what came out, and which stagewise made it.
+"""A cluster plan written down: what went in, what it assumed, what came out, and which stagewise made it.
 
-``cluster_plan`` gathers a cluster plan as one JSON-ready dict (the ``--json`` output and
-``-o plan.json``): the command line, the model and hardware as read (with the hardware's
-sources), the job's options, the assumptions the numbers rest on (overlap rules of each
-framework, the memory reserve, the error band and where it comes from), the ranking with
-bands and headroom, each framework's best with its command, why the winner wins and
-what moves its step most. ``markdown`` renders the same dict for ``-o plan.md``, so a
-result can be checked and reproduced from the file alone.
+``cluster_plan`` gathers a cluster plan as one JSON-ready dict (the ``--json`` output and ``-o plan.json``): the
+command line, the model and hardware as read (with the hardware's sources), the job's options, the assumptions
+the numbers rest on (overlap rules of each framework, the memory reserve, the error band and where it comes
+from), the ranking with bands and headroom, each framework's best with its command, why the winner wins and
+what moves its step most. ``markdown`` renders the same dict for ``-o plan.md``, so a result can be checked and
+reproduced from the file alone. The format is ``search.written``'s (local plans write the same).
 """
 
 from __future__ import annotations
@@ -14,16 +13,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-#: the format of a written plan, read by people and scripts
-FORMAT = "stagewise-plan"
-VERSION = 1
+from ..search import FORMAT, VERSION
 
 
 def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, rec, sensitivity: list[dict],
                  top: int, seconds: float, csv: str | None) -> dict:
     """The cluster plan as a dict (see the module doc)."""
-    from .. import __version__
-    from .bands import RULE
+    from ... import __version__
+    from ..search import RULE
     from .frameworks import VERSIONS
     from .overlap import FRAMEWORKS
 
@@ -115,32 +112,3 @@ def markdown(plan: dict, table: str) -> str:
                   f"simulated, {plan['search']['pruned']} slower for sure, {plan['search']['too_big']} too big, in "
                   f"{plan['search']['seconds']:.1f} s.", ""]
     return "\n".join(lines)
-
-
-def local_plan(*, argv: list[str], profile, cluster, result: dict, top: int) -> dict:
-    """A plan from a measured profile as a dict: the command, the profile as read, the devices, the result."""
-    from .. import __version__
-
-    return {"format": FORMAT, "version": VERSION, "stagewise": __version__, "command": argv,
-            "inputs": {"profile": {"model": profile.model, "device": profile.device,
-                                   "micro_batch_sizes": profile.micro_batch_sizes, "layers": len(profile.layers),
-                                   "meta": profile.meta},
-                       "devices": cluster.devices, "per_node": cluster.per_node, "memory": cluster.memory,
-                       "intra": asdict(cluster.intra), "inter": asdict(cluster.inter),
-                       "state_factor": cluster.state_factor},
-            "assumptions": {"band": "the profile's measured spread of each layer's F + B, weighted by its time"
-                            if result["best"]["band"] is not None else "none: the profile records no spread",
-                            "overhead": "the profile's measured per-step overhead, if it has one"},
-            **{k: v for k, v in result.items() if k != "ranking"}, "ranking": result["ranking"][:top]}
-
-
-def local_markdown(plan: dict, table: str) -> str:
-    """``local_plan`` as a Markdown document."""
-    inp = plan["inputs"]
-    return "\n".join([
-        f"# Plan: {inp['profile']['model']} on {inp['devices']} x {inp['profile']['device']}", "",
-        f"Made by stagewise {plan['stagewise']} (`{' '.join(plan['command'])}`).", "",
-        "## Result", "", "```", table, "```", "", plan["why"], "", "Run it:", "", "```", plan["train"], "```", "",
-        "## Inputs", "", "```json", json.dumps(inp, indent=1, default=str), "```", "",
-        "## Assumptions", "", f"- Error band: {plan['assumptions']['band']}.",
-        f"- Overhead: {plan['assumptions']['overhead']}.", ""])

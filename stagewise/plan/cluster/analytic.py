@@ -42,11 +42,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..costs import expert_copies
+from ...costs import expert_copies
 from .activations import BF16, RECOMPUTE_MODULES, dropped_modules, kept_bytes, recompute_flops, recompute_traffic
-from .errors import PlanError
+from ..errors import PlanError
 from .hardware import PRECISIONS, Hardware
-from .profile import LayerProfile, Link, Profile
+from ..search import LayerProfile, Link, Profile
 from .transformer import TransformerSpec
 
 #: bytes per parameter the optimizer step moves: fp32 master r/w (8), two fp32 moments r/w (16),
@@ -165,7 +165,7 @@ def analytic_profile(spec: TransformerSpec, hw: Hardware, tp: TensorParallel,
     one block being replayed is a transient, ``replay_bytes``); the embedding and the head keep theirs.
 
     Example:
-        >>> from stagewise.plan.hardware import Hardware
+        >>> from stagewise.plan.cluster.hardware import Hardware
         >>> p = analytic_profile(TransformerSpec.load("llama3-8b"), Hardware.load("h100"), TensorParallel(t=2))
         >>> len(p.layers), p.symbols[:2]
         (34, ('E', 't'))

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..schedules import FAMILIES
-from .errors import PlanError
+from ...schedules import FAMILIES
+from ...parallelism import Parallelism
+from ..errors import PlanError
 
 #: data-parallel sharding a framework may run: replicated (gradients all-reduced), ZeRO-1 (optimizer state
 #: sharded), FSDP (ZeRO-3: weights, gradients and optimizer state sharded over the dp group), HSDP (sharded
@@ -127,3 +128,25 @@ def framework(name: str) -> Framework:
         return FRAMEWORKS[name]
     except KeyError:
         raise PlanError(f"--framework {name!r}: choose one of {', '.join(FRAMEWORKS)}") from None
+
+
+# ---- what each framework cannot express
+
+
+def refusal(framework: str, par: Parallelism, *, family: str | None = None, v: int = 1, recompute: str = "off",
+            hf: bool = True) -> str | None:
+    """Why ``framework`` cannot run this layout as planned (None: it can). The search offers no such row for
+    that framework and the plan names the reason. ``hf``: stagewise runs a Hugging Face model (``--hf``)."""
+    if par.pp == 1 and v > 1:
+        return (f"v={v} on one pipeline stage: an interleaved schedule on one stage is gradient accumulation "
+                "(plan it as p=1, v=1)")
+    if framework == "stagewise":
+        return par.unsupported() or (par.unsupported_by_hf() if hf else None)
+    if framework == "torchtitan" and recompute == "selective":
+        return ("torchtitan's selective activation checkpointing is per operator (every second matmul "
+                "recomputed), not the attention core the plan costs")
+    if framework == "torchtitan" and par.ep > 1 and par.fsdp == 1:
+        return (f"torchtitan's expert parallel borrows its ranks from FSDP and TP (efsdp = dp_shard x tp / ep): "
+                f"`ep` {par.ep} over replicated data-parallel ranks is not a torchtitan layout (plan --sharding "
+                "fsdp)")
+    return None

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import limits
+from ... import limits
 from .datafile import SpecError, flag, label, number, read, whole
 
 FORMAT = "stagewise-model"
