@@ -97,13 +97,13 @@ def run(args) -> int:
     from ..plan.cluster import sensitivity
     from ..plan.cluster import cluster_search
     from ..plan.cluster import cluster_why
-    from .plan import _Bar, destinations
+    from .planning import ProgressBar, destinations
 
     job = _job(args)
     out = destinations(args)  # before the search: a bad destination costs nothing
     schedules: dict = {}
     t0 = time.perf_counter()
-    with _Bar(enabled=not args.json) as bar:
+    with ProgressBar(enabled=not args.json) as bar:
         res = cluster_search(job, bar.update, keep=max(args.top, 1), schedules=schedules)
     elapsed = time.perf_counter() - t0
     if not res.ranking:
@@ -126,7 +126,7 @@ def _job(args):
     from ..plan.cluster import FRAMEWORKS
     from ..plan.search import Space
     from ..plan.cluster import TransformerSpec
-    from .plan import _int_list
+    from .planning import whole_numbers
 
     missing = [o for o, k in (("--model", "model"), ("--hardware", "hardware"), ("--gpus", "gpus"),
                               ("--global-batch-tokens", "global_batch_tokens")) if getattr(args, k) is None]
@@ -149,8 +149,8 @@ def _job(args):
     from ..plan.cluster import RECOMPUTE
 
     rc = {"both": RECOMPUTE, "on": ("full",)}.get(args.recompute, (args.recompute,))
-    chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks is not None else None  # every v that fits
-    sizes = (tuple(_int_list(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes is not None
+    chunks = tuple(whole_numbers(args.chunks, "--chunks")) if args.chunks is not None else None  # every v that fits
+    sizes = (tuple(whole_numbers(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes is not None
              else (1, 2, 4))
     sharding = _names(args.sharding, "--sharding") if args.sharding is not None else None
     if args.no_zero:
@@ -160,19 +160,19 @@ def _job(args):
     hw = Hardware.load(args.hardware)
     reserve = parse_reserve(args.memory_reserve, hw.memory) if args.memory_reserve is not None else None
     frameworks = (FRAMEWORKS[args.framework],) if args.framework else tuple(FRAMEWORKS.values())
-    shards = (tuple(_int_list(args.hsdp_shard, "--hsdp-shard")) if args.hsdp_shard is not None
+    shards = (tuple(whole_numbers(args.hsdp_shard, "--hsdp-shard")) if args.hsdp_shard is not None
               else (2, 4, 8, 16, 32, 64))
     if args.fp8_all_gather and args.precision != "fp8":
         raise UsageError("--fp8-all-gather keeps the weights in FP8, which FP8 compute reads: give --precision fp8 too")
     return Job(spec=TransformerSpec.load(args.model), hardware=hw, gpus=args.gpus,
                global_batch_tokens=parse_tokens(args.global_batch_tokens),
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
-               tensor=tuple(_int_list(args.tensor, "--tensor")) if args.tensor is not None else None,
-               pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline is not None else None,
-               expert=tuple(_int_list(args.expert, "--expert")) if args.expert is not None else None,
+               tensor=tuple(whole_numbers(args.tensor, "--tensor")) if args.tensor is not None else None,
+               pipeline=tuple(whole_numbers(args.pipeline, "--pipeline")) if args.pipeline is not None else None,
+               expert=tuple(whole_numbers(args.expert, "--expert")) if args.expert is not None else None,
                micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks),
                frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve,
-               expert_tensor=tuple(_int_list(args.expert_tensor, "--expert-tensor")) if args.expert_tensor else None,
+               expert_tensor=tuple(whole_numbers(args.expert_tensor, "--expert-tensor")) if args.expert_tensor else None,
                expert_placement=_words(args.expert_placement, "--expert-placement") if args.expert_placement
                else ("within", "across"),
                precision=args.precision, fp8_gather=args.fp8_all_gather, async_tp=args.async_tp,
@@ -203,11 +203,11 @@ def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict]) -> in
     from ..plan.search import recommend
     from ..plan.cluster import commands
     from ..plan.cluster import cluster_plan, markdown
-    from .plan import _csv_round_trips, said_default
+    from .planning import csv_round_trips, said_default
 
     best = rec.row
     schedule = full_schedule(best)
-    csv_path = out.csv if _csv_round_trips(schedule) else None
+    csv_path = out.csv if csv_round_trips(schedule) else None
     try:
         torch_csv.dump(schedule, out.csv)
     except OSError as e:

@@ -7,7 +7,7 @@ import time
 
 from .. import limits
 from .common import UsageError, positive_int, print_json
-from .plan import _int_list
+from .planning import whole_numbers
 
 
 def register(sub) -> None:
@@ -47,7 +47,7 @@ def register(sub) -> None:
 
 
 def cmd_profile(args) -> int:
-    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes")
+    sizes = whole_numbers(args.micro_batch_sizes, "--micro-batch-sizes")
     _check_sizes(args, sizes)  # before torch is imported or anything allocated
     try:
         from ..runtime.profiling.link import measure_link
