@@ -258,7 +258,13 @@ def _headline(job, res, elapsed) -> str:
     hw = job.hardware
     reserve = job.memory_reserve.describe(hw.memory)
     frameworks = ", ".join(fw.name for fw in job.frameworks)
-    band = f"±{hw.band:.1%} (the published rows' largest error)" if hw.band is not None else "unknown"
+    band = f"±{hw.band:.1%} (the calibration rows' largest error)" if hw.band is not None else "unknown"
+    if hw.memory_band is not None:
+        band += f"; memory band ±{hw.memory_band:.1%}"
+    if job.precision != "bf16" or job.async_tp:
+        band += "; " + ", ".join(x for x in (f"{job.precision} at {hw.linear_rate(job.precision) / 1e12:.0f} TFLOP/s"
+                                              if job.precision != "bf16" else "", "AsyncTP" if job.async_tp else "")
+                                  if x)
     long = sum(c.costed_from is not None for c in res.ranking)
     return (f"{job.spec.name} on {job.gpus} x {hw.name}, {job.global_batch} sequences of {job.spec.seq} per step, "
             f"costed for {frameworks}\n"
