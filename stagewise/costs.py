@@ -349,17 +349,17 @@ def scaled(costs: Costs, weights: list[float], *, durations: bool = True, activa
 
     uniform = len(set(weights)) == 1
 
-    def times(x):
+    def times(name, x):
         if x is None:
             return None
         if isinstance(x, (int, float)):
             return x * weights[0] if uniform else [x * w for w in weights]
-        return [v * w for v, w in zip(per_stage("cost", x, len(weights)), weights)]
+        return [v * w for v, w in zip(per_stage(name, x, len(weights)), weights)]
 
-    fields = {k: times(getattr(costs, k)) for k in ("t_f", "t_b", "t_i", "t_w", "t_fb", "a2a", "a2a_b")} \
+    fields = {k: times(k, getattr(costs, k)) for k in ("t_f", "t_b", "t_i", "t_w", "t_fb", "a2a", "a2a_b")} \
         if durations else {}
     if activation:
-        fields["activation"] = times(costs.activation)
+        fields["activation"] = times("activation", costs.activation)
         if costs.activation_bytes is not None:
-            fields["activation_bytes"] = times(costs.activation_bytes)
+            fields["activation_bytes"] = times("activation_bytes", costs.activation_bytes)
     return replace(costs, **fields)

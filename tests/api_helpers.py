@@ -497,3 +497,60 @@ def broken_once() -> dict:
 def layers_bf16() -> list[nn.Module]:
     return [nn.Linear(4, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 8),
             nn.Linear(8, 4), nn.Linear(4, 4)]
+
+
+def state_and_plan_mistakes() -> dict:
+    """Rank function (2 ranks): a Pipeline's optimizer, optimizer state and tp_plan arguments gone wrong, each
+    caught and kept as its message (every rank alike), then the right ones round-tripping."""
+    from stagewise.runtime import RunError
+
+    out = {}
+
+    def attempt(label, fn):
+        try:
+            fn()
+            out[label] = None
+        except RunError as e:
+            out[label] = str(e)
+
+    four = [nn.Linear(4, 4) for _ in range(4)]
+    for label, plan in (("empty plan", {}), ("no match", {"nope": "colwise"}),
+                        ("one of two", {"0": "colwise", "1": "rowwise", "head.out": "colwise"})):
+        attempt(label, lambda: stagewise.Pipeline("1f1b", four, F.mse_loss, microbatches=2, tp=2, tp_plan=plan))
+    pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(4)], F.mse_loss, microbatches=2)
+    opt = torch.optim.AdamW(pipe.parameters(), lr=0.1)
+    stray = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
+    attempt("stray optimizer", lambda: pipe.optimizer_state_dict(stray))
+    attempt("not an optimizer", lambda: pipe.optimizer_state_dict(pipe))
+    good = pipe.optimizer_state_dict(opt)
+    name = next(k for k in good if k.endswith(".exp_avg"))
+    attempt("state 5", lambda: pipe.load_optimizer_state_dict(opt, {"state": 5}))
+    attempt("not a dict", lambda: pipe.load_optimizer_state_dict(opt, 5))
+    attempt("wrong shape", lambda: pipe.load_optimizer_state_dict(opt, {**good, name: torch.zeros(7)}))
+    attempt("not a tensor", lambda: pipe.load_optimizer_state_dict(opt, {**good, name: "zeros"}))
+    attempt("missing", lambda: pipe.load_optimizer_state_dict(opt, {k: v for k, v in good.items() if k != name}))
+    attempt("round trip", lambda: pipe.load_optimizer_state_dict(opt, good))
+    out["exp_avg"] = name
+    return out
+
+
+def late_rank(delay: float, then_startup: str) -> None:
+    """Rank function: rank 1 builds its layers ``delay`` s after rank 0, with a step timeout of 1 s: the first
+    pipeline waits for it (the startup allowance); the second, with ``STAGEWISE_STARTUP_S`` = ``then_startup``,
+    names it."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    def build(i):
+        if dist.get_rank() == 1:
+            time.sleep(delay)
+        torch.manual_seed(i)
+        return nn.Linear(4, 4)
+
+    x = torch.randn(4, 4)
+    pipe = stagewise.Pipeline("1f1b", stagewise.Layers(2, build), F.mse_loss, microbatches=2, timeout=1)
+    pipe.step(x, x)
+    os.environ["STAGEWISE_STARTUP_S"] = then_startup
+    stagewise.Pipeline("1f1b", stagewise.Layers(2, build), F.mse_loss, microbatches=2, timeout=1)

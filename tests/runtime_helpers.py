@@ -217,3 +217,22 @@ def backward_first(pair) -> None:
 def forward_only_hook(pair) -> None:
     """A wrong overlap hook: it forgets the backward."""
     pair.forward.run()
+
+
+def resume_each(cfgs) -> list:
+    """Rank function: resume each config in turn on these ranks, keeping what each refused with (every rank's
+    message, gathered), so one launch tries several broken checkpoints."""
+    import torch.distributed as dist
+
+    from stagewise.runtime import RunError
+    from stagewise.runtime.run.worker import Env, run_job
+
+    env = Env(rank=dist.get_rank(), world=dist.get_world_size(), device=torch.device("cpu"), backend="gloo")
+    out = []
+    for cfg in cfgs:
+        try:
+            run_job(env, cfg)
+            out.append(None)
+        except RunError as e:
+            out.append(str(e))
+    return _every_rank(out)

@@ -54,6 +54,16 @@ def test_draw_shows_the_lane(capsys):
     (SHAPE + ["--moe-top-k", "9"], "--moe-top-k (9) must be at most the experts of the group"),
     (SHAPE + ["--moe-experts", "6"], "--moe-experts 6 must be a multiple of --ep 4"),
     (["--hidden-size", "1024"], "--hidden-size needs --hidden-size, --heads and --seq-length together"),
+    (["--a2a-latency", "-1"], "--a2a-latency must be a finite number >= 0; got -1"),
+    (SHAPE + ["--a2a-latency", "-1"], "--a2a-latency must be a finite number >= 0; got -1"),
+    (["--a2a", "1", "--a2a-latency", "2"], "--a2a-latency 2 is part of the --a2a derived from --moe-tokens"),
+    (["--a2a", "1,2", "--costs-per", "rank"], "--a2a has 2 per-stage values; the schedule has 4 stages"),
 ])
 def test_bad_all_to_all_options_exit_2_naming_the_option(capsys, argv, words):
     assert words in fails(capsys, "simulate", "dualpipe", "-p", "2", "-m", "4", *argv)
+
+
+def test_explain_and_compare_name_the_options_they_were_given(capsys):
+    assert "--a2a-latency must be a finite number >= 0" in fails(capsys, "explain", "1f1b", "--a2a-latency", "-1")
+    err = fails(capsys, "compare", "-p", "2", "--a2a", "1,2", "--costs-per", "rank")
+    assert "--a2a has 2 per-stage values" in err and "--cost " not in err

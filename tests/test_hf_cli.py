@@ -90,6 +90,9 @@ def test_bad_input_is_one_line_and_exit_2(capsys, files, tmp_path):
     assert "--batch 6 does not split" in fails(capsys, *base, "--hf", str(folder), "-m", "4", "--batch", "6")
     assert "--split E+t*2 | H: 'E+t*2 | H' has 4 layers and loses 1 t, 1 N" in fails(capsys, *base, "--hf", str(folder), "--split",
                                                                 "E+t*2 | H")
+    huge = "99999999999999999999999"  # torch's manual_seed overflowed on it, on every rank
+    assert f"--seed {huge}: torch seeds are 0..4294967295" in fails(capsys, *base, "--hf", str(folder), "--seed", huge)
+    assert "--seed must be >= 0; got -3" in fails(capsys, *base, "--hf", str(folder), "--seed", "-3")
 
 
 def test_split_takes_layout_text_as_train_does(capsys, files):
@@ -145,6 +148,15 @@ def test_an_hf_run_and_a_gpt_run_are_one_run_path(capsys, files, tmp_path, monke
     assert len(hf["predicted_peak_activation_bytes"]) == 2 and all(b > 0 for b in hf["peak_activation_bytes"])
     manifests = [json.loads((tmp_path / k / "step-00000002" / "manifest.json").read_text()) for k in ("g", "h")]
     assert manifests[0]["format"] == manifests[1]["format"] and manifests[1]["run"]["model"]["class"] == "HFRun"
+    # only the HF run exported a folder, and its manifest lists it: what --overwrite may delete of it later
+    assert "exported" not in gpt["checkpoint"] and hf["checkpoint"]["exported"] == [
+        str(tmp_path / "h" / "step-00000002" / "hf")]
+    export = tmp_path / "h" / "step-00000002" / "hf"
+    assert set(manifests[1]["export"]) == {f.name for f in export.iterdir()} and "config.json" in manifests[1]["export"]
+    (export / "notes.md").write_text("the user's")
+    err = fails(capsys, "train", *common[:-1], "--layers", "2", "--d-model", "32", "--save", str(tmp_path / "h"),
+                "--overwrite")
+    assert "step-00000002/hf/notes.md is not a file of a checkpoint" in err and (export / "notes.md").exists()
     monkeypatch.setenv("STAGEWISE_FAULT", "raise:rank=1:action=1F1")
     rc, out, err = run(capsys, "train", "--hf", str(folder), "--data", str(text), *common[:-1])
     assert rc == 1 and "rank 1 at 1F1 (step 1): InjectedFault" in err and "flight recorder, rank 1 (failed)" in err

@@ -8,6 +8,7 @@ the whole batch, step 1's gradients and 2 SGD steps (relative 1e-4); the pipelin
 loads into transformers with the pipeline's logits.
 """
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -98,6 +99,9 @@ def test_stacked_and_per_expert_files_give_the_same_layers(folders, tmp_path):
     ("deepseek_v3", {"n_group": 3}, "n_group is 3; it must divide n_routed_experts (4) into groups of at least 2"),
     ("deepseek_v3", {"topk_group": 3}, "topk_group is 3; a token's experts come from at most n_group (2) groups"),
     ("mixtral", {"num_local_experts": 0}, "num_local_experts is 0; it must be a whole number >= 1"),
+    ("deepseek_v3", {"routed_scaling_factor": float("nan")}, "routed_scaling_factor is nan; it must be a finite "
+                                                              "number > 0"),
+    ("mixtral", {"router_jitter_noise": -0.5}, "router_jitter_noise is -0.5; it must be a finite number >= 0"),
 ])
 def test_a_bad_moe_field_is_refused_naming_it(tmp_path, kind, over, needle):
     from hf_helpers import CONFIGS
@@ -106,6 +110,26 @@ def test_a_bad_moe_field_is_refused_naming_it(tmp_path, kind, over, needle):
     with pytest.raises(HFError) as e:
         load(path)
     assert needle in str(e.value)
+
+
+def test_a_deepseek_folder_without_its_router_bias_is_refused_naming_it(folders, tmp_path, capsys):
+    """The router's ``e_score_correction_bias`` is learned state (a persistent buffer transformers saves): a folder
+    with weights but without it is incomplete, refused before any rank, never trained from zeros."""
+    from safetensors.torch import load_file, save_file
+
+    from cli_helpers import fails
+
+    root, text, paths = folders
+    bare = shutil.copytree(paths["deepseek_v3"], tmp_path / "bare")
+    tensors = load_file(str(bare / "model.safetensors"))
+    assert "model.layers.1.mlp.gate.e_score_correction_bias" in tensors  # what save_pretrained wrote
+    save_file({k: v for k, v in tensors.items() if "e_score_correction_bias" not in k}, str(bare / "model.safetensors"),
+              metadata={"format": "pt"})
+    with pytest.raises(HFError, match="tensor model.layers.1.mlp.gate.e_score_correction_bias is missing"):
+        load(bare)
+    err = fails(capsys, "train", "--hf", str(bare), "--data", text, "--schedule", "1f1b", "-p", "2", "--seq", "16",
+                "-m", "2", "--batch", "4", "--steps", "1")
+    assert "e_score_correction_bias is missing from the checkpoint" in err
 
 
 # ---- pipelined on 2 ranks (one launch)

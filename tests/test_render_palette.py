@@ -1,9 +1,11 @@
 """The palette: distinguishable under colour-vision deficiencies, readable text."""
 
+import colorsys
 import itertools
 
 import pytest
 
+from stagewise.explain import CAUSES
 from stagewise.render import palette
 
 # Machado, Oliveira & Fernandes 2009, severity 1.0, on linear RGB
@@ -42,12 +44,31 @@ def test_kind_and_chunk_colours_stay_apart(vision):
         assert dist > 10, f"{ka} {a} vs {kb} {b} under {vision}: {dist:.1f}"
 
 
-def test_forward_is_blue_backwards_are_green():
+def _hue(colour):
+    return colorsys.rgb_to_hsv(*(x / 255 for x in palette.rgb(colour)))[0] * 360
+
+
+def test_one_hue_per_kind_forward_blue_backward_green():
+    """F blue and B green as in the papers; every kind a hue of its own (at least 40 degrees from the others),
+    kept by its lighter chunks: a ZB-V or DualPipe picture shows four families of colour, not shades of one."""
     r, g, b = palette.rgb(palette.colour("F"))
     assert b > r and b > g
-    for kind in "BIW":
-        r, g, b = palette.rgb(palette.colour(kind))
-        assert g > r and g > b, kind
+    r, g, b = palette.rgb(palette.colour("B"))
+    assert g > r and g > b
+    hues = {k: _hue(palette.colour(k)) for k in "FBIW"}
+    for a, b in itertools.combinations(hues, 2):
+        apart = abs(hues[a] - hues[b])
+        assert min(apart, 360 - apart) >= 40, (a, b, hues)
+    for k in "FBIW":
+        for c in range(1, 4):
+            assert abs(_hue(palette.colour(k, c, 4)) - hues[k]) < 6, (k, c)
+
+
+def test_causes_differ_in_colour_and_pattern():
+    assert set(palette.CAUSES) == set(CAUSES)
+    colours, patterns = zip(*palette.CAUSES.values())
+    assert len(set(colours)) == len(set(patterns)) == len(CAUSES)
+    assert not set(colours) & set(palette.KIND_COLOURS.values())
 
 
 def test_chunks_get_lighter_and_text_stays_readable():

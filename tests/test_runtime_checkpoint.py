@@ -295,6 +295,7 @@ def test_overwrite_replaces_another_run_and_a_resume_saves_into_its_own_run(caps
     rc, out, err = run_cli(capsys, *TINY_ARGS, "--steps", "1", "--save", str(mine), "--overwrite", "--seed", "5")
     assert rc == 0, err
     assert "--save: deleted step-00000001, step-00000002, step-00000003" in out
+    assert "exported" not in out  # the built-in GPT writes no HF folder, so none is announced
     after = manifests_of(mine)
     assert sorted(after) == ["step-00000001"] and json.loads(after["step-00000001"])["run"]["id"] not in ids
 
@@ -398,7 +399,7 @@ def test_files_that_match_their_hash_but_are_not_ours_are_refused_by_name(capsys
     _, root = saved
     tiny = ["--schedule", "1f1b", "-p", "2", "-m", "4", "--layers", "6", "--d-model", "32", "--seq", "16",
             "--batch", "4", "--steps", "3"]
-    cases = {"__0_0.distcp": "its DCP files do not read as a checkpoint of this model",
+    cases = {"__0_0.distcp": "__0_0.distcp does not read as the tensors .metadata says it holds (damaged",
              ".metadata": ".metadata is not the index of a DCP checkpoint"}
     for name, needle in cases.items():
         noise = copy_of(root, tmp_path / f"noise{name}")
@@ -488,3 +489,173 @@ def test_a_layer_keyed_checkpoint_of_an_earlier_stagewise_resumes_under_any_layo
                               dataclasses.replace(BASE, resume=str(old), ranks=1, fsdp=2, microbatches=2)])
     assert same.losses == full.losses[2:] and same.checkpoint["rng_restored"]  # the same layout: bit for bit
     np.testing.assert_allclose(other.losses, full.losses[2:], rtol=1e-5)  # sharded: each rank its own rows
+
+
+# ---- hostile checkpoints (issue 26): code in the index, damaged data files, a manifest that lies
+
+class Touch:
+    """A pickle that creates ``path`` when unpickled: what a crafted index runs under a plain ``pickle.load``."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def _index(step: Path):
+    from stagewise.runtime.resilience.checkpoint_index import read
+
+    return read(step / ".metadata")
+
+
+def _write_index(step: Path, md) -> None:
+    import pickle
+
+    (step / ".metadata").write_bytes(pickle.dumps(md))
+    _rehash(step, ".metadata")
+
+
+def _flip_zip_end(step: Path, name: str) -> None:
+    """Two bytes of the end record of the zip that holds one of ``name``'s tensors (its signature)."""
+    info = next(v for i, v in _index(step).storage_data.items() if v.relative_path == name
+                and i.fqn.startswith("model.") and ".fc.weight" in i.fqn)
+    data = bytearray((step / name).read_bytes())
+    at = data.rfind(b"PK\x05\x06", info.offset, info.offset + info.length)
+    data[at] ^= 0xFF
+    data[at + 1] ^= 0xFF
+    (step / name).write_bytes(bytes(data))
+    _rehash(step, name)
+
+
+def _edit_manifest(step: Path, edit) -> None:
+    m = json.loads((step / files.MANIFEST).read_text())
+    edit(m)
+    (step / files.MANIFEST).write_text(json.dumps(m))
+
+
+def _hostile(root: Path, tmp_path: Path, marker: Path) -> dict[str, tuple[Path, str]]:
+    """Copies of ``root`` each broken one way (the manifest rehashed to agree), with what the refusal says."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    def index_edit(md, how):
+        if how == "bytes":
+            md.state_dict_metadata["model.1.fc.weight"] = BytesStorageMetadata()
+        elif how == "shape":
+            md.state_dict_metadata["model.1.fc.weight"].size = torch.Size([256, 32])
+        else:
+            del md.state_dict_metadata["optim.state.1.fc.weight.exp_avg"]
+        return md
+
+    cases = {
+        "code in the index": (lambda s: ((s / ".metadata").write_bytes(__import__("pickle").dumps(Touch(marker))),
+                                         _rehash(s, ".metadata")),
+                              ".metadata is not the index of a DCP checkpoint (io.open is not a type of a DCP index)"),
+        "bytes for a tensor": (lambda s: _write_index(s, index_edit(_index(s), "bytes")),
+                               "its parameter or buffer 1.fc.weight is not a tensor"),
+        "index shape": (lambda s: _write_index(s, index_edit(_index(s), "shape")),
+                        "its parameter or buffer 1.fc.weight has shape (256, 32); this model's has (128, 32)"),
+        "no exp_avg": (lambda s: _write_index(s, index_edit(_index(s), "optim")),
+                       "it holds no optimizer state exp_avg of 1.fc.weight"),
+        "zeroed data": (lambda s: ((s / "__0_0.distcp").write_bytes(bytes((s / "__0_0.distcp").stat().st_size)),
+                                   _rehash(s, "__0_0.distcp")),
+                        "__0_0.distcp does not read as the tensors .metadata says it holds (damaged, or not a DCP "
+                        "data file: UnpicklingError)"),
+        "zip end record": (lambda s: _flip_zip_end(s, "__1_0.distcp"),
+                           "__1_0.distcp does not read as the tensors .metadata says it holds"),
+        "manifest shape": (lambda s: _edit_manifest(s, lambda m: m["params"]["1.fc.weight"].update(shape=[64, 32])),
+                           "saved from another model (parameter 1.fc.weight has shape (64, 32) there, (128, 32) "
+                           "here)"),
+        "manifest entry gone": (lambda s: _edit_manifest(s, lambda m: m["params"].pop("1.fc.weight")),
+                                "saved from another model (this model has parameter 1.fc.weight, the other does "
+                                "not; 75 parameters there, 76 here)"),
+    }
+    out = {}
+    for k, (label, (edit, words)) in enumerate(cases.items()):
+        bad = copy_of(root, tmp_path / f"case{k}")
+        edit(bad / "step-00000002")
+        out[label] = (bad / "step-00000002", words)
+    return out
+
+
+def test_hostile_checkpoints_are_refused_by_name_on_every_rank_and_run_no_code(saved, tmp_path):
+    """One launch, one job per broken checkpoint: every rank refuses each with the same message, before it
+    trusts a byte; the pickle in the index never ran (its file was never made); an earlier stagewise's layer
+    file that is not a state dict is refused too."""
+    from runtime_helpers import resume_each
+    from stagewise.runtime.launching.local import launch
+
+    full, root = saved
+    marker = tmp_path / "the index ran"
+    cases = _hostile(root, tmp_path, marker)
+    old = as_layer_checkpoint(root / "step-00000002", tmp_path / "old" / "step-00000002")
+    torch.save({"params": {"0.tok.weight": [1.0, 2.0]}, "optim": {}}, old / "layer-00000.pt")
+    _rehash(old, "layer-00000.pt")
+    cases["layer file"] = (old, "layer-00000.pt is not a layer file of a checkpoint (its parameter "
+                                "'0.tok.weight' is not a tensor)")
+    cfgs = [dataclasses.replace(BASE, steps=3, resume=str(step), collect=()) for step, _ in cases.values()]
+    got = launch(resume_each, 2, cfgs, threads=1)  # [rank 0's messages, rank 1's]
+    for (label, (step, words)), per_rank in zip(cases.items(), zip(*got)):
+        assert per_rank[0] == per_rank[1] and per_rank[0] is not None, (label, per_rank)
+        assert per_rank[0].startswith(f"`resume` {step}: ") and words in per_rank[0], (label, per_rank[0])
+    assert not marker.exists()
+
+
+def test_hostile_checkpoints_are_one_line_from_the_cli(capsys, saved, tmp_path):
+    """The unpipelined reference (one process, no launch) refuses each alike, in one line with exit 2; on ranks
+    the line says every rank, and nothing of DCP's exception leaks (it named no file)."""
+    _, root = saved
+    marker = tmp_path / "the index ran"
+    cases = _hostile(root, tmp_path, marker)
+    for label, (step, words) in cases.items():
+        rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--schedule", "none", "--resume", str(step))
+        assert rc == 2 and err.count("\n") == 1 and say(words) in err, (label, err)
+    step, words = cases["zeroed data"]
+    rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--resume", str(step))
+    assert rc == 2 and err.count("\n") == 1 and f"every rank: --resume {step}: {words}" in err, err
+    assert "CheckpointException" not in err and "Traceback" not in err
+    assert not marker.exists()
+
+
+# ---- --overwrite deletes only what a checkpoint's manifest lists
+
+def test_overwrite_refuses_a_users_file_in_an_old_step_folder_and_deletes_nothing(capsys, saved, tmp_path,
+                                                                                  monkeypatch):
+    import stagewise.runtime.launching.launch as launch
+
+    _, root = saved
+    mine = copy_of(root, tmp_path)
+    (mine / "step-00000002" / "README.txt").write_text("notes of the user's")
+    (mine / "step-00000001" / "extra").mkdir()
+    before = sorted(p.relative_to(mine) for p in mine.rglob("*"))
+    monkeypatch.setattr(launch, "spawn", lambda *a, **k: pytest.fail("ranks started"))
+    rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "1", "--seed", "5", "--save", str(mine), "--overwrite")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert (f"--save {mine}: step-00000001/extra and 1 more is not a file of a checkpoint; --overwrite deletes "
+            "only what a checkpoint's manifest lists") in err
+    assert sorted(p.relative_to(mine) for p in mine.rglob("*")) == before
+    (mine / "step-00000001" / "extra").rmdir()
+    with pytest.raises(RunError, match="step-00000002/README.txt is not a file of a checkpoint"):
+        files.prepare_save(str(mine), "f" * 32, overwrite=True)  # a file put there later
+    assert (mine / "step-00000002" / "README.txt").read_text() == "notes of the user's"
+
+
+def test_overwrite_never_follows_a_symlink_out_of_the_folder(capsys, saved, tmp_path):
+    _, root = saved
+    outside = tmp_path / "outside"
+    shutil.copytree(root / "step-00000001", outside)  # a checkpoint's files, and the user's own
+    (outside / "keep.txt").write_text("the user's")
+    before = sorted(p.name for p in outside.iterdir())
+    linked = copy_of(root, tmp_path / "l")
+    shutil.rmtree(linked / "step-00000001")
+    (linked / "step-00000001").symlink_to(outside)
+    inner = copy_of(root, tmp_path / "i")
+    (inner / "step-00000002" / "__0_0.distcp").unlink()
+    (inner / "step-00000002" / "__0_0.distcp").symlink_to(outside / "__0_0.distcp")
+    for folder, needle in ((linked, "step-00000001 is a symlink"),
+                           (inner, "step-00000002/__0_0.distcp (a symlink) is not a file of a checkpoint")):
+        rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "1", "--save", str(folder), "--overwrite")
+        assert rc == 2 and needle in err, err
+    with pytest.raises(RunError, match=r"step-00000001 \(a symlink\) is not a file of a checkpoint"):
+        files.check_overwrite(str(linked), None)  # the first save's own check, should a link appear later
+    assert sorted(p.name for p in outside.iterdir()) == before and (outside / "keep.txt").exists()

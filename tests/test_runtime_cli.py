@@ -127,13 +127,16 @@ def test_the_same_entry_point_runs_under_torchrun(tmp_path, reference_losses):
 
 
 def test_demo_runs_for_real_unless_told_not_to(capsys, tmp_path, monkeypatch):
-    import stagewise.cli.train as train_cli
+    import stagewise.cli.demo as demo_cli
 
     calls = []
-    monkeypatch.setattr(train_cli, "demo_run", lambda out: calls.append(out))
+    monkeypatch.setattr(demo_cli, "demo_run", lambda out: calls.append(out))
     assert run(capsys, "demo", "--no-run", "-o", str(tmp_path))[0] == 0 and calls == []
     monkeypatch.undo()
-    train_cli.demo_run(tmp_path)
+    demo_cli.demo_run(tmp_path)  # one rank per core, 2 to 4
     out = capsys.readouterr().out
-    assert out.count("bubble: measured") == 2 and "1f1b: p=4 m=8" in out and "zb-h1: p=4 m=8" in out
-    assert (tmp_path / "measured-zb-h1.json").exists()
+    z = demo_cli.run_sizes(os.cpu_count() or 1)
+    assert out.count("bubble: measured") == 2 and f"1f1b: p={z.ranks} m={z.microbatches}" in out
+    assert f"zb-h1: p={z.ranks} m={z.microbatches}" in out
+    assert "claims, within 5 points: 1f1b's bubble" in out and "zb-h1's step shorter than 1f1b's: " in out
+    assert (tmp_path / "measured-zb-h1.json").exists() and (tmp_path / "measured-zb-h1.svg").exists()

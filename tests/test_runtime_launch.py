@@ -161,3 +161,31 @@ def test_a_child_asking_for_the_parent_death_signal_dies_with_its_parent(tmp_pat
     assert not alive(child)
     parent.stdout.close()
     assert parent_death_signal(0)  # 0 clears it: this test process stays as it was
+
+
+def test_no_process_of_a_run_outlives_the_command(tmp_path):
+    """The forkserver of the ranks used to tear torch down for seconds after `stagewise train` (or `profile
+    --hf`) had returned; it is ended at exit, so nothing of the run is left once the command is."""
+    marker = f"STAGEWISE_TEST_RUN={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    argv = [a if a != "100000" else "1" for a in TRAIN]
+    proc = subprocess.run([sys.executable, *argv, "-p", "2"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120, env={**os.environ, key: value, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    deadline = time.monotonic() + 2.0  # multiprocessing's resource tracker (no torch) ends as its pipe closes
+    while (left := [p for p in marked(marker) if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == []
+
+
+def test_a_late_rank_is_waited_for_at_startup_then_named():
+    """Rank 1 builds its layers 3 s after rank 0 while the step timeout is 1 s: the first pipeline waits for it
+    (ranks start slowly on a loaded machine); with a startup allowance of 1.5 s the second names it."""
+    from api_helpers import late_rank
+    from stagewise.runtime import RankFailure
+
+    with pytest.raises(RankFailure) as info:
+        stagewise.launch(late_rank, 2, 3.0, "1.5", timeout=1, threads=1)
+    assert info.value.user and "\n" not in str(info.value)
+    assert ("rank 0: rank 1 did not reach the pipeline's first exchange within 1.5 s (still starting or building "
+            "its layers on a loaded machine, or stopped; STAGEWISE_STARTUP_S=S waits longer)") in str(info.value)

@@ -129,6 +129,14 @@ def test_the_pair_carries_the_aux_loss_and_with_aux_adds_it():
     assert loss(pair, h).item() == 0.5 and loss(h, h).item() == 0.0
 
 
+def test_a_layers_own_pair_is_never_taken_for_the_aux_loss():
+    """A (hidden, mask) boundary is the common case: unpack gives it back whole; pack keeps it beside the aux."""
+    h, keep = torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    assert moe_mod.unpack((h, keep)) == ((h, keep), None)
+    (got_h, got_keep), aux = moe_mod.unpack(moe_mod.pack((h, keep), torch.tensor(0.25)))
+    assert got_h is h and got_keep is keep and aux.item() == 0.25
+
+
 @pytest.mark.parametrize("kw, needle", [
     ({"top_k": 5}, "`top_k` 5: a token goes to at most `experts` (4) experts"),
     ({"capacity": 0}, "`capacity` must be a finite number > 0"),
@@ -137,11 +145,34 @@ def test_the_pair_carries_the_aux_loss_and_with_aux_adds_it():
     ({"aux": -1}, "`aux` must be a finite number >= 0"),
     ({"experts": 0}, "`experts` must be >= 1"),
     ({"shared": 1.5}, "`shared` must be a whole number"),
+    ({"experts": 10**12}, "`experts` 1000000000000 x `d_model` 8 (the router): over the limit of"),
+    ({"hidden": 10**6, "shared": 10**3}, "`shared` 1000 x `hidden` 1000000 x `d_model` 8 (the shared experts): over"),
 ])
 def test_bad_options_name_the_argument(kw, needle):
-    with pytest.raises(RunError) as e:
+    from stagewise.errors import StagewiseError
+
+    with pytest.raises(StagewiseError) as e:  # a size over its limit is a LimitError, before any allocation
         _block(**kw)
     assert needle in str(e.value)
+
+
+def test_the_width_and_the_input_are_checked_before_any_division():
+    with pytest.raises(RunError, match="`d_model` must be >= 1; got 0"):
+        MoE(0, 4, 2, 12)
+    m = _block()
+    for shape in ((2, 0, 8), (0, 3, 8), (2, 3, 7), (2, 3)):
+        with pytest.raises(RunError, match=r"MoE input must be floating hidden states \(rows, tokens, d_model=8\) "
+                           rf"with rows and tokens >= 1; got shape \({', '.join(map(str, shape))},?\)"):
+            m(torch.zeros(shape))
+
+
+def test_a_capacity_beyond_every_token_is_dropless_not_an_overflow():
+    x = torch.randn(2, 6, 8)
+    huge, dropless = _block(capacity=1e300), _block(capacity=None)
+    assert huge.slots(6) == 6  # an expert never gets more than a row's tokens
+    for a, b in zip(huge(x), dropless(x)):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(_block(capacity=1e300, pad=True)(x)[0], dropless(x)[0])
 
 
 # ---- an own model with stagewise.MoE, pipelined under every family at p=2 (one launch)

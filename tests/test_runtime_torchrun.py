@@ -94,3 +94,29 @@ def test_a_rank_joins_its_gloo_threads_before_the_interpreter_exits(tmp_path):
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [(tmp_path / f"rank-{r}.txt").read_text() for r in (0, 1)] == ["", ""]  # no gloo thread left
+
+
+LATE_AT_THE_RENDEZVOUS = """
+import os, time
+import torch.nn.functional as F
+from torch import nn
+import stagewise
+
+if os.environ["RANK"] == "1":
+    time.sleep(60)  # a rank still importing and building on a loaded machine (torchrun ends it)
+stagewise.Pipeline("1f1b", [nn.Linear(4, 4), nn.Linear(4, 4)], F.mse_loss, microbatches=2, timeout=1)
+"""
+
+
+def test_a_rank_that_misses_the_rendezvous_is_named(tmp_path):
+    """Under torchrun a rank later than the startup allowance failed with c10d's socket warnings and a
+    DistStoreError traceback per rank, naming nothing; now the line names the missing rank and the cure."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_AT_THE_RENDEZVOUS)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=100, cwd=tmp_path, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "STAGEWISE_STARTUP_S": "2"})
+    assert proc.returncode != 0
+    assert ("RunError: rank 0: rank 1 did not reach the rendezvous at localhost:" in proc.stderr
+            and "within 2 s (ranks still starting on a loaded machine, or stopped before it; STAGEWISE_STARTUP_S=S "
+                "waits longer)" in proc.stderr), proc.stderr[-3000:]

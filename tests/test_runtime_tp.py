@@ -83,3 +83,29 @@ def test_a_hugging_face_model_says_which_heads_tp_must_divide(tmp_path):
     assert model.layers().tp_plan["layers.*.self_attn.q_proj"] == "colwise"  # the model's own base_model_tp_plan
     with pytest.raises(RunError, match="`tp` 4 does not divide the model's 2 key/value heads"):
         RunConfig(schedule="1f1b", ranks=2, tp=4, microbatches=2, batch=4, model=model).check()
+
+
+def test_a_plan_that_matches_nothing_and_bad_optimizer_state_are_refused_naming_them():
+    """One launch of 2 ranks: tp_plan patterns that match no module (every rank's layers counted), and the
+    optimizer and optimizer-state arguments of Pipeline.optimizer_state_dict / load_optimizer_state_dict."""
+    import stagewise
+    from api_helpers import state_and_plan_mistakes
+
+    got = stagewise.launch(state_and_plan_mistakes, 2, threads=1)
+    name = got["exp_avg"].removeprefix("state.").removesuffix(".exp_avg")
+    expected = {
+        "empty plan": "`tp_plan` is empty, so tensor parallel would shard nothing",
+        "no match": "`tp_plan` pattern 'nope' matches no module of the model",
+        "one of two": "`tp_plan` pattern 'head.out' matches no module of the model",
+        "stray optimizer": "`optimizer` holds a tensor of shape (3,) that is not one of this pipeline rank's "
+                           "parameters (its state would not be saved); build it over pipe.parameters()",
+        "not an optimizer": "`optimizer` must be a torch.optim.Optimizer over this rank's parameters; got Pipeline",
+        "state 5": "`state` key 'state' is not state.NAME.KEY or param_groups.NAME.KEY",
+        "not a dict": "`state` must be a dict in optimizer_state_dict's form",
+        "wrong shape": f"`state` 'state.{name}.exp_avg' has shape (7,); the optimizer's is ",
+        "not a tensor": f"`state` 'state.{name}.exp_avg' is str; the optimizer keeps a tensor of shape",
+        "missing": f"`state` has no 'state.{name}.exp_avg' (AdamW keeps it for every parameter)",
+    }
+    for label, words in expected.items():
+        assert got[label] is not None and words in got[label], (label, got[label])
+    assert got["round trip"] is None

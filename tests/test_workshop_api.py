@@ -31,6 +31,48 @@ def test_bubble_matches_the_literature_for_1f1b():
     assert round(big["bubble_fraction"], 3) == 0.652 == round(big["formula_bubble_fraction"], 3)
 
 
+def test_per_stage_costs_are_the_cli_lists_and_a_wrong_length_names_its_control(capsys):
+    from stagewise.cli import main
+
+    got = run(p=4, m=8, tf="1,1,1,2", tb=[2, 2, 2, 4])["results"][0]
+    assert main(["simulate", "1f1b", "-p", "4", "-m", "8", "--tf", "1,1,1,2", "--tb", "2,2,2,4", "--json"]) == 0
+    assert got["makespan"] == 57 == __import__("json").loads(capsys.readouterr().out)["makespan"]
+    assert api.parse_settings({"tf": "1, 1,1,2", "ti": "0.5"}).to_query() == {"tf": "1,1,1,2", "ti": "0.5"}
+    e = error(p=4, tf="1,1,2")
+    assert e.field == "tf" and str(e) == "--tf has 3 per-stage values; the schedule has 4 stages"
+    assert error(schedules="dualpipe-v", p=4, tb="2,2,2,4").field == "tb"  # dualpipe-v has 8 stages
+    assert error(tf="1,x").field == "tf" and error(tw=",".join(["1"] * 3000)).field == "tw"
+
+
+def test_the_all_to_all_is_a_setting_and_a_lane_under_each_rank():
+    res = run(schedules="dualpipe-v", p=4, m=8, a2a="0.5")["results"][0]
+    cli = result(generate("dualpipe-v", 4, 8), api.costs_for(api.Settings(schedules=("dualpipe-v",), a2a=0.5),
+                                                             generate("dualpipe-v", 4, 8)))
+    assert res["makespan"] == cli["makespan"] and res["exposed_a2a"] == cli["exposed_a2a"]
+    (lane,) = res["lanes"]
+    assert lane["key"] == "a2a" and len(lane["rows"]) == 4
+    assert sum(w for row in lane["rows"] for _, _, w, _ in row) == pytest.approx(sum(res["exposed_a2a"]))
+    assert lane["rows"][0][0][3] == "all-to-all of 0F0" and run(p=4, m=8)["results"][0]["lanes"] == []
+    assert error(a2a=0.5, tfb=3).field == "tfb"
+
+
+def test_every_colour_of_the_page_comes_from_the_palette():
+    from stagewise.explain import CAUSES
+    from stagewise.render import palette
+
+    style = api.families()["style"]
+    assert style["page"] == palette.PAGE and style["kinds"] == palette.KIND_COLOURS
+    assert set(style["causes"]) == set(CAUSES)
+    for name, c in style["causes"].items():
+        assert (c["colour"], c["pattern"]) == palette.CAUSES[name] and c["label"] and c["meaning"]
+    import re
+    from pathlib import Path
+
+    static = Path(api.__file__).with_name("static")
+    for f in [*static.glob("*.js"), static / "app.css"]:
+        assert not re.findall(r"#[0-9a-fA-F]{3,6}\b", f.read_text()), f.name  # no colour of its own
+
+
 def test_result_is_the_cli_result_plus_the_drawing():
     res = run(schedules="gpipe", p=3, m=5, tf="1.5", tb=2.5, per="stage")["results"][0]
     sched = generate("gpipe", 3, 5)

@@ -164,3 +164,21 @@ def test_memory_cap_marks_peaks_over_it_and_a_bad_cap_by_its_field(server, brows
     assert text(browser, "#cap-unit") == "micro-batches of a rank's share"
     Select(browser.find_element(By.ID, "per")).select_by_value("stage")
     wait_for(browser, lambda d: text(d, "#cap-unit") == "micro-batches of one stage")
+
+
+def test_the_address_takes_per_stage_costs_and_reports_what_the_page_cannot_use(server, browser):
+    browser.get(server.url + "?tf=1,1,1,2&tb=2,2,2,4")  # the CLI's lists: its makespan
+    wait_for(browser, lambda d: text(d, '#summary tr[data-schedule="1f1b"] td.makespan') == "57")
+    assert browser.find_element(By.ID, "tf").get_attribute("value") == "1,1,1,2"
+    assert "tf=1%2C1%2C1%2C2" in browser.current_url and "tb=2%2C2%2C2%2C4" in browser.current_url
+    assert text(browser, "#err-address") == "" and text(browser, "#err-tf") == ""
+
+    browser.get(server.url + "?tf=1,1,2&zoom=3&colour=red&p=abc&per=chunk")  # nothing here is dropped silently
+    wait_for(browser, lambda d: text(d, "#err-tf"))
+    assert text(browser, "#err-tf") == "--tf has 3 per-stage values; the schedule has 4 stages"
+    assert "invalid" in browser.find_element(By.ID, "tf").get_attribute("class")
+    address = text(browser, "#err-address")
+    assert 'names "colour", which the page does not know' in address and "zoom=3" in address
+    assert text(browser, "#err-p").startswith("the address gives p=abc; this control takes a number")
+    assert text(browser, "#err-per").startswith("the address gives per=chunk; this control takes rank or stage")
+    assert "not valid" in text(browser, "#status")

@@ -176,6 +176,13 @@ def test_why_edit_and_teach_routes(server):
     assert status == 200 and not json.loads(body)["valid"] and json.loads(body)["error"].startswith("deadlock")
     status, _, body = request(server, "GET", "/api/teach?p=4&m=8")
     assert status == 200 and {r["schedule"] for r in json.loads(body)["rows"]} >= {"gpipe", "1f1b"}
+    status, _, body = request(server, "GET", "/api/teach?schedules=nope&p=4&m=8")  # was a 200
+    assert status == 400 and json.loads(body)["field"] == "schedules" and "unknown schedule 'nope'" in json.loads(body)["error"]
+    status, _, body = request(server, "POST", "/api/edit", body=json.dumps({**edit, "cap": -1}))  # was a 500
+    assert status == 400 and json.loads(body)["field"] == "cap" and json.loads(body)["error"].startswith("--cap must be > 0")
+    status, _, body = request(server, "GET", "/api/simulate?p=4&m=8&tf=1,1,1,2&tb=2,2,2,4")  # the CLI's lists
+    assert status == 200 and json.loads(body)["results"][0]["makespan"] == 57
+    assert json.loads(body)["query"] == {"tf": "1,1,1,2", "tb": "2,2,2,4"}
     status, _, body = request(server, "GET", "/api/simulate?p=4&m=8&messages=1")
     assert status == 200 and len(json.loads(body)["results"][0]["messages"]) == 48
     status, _, body = request(server, "GET", "/api/messages?schedules=gpipe,1f1b&p=4&m=8")

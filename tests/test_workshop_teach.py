@@ -47,3 +47,45 @@ def test_the_examples_in_the_docstrings_run():
     import doctest
 
     assert doctest.testmod(teach).failed == 0
+
+
+#: each lesson's answer, as a student gets there from its start (the browser test drives the same controls)
+ANSWERS = {
+    "bubble": {"m": 64},
+    "memory": {"m": 16},
+    "interleaving": {"v": 4},
+    "zero-bubble": {"m": 10},
+    "v-shape": {"cap": 5, "schedules": "v-half"},
+    "dualpipe": {"a2a": 0.25},
+    "uneven": {"tf": "1.25,1.25,1.25,1.25", "tb": "2.5,2.5,2.5,2.5"},
+}
+
+
+def lesson(key, settings):
+    out = teach.payload(api.parse_settings(settings))
+    return next(x for x in out["lessons"] if x["key"] == key)
+
+
+@pytest.mark.parametrize("key", [x.key for x in teach.LESSONS])
+def test_each_lesson_starts_unanswered_and_its_answer_is_checked(key):
+    start = next(x.start for x in teach.LESSONS if x.key == key)
+    before = lesson(key, start)
+    assert not before["answered"] and before["question"].endswith(".") and before["now"]
+    after = lesson(key, {**start, **ANSWERS[key]})
+    assert after["answered"], after["now"]
+
+
+def test_a_near_answer_is_not_an_answer():
+    assert not lesson("bubble", {"schedules": "1f1b", "p": 8, "m": 63})["answered"]  # 7/70 = 10.0%
+    assert not lesson("interleaving", {"schedules": "interleaved-1f1b", "p": 4, "m": 8, "v": 3})["answered"]
+    assert not lesson("zero-bubble", {"schedules": "zb-h1", "p": 4, "m": 11})["answered"]  # m at most 10
+    assert not lesson("v-shape", {"schedules": "v-min", "p": 8, "m": 16, "cap": 5})["answered"]  # fits, not the best
+    assert not lesson("v-shape", {"schedules": "zb-v", "p": 8, "m": 16, "cap": 5})["answered"]  # best, does not fit
+    assert not lesson("uneven", {"schedules": "1f1b", "p": 4, "m": 8, "tf": 1, "tb": 2})["answered"]  # less work
+    assert lesson("uneven", {"schedules": "1f1b", "p": 4, "m": 8, "tf": "1,1,1,2", "tb": "2,2,2,4"})["now"] == (
+        "t_F sums to 5, t_B to 10: makespan 57")
+
+
+def test_an_unknown_schedule_is_refused_not_taught():
+    with pytest.raises(api.SettingError, match="unknown schedule 'nope'"):
+        teach.payload(api.parse_settings({"schedules": "nope"}))

@@ -76,9 +76,36 @@ def wait_for(browser, check, timeout=10):
                              f"url, status, errors, ticked: {state}") from None
 
 
+def click(browser, css, timeout=10):
+    """Click the element at ``css``, found again if the page redrew it between finding and clicking (a chart
+    is redrawn when its answer arrives and again when the window's layout settles)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def once(d):
+        try:
+            d.find_element(By.CSS_SELECTOR, css).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    wait_for(browser, once, timeout)
+
+
 def text(browser, css):
     """Visible text of the first match, read in one step (the page redraws under us)."""
     return browser.execute_script("const e = document.querySelector(arguments[0]); return e && e.innerText", css)
+
+
+def words(browser, css):
+    """The text content of the first match with its white space collapsed (no layout's line breaks)."""
+    return browser.execute_script("const e = document.querySelector(arguments[0]); "
+                                  "return e && e.textContent.replace(/\\s+/g, ' ').trim()", css)
+
+
+def legend_entry(browser, cause):
+    """The legend's entry of a cause of idle time ('fill the pipeline fills'), or None."""
+    return words(browser, f'#legend .cause[data-cause="{cause}"]')
 
 
 def count(browser, css):

@@ -23,5 +23,11 @@ if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then  # the page it
     '2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2F6 2B5 2F7 2B6 2B7' \
     '3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7')"
   $shot '?p=4&m=8&mode=teach' docs/img/workshop-teach.png --hover '#panel-teach [data-term="gaps:fill"]'
+  # each mode at scale: p=16, m=64
+  $shot '?schedules=zb-v,dualpipe-v&p=16&m=64' docs/img/workshop-view-p16-m64.png
+  $shot '?p=16&m=64&mode=play&t=120' docs/img/workshop-play-p16-m64.png
+  $shot '?p=16&m=64&mode=why&gap=0,15,0' docs/img/workshop-why-p16-m64.png
+  $shot '?schedules=zb-v&p=16&m=64&mode=build' docs/img/workshop-build-p16-m64.png
+  $shot '?p=16&m=64&mode=teach&lesson=bubble' docs/img/workshop-teach-p16-m64.png
 fi
 echo "wrote docs/img"

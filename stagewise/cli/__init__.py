@@ -13,7 +13,7 @@ from .common import USER_ERRORS, Parser
 from .flags import say
 
 #: subcommand modules, in --help order
-MODULES = ["core", "explain", "draw", "workshop", "train", "plan"]
+MODULES = ["core", "demo", "explain", "draw", "workshop", "train", "plan"]
 
 
 def build_parser() -> Parser:

@@ -111,6 +111,15 @@ def costs_from(args: argparse.Namespace, schedule=None) -> Costs:
     return costs
 
 
+def costs_basis(args: argparse.Namespace) -> str:
+    """What the durations describe, in words: a makespan means nothing without it (demo and the workshop use
+    one rank's share, so a v-chunk family's makespan there is 1/v of the per-stage one)."""
+    if getattr(args, "costs_per", "stage") == "rank":
+        return "costs: one rank's share of the model (--costs-per rank; a chunk of a v-chunk schedule costs 1/v)"
+    return ("costs: per stage (each stage one --tf/--tb; --costs-per rank makes them one rank's share of the "
+            "model, as demo and the workshop do)")
+
+
 def _base_costs(args: argparse.Namespace) -> Costs:
     return Costs(t_f=args.tf, t_b=args.tb, t_i=args.ti, t_w=args.tw, t_fb=args.tfb,
                  latency=args.latency, bandwidth=args.bandwidth, boundary_bytes=args.boundary_bytes,

@@ -1,15 +1,13 @@
-"""Schedule-core subcommands: list, simulate, compare, export, validate, demo."""
+"""Schedule-core subcommands: list, simulate, compare, export, validate (`demo` is cli/demo.py)."""
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from .. import jsonout, torch_csv
+from .. import torch_csv
 from ..report import result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
-from .common import UsageError, add_cost_args, add_schedule_args, costs_from, family_names, positive_int, print_json, schedule_from
+from .common import (UsageError, add_cost_args, add_schedule_args, costs_basis, costs_from, family_names, positive_int,
+                     print_json, schedule_from)
 
 
 def register(sub) -> None:
@@ -54,15 +52,6 @@ def register(sub) -> None:
                        "rank, position, action and what it waits for.")
     add_schedule_args(p)
     p.set_defaults(func=cmd_validate)
-
-    p = sub.add_parser("demo", help="the tour: every family at p=4, m=8, figures, report and a real run",
-                       description="Simulate every family at p=4, m=8 on one model and print the table, write the "
-                       "comparison figure and an offline HTML report into -o, then train the built-in GPT for real "
-                       "on 4 local ranks under 1F1B and ZB-H1 and print the measured bubble (the mean over the "
-                       "steps after the first) next to the simulator's prediction.")
-    p.add_argument("-o", "--output", default="stagewise-demo", help="output folder, default ./stagewise-demo")
-    p.add_argument("--no-run", action="store_true", help="skip the real run on local ranks")
-    p.set_defaults(func=cmd_demo)
 
 
 def cmd_list(args) -> int:
@@ -115,6 +104,7 @@ def cmd_compare(args) -> int:
             print_json(results)
         else:
             print(table(results))
+            print(costs_basis(args))
         if args.output:
             path = write_comparison([tl for _, tl in entries], args.output)
             if not args.json:
@@ -141,40 +131,3 @@ def cmd_validate(args) -> int:
     print(f"valid: {sched.name}, {sched.ranks} ranks, {sched.stages} stages, {sched.microbatches} micro-batches, "
           f"{sched.num_actions} ops")
     return 0
-
-
-def cmd_demo(args) -> int:
-    out = Path(args.output)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--output {out}: cannot create: {e.strerror}") from None
-    ns = argparse.Namespace(ranks=4, microbatches=8, chunks=None, schedules=None, tf=1.0, tb=2.0, ti=None,
-                            tw=None, tfb=None, latency=0.0, bandwidth=None, boundary_bytes=0.0,
-                            activation_bytes=None, costs_per="rank")
-    entries = compare_entries(ns)
-    results = [res for res, _ in entries]
-    print("Every schedule family on the same model at p=4 ranks, m=8 micro-batches: t_f=1, t_b=2 for one\n"
-          "rank's share of the model (a chunk of a v-chunk schedule costs and keeps 1/v; --costs-per rank)\n")
-    print(table(results))
-    path = out / "schedules.json"
-    path.write_text(jsonout.dumps(results, indent=2))
-    print(f"\nwrote {path}")
-    _demo_pictures(entries, costs_from(ns), out)
-    if not args.no_run:
-        from .train import demo_run
-
-        demo_run(out)
-    return 0
-
-
-def _demo_pictures(entries, costs, out: Path) -> None:
-    """The comparison figure (PNG when matplotlib is there, else SVG) and the HTML report."""
-    from ..render.files import has_matplotlib, write_comparison
-    from ..render.html import report_html
-
-    figure = write_comparison([tl for _, tl in entries], out / ("compare.png" if has_matplotlib() else "compare.svg"))
-    print(f"wrote {figure}")
-    page = out / "report.html"
-    page.write_text(report_html(entries, costs, costs_per="rank"), encoding="utf-8")
-    print(f"wrote {page}")

@@ -33,7 +33,8 @@ def add_a2a_args(p: argparse.ArgumentParser) -> None:
                    help="routed experts of the group, a multiple of --ep (default --ep: one a rank)")
     g.add_argument("--a2a-bandwidth", type=finite_float, metavar="BYTES", default=None,
                    help="bytes per time unit one rank sends in an all-to-all")
-    g.add_argument("--a2a-latency", type=finite_float, metavar="T", default=0.0, help="fixed time of one all-to-all, default 0")
+    g.add_argument("--a2a-latency", type=finite_float, metavar="T", default=None,
+                   help="fixed time of one all-to-all, added to the derived --a2a, default 0")
 
 
 def derives_a2a(args: argparse.Namespace) -> bool:
@@ -46,6 +47,12 @@ def a2a_costs(args: argparse.Namespace, costs: Costs) -> Costs:
     from .values import UsageError
 
     a2a, a2a_b = getattr(args, "a2a", None), getattr(args, "a2a_b", None)
+    latency = getattr(args, "a2a_latency", None)
+    if latency is not None and not 0 <= latency:
+        raise UsageError(f"--a2a-latency must be a finite number >= 0; got {latency:g}")
+    if latency is not None and not derives_a2a(args):
+        raise UsageError(f"--a2a-latency {latency:g} is part of the --a2a derived from --moe-tokens, --hidden-size, "
+                         "--moe-top-k, --ep and --a2a-bandwidth; give those too, or fold it into --a2a")
     if derives_a2a(args):
         missing = [opt for opt, k in DERIVE if getattr(args, k, None) is None]
         if missing:
@@ -58,7 +65,7 @@ def a2a_costs(args: argparse.Namespace, costs: Costs) -> Costs:
             raise UsageError(f"--moe-experts {experts} must be a multiple of --ep {args.ep} (the experts are "
                              "sharded evenly over the group)")
         a2a = expert_all_to_all(args.moe_tokens, args.hidden_size, args.moe_top_k, args.ep, experts // args.ep,
-                                bandwidth=args.a2a_bandwidth, latency=args.a2a_latency,
+                                bandwidth=args.a2a_bandwidth, latency=latency or 0.0,
                                 layers=getattr(args, "layers_per_stage", 1.0))
     if a2a is None and a2a_b is None:
         return costs

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from . import train_hf, train_moe, train_safety, train_scale
 from .common import UsageError, check_timeline_output, int_list, positive_int, print_json
@@ -177,8 +176,10 @@ def summary(res) -> str:
     """Mean step time and measured vs predicted bubble, the first step excluded when there are several."""
     times = res.step_time_s[1:] or res.step_time_s
     warm = " (step 1 excluded as warm-up)" if len(res.step_time_s) > 1 else ""
-    lines = [f"{res.schedule}: p={res.ranks} m={res.microbatches}, mean step {_sec(sum(times) / len(times))}"
-             f"{warm}"]
+    shape = (f"p={res.ranks} m={res.microbatches}" if res.schedule != "none" else
+              "the unpipelined reference, one process over the whole batch at once (no micro-batches: -m does not "
+              "apply)")
+    lines = [f"{res.schedule}: {shape}, mean step {_sec(sum(times) / len(times))}{warm}"]
     if res.ranks > 1:
         over = "the mean over steps 2.." + str(len(res.step_time_s)) if len(res.step_time_s) > 1 else "step 1"
         lines.append(f"bubble: measured {res.measured_bubble_fraction:.1%} ({over}), predicted "
@@ -222,39 +223,3 @@ class _progress:
 
 def _sec(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
-
-
-def demo_run(out: Path) -> None:
-    """The demo's real run: 4 local ranks, the built-in GPT, 1f1b and zb-h1, measured vs predicted bubble."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("\n(real run skipped: torch is not installed; pip install 'stagewise[torch]')")
-        return
-    from ..runtime import RankFailure, RunConfig
-    from ..runtime.run.train import train_many
-    from ..runtime.run.models import GPTConfig
-
-    model = GPTConfig(layers_n=6, d_model=128, heads=4, seq=64, vocab=256)
-    cfgs = [RunConfig(schedule=name, ranks=4, microbatches=8, batch=16, steps=4, model=model)
-            for name in ("1f1b", "zb-h1")]
-    print("\nA real run: 4 local ranks (gloo), GPT with 6 blocks, d_model 128, seq 64; m=8, 4 steps each:")
-    cores = os.cpu_count() or 1
-    if cores < 4:
-        print(f"(4 ranks share {cores} cores here: an op stretches while more ranks compute than there are cores, "
-              "so expect the measured bubble above the prediction)")
-    try:
-        results = train_many(cfgs)
-    except RankFailure as e:
-        print(f"(real run failed: {e})")
-        return
-    from ..render.files import has_matplotlib, write_timeline
-
-    from ..timeline import metrics
-
-    for res in results:
-        print(summary(res))
-        last = metrics(res.last_timeline).bubble_fraction
-        for suffix in (".json", ".png" if has_matplotlib() else ".svg"):
-            path = write_timeline(res.last_timeline, out / f"measured-{res.schedule}{suffix}")
-            print(f"wrote {path} (the last step's measured timeline: its own bubble {last:.1%})")

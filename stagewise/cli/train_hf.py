@@ -47,6 +47,6 @@ def lines(res) -> list[str]:
     out = []
     if res.read_bytes is not None:
         out.append("weights read per rank: " + ", ".join(f"{b / 2**20:.2f} MiB" for b in res.read_bytes))
-    for folder in (res.checkpoint or {}).get("saved", []):
-        out.append(f"exported {folder}/hf (AutoModelForCausalLM.from_pretrained loads it)")
+    for folder in (res.checkpoint or {}).get("exported", []):  # a model with its own format wrote it there
+        out.append(f"exported {folder} (AutoModelForCausalLM.from_pretrained loads it)")
     return out

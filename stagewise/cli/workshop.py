@@ -8,8 +8,11 @@ from .common import UsageError
 def register(sub) -> None:
     p = sub.add_parser("workshop", help="open the interactive page: change p, m, v, costs and watch the bubble",
                        description="Serve the workshop page on 127.0.0.1 (no network access) and open it: pick "
-                       "schedules, p, m, v and costs, and see every family drawn to scale with its bubble next to "
-                       "the closed form, memory per rank and a memory cap. Ctrl-C stops it.")
+                       "schedules, p, m, v and costs (one number or one per stage, as --tf 1,1,1,2), and see every "
+                       "family drawn to scale with its bubble next to the closed form, memory per rank and a memory "
+                       "cap; play a step in time, ask any idle gap why it waits (in plain words first), move the "
+                       "actions yourself, and follow a lesson per idea, each ending with a question the page "
+                       "checks. Ctrl-C stops it.")
     p.add_argument("--port", type=int, default=8765,
                    help="port on 127.0.0.1 (default 8765; 0 picks a free one)")
     p.add_argument("--no-browser", action="store_true", help="print the address but do not open a browser")

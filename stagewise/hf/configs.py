@@ -50,6 +50,9 @@ _MOE = {
                                           ("kv_lora_rank", 1, False), ("qk_rope_head_dim", 2, False),
                                           ("qk_nope_head_dim", 1, False), ("v_head_dim", 1, False))),
 }
+#: the mixtures of experts' float fields, where a family has them: (field, smallest, largest, smallest allowed)
+_MOE_FLOATS = (("routed_scaling_factor", 0.0, math.inf, False), ("router_aux_loss_coef", 0.0, math.inf, True),
+               ("router_jitter_noise", 0.0, 1.0, True))
 #: the attention kinds a decoder layer's mask is made for (layers.py)
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -214,6 +217,8 @@ def _check_moe(v: _Values, d: Dims, model_type: str) -> Dims:
     count, sizes = _MOE[model_type]
     for name, low, null in sizes:
         v.whole(name, low, null)
+    for name, low, high, closed in _MOE_FLOATS:  # a NaN scale would train to a NaN loss, every step
+        v.number(name, low, high, closed)
     experts, k = v.get(count), v.get("num_experts_per_tok")
     if k > experts:
         raise v.fail("num_experts_per_tok", f"a token goes to at most {v.key(count)} ({experts}) experts")

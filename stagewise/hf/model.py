@@ -92,10 +92,10 @@ class HFModel:
         module = make_layer(self.config, prefix, i).to_empty(device=device).to(getattr(torch, self.dtype))
         _keep_fp32(module, self.config, prefix)
         names = self.names(i, module)
-        kept = _kept_buffers(module)  # persistent buffers (DeepSeek-V3's e_score_correction_bias): stored or 0
-        wanted = {hf: tuple(module.get_parameter(local).shape) for local, hf in names.items()}
+        kept = _kept_buffers(module)  # persistent buffers (DeepSeek-V3's e_score_correction_bias): stored, or 0
+        wanted = {hf: tuple(module.get_parameter(local).shape) for local, hf in names.items()}  # without weights
         buffers = {f"{self.prefixes[i]}.{b}": tuple(module.get_buffer(b).shape) for b in kept}
-        values = self._values({**wanted, **buffers}, optional=set(buffers))
+        values = self._values({**wanted, **buffers})
         with torch.no_grad():
             for local, hf in names.items():
                 param = module.get_parameter(local)
@@ -164,6 +164,9 @@ class HFModel:
                 hf = f"{self.prefixes[i]}.{local}"
                 for piece in sources(self.config.model_type, self.source(hf), shape, ck.tensors):
                     ck.check(ck.resolve(piece.name, self.family.base), piece.shape, hf)
+            for local, shape in self._buffer_shapes[self._kind(i)].items():  # a router's bias is learned state too
+                hf = f"{self.prefixes[i]}.{local}"
+                ck.check(ck.resolve(hf, self.family.base), shape, hf)
         self.__dict__["_checked"] = True  # frozen dataclass: a cache, as cached_property keeps one
 
     @cached_property
@@ -177,6 +180,17 @@ class HFModel:
     def _shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
         """Each kind of layer's parameters (local name -> shape), built on the meta device: every decoder
         layer of one kind (dense ``t``, sparse MoE ``m``) has the same ones."""
+        return {kind: params for kind, (params, _) in self._layouts.items()}
+
+    @cached_property
+    def _buffer_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Each kind of layer's persistent buffers (DeepSeek-V3's ``e_score_correction_bias``): a folder with
+        weights must store them, as transformers' ``save_pretrained`` does."""
+        return {kind: buffers for kind, (_, buffers) in self._layouts.items()}
+
+    @cached_property
+    def _layouts(self) -> dict[str, tuple[dict, dict]]:
+        """(parameters, persistent buffers) of each kind of layer, local name -> shape, from the meta device."""
         from .layers import finish_decoder, make_layer
 
         prefix = family_of(self.config.model_type)[1]
@@ -191,7 +205,8 @@ class HFModel:
             except Exception as e:  # noqa: BLE001 - transformers' own refusal of a config, said in one line
                 raise HFError(f"{self.where}: transformers cannot build layer {i} ({self.prefixes[i]}) from this "
                               f"config: {type(e).__name__}: {one_line(e)}") from None
-            out[kind] = {local: tuple(p.shape) for local, p in module.named_parameters(remove_duplicate=False)}
+            out[kind] = ({local: tuple(p.shape) for local, p in module.named_parameters(remove_duplicate=False)},
+                         {local: tuple(module.get_buffer(local).shape) for local in _kept_buffers(module)})
         return out
 
     def _kind(self, i: int) -> str:
@@ -252,18 +267,15 @@ class HFModel:
         """This process's reader of ``folder`` (one per folder, so its read counts add up)."""
         return _checkpoint(self.folder)
 
-    def _values(self, wanted: dict, optional: set = frozenset()) -> dict:
+    def _values(self, wanted: dict) -> dict:
         """The stored values of these HF names (name -> shape; ``check`` has checked each one's pieces), keyed by
-        ``source``; a stacked expert tensor is built from its per-expert pieces (experts.py). The names in
-        ``optional`` are read only when the folder has them (buffers)."""
+        ``source``; a stacked expert tensor is built from its per-expert pieces (experts.py)."""
         if self.folder is None:
             return {}
         ck, base = self.checkpoint(), self.family.base
         plan = {}
         for h, shape in wanted.items():
             src = self.source(h)
-            if h in optional and not ck.has(src, base):
-                continue
             plan[src] = [ck.resolve(p.name, base) for p in sources(self.config.model_type, src, shape, ck.tensors)]
         got = ck.read(sorted({n for names in plan.values() for n in names}))
         return {src: assemble([got[n] for n in names], src) for src, names in plan.items()}

@@ -86,6 +86,9 @@ class HFRun:
     def check(self) -> None:
         """The config, the weights folder and the text against the model, before any rank starts (every time:
         a limit raised or lowered since the model was loaded applies)."""
+        from ..runtime.run.models import check_seed
+
+        check_seed(self.seed)  # before the seeded weights are made
         model = self.model()
         model.check()
         text = self.text()

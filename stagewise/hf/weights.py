@@ -48,10 +48,6 @@ class Checkpoint:
         raise HFError(f"{self.folder}: tensor {name} is missing from the checkpoint "
                       f"({len(self.tensors)} tensors, e.g. {next(iter(self.tensors))})")
 
-    def has(self, name: str, base: str) -> bool:
-        """The folder stores ``name`` (as is or without ``base.``): ``resolve`` will find it."""
-        return name in self.tensors or name.removeprefix(base + ".") in self.tensors
-
     def check(self, stored: str, shape: tuple[int, ...], name: str) -> None:
         """Tensor ``stored`` (HF name ``name``) has the ``shape`` the config makes and a floating dtype."""
         info = self.tensors[stored]

@@ -1,17 +1,20 @@
-"""Colours shared by every renderer: the papers' look, safe for colour-blind readers.
+"""Colours shared by every renderer and the workshop page: one hue per kind, safe for colour-blind readers.
 
-Forward is blue and backward green as in the GPipe/1F1B/Zero Bubble figures;
-the split backward uses two greens (I teal-green, W yellow-green). Chunk ``c``
-of a rank is a lighter shade of its kind's colour, the way the Megatron and
-ZB-V figures tell a rank's two chunks apart. Under simulated protanopia and
-deuteranopia (Machado et al. 2009) every pair of kind x chunk colours stays
-more than 10 CIELAB units apart (tests/test_render_palette.py checks it).
+Forward is blue and backward green as in the GPipe/1F1B figures; the split backward's halves get hues
+of their own (I gold, W wine), so a ZB-V or DualPipe picture, which runs F, B, I, W and F&B pairs on
+two chunks, shows four families of colour rather than eight shades of blue and green. Chunk ``c`` of a
+rank is a lighter shade of its kind's hue, the way the Megatron and ZB-V figures tell a rank's chunks
+apart. Under simulated protanopia and deuteranopia (Machado et al. 2009) every pair of kind x chunk
+colours stays more than 10 CIELAB units apart, and the kinds' hues lie far apart
+(tests/test_render_palette.py checks both).
+
+The workshop page takes every colour it draws from here (``CAUSES``, ``PAGE``), through its API.
 """
 
 from __future__ import annotations
 
 #: base colour per action kind (chunk 0)
-KIND_COLOURS = {"F": "#3056B0", "B": "#2E8B3E", "I": "#0F8A7A", "W": "#9ACD48"}
+KIND_COLOURS = {"F": "#3465C0", "B": "#2E8B3E", "I": "#E3B505", "W": "#882255"}
 #: how far the last chunk of a rank moves toward white
 CHUNK_TINT = 0.5
 IDLE = "#FFFFFF"
@@ -24,6 +27,24 @@ A2A_HIDDEN = "#ECB78C"  #: the all-to-all that ran while the rank computed (A2A 
 RANK_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 
 KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input-grad", "W": "W weight-grad"}
+
+#: each cause of idle time (``explain.CAUSES``): its hatch colour and pattern (the page draws a gap with
+#: both, so the causes stay apart in grey too; no two share a pattern)
+CAUSES = {
+    "fill": ("#CC79A7", "diagonal"),      # pink stripes /
+    "drain": ("#7570B3", "backslash"),    # slate-violet stripes \
+    "slow stage": ("#D55E00", "cross"),   # vermillion cross-hatch
+    "link": ("#56B4E9", "dots"),          # sky-blue dots
+    "order": ("#666666", "horizontal"),   # grey lines
+}
+#: the page's own colours (text, lines, panels, states), set as CSS variables from the API
+PAGE = {
+    "ink": "#1D2733", "muted": "#5B6673", "text": "#333333", "label": "#555555", "dim": "#777777",
+    "line": "#D8DDE3", "rule": "#EEF0F2", "field": "#B9C1CA", "frame": "#CCCCCC", "axis": "#999999",
+    "accent": "#3A6FB5", "bad": "#B3261E", "ok": "#2E7D32", "page": "#F6F7F9", "panel": "#FFFFFF",
+    "soft": "#FBFBFC", "strip": "#F4F4F4", "highlight": "#FFE9A8", "hover": "#E8EEF8", "tip": "#1D2733",
+    "arrow": INK,
+}
 
 
 def rgb(colour: str) -> tuple[int, int, int]:

@@ -45,6 +45,7 @@ from .execution.recompute import Recompute, recompute_stages
 from .parallel.replicas import Replicas
 from .stages.stage import stage_ranges
 from .execution.timing import CudaClock, WallClock, measured_timeline
+from .launching.groups import meet
 
 
 class RankSum:
@@ -164,6 +165,7 @@ class Pipeline:
         counts = spec.split if spec.split is not None else split_counts(split, spec.all_names())
         ranges = stage_ranges(sched, spec.count, counts)
         self.stages, self.built_layers = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
+        meet("the pipeline's first exchange")  # every rank started and built its layers: slow when loaded
         self.ep = ExpertParallel(topo, self.stages, self.device) if topo.size("ep") > 1 else None  # its experts only
         self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties, ranks=topo.pipe_ranks)
         self.names = Names(spec, self.stage_map, sched, self.stages, topo.pipe)
@@ -174,7 +176,7 @@ class Pipeline:
         if topo.size("tp") > 1:
             self.tensor_parallel = TensorParallel(self.stages, spec.prefix, self.mesh["tp"], sizes=spec.tp_divides,
                                                   plan=tp_plan if tp_plan is not None or parallelize else spec.tp_plan,
-                                                  parallelize=parallelize)
+                                                  parallelize=parallelize, strict=tp_plan is not None)
         if topo.size("fsdp") > 1:
             shard = self.mesh["dp", "fsdp"] if topo.dp > 1 else self.mesh["fsdp"]  # HSDP: replicate over dp
             self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward)

@@ -16,13 +16,14 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
+from .. import causes as words
 from .. import jsonout, limits
 from ..actions import KINDS, Pair
 from ..compare import schedules_for, simulate_all
-from ..explain import explain_at, gap_causes, gap_dict, idle_by_cause, messages
+from ..explain import explain_at, gap_causes, idle_by_cause, messages
 from ..costs import CostError, Costs, MemoryCap, rank_share_weights, scaled
 from ..render import palette
-from ..render.cells import chunk_of_stage, memory_steps, origin
+from ..render.cells import chunk_of_stage, comm_cells, memory_steps, origin
 from ..schedule import Schedule
 from ..schedules import FAMILIES, ScheduleArgError, generate
 from ..simulate import simulate
@@ -32,11 +33,17 @@ from ..validate import ScheduleError
 
 #: page control -> the CLI option that means the same (messages name the CLI option)
 OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v": "--chunks", "tf": "--tf",
-           "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "latency": "--latency", "skew": "skew",
-           "per": "per", "free_at_i": "--free-at-i", "cap": "--cap"}
+           "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "a2a": "--a2a", "latency": "--latency",
+           "skew": "skew", "per": "per", "free_at_i": "--free-at-i", "cap": "--cap"}
+#: the durations that take one number or one per stage (``1,1,1,2``), as the CLI's options do
+PER_STAGE = ("tf", "tb", "ti", "tw", "tfb", "a2a")
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
 #: a page is for exploring: keep one request about a second at worst
 LIMITS = {"p": 64, "m": 256, "v": 8}
+#: most values in a per-stage list: every stage of the largest view (DualPipe keeps two copies)
+MOST_STAGES = 2 * LIMITS["p"] * LIMITS["v"]
+#: one duration, or one per stage
+Times = float | tuple[float, ...]
 
 
 class SettingError(ValueError):
@@ -55,11 +62,12 @@ class Settings:
     p: int = 4  #: ranks
     m: int = 8  #: micro-batches
     v: int | None = None  #: chunks per rank (None: each family's default)
-    tf: float = 1.0
-    tb: float = 2.0
-    ti: float | None = None
-    tw: float | None = None
-    tfb: float | None = None
+    tf: Times = 1.0  #: forward; a tuple gives one per stage (the CLI's ``--tf 1,1,1,2``)
+    tb: Times = 2.0  #: full backward
+    ti: Times | None = None  #: input-gradient backward (default t_b / 2)
+    tw: Times | None = None  #: weight-gradient backward (default t_b / 2)
+    tfb: Times | None = None  #: an F&B pair, by hand
+    a2a: Times | None = None  #: expert-parallel all-to-all of a forward (and a backward), its own resource
     latency: float = 0.0  #: time of one message between ranks
     skew: float = 1.0  #: cost factor of the first and last stage (embedding, head): uneven layers
     #: "rank": t_f etc. are one rank's share of the model, so a stage of a v-chunk schedule costs 1/v of it
@@ -76,8 +84,14 @@ class Settings:
             val = getattr(self, f.name)
             if val == getattr(default, f.name):
                 continue
-            out[f.name] = ",".join(val) if f.name == "schedules" else f"{val:g}" if isinstance(val, float) else str(val)
+            out[f.name] = ",".join(val) if f.name == "schedules" else _text(val)
         return out
+
+
+def _text(val) -> str:
+    if isinstance(val, tuple):
+        return ",".join(map(_text, val))
+    return f"{val:g}" if isinstance(val, float) else str(val)
 
 
 def available() -> list[str]:
@@ -116,6 +130,8 @@ def parse_settings(data: Mapping) -> Settings:
             kw[name] = raw
         elif name in ("p", "m", "v"):
             kw[name] = _whole(name, raw)
+        elif name in PER_STAGE:
+            kw[name] = _times(name, raw)
         else:
             kw[name] = _number(name, raw)
     return Settings(**kw)
@@ -167,6 +183,18 @@ def _number(name: str, raw) -> float:
     return value
 
 
+def _times(name: str, raw) -> Times:
+    """One number, or one per stage: a JSON list, or text with commas (``1,1,1,2``) as the CLI reads it."""
+    items = raw.split(",") if isinstance(raw, str) and "," in raw else raw
+    if not isinstance(items, (list, tuple)):
+        return _number(name, raw)
+    if not 1 <= len(items) <= MOST_STAGES:
+        raise SettingError(f"{OPTIONS[name]}: one number or one per stage (at most {MOST_STAGES}); got "
+                           f"{len(items)} values", name)
+    values = tuple(_number(name, x) for x in items)
+    return values[0] if len(values) == 1 else values
+
+
 def field_of(message: str, default: str = "schedules") -> str:
     """The control a CLI message is about: the first ``--option`` it names."""
     for opt in re.findall(r"--[a-z-]+", message):
@@ -190,8 +218,8 @@ def costs_for(s: Settings, schedule: Schedule) -> Costs:
     if s.skew <= 0:
         raise SettingError(f"skew (cost factor of the first and last stage) must be > 0; got {s.skew:g}", "skew")
     cap = MemoryCap(values=(s.cap,)) if s.cap is not None else None
-    base = Costs(t_f=s.tf, t_b=s.tb, t_i=s.ti, t_w=s.tw, t_fb=s.tfb, latency=s.latency, free_at_i=s.free_at_i,
-                 cap=cap)
+    base = Costs(t_f=s.tf, t_b=s.tb, t_i=s.ti, t_w=s.tw, t_fb=s.tfb, a2a=0.0 if s.a2a is None else s.a2a,
+                 latency=s.latency, free_at_i=s.free_at_i, cap=cap)
     timed = scaled(base, stage_weights(schedule, s.skew, s.per), activation=False)
     # a chunk holding 1/v of a rank's layers also keeps 1/v of its activations (the skew is compute only)
     return scaled(timed, stage_weights(schedule, 1.0, s.per), durations=False)
@@ -199,14 +227,19 @@ def costs_for(s: Settings, schedule: Schedule) -> Costs:
 
 def schedules_of(s: Settings) -> tuple[Schedule, ...]:
     """The schedules to show; with several, v goes only to the families that take it (as `compare`)."""
+    check_names(s)
+    check_size(s)
+    return generated(s.schedules, s.p, s.m, s.v)
+
+
+def check_names(s: Settings) -> None:
+    """Refuse a view with no schedule, or one this version does not build (``SettingError`` on schedules)."""
     if not s.schedules:
         raise SettingError("choose at least one schedule", "schedules")
     have = available()
     for name in s.schedules:
         if name not in have:
             raise SettingError(f"unknown schedule {name!r}; choose one of: {', '.join(have)}", "schedules")
-    check_size(s)
-    return generated(s.schedules, s.p, s.m, s.v)
 
 
 def most_actions(names: tuple[str, ...], p: int, m: int, v: int | None) -> int:
@@ -316,7 +349,7 @@ def gap_of(tl: Timeline, rank, pos) -> dict:
     if gap is None:
         where = "at its end" if k == -1 else f"before position {k} ({tl.schedule.programs[r][k]})"
         raise SettingError(f"rank {r} has no idle gap {where}", "schedules")
-    return gap_dict(gap, tl)
+    return words.gap_json(gap, tl)
 
 
 def _index(name: str, raw, lo: int, hi: int) -> int:
@@ -352,17 +385,29 @@ def drawing(tl: Timeline) -> dict:
     v = max(sched.chunks, max(chunk, default=0) + 1)
     colours = {k: [palette.colour(k, c, v) for c in range(v)] for k in KINDS}
     ink = {fill: palette.text_colour(fill) for fills in colours.values() for fill in fills}
-    return {"ops": ops, "memory": memory, "colours": colours, "ink": ink, "unit": tl.unit}
+    return {"ops": ops, "memory": memory, "colours": colours, "ink": ink, "unit": tl.unit, "lanes": lanes(tl)}
 
 
-#: one colour per cause of idle time (``explain.CAUSES``; Okabe-Ito, apart from the kinds' blues and greens)
-CAUSE_COLOURS = {"fill": "#E69F00", "drain": "#CC79A7", "slow stage": "#D55E00", "link": "#56B4E9", "order": "#8C8C8C"}
+def lanes(tl: Timeline) -> list[dict]:
+    """The thin lanes drawn under each rank's row, beside its compute: today the expert-parallel all-to-all
+    (``Timeline.comm``), one ``[start, end, waited, text]`` per transfer and rank (``waited``: the part of it
+    the rank spent idle). A lane is a ``key``, its ``label`` and ``rows`` (per rank); the page draws any number."""
+    if tl.comm is None:
+        return []
+    rows: list[list] = [[] for _ in range(tl.ranks)]
+    for c in comm_cells(tl):
+        rows[c.rank].append([_t(c.start), _t(c.end), _t(c.exposed), f"all-to-all of {c.action}"])
+    return [{"key": "a2a", "label": "all-to-all", "rows": rows}]
 
 
 def style() -> dict:
-    """The renderers' shared colours and labels, so the page looks like the SVG and notebook views."""
+    """Every colour and label the page draws with (``render.palette``), so it looks like the SVG and notebook
+    views; each cause of idle time with its colour, hatch pattern, label and meaning (``causes``)."""
+    causes = {name: {"colour": c, "pattern": pattern, "label": words.label(name), "meaning": words.meaning(name)}
+              for name, (c, pattern) in palette.CAUSES.items()}
     return {"memory": palette.MEMORY, "grid": palette.GRID, "ink": palette.INK, "kinds": palette.KIND_COLOURS,
-            "labels": palette.KIND_LABELS, "causes": CAUSE_COLOURS}
+            "labels": palette.KIND_LABELS, "causes": causes, "page": palette.PAGE,
+            "lanes": {"a2a": [palette.A2A_HIDDEN, palette.A2A]}}
 
 
 def _t(x: float) -> float:

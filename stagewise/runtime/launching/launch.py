@@ -28,6 +28,7 @@ its workers also get the parent-death signal, so a SIGKILLed torchrun orphans no
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import queue
@@ -133,7 +134,29 @@ def _mp_context():
     ctx = mp.get_context("forkserver")
     # torch._dynamo is what a torch.optim constructor imports first (over a second per rank otherwise)
     ctx.set_forkserver_preload(["stagewise.runtime.run.worker", "torch._dynamo"])
+    if not _FORKSERVER_ENDS:
+        atexit.register(_end_forkserver)
+        _FORKSERVER_ENDS.append(True)
     return ctx
+
+
+_FORKSERVER_ENDS: list = []  #: the exit hook is registered (once per process)
+
+
+def _end_forkserver() -> None:
+    """At exit, end the forkserver at once: left to notice by itself, it tears torch down for seconds after
+    the command has returned (a process that outlives it). It holds nothing to save: its ranks are done."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if not pid:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        server._stop()  # reaps it and removes its socket
+    except (OSError, AttributeError):
+        pass
 
 
 def _watch(procs, q, report, box: str | None = None) -> list:

@@ -72,6 +72,9 @@ def check_plan(plan) -> None:
 
     if not isinstance(plan, Mapping):
         raise RunError(f"`tp_plan` must be a dict of module-name patterns to styles; got {type(plan).__name__}")
+    if not plan:
+        raise RunError("`tp_plan` is empty, so tensor parallel would shard nothing; give module-name patterns to "
+                       "styles ({\"layers.*.mlp.up_proj\": \"colwise\", ...}), or `tp` 1")
     for pattern, style in plan.items():
         if not isinstance(pattern, str) or not pattern or any(not c for c in pattern.split(".")):
             raise RunError(f"`tp_plan` key {pattern!r} is not a module-name pattern (dotted names, * for one part)")
@@ -87,8 +90,10 @@ class TensorParallel:
     """This rank's stages made tensor-parallel over ``mesh`` (the ``tp`` sub-mesh). Mutable: the stages."""
 
     def __init__(self, stages: dict, prefix: Callable[[int], str], mesh, *, plan=None, parallelize=None,
-                 sizes=()):
-        """``prefix(i)``: layer ``i``'s name in the original model; ``plan`` or ``parallelize`` (not both)."""
+                 sizes=(), strict: bool = True):
+        """``prefix(i)``: layer ``i``'s name in the original model; ``plan`` or ``parallelize`` (not both).
+        ``strict``: every pattern of ``plan`` must match a module of the model (the user's own plan); else at
+        least one must (a model's own plan, which may name modules some configurations do not have)."""
         self.mesh, self.group = mesh, mesh.get_group()
         self.tp = mesh.size()
         if plan is not None and parallelize is not None:
@@ -107,6 +112,8 @@ class TensorParallel:
                 parallelize(st, mesh)
             return
         check_plan(plan)
+        _check_matched(plan, [(prefix(st.first_layer + k), layer) for st in stages.values()
+                              for k, layer in enumerate(st.layers)], strict)
         styles = _styles()
         for s, st in stages.items():
             for k, layer in enumerate(st.layers):
@@ -155,6 +162,24 @@ class TensorParallel:
             grads = [p.grad for m in self.partial.get(s, ()) for p in m.parameters() if p.grad is not None]
             for g in grads:
                 dist.all_reduce(local(g), group=self.group)
+
+
+def _check_matched(plan, layers: list[tuple[str, nn.Module]], strict: bool) -> None:
+    """Every pattern of ``plan`` (``strict``) or one of them matches a module of some rank's layers (a
+    collective over every rank: each holds only its own layers). ``RunError`` naming the pattern."""
+    names = [f"{prefix}.{path}" if path else prefix for prefix, layer in layers for path, _ in layer.named_modules()]
+    mine = {pat for pat in plan if any(matches(pat, n) for n in names)}
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, (mine, names[-1] if names else ""))
+    matched = set().union(*(m for m, _ in seen))
+    example = next((n for _, n in seen if "." in n), "")
+    hint = f" (the names end like {example!r})" if example else ""
+    unmatched = [pat for pat in plan if pat not in matched]
+    if strict and unmatched:
+        raise RunError(f"`tp_plan` pattern {unmatched[0]!r} matches no module of the model{hint}; a pattern "
+                       "matches the end of a module's original name, * for one part")
+    if not matched:
+        raise RunError(f"`tp_plan` matches no module of the model{hint}, so tensor parallel would shard nothing")
 
 
 def is_dtensor(t) -> bool:

@@ -23,11 +23,14 @@ import io
 import random
 import sys
 import time
+import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
+from . import checkpoint_index as index
 from . import checkpoint_layers
 from . import checkpoint_manifest as manifests
 from . import flight
@@ -75,12 +78,13 @@ class Checkpoints:
         return m["step"]
 
     def _check_compatible(self, folder, m: dict) -> None:
-        theirs, ours = set(m["params"]), set(self.stage_map.params)
-        if theirs != ours:
-            odd = sorted(ours - theirs) or sorted(theirs - ours)
-            side = "this model has" if ours - theirs else "the checkpoint has"
-            raise RunError(f"`resume` {folder}: saved from another model ({side} parameter {odd[0]}, the other "
-                           f"does not; {len(theirs)} parameters there, {len(ours)} here)")
+        """The manifest's parameters are this model's (``incompatible``); every rank checks the shapes of its own
+        and all refuse with the first problem (a collective)."""
+        here = {name: self.pipe.names.local(holders) for name, holders in self.stage_map.params.items()}
+        first = _first_of_every_rank(incompatible(m, set(self.stage_map.params),
+                                                  {name: local[0] for name, local in here.items() if local}))
+        if first:
+            raise RunError(f"`resume` {folder}: saved from another model ({first})")
         # the optimizer and the layer count were checked by checkpoint_files.preflight
 
     def _verify_share(self, folder, m: dict) -> None:
@@ -94,9 +98,7 @@ class Checkpoints:
             except RunError as e:
                 problem = str(e)
                 break
-        seen: list = [None] * self.world
-        dist.all_gather_object(seen, problem)
-        first = next((p for p in seen if p), None)
+        first = _first_of_every_rank(problem)
         if first:
             raise RunError(first)
 
@@ -131,10 +133,14 @@ class Checkpoints:
                                                                 _bytes(rng_state(self.device)))
         if self.export is not None:
             self.export(self.pipe, folder / files.EXPORT)
+            self.info.setdefault("exported", []).append(str(folder / files.EXPORT))
         parts = [None] * self.world if self.rank == 0 else None
         dist.gather_object((written, self._params()), parts, dst=0)
         if self.rank == 0:
-            files.write_manifest(folder, self._manifest(done, parts))
+            manifest = self._manifest(done, parts)
+            if self.export is not None:  # what --overwrite may delete of it later
+                manifest["export"] = files.export_listing(folder / files.EXPORT)
+            files.write_manifest(folder, manifest)
         self.recorder.event(flight.SAVED, str(folder))
         self.info.setdefault("saved", []).append(str(folder))
         self.info.setdefault("save_s", []).append(time.perf_counter() - t0)
@@ -181,37 +187,86 @@ def write(folder, pipe, optimizer) -> None:
 def load(folder, manifest: dict, pipe, optimizer) -> None:
     """Read a DCP checkpoint into the pipeline and ``optimizer`` (every rank calls it): each rank asks for its
     own parameters' tensors and their optimizer state, at its own shards; the run's param groups stay."""
-    import torch.distributed.checkpoint as dcp
-
-    check_index(folder, manifest)
     model, optim = pipe.state_dict(), pipe.optimizer_state_dict(optimizer)
     state = {"model": model, "optim": {k: v for k, v in optim.items() if k.startswith("state.")}}
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
-
-    try:
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)))
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - whatever DCP met: not this model's checkpoint
-        why = str(e).strip().splitlines()[-1][:200] if str(e).strip() else ""
-        raise RunError(f"`resume` {folder}: its DCP files do not read as a checkpoint of this model "
-                       f"({type(e).__name__}{': ' + why if why else ''}); resume from another checkpoint") from None
+    read_into(folder, manifest, state, agree=_first_of_every_rank)
     pipe.load_state_dict(model)
     pipe.names.load_optimizer_state_dict(optimizer, state["optim"], hyperparameters=False)
 
 
-def check_index(folder, manifest: dict) -> None:
-    """DCP's index (``.metadata``) points into the files the manifest lists, and its byte ranges tile each of
-    them exactly, so a data file swapped with another or edited (its hash updated) is refused by name before
-    DCP reads a byte of it as a tensor."""
+def read_into(folder, manifest: dict, state: dict, *, no_dist: bool = False, agree=lambda problem: problem) -> None:
+    """``dcp.load`` of ``state`` (``{"model": ..., "optim": ...}``, filled in place) from ``folder``, its index read
+    without unpickling code and checked against ``state`` first: every key there, a tensor of the same shape
+    and dtype (``agree``: the first problem of any rank, so that every rank refuses alike). A data file that
+    does not read as tensors is named."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
+    md = check_index(folder, manifest)
+    found = index.problems(md, state, _what)
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    first = agree(f"{found[0]}{more}" if found else None)
+    if first:
+        raise RunError(f"`resume` {folder}: not a checkpoint of this model: {first}; resume from a checkpoint of "
+                       "this model")
     try:
-        infos = list(dcp.FileSystemReader(str(folder)).read_metadata().storage_data.values())
-        ranges: dict[str, list] = {}
-        for info in infos:
-            ranges.setdefault(info.relative_path, []).append((int(info.offset), int(info.length)))
-    except Exception as e:  # noqa: BLE001 - any failure to read it means it is not DCP's index
-        raise RunError(f"`resume` {folder}: {files.DCP_METADATA} is not the index of a DCP checkpoint "
+        with warnings.catch_warnings():  # one process on purpose: DCP's warning that it is one says nothing
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=index.Reader(folder, md), planner=index.Planner(), no_dist=no_dist)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - whatever DCP met: not this model's checkpoint
+        bad = index.unreadable(e)
+        if bad is not None:
+            raise RunError(f"`resume` {folder}: {bad.name} does not read as the tensors {files.DCP_METADATA} says "
+                           f"it holds (damaged, or not a DCP data file: {bad.why}); resume from another "
+                           "checkpoint") from None
+        raise RunError(f"`resume` {folder}: its DCP files do not read as a checkpoint of this model "
                        f"({type(e).__name__}); resume from another checkpoint") from None
+
+
+def incompatible(manifest: dict, names: set, params: dict) -> str | None:
+    """Why the manifest's parameters are not the model's (None when they are): the model's logical ``names``
+    must be the manifest's, and each tensor of ``params`` (logical name -> tensor) of its shape and dtype."""
+    theirs = set(manifest["params"])
+    if theirs != names:
+        odd = sorted(names - theirs) or sorted(theirs - names)
+        side = "this model has" if names - theirs else "the checkpoint has"
+        return f"{side} parameter {odd[0]}, the other does not; {len(theirs)} parameters there, {len(names)} here"
+    for name, p in sorted(params.items()):
+        saved = manifest["params"][name]
+        if tuple(saved["shape"]) != tuple(p.shape):
+            return f"parameter {name} has shape {tuple(saved['shape'])} there, {tuple(p.shape)} here"
+        if saved["dtype"] != str(p.dtype):
+            return f"parameter {name} is {saved['dtype']} there, {p.dtype} here"
+    return None
+
+
+def _what(top: str, key: str) -> str:
+    """A state key in a message's words: "parameter 3.fc.weight", "optimizer state exp_avg of 3.fc.weight"."""
+    if top == "optim" and key.startswith("state."):
+        name, _, part = key[len("state."):].rpartition(".")
+        return f"optimizer state {part} of {name}"
+    return f"parameter or buffer {key}" if top == "model" else f"{top} entry {key}"
+
+
+def _first_of_every_rank(problem: str | None) -> str | None:
+    """The first rank's problem, on every rank (a collective): no rank loads what another refused."""
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, problem)
+    return next((p for p in seen if p), None)
+
+
+def check_index(folder, manifest: dict):
+    """DCP's index (``.metadata``), read without running code (``checkpoint_index``): it points into the files
+    the manifest lists, and its byte ranges tile each of them exactly, so a data file swapped with another or
+    edited (its hash updated) is refused by name before DCP reads a byte of it as a tensor. Returns it."""
+    try:
+        md = index.read(Path(folder) / files.DCP_METADATA)
+    except index.BadIndex as e:
+        raise RunError(f"`resume` {folder}: {files.DCP_METADATA} is not the index of a DCP checkpoint ({e}); "
+                       "resume from another checkpoint") from None
+    ranges: dict[str, list] = {}
+    for info in md.storage_data.values():
+        ranges.setdefault(info.relative_path, []).append((info.offset, info.length))
     listed = {n for n in manifest["files"] if files.is_dcp_file(n) and n != files.DCP_METADATA}
     for name in sorted(set(ranges) | listed):
         if name not in listed:
@@ -225,6 +280,7 @@ def check_index(folder, manifest: dict) -> None:
         if end != manifest["files"][name]["bytes"]:
             raise RunError(f"`resume` {folder}: {name} does not hold what {files.DCP_METADATA} says is in it "
                            "(the files were swapped or edited); resume from another checkpoint")
+    return md
 
 
 def optimizer_name(optimizer) -> str:

@@ -13,7 +13,8 @@ load (checkpoint_layers.py).
 Every manifest is checked against its schema before it is trusted
 (``checkpoint_manifest``), and names the run it belongs to: ``--save`` into a
 folder holding another run's checkpoints is refused unless ``--overwrite``
-(which deletes them at the first save), and ``--resume`` refuses another
+(which deletes them at the first save, only the files their manifests list; anything else in a step folder,
+or a symlink, refuses it), and ``--resume`` refuses another
 model's checkpoint saying what differs. Temporary files left by a crash are
 deleted at the next save. A failed write (a full disk) names the file.
 
@@ -26,7 +27,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,11 @@ _DCP_DATA = re.compile(r"__\d+_\d+\.distcp")  #: DCP's data files, per rank
 _STEP_DIR = re.compile(r"step-(\d{8})")
 #: atomic_write's temporaries, check_save_dir's probe, DCP's metadata before its rename
 _TEMPORARY = re.compile(r"\..+\.tmp-\d+|\.probe-\d+|(__\d+)?\.metadata\.tmp")
+#: the files of a checkpoint by name alone (a step folder whose save did not finish has no manifest to list them)
+_OURS = re.compile(rf"{manifests.FILE_NAME.pattern}|{re.escape(MANIFEST)}")
+#: what an export (HF save_pretrained) writes, by name, where no manifest lists it
+_EXPORT_FILE = re.compile(r"config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors"
+                          r"|model\.safetensors\.index\.json")
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:
@@ -277,8 +282,11 @@ def preflight(cfg, optimizer: str | None = None, layers: int | None = None) -> F
     if cfg.save is not None:
         first = found.manifest["step"] if found is not None else 0
         check_save_dir(cfg.save, getattr(cfg, "overwrite", False), saved_steps(cfg, first))
-        if not getattr(cfg, "overwrite", False):
-            check_not_another_run(cfg.save, found.manifest["run"]["id"] if found else None)
+        run_id = found.manifest["run"]["id"] if found else None
+        if getattr(cfg, "overwrite", False):
+            check_overwrite(cfg.save, run_id)  # what it will delete is ours, or it refuses now, not after a step
+        else:
+            check_not_another_run(cfg.save, run_id)
     if found is None:
         return None
     m, step = found.manifest, found.manifest["step"]
@@ -328,20 +336,25 @@ def check_not_another_run(path: str, run_id: str | None) -> None:
 
 def prepare_save(path: str, run_id: str, overwrite: bool) -> list[str]:
     """Before a run's first save (rank 0): refuse another run's checkpoints that appeared since the launch
-    (a concurrent run), or with ``overwrite`` delete them and every incomplete step folder; delete the
-    temporary files a crashed save left. Returns what was deleted."""
+    (a concurrent run), or with ``overwrite`` delete them and every incomplete step folder, file by file, only
+    what a save of ours wrote (``check_overwrite``; anything else refuses); delete the temporary files a crashed
+    save left. Returns what was deleted."""
     root = Path(path)
     if not overwrite:
         check_not_another_run(path, run_id)
     deleted = []
     if overwrite:
-        for d in _step_dirs(root):
-            if incomplete(d) or _manifest(d)["run"]["id"] != run_id:
-                shutil.rmtree(d, ignore_errors=True)
-                deleted.append(d.name)
+        for d, ours in check_overwrite(path, run_id):
+            for f in ours:  # deepest first: a folder's files, then the folder, empty by then
+                if f.is_dir():
+                    f.rmdir()
+                else:
+                    f.unlink(missing_ok=True)
+            d.rmdir()
+            deleted.append(d.name)
     for d in [root, *_step_dirs(root)]:
         for f in d.iterdir():
-            if _TEMPORARY.fullmatch(f.name) and f.is_file():
+            if _TEMPORARY.fullmatch(f.name) and f.is_file() and not f.is_symlink():
                 f.unlink(missing_ok=True)
                 deleted.append(f"{d.name}/{f.name}")
     if deleted:
@@ -349,10 +362,64 @@ def prepare_save(path: str, run_id: str, overwrite: bool) -> list[str]:
     return deleted
 
 
+def check_overwrite(path: str, run_id: str | None) -> list[tuple[Path, list[Path]]]:
+    """What ``overwrite`` deletes under `save` ``path``: each step folder of another run than ``run_id`` (None:
+    any), or incomplete, with its files, deepest first. Only files a save of ours wrote go: those its manifest
+    lists (the export folder's too), or, without a manifest, those of a checkpoint's names; anything else (a
+    user's file, a link, a folder) refuses the whole save by name (``RunError``), before anything is deleted."""
+    root = Path(path)
+    plan, blocked = [], [f"{e.name} (a symlink)" for e in sorted(root.iterdir()) if e.is_symlink()] \
+        if root.is_dir() else []
+    for d in _step_dirs(root):
+        manifest = None if incomplete(d) else _manifest(d)
+        if manifest is None or manifest["run"]["id"] != run_id:
+            plan.append((d, _ours(d, manifest, blocked)))
+    if blocked:
+        more = f" and {len(blocked) - 1} more" if len(blocked) > 1 else ""
+        raise RunError(f"`save` {path}: {blocked[0]}{more} is not a file of a checkpoint; `overwrite` deletes only "
+                       "what a checkpoint's manifest lists and refuses the rest (move it out of the folder, or give "
+                       "another `save` folder)")
+    return plan
+
+
+def _ours(step: Path, manifest: dict | None, blocked: list[str]) -> list[Path]:
+    """The files (and the export folder) in ``step`` that a save of ours wrote, deepest first; what else is
+    there goes to ``blocked`` (a symlink always: a link is never ours, and what it points to is never read)."""
+    def named(name: str) -> bool:
+        return bool(_TEMPORARY.fullmatch(name) or (name in listed if listed is not None else _OURS.fullmatch(name)))
+
+    listed = {*manifest["files"], MANIFEST} if manifest else None
+    export = manifest.get("export") if manifest else None
+    ours: list[Path] = []
+    for e in sorted(step.iterdir()):
+        if e.is_symlink():
+            blocked.append(f"{step.name}/{e.name} (a symlink)")
+        elif e.is_dir() and e.name == EXPORT:
+            inner = sorted(e.iterdir())
+            for f in inner:
+                mine = (f.name in export and f.stat().st_size == export[f.name]["bytes"] if export is not None
+                        else _EXPORT_FILE.fullmatch(f.name))
+                if f.is_symlink() or not f.is_file() or not mine:
+                    blocked.append(f"{step.name}/{e.name}/{f.name}")
+            ours += [*inner, e]
+        elif e.is_file() and named(e.name):
+            ours.append(e)
+        else:
+            blocked.append(f"{step.name}/{e.name}")
+    return ours
+
+
+def export_listing(folder: Path) -> dict:
+    """The manifest's ``export``: each file of the export folder by name and size (what ``overwrite`` may
+    delete of it later)."""
+    return {f.name: {"bytes": f.stat().st_size} for f in sorted(folder.iterdir())
+            if f.is_file() and not f.is_symlink()} if folder.is_dir() else {}
+
+
 def _step_dirs(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
-    return sorted(d for d in root.iterdir() if d.is_dir() and _STEP_DIR.fullmatch(d.name))
+    return sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and _STEP_DIR.fullmatch(d.name))
 
 
 def _manifest(folder: Path) -> dict:

@@ -41,9 +41,9 @@ def restore(folder, manifest: dict, pipe, optimizer) -> None:
             raise RunError(f"`resume` {folder}: {layer_file(layer)} does not hold {name} (it holds {held}): "
                            "the layer files were swapped or edited; resume from another checkpoint")
         value = payloads[layer]["params"][name]
-        if tuple(value.shape) != tuple(copies[0].shape):
-            raise RunError(f"`resume` {folder}: parameter {name} has shape {tuple(value.shape)} there and "
-                           f"{tuple(copies[0].shape)} in this model")
+        if tuple(value.shape) != tuple(copies[0].shape) or value.dtype != copies[0].dtype:
+            raise RunError(f"`resume` {folder}: parameter {name} is {_shown(value)} there and {_shown(copies[0])} "
+                           "in this model")
         with torch.no_grad():
             for p in copies:
                 copy_into(p, value)
@@ -51,6 +51,10 @@ def restore(folder, manifest: dict, pipe, optimizer) -> None:
         for k, v in (payloads[layer]["optim"].get(name) or {}).items():
             optim[f"state.{original}.{k}"] = v
     pipe.names.load_optimizer_state_dict(optimizer, optim, hyperparameters=False)
+
+
+def _shown(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} of shape {tuple(t.shape)}"
 
 
 def _payload(folder, layer: int, data: bytes) -> dict:
@@ -62,8 +66,25 @@ def _payload(folder, layer: int, data: bytes) -> dict:
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is not ours
         raise RunError(f"`resume` {folder}: {name} is not a layer file of a checkpoint ({type(e).__name__}); "
                        "resume from another checkpoint") from None
+    why = _shape_problem(payload)
+    if why:
+        raise RunError(f"`resume` {folder}: {name} is not a layer file of a checkpoint ({why}); resume from another "
+                       "checkpoint")
+    return payload
+
+
+def _shape_problem(payload) -> str:
+    """What keeps ``payload`` from being a layer file's ``{"params": {name: tensor}, "optim": {name: {key:
+    tensor}}}`` ('' when nothing does)."""
     if not (isinstance(payload, dict) and isinstance(payload.get("params"), dict)
             and isinstance(payload.get("optim"), dict)):
-        raise RunError(f"`resume` {folder}: {name} is not a layer file of a checkpoint (no params and optim "
-                       "state); resume from another checkpoint")
-    return payload
+        return "no params and optim state"
+    for key, value in payload["params"].items():
+        if not (isinstance(key, str) and isinstance(value, torch.Tensor)):
+            return f"its parameter {str(key)[:80]!r} is not a tensor"
+    for key, state in payload["optim"].items():
+        if not (isinstance(key, str) and isinstance(state, dict) and all(
+                isinstance(k, str) and (isinstance(v, torch.Tensor) or type(v) in (int, float))
+                for k, v in state.items())):
+            return f"its optimizer state of {str(key)[:80]!r} is not a dict of tensors"
+    return ""

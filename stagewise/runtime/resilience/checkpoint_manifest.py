@@ -71,13 +71,19 @@ SCHEMA = {
 }
 
 
+#: optional sections, checked when present: the export folder's files (checkpoint.py writes it for an HF run)
+OPTIONAL = {"export": MapOf(Rule(lambda k: isinstance(k, str) and re.fullmatch(r"\w[\w.-]*", k) is not None,
+                                 "a file name"), {"bytes": _int(0)})}
+
+
 def problem(manifest: Any, folder_name: str) -> str:
     """What is wrong with a manifest read from ``folder_name`` ('' when it has the schema's shape and types)."""
     if not isinstance(manifest, dict):
         return "not a JSON object"
     if manifest.get("format") not in (FORMAT, LAYERS_FORMAT):
         return f"not a {FORMAT} manifest (format {manifest.get('format')!r})"
-    why = _check(manifest, SCHEMA, "")
+    why = _check(manifest, SCHEMA, "") or next(
+        (w for k, spec in OPTIONAL.items() if k in manifest for w in [_check(manifest[k], spec, k)] if w), "")
     if why:
         return why
     if folder_name.startswith("step-") and folder_name != f"step-{manifest['step']:08d}":

@@ -33,6 +33,13 @@ SYNTHETIC_TOKENS = 1 << 16
 MAX_SEED = (1 << 32) - 1  #: torch.manual_seed's range
 
 
+def check_seed(seed) -> None:
+    """A seed torch takes: a whole number 0..MAX_SEED (``RunError`` naming `seed` otherwise)."""
+    check_count("`seed`", seed, 0)
+    if seed > MAX_SEED:
+        raise RunError(f"`seed` {seed}: torch seeds are 0..{MAX_SEED}")
+
+
 class Embedding(nn.Module):
     """Token plus learned position embedding: (B, T) ids -> (B, T, d)."""
 
@@ -70,7 +77,7 @@ class Block(nn.Module):
         h, aux = unpack(x)
         h = _attend(self, h)
         y, a = self.moe(self.ln2(h))
-        return h + y, a if aux is None else aux + a
+        return pack(h + y, a if aux is None else aux + a)
 
 
 def _attend(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -168,9 +175,7 @@ class GPTConfig:
         for name, value in (("`layers_n`", self.layers_n), ("`d_model`", self.d_model), ("`heads`", self.heads),
                             ("`seq`", self.seq), ("`vocab`", self.vocab)):
             check_count(name, value, 1)
-        check_count("`seed`", self.seed, 0)
-        if self.seed > MAX_SEED:
-            raise RunError(f"`seed` {self.seed}: torch seeds are 0..{MAX_SEED}")
+        check_seed(self.seed)
         if self.d_model % self.heads:
             raise RunError(f"`d_model` {self.d_model} must be a multiple of `heads` {self.heads}")
         check_count("`moe_experts`", self.moe_experts, 0)

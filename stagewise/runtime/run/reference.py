@@ -58,25 +58,27 @@ def resume(cfg: RunConfig, spec, layers, opt) -> tuple[int, dict]:
     """Load ``cfg.resume`` (saved under any layout) into the unpipelined model and its optimizer with torch's
     own DCP calls: the model as a module tree under its original names, ``get_state_dict`` /
     ``set_state_dict`` with the optimizer state flattened. (steps done, what it did)"""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     from ..resilience import checkpoint_files
-    from ..resilience.checkpoint import check_index
+    from ..resilience.checkpoint import incompatible, read_into
     from .worker import optimizer_class
 
     found = checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
     if found.manifest["format"] != FORMAT:
         raise RunError(f"`resume` {found.folder}: a layer-keyed checkpoint of an earlier stagewise; the unpipelined "
                        "reference reads DCP checkpoints only (resume it on ranks once and save, then here)")
+    params = {lg: _get(layers, i, n) for i, uses in enumerate(logical_names(layers)) for n, lg in uses}
+    problem = incompatible(found.manifest, set(params), params)
+    if problem:
+        raise RunError(f"`resume` {found.folder}: saved from another model ({problem})")
     for name in sorted(n for n in found.manifest["files"] if checkpoint_files.is_dcp_file(n)):
         checkpoint_files.check_file(found.folder, name, found.manifest)
-    check_index(found.folder, found.manifest)
     tree = named_tree(spec, layers)
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     model_sd, optim_sd = get_state_dict(tree, opt, options=options)
     state = {"model": model_sd, "optim": {k: v for k, v in optim_sd.items() if k.startswith("state.")}}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.folder)), no_dist=True)  # this one process
+    read_into(found.folder, found.manifest, state, no_dist=True)  # this one process
     set_state_dict(tree, opt, model_state_dict=model_sd, optim_state_dict={**optim_sd, **state["optim"]},
                    options=options)
     step = found.manifest["step"]

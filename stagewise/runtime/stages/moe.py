@@ -17,7 +17,8 @@ Everything is decided per sequence (a row of the batch), as DeepSeek-V3's sequen
 So cutting a batch into micro-batches or data shards, or sharding the experts over ranks (parallel/ep.py),
 changes nothing: the pipelined, sharded model computes what one process computes on the whole batch.
 
-What crosses a stage boundary after the first MoE block is the pair ``(hidden, aux)`` (``pack``/``unpack``):
+What crosses a stage boundary after the first MoE block is the pair ``WithAux(hidden, aux)`` (``pack``/``unpack``;
+``hidden`` may be the layer's own pytree, such as ``(hidden, mask)``, which ``unpack`` never mistakes for the pair):
 the running sum of the blocks' losses travels with the activations and the loss function adds it
 (``with_aux``), so the aux loss reaches the loss through any schedule like the rest of the model, and its
 gradient flows back through the same boundaries (docs/architecture.md says why it is not a side channel).
@@ -41,12 +42,13 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ... import limits
 from ..run.config import RunError, check_count
 
 
@@ -90,7 +92,8 @@ class MoE(nn.Module):
                  capacity: float | None = None, pad: bool = False, aux: float = 0.01):
         super().__init__()
         check_moe(experts=experts, top_k=top_k, hidden=hidden, shared=shared, capacity=capacity, pad=pad, aux=aux,
-                  prefix="")
+                  prefix="", d_model=d_model)
+        self.d_model = d_model
         self.num_experts, self.top_k, self.capacity, self.pad, self.aux = experts, top_k, capacity, pad, aux
         self.router = nn.Linear(d_model, experts, bias=False)
         self.experts = nn.ModuleDict({str(e): Expert(d_model, hidden) for e in range(experts)})
@@ -98,6 +101,11 @@ class MoE(nn.Module):
         self.exchange: Callable = LocalExperts()  #: runs the experts on the dispatched tokens (ep.py shards it)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (isinstance(x, torch.Tensor) and x.dim() == 3 and x.is_floating_point() and x.shape[0] >= 1
+                and x.shape[1] >= 1 and x.shape[2] == self.d_model):
+            got = f"shape {tuple(x.shape)} ({x.dtype})" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise RunError(f"MoE input must be floating hidden states (rows, tokens, d_model={self.d_model}) with "
+                           f"rows and tokens >= 1; got {got}")
         rows, T, d = x.shape
         logits = self.router(x)
         probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # (B, T, E)
@@ -115,6 +123,8 @@ class MoE(nn.Module):
         """C, the tokens an expert takes from one row of ``tokens`` (all of them without ``capacity``)."""
         if self.capacity is None:
             return tokens * self.top_k
+        if self.capacity * self.top_k >= self.num_experts:  # C >= tokens: a row never sends an expert more
+            return tokens
         return max(1, math.ceil(self.capacity * tokens * self.top_k / self.num_experts))
 
     def _balance(self, probs: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
@@ -163,10 +173,13 @@ def _rank_within(keys: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def check_moe(*, experts: int, top_k: int, hidden: int, shared: int = 0, capacity: float | None = None,
-              pad: bool = False, aux: float = 0.0, prefix: str = "moe_") -> None:
+              pad: bool = False, aux: float = 0.0, prefix: str = "moe_", d_model: int | None = None) -> None:
     """The block's options against their rules (``RunError`` naming the option: ``prefix`` + its name, as the
-    caller calls it: ``MoE(experts=...)``, ``GPTConfig(moe_experts=...)``)."""
+    caller calls it: ``MoE(experts=...)``, ``GPTConfig(moe_experts=...)``); with ``d_model``, also its size
+    against ``limits.PARAMETERS`` and ``ELEMENTS`` (before any tensor is allocated)."""
     n = {k: f"`{prefix}{k}`" for k in ("experts", "top_k", "hidden", "shared", "capacity", "pad", "aux")}
+    if d_model is not None:
+        check_count("`d_model`", d_model, 1)
     check_count(n["experts"], experts, 1)
     check_count(n["top_k"], top_k, 1)
     check_count(n["hidden"], hidden, 1)
@@ -181,20 +194,46 @@ def check_moe(*, experts: int, top_k: int, hidden: int, shared: int = 0, capacit
         raise RunError(f"{n['pad']} pads every expert's buffer to its capacity: give {n['capacity']} too")
     if isinstance(aux, bool) or not isinstance(aux, (int, float)) or not 0 <= aux < math.inf:
         raise RunError(f"{n['aux']} must be a finite number >= 0; got {aux!r}")
+    if d_model is not None:
+        _check_size(n, experts, hidden, shared, d_model)
+
+
+def _check_size(n: dict, experts: int, hidden: int, shared: int, d_model: int) -> None:
+    """The block's tensors and parameter count within ``limits`` (a 10^12-expert block fails here, not in the
+    allocator)."""
+    for what, elements in ((f"{n['experts']} {experts} x `d_model` {d_model} (the router)", experts * d_model),
+                           (f"{n['hidden']} {hidden} x `d_model` {d_model} (an expert)", hidden * d_model),
+                           (f"{n['shared']} {shared} x {n['hidden']} {hidden} x `d_model` {d_model} (the shared "
+                            "experts)", shared * hidden * d_model)):
+        limits.ELEMENTS.check(elements, "", detail=what)
+    per_expert = 2 * d_model * hidden + d_model + hidden  # fc and out, with their biases
+    limits.PARAMETERS.check((experts + shared) * per_expert + experts * d_model, "",
+                            detail=f"{n['experts']} {experts} experts of `d_model` {d_model} x {n['hidden']} {hidden}")
 
 
 # ---- the running aux loss, carried across stage boundaries with the hidden states
 
-def unpack(x) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(hidden, aux)`` of what a layer received: a tensor (no MoE block before it: aux None) or the pair."""
-    if isinstance(x, tuple) and len(x) == 2:
-        return x[0], x[1]
+class WithAux(NamedTuple):
+    """What a layer passes on after the first MoE block (``pack``): its own output, a tensor or any pytree such
+    as ``(hidden, mask)``, and the running aux loss. A type of its own, so a layer's own pair is never taken
+    for the aux loss."""
+
+    hidden: Any
+    aux: torch.Tensor
+
+
+def unpack(x) -> tuple[Any, torch.Tensor | None]:
+    """``(hidden, aux)`` of what a layer received: ``pack``'s ``WithAux`` gives its two parts; anything else (a
+    tensor, a ``(hidden, mask)`` pair: no MoE block before it) is the hidden part whole, with aux None."""
+    if isinstance(x, WithAux):
+        return x.hidden, x.aux
     return x, None
 
 
-def pack(hidden: torch.Tensor, aux: torch.Tensor | None):
-    """What a layer passes on: the hidden states, with the running aux loss when there is one."""
-    return hidden if aux is None else (hidden, aux)
+def pack(hidden, aux: torch.Tensor | None):
+    """What a layer passes on: its output (a tensor or its own pytree), with the running aux loss when there is
+    one (a ``WithAux``)."""
+    return hidden if aux is None else WithAux(hidden, aux)
 
 
 def with_aux(loss_fn: Callable) -> Callable:

@@ -17,6 +17,7 @@ from torch import nn
 from ...schedule import Schedule
 from ..run.config import RunError
 from .layers import Layers
+from .optim_checks import check_optimizer, check_state
 from .stage import StageMap, Stage, stage_map_of
 
 
@@ -64,6 +65,10 @@ class Names:
 
     def local(self, holders) -> list[nn.Parameter]:
         return [self.stages[h.stage].param(h) for h in holders if h.stage in self.stages]
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Every parameter this rank holds (each copy): ``Pipeline.parameters()``."""
+        return [p for st in self.stages.values() for p in st.parameters()]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter and persistent buffer this rank holds, under each of its original names (a tied
@@ -119,6 +124,7 @@ class Names:
         place); a ZeRO-1 optimizer gives its own partition's state. An optimizer without state yet is
         initialised first (a step with zero gradients and learning rate 0, as torch's ``get_state_dict``
         does), so that a load has tensors to fill."""
+        check_optimizer(optimizer, self.parameters())
         init_state(optimizer)
         state, groups = _state_of(optimizer), _group_of(optimizer)
         out = {}
@@ -137,9 +143,17 @@ class Names:
     def load_optimizer_state_dict(self, optimizer, state: dict, hyperparameters: bool = True) -> None:
         """Give every copy of each parameter here its state from ``state`` (``optimizer_state_dict``'s form);
         ``hyperparameters``: also the param groups' values (lr, betas...) stored with them."""
+        check_optimizer(optimizer, self.parameters())
         init_state(optimizer)  # every state tensor exists, of its parameter's placement, to load into
         own, groups = _state_of(optimizer), _group_of(optimizer)
         mine = _owned_params(optimizer)
+        expected = {}
+        for logical, holders in self.stage_map.params.items():
+            local = [p for p in self.local(holders) if id(p) in mine]
+            if local and own.get(local[0]):
+                expected[self.original(logical)] = own[local[0]]
+        check_state(state, expected, {self.original(lg) for lg in self.stage_map.params},
+                    type(getattr(optimizer, "optim", optimizer)).__name__)
         for logical, holders in self.stage_map.params.items():
             name = self.original(logical)
             prefix = f"state.{name}."

@@ -1,6 +1,7 @@
-// Build your own: drag an op along its rank's row (or edit the programs as text) and the server checks and
-// simulates the new order at once (/api/edit). An order that cannot run shows the validator's message, what
-// ran before the ranks stopped, the ops they never reached (pale, dashed) and the wait cycle in red.
+// Build your own: drag an op along its rank's row (or edit the programs as text, one line per rank, every line
+// shown) and the server checks and simulates the new order at once (/api/edit). An order that cannot run shows
+// the loop in plain words and the validator's message (positions counted from 1), what ran before the ranks
+// stopped, the ops they never reached (pale, dashed) and the wait cycle in red, its arrows bent apart.
 // Loaded before app.js, which registers it.
 "use strict";
 
@@ -27,6 +28,7 @@ const Build = {
       this.programs = results[0].ops.map((row) => row.map((op) => op[0]));
       $("programs").value = this.text();
     }
+    $("programs").rows = Math.max(2, Math.min(64, this.programs.length)) + 1; // every rank's line, and the scroll bar
     await this.send();
   },
 
@@ -40,7 +42,8 @@ const Build = {
     this.answer = data;
     if (data.valid) this.programs = data.results[0].ops.map((row) => row.map((op) => op[0]));
     else if (data.drawing) this.programs = data.drawing.ops.map((row, r) => [...row, ...data.drawing.pending[r]].map((op) => op[0]));
-    $("err-programs").textContent = data.valid ? "" : data.error;
+    $("err-programs").innerHTML = data.valid ? "" : (data.plain ? `<span class="plain">${esc(data.plain)}</span><br>` : "") +
+      `<span class="exact">${esc(data.error)}</span>`;
     $("programs").classList.toggle("invalid", !data.valid);
     this.summary();
   },
@@ -48,10 +51,13 @@ const Build = {
   summary() {
     const was = shown[0], a = this.answer;
     const edited = a && a.valid ? a.results[0] : null;
-    $("build-bubble").innerHTML = edited
-      ? `bubble ${pct(was.bubble_fraction)} (${esc(was.schedule)}) \u2192 <b class="bubble">` +
-        `${pct(edited.bubble_fraction)}</b> (your order), makespan ${num(was.makespan)} \u2192 ${num(edited.makespan)}`
-      : `bubble ${pct(was.bubble_fraction)} (${esc(was.schedule)}) \u2192 <b class="bubble bad">does not run</b>`;
+    $("build-bubble").innerHTML = a && a.untouched
+      ? `your order is ${esc(was.schedule)}'s own: bubble <b class="bubble">${pct(edited.bubble_fraction)}</b>, ` +
+        `makespan ${num(edited.makespan)}; drag an op to change it`
+      : edited
+        ? `bubble ${pct(was.bubble_fraction)} (${esc(was.schedule)}) \u2192 <b class="bubble">` +
+          `${pct(edited.bubble_fraction)}</b> (your order), makespan ${num(was.makespan)} \u2192 ${num(edited.makespan)}`
+        : `bubble ${pct(was.bubble_fraction)} (${esc(was.schedule)}) \u2192 <b class="bubble bad">does not run</b>`;
     $("dl-edited").disabled = !edited;
   },
 
@@ -74,7 +80,7 @@ const Build = {
   rows(r, i, g) { // the ops a deadlock never reached, after what each rank ran
     if (!r.pending) return "";
     return r.pending.map((row, rank) => row.map((op, j) =>
-      cell(op, r, L.x(op[4]), g.y + rank * L.row, L.x(op[5]), L.row, `${i},${rank},${r.ops[rank].length + j}`,
+      cell(op, r, L.x(op[4]), g.y + rank * L.step, L.x(op[5]), L.row, `${i},${rank},${r.ops[rank].length + j}`,
         "pending")).join("")).join("");
   },
 
@@ -85,6 +91,8 @@ const Build = {
     if (!a || a.valid || !a.cycle) { overlay(0).innerHTML = ""; return; }
     const place = (rank, k) => { const op = opAt(r, rank, k); return [L.x(op[4]), L.x(op[5]), rowY(0, rank)]; };
     const parts = [];
+    const blockedOn = new Map(a.cycle.map(([br, bk]) => [br, bk]));
+    const mid = a.cycle.reduce((t, [br]) => t + br, 0) / a.cycle.length;
     for (const [br, bk, wr, wk] of a.cycle) { // the blocked op, and an arrow to the op it waits for
       const [x0, x1, y0] = place(br, bk);
       parts.push(`<rect class="stuck" x="${x0.toFixed(2)}" y="${y0 + 0.5}" width="${Math.max(2, x1 - x0).toFixed(2)}" ` +
@@ -93,16 +101,27 @@ const Build = {
       const [w0, w1, y1] = place(wr, wk);
       parts.push(`<rect class="awaited" x="${w0.toFixed(2)}" y="${y1 + 0.5}" width="${Math.max(2, w1 - w0).toFixed(2)}" ` +
         `height="${L.row - 1}"/>`);
-      const down = y1 > y0, same = br === wr;
-      parts.push(arrow((x0 + x1) / 2, y0 + (same ? 3 : down ? L.row - 3 : 3), (w0 + w1) / 2,
-        y1 + (same ? 3 : down ? 3 : L.row - 3), "head-x", "cycle", BAD));
+      parts.push(arrow((x0 + x1) / 2, y0 + L.row / 2, (w0 + w1) / 2, y1 + L.row / 2, "head-x", "cycle", C.bad,
+        br === wr ? -Math.max(12, L.row) : 0));
+      // the loop closes through the waited-for rank's program: its awaited op comes only after its own blocked
+      // op, drawn as a dashed arc from one to the other, bulging away from the loop's middle
+      if (!blockedOn.has(wr) || blockedOn.get(wr) === wk) continue;
+      const [b0, b1] = place(wr, blockedOn.get(wr));
+      const up = wr < mid || (wr === mid && br > wr);
+      const y = y1 + (up ? 1 : L.row - 1);
+      parts.push(arrow((w0 + w1) / 2, y, (b0 + b1) / 2, y, "head-x", "cycle after", C.bad,
+        (up ? 1 : -1) * Math.max(10, L.row * 0.8)));
     }
     overlay(0).innerHTML = parts.join("");
   },
 
-  legend() {
-    return `<span><svg width="22" height="12"><line x1="1" y1="6" x2="17" y2="6" stroke="${BAD}" stroke-width="1.5"/>` +
-      `<path d="M15,2L21,6L15,10z" fill="${BAD}"/></svg>waits for (a cycle: deadlock)</span>` +
+  legend(results) {
+    return causeLegend(usedCauses(results)) +
+      `<span><svg width="22" height="12"><line x1="1" y1="6" x2="17" y2="6" stroke="${C.bad}" stroke-width="1.5"/>` +
+      `<path d="M15,2L21,6L15,10z" fill="${C.bad}"/></svg>waits for</span>` +
+      `<span><svg width="22" height="12"><line x1="1" y1="6" x2="17" y2="6" stroke="${C.bad}" stroke-width="1.3" ` +
+      `stroke-dasharray="4 3"/><path d="M15,2L21,6L15,10z" fill="${C.bad}"/></svg>comes only after, in the rank's ` +
+      "program (round the loop: a deadlock)</span>" +
       '<span class="note">drag an op along its row to move it in its rank\'s program</span>';
   },
 

@@ -1,5 +1,6 @@
-// Play: a cursor moves through the step; what lies ahead is pale, so cells fill as they run; an arrow
-// shows each activation and gradient crossing ranks as it is sent; the memory strips follow the cursor;
+// Play: a cursor moves through the step; what lies ahead is pale, so cells fill as they run (the op each rank
+// is running stays whole, outlined, its number readable); an arrow shows each activation and gradient crossing
+// ranks as it is sent (straight down or up when the link takes no time); the memory strips follow the cursor;
 // the counters give the bubble so far next to the closed form. Loaded before app.js, which registers it.
 "use strict";
 
@@ -54,11 +55,12 @@ const Play = {
     this.memTimes = results.map((r) => r.memory.map((steps) => steps.map((x) => x[0])));
     results.forEach((r, i) => {
       const g = geo[i], right = L.x(Modes.span(r));
-      overlay(i).innerHTML =
-        `<rect class="ahead" x="0" y="${g.y}" width="0" height="${g.rows}"/>` +
-        `<rect class="ahead" x="0" y="${g.mem}" width="0" height="${r.ranks * L.mem}"/>` +
-        `<g class="arrows"></g><g class="levels"></g>` +
-        `<line class="cursor" x1="0" x2="0" y1="${g.y - 3}" y2="${g.end}" data-right="${right}"/>`;
+      const rows = r.ops.map((_, rank) =>
+        `<rect class="ahead" data-rank="${rank}" x="0" y="${rowY(i, rank)}" width="0" height="${L.step}"/>`).join("");
+      overlay(i).innerHTML = `<g class="masks">${rows}` +
+        (r.stuck ? "" : `<rect class="ahead" x="0" y="${g.mem}" width="0" height="${r.ranks * L.mem}"/>`) + "</g>" +
+        `<g class="running"></g><line class="cursor" x1="0" x2="0" y1="${g.y - 3}" y2="${g.end}" data-right="${right}"/>` +
+        '<g class="arrows"></g><g class="levels"></g>';
     });
     $("play-counters").innerHTML = "<tr><th>schedule</th><th>busy so far</th><th>idle so far</th>" +
       "<th>bubble so far</th><th>of it fill</th><th>of it drain</th><th>at the end</th><th>closed form</th></tr>" +
@@ -81,19 +83,33 @@ const Play = {
     if (!layer) return;
     const x = L.x(Math.min(t, Modes.span(r)));
     const line = layer.querySelector(".cursor");
+    const right = Number(line.dataset.right);
     line.setAttribute("x1", x.toFixed(2));
     line.setAttribute("x2", x.toFixed(2));
     line.dataset.t = t;
+    const running = [];
     for (const mask of layer.querySelectorAll(".ahead")) { // what has not run yet is pale
-      mask.setAttribute("x", x.toFixed(2));
-      mask.setAttribute("width", Math.max(0, Number(line.dataset.right) - x).toFixed(2));
+      let from = x;
+      if (mask.dataset.rank !== undefined) { // a rank's row: the op it runs now stays whole
+        const rank = Number(mask.dataset.rank), row = this.busy[i][rank];
+        const j = upperBound(row.starts, t) - 1;
+        const op = j >= 0 ? row.row[j] : null;
+        if (op && op[5] > t) {
+          from = Math.max(x, L.x(op[5]));
+          running.push(`<rect class="now" x="${L.x(op[4]).toFixed(2)}" y="${rowY(i, rank) + 0.5}" ` +
+            `width="${Math.max(1, L.x(op[5]) - L.x(op[4]) - 0.6).toFixed(2)}" height="${L.row - 1}"/>`);
+        }
+      }
+      mask.setAttribute("x", from.toFixed(2));
+      mask.setAttribute("width", Math.max(0, right - from).toFixed(2));
     }
+    layer.querySelector(".running").innerHTML = running.join("");
     layer.querySelector(".arrows").innerHTML = this.arrows(r, i, t);
-    layer.querySelector(".levels").innerHTML = r.memory.map((steps, rank) => {
+    layer.querySelector(".levels").innerHTML = r.stuck ? "" : r.memory.map((steps, rank) => {
       const j = upperBound(this.memTimes[i][rank], t) - 1; // the last step at or before t
       const h = L.mem - 1, level = j >= 0 ? steps[j][1] : 0;
       return `<circle cx="${x.toFixed(2)}" cy="${(geo[i].mem + rank * L.mem + h - (level / L.top) * h).toFixed(2)}" ` +
-        `r="2" data-level="${level}"/>`;
+        `r="${Math.max(2.5, Math.min(4, L.mem / 2.5)).toFixed(1)}" data-level="${level}"/>`;
     }).join("");
     this.count(r, i, t);
   },
@@ -106,11 +122,14 @@ const Play = {
     for (let j = from; j < s.times.length && s.times[j] <= t; j++) {
       const [fr, fk, tr, , arrival, grad] = s.msgs[j];
       if (arrival + s.hold < t) continue;
-      const y0 = rowY(i, fr) + L.row / 2, y1 = rowY(i, tr) + L.row / 2;
-      const x0 = L.x(r.ops[fr][fk][5]), x1 = L.x(arrival);
+      // row middle to row middle: a message that takes no time is a straight arrow a row long, drawn over the cursor
+      const down = tr > fr;
+      const y0 = rowY(i, fr) + L.row / 2, y1 = rowY(i, tr) + L.row / 2 + (down ? -2 : 2);
+      // just inside the receiving op, off its outline and the cursor
+      const x0 = L.x(r.ops[fr][fk][5]) + 3, x1 = Math.max(x0, L.x(arrival) + 3);
       const cls = `msg ${grad ? "gradient" : "activation"}${arrival > t ? " flying" : ""}`;
-      out.push(arrow(x0, y0, x1, y1 + (y1 > y0 ? -3 : 3), grad ? "head-g" : "head-a", cls,
-        grad ? info.style.kinds.B : info.style.kinds.F));
+      out.push(arrow(x0, y0, x1, y1, grad ? "head-g" : "head-a", cls, grad ? info.style.kinds.B : info.style.kinds.F,
+        null, true));
     }
     return out.join("");
   },

@@ -1,6 +1,7 @@
-// Why it waits: every idle gap is hatched in its cause's colour; click one (or the late op after it) for
-// the op it waits for and the chain of waits back to the first cause, from the server (stagewise.explain,
-// as `stagewise explain` prints it), drawn on the timeline. Loaded before app.js, which registers it.
+// Why it waits: every idle gap is hatched by its cause (a colour and a pattern each, in one legend); click one
+// (or the late op after it) for what it waits for, in plain words first (stagewise.causes) and then the chain
+// of waits in exact terms (stagewise.explain, as `stagewise explain` prints both), drawn on the timeline.
+// Loaded before app.js, which registers it.
 "use strict";
 
 const Why = {
@@ -26,20 +27,19 @@ const Why = {
       else this.show(null, `${opAt(results[i], rank, k)[0]} did not wait: it started as soon as rank ${rank} was ` +
         "free. Click an idle gap or an op that starts after one.");
     });
+    $("why-detail").addEventListener("click", (ev) => {
+      const a = ev.target.closest("a.ref");
+      if (a) ev.preventDefault();
+    });
   },
 
-  legend(results) {
-    const used = new Set(results.flatMap((r) => (r.gaps || []).map((g) => g[4])));
-    return '<span class="note">idle, by cause:</span>' + Object.entries(info.style.causes)
-      .filter(([cause]) => used.has(cause))
-      .map(([cause, c]) => `<span class="cause" data-cause="${esc(cause)}">${swatch(c)}${esc(cause)}</span>`).join("");
-  },
+  legend(results) { return causeLegend(usedCauses(results)); },
 
   tip(r, i, rank, k) { return lateOp(r, rank, k) ? "<br>it waited: click for why" : ""; },
 
   drawn() {
     if (page.gap) this.choose(page.gap, false);
-    else this.show(null, "Click an idle gap (hatched) or an op that starts after one: the page names what it " +
+    else this.show(null, "Click an idle gap (hatched) or an op that starts after one: the page says what it " +
       "waits for and follows the waits back to the first cause.");
   },
 
@@ -67,20 +67,17 @@ const Why = {
     box.hidden = page.mode !== "why" && !(page.mode === "build" && gap);
     if (!gap) { box.innerHTML = `<p class="hint">${esc(message)}</p>`; return; }
     const ref = (x) => `<a href="#" class="ref" data-ref="${x.rank},${x.position}">${esc(x.op)}</a>`;
-    const c = info.style.causes[gap.cause];
     const at = gap.text.indexOf(`: ${gap.cause}: `);
-    const why = at < 0 ? gap.text : gap.text.slice(at + gap.cause.length + 4);
+    const exact = at < 0 ? gap.text.split(": drain: ")[1] || gap.text : gap.text.slice(at + gap.cause.length + 4);
+    // first the plain sentence; then, smaller, the chain and the exact terms (what `stagewise explain` prints)
     box.innerHTML =
-      `<p class="why-head">rank ${gap.rank} idle ${num(gap.start)}..${num(gap.end)} (${num(gap.length)})` +
-      ` \u00b7 <span class="cause-name">${swatch(c)}${esc(gap.cause)}</span></p>` +
+      `<p class="why-plain">${causeSwatch(gap.cause)} <span>${esc(gap.plain)}.</span></p>` +
+      `<p class="why-exact"><span class="why-head">rank ${gap.rank} idle ${num(gap.start)}..${num(gap.end)} ` +
+      `(${num(gap.length)})</span> \u00b7 <b>${esc(gap.cause)}</b> (${esc(gap.label)}) \u00b7 ` +
       (gap.before
-        ? `<p class="why-wait">${ref(gap.before)} waits for ${ref(gap.waits_for)} ` +
-          `(${esc(gap.chain[0].what)} from rank ${gap.waits_for.rank})</p>` +
-          (gap.chain.length > 1 ? `<p class="why-chain">which waited for ${gap.chain.slice(1).map(ref).join(" \u2190 ")}` +
-            "</p>" : "") +
-          `<p class="why-cause"><b>${esc(gap.cause)}</b>: ${esc(why)}</p>`
-        : `<p class="why-cause"><b>drain</b>: ${esc(gap.text.split(": drain: ")[1] || gap.text)}</p>`) +
-      `<p class="why-text"><code>${esc(gap.text)}</code></p>`;
+        ? `${ref(gap.before)} waits for ${ref(gap.waits_for)} (${esc(gap.chain[0].what)} from rank ` +
+          `${gap.waits_for.rank})${gap.chain.length > 1 ? ` \u2190 ${gap.chain.slice(1).map(ref).join(" \u2190 ")}` : ""}: `
+        : "") + `${esc(exact)}</p>`;
   },
 
   drawChain(i, gap) { // the gap, the op that waits, each wait as an arrow back along the chain, the first cause
@@ -93,7 +90,7 @@ const Why = {
       return `<rect class="${cls}" x="${x0.toFixed(2)}" y="${y + 0.5}" width="${Math.max(1, L.x(op[5]) - x0).toFixed(2)}" ` +
         `height="${L.row - 1}"/>`;
     };
-    const c = info.style.causes[gap.cause];
+    const c = info.style.causes[gap.cause].colour;
     const y = rowY(i, gap.rank);
     const parts = [`<rect class="chosen-gap" x="${L.x(gap.start).toFixed(2)}" y="${y}" stroke="${c}" ` +
       `width="${Math.max(1, L.x(gap.end) - L.x(gap.start)).toFixed(2)}" height="${L.row}"/>`];
@@ -103,21 +100,32 @@ const Why = {
       const a = opAt(r, step.rank, step.position), b = opAt(r, at.rank, at.position);
       parts.push(box(step, "link"));
       parts.push(arrow(L.x(a[5]), rowY(i, step.rank) + L.row / 2, L.x(b[4]) + 1, rowY(i, at.rank) + L.row / 2,
-        "head-w", "wait", "#222"));
+        "head-w", "wait", C.arrow));
       at = step;
     }
     if (gap.blocker) parts.push(box(gap.blocker, "blocker"));
     const first = gap.blocker || gap.origin; // where the chain starts: the step's first action, or a busy rank
-    if (first) {
-      const op = opAt(r, first.rank, first.position);
-      const label = gap.blocker ? `${gap.cause}: rank ${first.rank} busy` : "fill: the step starts";
-      const y0 = first.rank === 0 ? rowY(i, 0) + L.row + 9 : rowY(i, first.rank) - 2;
-      parts.push(`<text class="first-cause" x="${L.x(op[4]).toFixed(1)}" y="${y0}" ` +
-        `fill="${gap.blocker ? BAD : c}">${esc(label)}</text>`);
-    }
+    if (first) parts.push(this.label(i, r, first, gap));
     layer.innerHTML = parts.join("");
   },
+
+  label(i, r, first, gap) {
+    // the first cause's label, on the chart's own label row (over every rank, so it covers no cell), with a
+    // leader down to the op on its rank
+    const op = opAt(r, first.rank, first.position);
+    const x = L.x(op[4]), note = geo[i].note;
+    const text = gap.blocker ? `${gap.cause}: rank ${first.rank} busy with ${op[0]}`
+      : gap.cause === "fill" ? `fill: the step starts here, rank ${first.rank}` : `${gap.cause}: rank ${first.rank}`;
+    const colour = gap.blocker ? C.bad : info.style.causes[gap.cause].colour;
+    const anchor = x > L.width - L.right - 200 ? "end" : "start";
+    return `<line class="leader" x1="${x.toFixed(1)}" x2="${x.toFixed(1)}" y1="${note + 3}" ` +
+      `y2="${rowY(i, first.rank)}" stroke="${colour}"/>` +
+      `<text class="first-cause" x="${(x + (anchor === "end" ? -3 : 3)).toFixed(1)}" y="${note + 10}" ` +
+      `text-anchor="${anchor}" fill="${colour}" data-rank="${first.rank}">${esc(text)}</text>`;
+  },
 };
+
+function usedCauses(results) { return new Set(results.flatMap((r) => (r.gaps || []).map((g) => g[4]))); }
 
 function lateOp(r, rank, k) { // the op after an idle gap of its rank
   return (r.gaps || []).some((g) => g[0] === rank && g[3] === k);
