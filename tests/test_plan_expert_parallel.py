@@ -176,7 +176,7 @@ def test_the_search_tries_every_ep_that_divides_the_experts_and_dp(tiny):
 def test_the_plan_table_and_the_frameworks_name_the_expert_degree(tiny, capsys, tmp_path):
     rc, out, _ = run(capsys, "plan", "--model", tiny, "--hardware", "h100", "--gpus", "32", "--global-batch-tokens",
                      "64K", "--expert", "4", "--schedules", "1f1b", "-o", str(tmp_path / "x.csv"))
-    assert rc == 0 and any("   ep  schedule" in ln for ln in out.splitlines())  # the table names ep
+    assert rc == 0 and any(" ep/etp  schedule" in ln for ln in out.splitlines())  # the table names ep and etp
     assert "--expert-model-parallel-size 4" in out and "--parallelism.expert-parallel-degree 4" in out
 
 

@@ -293,14 +293,14 @@ def cluster_table(cands, ties: int = 0, recommended=None) -> str:
     from ..plan.search import fmt_seconds
 
     moe = any(c.ep > 1 for c in cands)
-    ep_head = f"{'ep':>5}" if moe else ""
+    ep_head = f"{'ep/etp':>7}" if moe else ""  # expert parallel / expert tensor parallel
     head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} "
             f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU (band)':>22}"
             f"{'free':>9}{'bubble':>8}  blocks per stage")
     lines = [head, "-" * len(head)]
     for n, c in enumerate(cands, 1):
         g = c.config
-        ep = f"{c.ep:>5}" if moe else ""
+        ep = f"{f'{c.ep}/{c.t if c.etp is None else c.etp}':>7}" if moe else ""
         band, mfu = c.step_band, c.mfu_band
         step = (f"{fmt_seconds(c.step_time)} ({_short(band[0])}-{_short(band[1])})" if band
                 else fmt_seconds(c.step_time))
