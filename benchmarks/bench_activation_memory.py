@@ -82,7 +82,7 @@ def overhead(d_model: int, seq: int, name: str, reps: int = 15) -> float:
 
     from stagewise.runtime.execution.activation_memory import ActivationMeter
     from stagewise.runtime.execution.plan import lower
-from stagewise.runtime.messages.p2p import P2P
+    from stagewise.runtime.messages.p2p import P2P
     from stagewise.runtime.execution.executor import Executor, RankContext
     from stagewise.runtime.run.models import GPTConfig
     from stagewise.runtime.stages.stage import build_stages, stage_map

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stagewise.plan.profile import Profile  # noqa: E402
+from stagewise.plan.search.profile import Profile  # noqa: E402
 
 
 def test_measure_a_user_sequence_of_layers():

@@ -25,7 +25,7 @@ from torch import nn
 from ..execution.activation_memory import SavedBytes
 from ..run.config import ModelConfig
 from ..execution.split_backward import Splitter, input_grad, weight_grad
-from ...plan.profile import LayerProfile, Profile
+from ...plan.search import LayerProfile, Profile
 
 
 def profile_model(model: ModelConfig, micro_batch_sizes: Sequence[int] = (1,), *, repeats: int = 5, warmup: int = 2,
