@@ -18,10 +18,10 @@ import os
 import statistics
 import time
 
-from stagewise.plan.cluster_search import Job, cluster_search
+from stagewise.plan.cluster import Job, cluster_search
 from stagewise.plan.errors import PlanError
-from stagewise.plan.hardware import Hardware
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import Hardware
+from stagewise.plan.cluster import TransformerSpec
 
 #: (model, tokens per step): the papers' batches
 MODELS = [("llama3-8b", 4 * 2**20), ("llama3-70b", 8 * 2**20), ("llama3-405b", 16 * 2**20),

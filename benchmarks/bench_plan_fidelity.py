@@ -23,10 +23,10 @@ import argparse
 import os
 from dataclasses import replace
 
-from stagewise.plan.cluster import Cluster
+from stagewise.plan.search import Cluster
 from stagewise.runtime.profiling.link import measure_link
 from stagewise.runtime.profiling.measure import profile_model
-from stagewise.plan.overhead import KEY
+from stagewise.plan.search import KEY
 from stagewise.runtime.profiling.overhead import measure_overhead
 from stagewise.plan.search import Searcher, Space, search
 from stagewise.runtime.profiling.verify import verify, verify_table

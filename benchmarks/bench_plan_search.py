@@ -23,8 +23,8 @@ import statistics
 import time
 from pathlib import Path
 
-from stagewise.plan.cluster import Cluster
-from stagewise.plan.profile import Link, Profile
+from stagewise.plan.search import Cluster
+from stagewise.plan.search import Link, Profile
 from stagewise.plan.search import Searcher, Space, search
 
 PROFILE = Path(__file__).resolve().parent.parent / "data" / "profiles" / "gpt-l32-d256-cpu.json"

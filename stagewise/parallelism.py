@@ -99,6 +99,17 @@ class Parallelism:
         """The expert tensor-parallel degree (``etp``, or ``tp`` when not given)."""
         return self.tp if self.etp is None else self.etp
 
+    @property
+    def expert_degree(self) -> int:
+        """GPUs a block's routed experts are spread over (Megatron-LM's ``--expert-model-parallel-size``): the
+        ``ep x tp`` ranks that share the experts, each expert cut over ``expert_tp`` of them (MoE parallel
+        folding: ``ep`` 4, ``tp`` 2, ``etp`` 1 spreads the experts over 8 GPUs).
+
+        >>> Parallelism(pp=2, ep=4, tp=2, etp=1).expert_degree
+        8
+        """
+        return max(1, self.ep * self.tp // self.expert_tp)
+
     def size(self, dim: str) -> int:
         """The degree of one mesh dimension (``"pp"``, ``"dp"``, ...)."""
         if dim not in DIMS:
@@ -172,14 +183,25 @@ class Parallelism:
     def of_plan(cls, *, p: int, dp: int, t: int = 1, sharding: str = "ddp", shard: int | None = None,
                 ep: int = 1, etp: int | None = None, reshard_after_forward: bool = False) -> "Parallelism":
         """The layout of a planner candidate, in the planner's words: ``dp`` data-parallel ranks per pipeline
-        rank and tensor-parallel group (ep of them expert-parallel), sharded as ``sharding`` (``SHARDINGS``;
-        ``shard``: HSDP's shard group)."""
+        rank and tensor-parallel group, sharded as ``sharding`` (``SHARDINGS``; ``shard``: HSDP's shard group),
+        the routed experts spread over ``ep`` GPUs of a stage (Megatron-LM's expert parallel), each expert cut
+        over ``etp`` of them (None: t). With etp = t the ep GPUs are ep data ranks; folded (etp < t) they are
+        ``ep x etp / t`` data ranks with their tensor-parallel groups (``expert_degree`` gives ep back)."""
         if sharding not in SHARDINGS:
             raise ParallelismError(f"`sharding` {sharding!r} is not one of {', '.join(SHARDINGS)}")
         _whole("ep", ep)
-        if dp % ep:
+        x = t if etp is None else etp
+        _whole("etp", x)
+        if (ep * x) % t:
+            raise ParallelismError(f"`ep` {ep} x `etp` {x} is not a multiple of `t` {t}: the expert layout must "
+                                   "cover whole tensor-parallel groups")
+        ranks = ep * x // t  # the data ranks that share the experts
+        if dp % ranks:
             raise ParallelismError(f"`ep` {ep} does not divide `dp` {dp}: expert parallel takes ep of a stage's "
-                                   "data-parallel ranks")
+                                   "data-parallel ranks" if x == t else
+                                   f"`ep` {ep} x `etp` {x} / `t` {t} = {ranks} does not divide `dp` {dp}: the "
+                                   "experts are spread over whole data-parallel ranks")
+        ep = ranks
         rest = dp // ep
         if sharding == "hsdp":
             if not shard or rest % shard:

@@ -122,10 +122,10 @@ REQUESTS = [
 @lru_cache(maxsize=None)
 def planned(n: int, keep: int = 12):
     """(job, result) of ``REQUESTS[n]`` through the planner's Python API."""
-    from stagewise.plan.cluster_search import Job, cluster_search
-    from stagewise.plan.hardware import Hardware
+    from stagewise.plan.cluster import Job, cluster_search
+    from stagewise.plan.cluster import Hardware
     from stagewise.plan.search import Space
-    from stagewise.plan.transformer import TransformerSpec
+    from stagewise.plan.cluster import TransformerSpec
 
     model, hw, gpus, tokens, extra = REQUESTS[n]
     from stagewise.cli.plan_cluster import parse_tokens

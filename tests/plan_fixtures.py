@@ -1,6 +1,6 @@
 """Synthetic profiles for the planner's tests (shape of a GPT: embedding, blocks, head)."""
 
-from stagewise.plan.profile import LayerProfile, Link, Profile
+from stagewise.plan.search import LayerProfile, Link, Profile
 
 
 def layer(symbol, t_f, param_bytes, act, io, sizes=(1, 2)):

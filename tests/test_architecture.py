@@ -36,8 +36,20 @@ def _imports(mod: str, path: Path, known: dict) -> set[str]:
     """Every stagewise module ``mod`` imports (lazy imports count too)."""
     out = set()
     for target, names in _import_statements(mod, path):
-        out |= {f"{target}.{n}" if f"{target}.{n}" in known else target for n in names} if names else {target}
+        face = _face_names(known.get(target))  # names the package's face hands on (a function may share a module's)
+        out |= {f"{target}.{n}" if f"{target}.{n}" in known and n not in face else target for n in names} \
+            if names else {target}
     return {m for m in out if m in known and m != mod}
+
+
+def _face_names(path: Path | None) -> set[str]:
+    """The names a package's ``__init__`` hands on in its ``__all__`` (a function may share its module's name)."""
+    if path is None or path.name != "__init__.py":
+        return set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
 
 
 def _graph() -> dict[str, set[str]]:
@@ -97,9 +109,36 @@ def test_no_import_circle_in_the_runtime_or_between_it_and_the_planner():
     assert not [c for c in cycles if any(m.startswith("stagewise.runtime") for m in c)], cycles
 
 
+#: the planner's folders, one job each, entered through their package (its ``__init__``: the face)
+PLAN_FOLDERS = ("search", "auto", "cluster")
+
+
+def test_no_import_circle_in_the_planner_or_the_cli():
+    """plan/ and cli/ import downwards only: a circle (lazy imports included) fails, naming its modules."""
+    cycles = _cycles(_graph(), lambda m: m.startswith(("stagewise.plan", "stagewise.cli")))
+    assert not cycles, cycles
+
+
+def test_each_planner_folder_is_entered_through_its_face():
+    """Outside plan/search, plan/auto and plan/cluster nothing in stagewise imports their modules but through
+    the folder's face (its __init__'s names), so a folder's inside can change without its users."""
+    graph, bad = _graph(), []
+    for folder in PLAN_FOLDERS:
+        pkg = f"stagewise.plan.{folder}"
+        face = _modules()[pkg]
+        assert "__all__" in face.read_text(), f"{pkg} has no face (__all__ in its __init__)"
+        for m, ds in graph.items():
+            if m == pkg or m.startswith(pkg + "."):
+                continue
+            bad += [(m, d) for d in ds if d.startswith(pkg + ".")]
+    assert not bad, bad
+    layout = {p.parent.name for p in (PKG / "plan").glob("*/__init__.py")}
+    assert layout == set(PLAN_FOLDERS), layout  # three jobs, three folders
+
+
 def test_the_planner_runs_with_torch_blocked():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import stagewise.plan.search, stagewise.plan.cluster_search, stagewise.plan.auto, stagewise.layout\n"
+            "import stagewise.plan.search.search, stagewise.plan.cluster.search, stagewise.plan.auto.auto, stagewise.layout\n"
             "bad = [m for m, v in sys.modules.items() if v is not None and m.startswith(('torch', 'stagewise.runtime'))]\n"
             "assert not bad, bad\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

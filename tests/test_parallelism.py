@@ -88,3 +88,22 @@ def test_flags_say_only_what_differs_from_the_defaults():
 def test_describe():
     assert Parallelism(pp=4, dp=2, fsdp=2, tp=2, zero=0).describe() == "pp 4 x dp 2 x fsdp 2 x tp 2"
     assert str(Parallelism(pp=2, dp=2, zero=1)) == "pp 2 x dp 2, zero 1"
+
+
+def test_of_plan_folds_expert_parallel_over_the_tensor_parallel_ranks():
+    """Megatron-Core's MoE parallel folding in the planner's words: EP 8 over a stage's t 2 x dp 16 GPUs with each
+    expert whole (etp 1) is 4 data ranks with their tp pairs, the experts spread over 8 GPUs."""
+    par = Parallelism.of_plan(p=2, dp=16, t=2, ep=8, etp=1, sharding="zero1")
+    assert (par.ep, par.tp, par.etp, par.dp, par.expert_degree, par.world) == (4, 2, 1, 4, 8, 64)
+    assert par.describe() == "pp 2 x dp 4 x ep 4 x tp 2, etp 1, zero 1"
+    same = Parallelism.of_plan(p=2, dp=16, t=2, ep=8, sharding="zero1")  # etp = t: ep 8 data ranks
+    assert (same.ep, same.expert_degree) == (8, 8)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(p=2, dp=8, t=4, ep=2, etp=1), "`ep` 2 x `etp` 1 is not a multiple of `t` 4"),
+    (dict(p=2, dp=6, t=2, ep=8, etp=1), "= 4 does not divide `dp` 6"),
+])
+def test_of_plan_refuses_expert_layouts_that_do_not_cover_whole_groups(kw, words):
+    with pytest.raises(ParallelismError, match=words.replace("(", r"\(")):
+        Parallelism.of_plan(**kw)

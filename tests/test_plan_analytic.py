@@ -2,10 +2,9 @@
 
 import pytest
 
-from stagewise.plan.analytic import (TensorParallel, analytic_profile, block_activation_bytes, boundary_bytes,
-                                     score_bytes, tp_allreduce_time)
-from stagewise.plan.hardware import Hardware
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import TensorParallel, analytic_profile, block_activation_bytes, boundary_bytes, score_bytes, tp_allreduce_time
+from stagewise.plan.cluster import Hardware
+from stagewise.plan.cluster import TransformerSpec
 
 GPT = TransformerSpec.load("gpt-145b")  # gelu, dropout, materialised attention: the paper's setting
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from stagewise import Costs, generate, metrics, simulate, validate
 from stagewise.plan.auto import auto_schedule
-from stagewise.plan.milp import optimum
+from stagewise.plan.auto import optimum
 from stagewise.timeline import peak_memory
 
 #: the documented case: p=4, m=6, uneven stages; auto beats the best family (zb-h1, 41.8) by 7.2%

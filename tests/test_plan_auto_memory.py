@@ -9,7 +9,7 @@ import pytest
 from cli_helpers import fails, run
 from stagewise import Costs, generate, metrics, simulate, torch_csv, validate
 from stagewise.plan.auto import CapError, auto_schedule, objective_of
-from stagewise.plan.milp import optimum
+from stagewise.plan.auto import optimum
 from stagewise.timeline import peak_memory
 
 #: the Zero Bubble paper's 1.5B model, p = 8, m = 32 (its Table 9 profile; benchmarks/bench_zb_table5.py)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.bands import interval, profile_band, tie, tied_with_first
-from stagewise.plan.profile import Profile
+from stagewise.plan.search import interval, profile_band, tie, tied_with_first
+from stagewise.plan.search import Profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cli_helpers import run  # noqa: E402
@@ -49,7 +49,7 @@ def test_every_cluster_prediction_carries_a_band_and_ties_are_named(tmp_path, ca
 
 
 def test_a_hardware_with_a_narrow_band_ranks_what_it_can_tell_apart(tmp_path, capsys):
-    hw = json.loads((ROOT / "stagewise/plan/data/hardware/h100.json").read_text())
+    hw = json.loads((ROOT / "stagewise/plan/cluster/data/hardware/h100.json").read_text())
     path = tmp_path / "h.json"
     path.write_text(json.dumps({**hw, "band": 0.0}))
     rc, out, err = run(capsys, *CLUSTER[:4], str(path), *CLUSTER[5:], "--schedules", "1f1b,zb-v", "--framework",

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.block_split import block_split, is_block_model
-from stagewise.plan.holding import holding
-from stagewise.plan.model import layer_costs
-from stagewise.plan.partition import best_split, evaluate
+from stagewise.plan.search import block_split, is_block_model
+from stagewise.plan.search import holding
+from stagewise.plan.search import layer_costs
+from stagewise.plan.search import best_split, evaluate
 from stagewise.schedules import generate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -55,3 +55,27 @@ def test_dualpipe_pieces_on_two_ranks_are_split_within_the_limit():
     need = max(evaluate(lc, h, free).rank_memory)
     tight = block_split(lc, h, need)
     assert tight is not None and evaluate(lc, h, tight, need).fits
+
+
+@pytest.mark.parametrize("family, p, m, v", [("1f1b", 4, 8, 1), ("interleaved-1f1b", 4, 8, 2), ("zb-v", 4, 8, 2),
+                                             ("dualpipe", 4, 8, 2)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_closed_form_memory_of_identical_blocks_is_the_partitioners(family, p, m, v, recompute):
+    """What the water-fill checks after each block (``_BlockMemory``) is ``partition._rank_memory`` of the same
+    split, for one and several pieces per rank, DualPipe's two lanes, with and without recomputation (the
+    closed form also counts the head in the last piece while the blocks are still being placed)."""
+    import random
+
+    from stagewise.plan.search.block_split import _BlockMemory, _span, _stages_order
+    from stagewise.plan.search.partition import _rank_memory, _Sums
+
+    lc = layer_costs(gpt_profile(blocks=20, head=0.6), 1, recompute, 4.0)
+    h = holding(generate(family, p, m, v))
+    fast, sums, rng = _BlockMemory.of(lc, h), _Sums(lc), random.Random(7)
+    for _ in range(20):
+        n = [0 if k in (0, h.pieces - 1) else 1 for k in range(h.pieces)]
+        for _ in range(20 - sum(n)):  # a whole split of the 20 blocks
+            n[rng.randrange(h.pieces)] += 1
+        for r in range(h.ranks):
+            exact = _rank_memory(sums, h, r, [_span(n, k) for k in _stages_order(h, r)])
+            assert fast.rank(r, n) == pytest.approx(exact)

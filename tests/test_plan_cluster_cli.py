@@ -61,11 +61,11 @@ def test_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
         merged = {**args, **change}
         return fails(capsys, "plan", *[x for kv in merged.items() for x in kv])
 
-    model = json.loads((ROOT / "stagewise/plan/data/models/llama3-8b.json").read_text())
+    model = json.loads((ROOT / "stagewise/plan/cluster/data/models/llama3-8b.json").read_text())
     assert "--model" in bad(**{"--model": "nope.json"})
     assert "heads (33)" in bad(**{"--model": write(tmp_path, "m.json", {**model, "heads": 33})})
     assert "peak_flops must be > 0" in bad(**{"--hardware": write(tmp_path, "h.json", {
-        **json.loads((ROOT / "stagewise/plan/data/hardware/h100.json").read_text()), "peak_flops": 0})})
+        **json.loads((ROOT / "stagewise/plan/cluster/data/hardware/h100.json").read_text()), "peak_flops": 0})})
     assert "no such file and not a shipped name" in bad(**{"--hardware": "h900"})
     assert "must be a multiple of the model's sequence length 8192" in bad(**{"--global-batch-tokens": "1000"})
     assert "--global-batch-tokens 'lots'" in bad(**{"--global-batch-tokens": "lots"})
@@ -99,7 +99,7 @@ from stagewise.cli import main
 rc = main(['plan', '--model', 'llama3-8b', '--hardware', 'h100', '--gpus', '16', '--global-batch-tokens', '1M',
            '--schedules', '1f1b', '-o', {str(tmp_path / 'p.csv')!r}, '--json'])
 assert rc == 0, rc
-import stagewise.plan.search, stagewise.plan.partition, stagewise.plan.auto, stagewise.plan.profile
+import stagewise.plan.search.search, stagewise.plan.search.partition, stagewise.plan.auto.auto, stagewise.plan.search.profile
 bad = sorted(m for m, mod in sys.modules.items() if mod is not None
              and (m.startswith('stagewise.runtime') or m.split('.')[0] == 'torch'))
 assert not bad, bad
@@ -122,7 +122,7 @@ def test_the_reserve_is_kept_free_and_a_plan_that_fits_only_without_it_is_refuse
     assert all(r["headroom"] >= 0 and max(r["peak_memory"]) + r["headroom"] == pytest.approx(reserve["usable"])
                for r in plan["ranking"])
     need = max(plan["ranking"][0]["peak_memory"])
-    hw = json.loads((ROOT / "stagewise/plan/data/hardware/h100.json").read_text())
+    hw = json.loads((ROOT / "stagewise/plan/cluster/data/hardware/h100.json").read_text())
     tight = write(tmp_path, "tight.json", {**hw, "memory": need * 1.02})  # fits the GPU, not GPU less reserve
     err = fails(capsys, *ONE, "--hardware", tight, "-o", str(tmp_path / "p.csv"))
     assert "--memory-reserve: none of the" in err and "fits only without the reserve" in err
@@ -161,7 +161,7 @@ def test_megatron_gets_its_own_best_layout_and_any_split(tmp_path, capsys):
     plan = json.loads(out)
     mega = plan["frameworks"]["megatron"]
     assert mega["command"] and mega["layout"]["family"] == "interleaved-1f1b" and mega["rank"] >= 1
-    from stagewise.plan.frameworks import megatron_layout
+    from stagewise.plan.cluster.frameworks import megatron_layout
 
     assert megatron_layout([2, 3, 0, 1]) == "Et*2|t*3||tL"
 

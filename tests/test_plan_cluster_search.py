@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from stagewise.plan.cluster_search import Job, cluster_search, state_factor
+from stagewise.plan.cluster import Job, cluster_search, state_factor
 from stagewise.plan.errors import PlanError
-from stagewise.plan.frameworks import block_counts, megatron_options, torchtitan_options
-from stagewise.plan.hardware import Hardware, Reserve
+from stagewise.plan.cluster.frameworks import block_counts, megatron_options, torchtitan_options
+from stagewise.plan.cluster import Hardware, Reserve
 from stagewise.plan.search import Space
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import TransformerSpec
 
 H100 = Hardware.load("h100")
 SMALL = Space(families=("1f1b", "interleaved-1f1b", "zb-h1"), chunks=(2,))
@@ -104,7 +104,7 @@ def test_search_takes_the_least_recomputation_that_fits():
 
 
 def test_flash_attention_models_skip_selective():
-    from stagewise.plan.cluster_search import searchers
+    from stagewise.plan.cluster import searchers
 
     def modes(j):
         return {s.recompute for s in searchers(j, {})}
@@ -147,7 +147,7 @@ def test_nothing_fits_reports_the_least_memory():
 
 
 def test_pipeline_messages_cross_nodes_where_stages_do():
-    from stagewise.plan.cluster_search import searchers
+    from stagewise.plan.cluster import searchers
 
     found = {(s.t, s.cluster.pipeline): s.cluster for s in searchers(job(gpus=64), {})}
     t8 = found[(8, 2)]  # a t=8 group fills a node: every pipeline boundary crosses nodes
@@ -168,7 +168,7 @@ def test_schedules_megatron_cannot_run_go_to_torchtitan_only():
                                        ("gpipe", 1), ("looped-bfs", 2)])
 def test_pipeline_bound_never_exceeds_the_simulation(family, v):
     from stagewise.costs import Costs
-    from stagewise.plan.cluster_search import pipeline_bound
+    from stagewise.plan.cluster import pipeline_bound
     from stagewise.schedules import FAMILIES, generate
     from stagewise.simulate import simulate
 
@@ -193,7 +193,7 @@ def test_the_schedule_free_bound_prunes_without_changing_the_top():
 
 
 def test_each_frameworks_best_is_exact():
-    from stagewise.plan.overlap import FRAMEWORKS
+    from stagewise.plan.cluster import FRAMEWORKS
 
     res = cluster_search(job(space=SMALL, tensor=(8,)), keep=2)
     assert set(res.best) == set(FRAMEWORKS)

@@ -3,8 +3,8 @@
 import pytest
 
 from stagewise.costs import Costs
-from stagewise.plan.data_parallel import exposed_reduction, reduce_scatter_time
-from stagewise.plan.profile import Link
+from stagewise.plan.cluster import exposed_reduction, reduce_scatter_time
+from stagewise.plan.search import Link
 from stagewise.schedules import generate
 from stagewise.simulate import simulate
 

@@ -74,8 +74,8 @@ def tmp(tmp_path_factory):
     import os
 
     d = tmp_path_factory.mktemp("planfiles")
-    model = json.loads((ROOT / "stagewise/plan/data/models/llama3-8b.json").read_text())
-    hw = json.loads((ROOT / "stagewise/plan/data/hardware/h100.json").read_text())
+    model = json.loads((ROOT / "stagewise/plan/cluster/data/models/llama3-8b.json").read_text())
+    hw = json.loads((ROOT / "stagewise/plan/cluster/data/hardware/h100.json").read_text())
     (d / "mlp.json").write_text(json.dumps({**model, "mlp": []}))
     (d / "layers.json").write_text(json.dumps({**model, "layers": 1e9}))
     (d / "hidden.json").write_text(json.dumps({**model, "hidden": 2**30, "heads": 2**10, "kv_heads": 2**10}))

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from framework_helpers import megatron_args, megatron_builds, megatron_validate, planned, rows  # noqa: E402
 
 from stagewise import Parallelism  # noqa: E402
-from stagewise.plan.frameworks import (block_counts, deepspeed_config, megatron_options, megatron_split,  # noqa: E402
+from stagewise.plan.cluster.frameworks import (block_counts, deepspeed_config, megatron_options, megatron_split,  # noqa: E402
                                        refusal, stagewise_train_argv, torchtitan_options, torchtitan_parts)
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.cluster import Cluster
-from stagewise.plan.overhead import KEY, fit_overhead, fit_slowdown, step_overhead
-from stagewise.plan.profile import Profile
+from stagewise.plan.search import Cluster
+from stagewise.plan.search import KEY, fit_overhead, fit_slowdown, step_overhead
+from stagewise.plan.search import Profile
 from stagewise.plan.search import Searcher, Space, search
 
 sys.path.insert(0, str(Path(__file__).parent))

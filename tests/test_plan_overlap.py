@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from stagewise.costs import Costs
-from stagewise.plan.data_parallel import exposed_gather, exposed_reduction, reduction_cost, state_factor
-from stagewise.plan.overlap import FRAMEWORKS, Framework, framework
+from stagewise.plan.cluster import exposed_gather, exposed_reduction, reduction_cost, state_factor
+from stagewise.plan.cluster import FRAMEWORKS, Framework, framework
 from stagewise.plan.errors import PlanError
-from stagewise.plan.profile import Link
+from stagewise.plan.search import Link
 from stagewise.schedules import generate
 from stagewise.simulate import simulate
 

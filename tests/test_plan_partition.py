@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stagewise import generate
-from stagewise.plan.holding import holding
-from stagewise.plan.partition import LayerCosts, evaluate, partition
+from stagewise.plan.search import holding
+from stagewise.plan.search import LayerCosts, evaluate, partition
 
 sys.path.insert(0, str(Path(__file__).parent))
 from plan_fixtures import gpt_profile  # noqa: E402
@@ -75,7 +75,7 @@ def test_several_stages_per_rank_equals_brute_force(layers, fam, limit, recomput
 
 def test_heavy_embedding_and_head_get_fewer_layers():
     prof = gpt_profile(blocks=30, embed=4.0, head=5.0)
-    from stagewise.plan.model import layer_costs
+    from stagewise.plan.search import layer_costs
 
     lc = layer_costs(prof, 1, False, 4.0)
     part = partition(lc, holding(generate("1f1b", 4, 8)), None)
@@ -104,13 +104,13 @@ def test_nothing_fits_returns_fastest_marked():
 
 def test_partition_memory_equals_the_simulated_memory():
     """The partitioner's memory per rank (fixed + live activations at the peak) is the search's figure."""
-    from stagewise.plan.cluster import Cluster
+    from stagewise.plan.search import Cluster
     from stagewise.plan.search import Config, Searcher
 
     prof = gpt_profile(blocks=8)
     cl = Cluster(devices=2, per_node=2, memory=None, intra=prof.link, inter=prof.link)
     s = Searcher(profile=prof, cluster=cl, global_batch=8)
-    from stagewise.plan.model import layer_costs
+    from stagewise.plan.search import layer_costs
 
     for fam, v, rc in (("1f1b", 1, False), ("zb-h2", 1, True), ("zb-v", 2, False), ("dualpipe", 2, True)):
         c = Config(family=fam, p=2, dp=1, v=v, m=8, mbs=1, recompute=rc)
@@ -122,7 +122,7 @@ def test_partition_memory_equals_the_simulated_memory():
 
 
 def test_more_pieces_than_layers_is_an_error():
-    from stagewise.plan.partition import PartitionError
+    from stagewise.plan.search import PartitionError
 
     lc = LayerCosts(time=(1.0,) * 3, fixed=(0.0,) * 3, act=(0.0,) * 3)
     with pytest.raises(PartitionError, match="4 stages need at least 4 layers"):
@@ -134,7 +134,7 @@ def test_more_pieces_than_layers_is_an_error():
        st.sampled_from([("interleaved-1f1b", 2, 2), ("zb-v", 2, 2), ("looped-bfs", 3, 2), ("interleaved-1f1b", 2, 3)]))
 def test_transformer_shape_fast_path_equals_brute_force(blocks, t, e, hd, fam):
     """E, t*n, H with no memory limit takes the water-filling path: still the exact optimum."""
-    from stagewise.plan.partition import _waterfill
+    from stagewise.plan.search.partition import _waterfill
 
     time = [float(e)] * (e > 0) + [float(t)] * blocks + [float(hd)] * (hd > 0)
     lc = LayerCosts(time=tuple(time), fixed=(0.0,) * len(time), act=(0.0,) * len(time))

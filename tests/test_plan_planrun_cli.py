@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from cli_helpers import fails, run  # noqa: E402
 
-from stagewise.plan.bands import RULE, recommend  # noqa: E402
+from stagewise.plan.search.bands import RULE, recommend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ("plan", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "64", "--global-batch-tokens", "2M")
@@ -64,7 +64,7 @@ def test_a_moe_plan_for_stagewise_says_why_expert_parallel_is_not_offered(tmp_pa
 
     if not Parallelism(ep=2).unsupported_by_hf():
         pytest.skip("train --hf runs expert parallel now")
-    moe = json.loads((ROOT / "stagewise/plan/data/models/deepseek-v3.json").read_text())
+    moe = json.loads((ROOT / "stagewise/plan/cluster/data/models/deepseek-v3.json").read_text())
     tiny = {**moe, "name": "tiny-moe", "layers": 8, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn": 2048,
             "vocab": 32000, "seq": 512, "moe": {"experts": 16, "top_k": 2, "expert_ffn": 512}}
     path = tmp_path / "tiny.json"
@@ -79,7 +79,7 @@ def test_a_moe_plan_for_stagewise_says_why_expert_parallel_is_not_offered(tmp_pa
 
 
 def test_a_moe_file_with_a_huge_expert_count_is_refused_at_once(tmp_path, capsys):
-    moe = json.loads((ROOT / "stagewise/plan/data/models/deepseek-v3.json").read_text())
+    moe = json.loads((ROOT / "stagewise/plan/cluster/data/models/deepseek-v3.json").read_text())
     path = tmp_path / "huge.json"
     path.write_text(json.dumps({**moe, "name": "huge", "moe": {**moe["moe"], "experts": 10**12}}))
     t0 = time.monotonic()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.profile import Profile, ProfileError
+from stagewise.plan.search import Profile, ProfileError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from plan_fixtures import gpt_profile  # noqa: E402
@@ -45,9 +45,9 @@ def test_bad_profiles_are_named(mutate, words):
 
 
 def test_an_moe_profile_keeps_its_all_to_all_and_expert_bytes_through_a_file(tmp_path):
-    from stagewise.plan.analytic import ExpertParallel, TensorParallel, analytic_profile
-    from stagewise.plan.hardware import Hardware
-    from stagewise.plan.transformer import TransformerSpec
+    from stagewise.plan.cluster import ExpertParallel, TensorParallel, analytic_profile
+    from stagewise.plan.cluster import Hardware
+    from stagewise.plan.cluster import TransformerSpec
 
     prof = analytic_profile(TransformerSpec.load("deepseek-v3"), Hardware.load("h800"), TensorParallel(t=1), (1, 2),
                             expert=ExpertParallel(ep=8))

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.plan.cluster import Cluster, parse_bytes
+from stagewise.plan.search import Cluster, parse_bytes
 from stagewise.plan.errors import PlanError
-from stagewise.plan.profile import Link
+from stagewise.plan.search import Link
 from stagewise.plan.search import Searcher, Space, search
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -103,8 +103,8 @@ def test_parse_bytes():
 def test_fast_timing_and_memory_equal_the_simulators_metrics():
     """The search reads makespan, bubble and peak bytes without metrics()'s memory pass: same numbers."""
     from stagewise import metrics, simulate
-    from stagewise.plan.holding import holding
-    from stagewise.plan.model import stage_costs
+    from stagewise.plan.search import holding
+    from stagewise.plan.search import stage_costs
     from stagewise.plan.search import peak_activation_bytes, timing
 
     s, cands = run(devices=2, batch=8)
@@ -121,9 +121,9 @@ def test_fast_timing_and_memory_equal_the_simulators_metrics():
 def test_tied_embedding_and_head_cost_a_step_end_all_reduce_across_ranks():
     from dataclasses import replace
 
-    from stagewise.plan.cluster import Cluster
-    from stagewise.plan.holding import holding
-    from stagewise.plan.model import step_sync_time
+    from stagewise.plan.search import Cluster
+    from stagewise.plan.search import holding
+    from stagewise.plan.search import step_sync_time
 
     prof = gpt_profile(blocks=4)
     link = Link(latency=1.0, bandwidth=1e6)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from stagewise.plan.datafile import SpecError, shipped
-from stagewise.plan.hardware import Hardware
-from stagewise.plan.transformer import TransformerSpec
+from stagewise.plan.cluster import SpecError, shipped
+from stagewise.plan.cluster import Hardware
+from stagewise.plan.cluster import TransformerSpec
 
 
 def test_shipped_entries_load_with_sources():

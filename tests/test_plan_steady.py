@@ -4,7 +4,7 @@ import pytest
 
 from stagewise.costs import Costs
 from stagewise.plan.search import timing
-from stagewise.plan.steady import extend, short_m
+from stagewise.plan.cluster import extend, short_m
 from stagewise.schedules import FAMILIES, generate
 from stagewise.simulate import simulate
 

@@ -156,9 +156,9 @@ def test_cli_dp_2_p_2_launches_4_ranks_and_reports_them(capsys):
 def test_the_planners_verify_and_train_command_run_dp_and_recompute(tmp_path):
     from plan_fixtures import gpt_profile
 
-    from stagewise.plan.cluster import Cluster
-    from stagewise.plan.explain import train_command
-    from stagewise.plan.profile import Link
+    from stagewise.plan.search import Cluster
+    from stagewise.plan.search import train_command
+    from stagewise.plan.search import Link
     from stagewise.plan.search import Searcher, Space, search
     from stagewise.runtime.profiling.verify import _run_config
 

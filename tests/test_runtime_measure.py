@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stagewise.plan.profile import Profile  # noqa: E402
+from stagewise.plan.search.profile import Profile  # noqa: E402
 
 
 def test_measure_a_user_sequence_of_layers():
@@ -56,7 +56,7 @@ def test_measure_finds_the_tied_embedding_of_the_built_in_gpt():
 def test_a_spread_measured_on_a_loaded_machine_is_capped_where_a_profile_reads_it():
     """One repeat 80x the median (another process took the core) gives a spread a profile holds, not one the
     planner refuses: profile's output always loads."""
-    from stagewise.plan.profile import MAX_SPREAD
+    from stagewise.plan.search import MAX_SPREAD
     from stagewise.runtime.profiling.measure import _spread
 
     assert _spread([1.0, 1.0, 1.0]) == 0.0

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stagewise.plan.overhead import KEY, step_overhead  # noqa: E402
+from stagewise.plan.search.overhead import KEY, step_overhead  # noqa: E402
 
 
 @pytest.mark.slow

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stagewise.plan.cluster import Cluster  # noqa: E402
+from stagewise.plan.search.cluster import Cluster  # noqa: E402
 from stagewise.runtime.profiling.measure import profile_model  # noqa: E402
-from stagewise.plan.profile import Link  # noqa: E402
-from stagewise.plan.search import Searcher, Space, search  # noqa: E402
+from stagewise.plan.search.profile import Link  # noqa: E402
+from stagewise.plan.search.search import Searcher, Space, search  # noqa: E402
 from stagewise.runtime.profiling.verify import verify, verify_table  # noqa: E402
 
 

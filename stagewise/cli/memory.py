@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 
 from ..costs import Costs, MemoryCap, transformer_activation, with_transformer_memory
-from .common import UsageError, finite_float
+from .values import UsageError, finite_float
 
 
 def _fraction(text: str) -> float:

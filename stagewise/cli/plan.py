@@ -7,17 +7,15 @@ the profile's JSON and simulates.
 from __future__ import annotations
 
 import math
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from .. import limits
 from .common import UsageError, family_names, finite_float, positive_int, print_json
+from .planning import Destinations, ProgressBar, csv_round_trips, destinations, said_default, whole_numbers
 
 
 def register(sub) -> None:
-    from ..plan.bands import RULE
+    from ..plan.search import RULE
     from . import plan_auto, plan_cluster, plan_profile
 
     plan_profile.register(sub)
@@ -45,7 +43,7 @@ def register(sub) -> None:
                    help="bytes held per parameter byte: weights, gradients, optimizer (default 4: fp32 Adam)")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all)")
     p.add_argument("--chunks", default=None, help="v tried for families that take any v, default 2,4 (with "
-                   "--model: 2,4,8)")
+                   "--model: every v that fits the layers)")
     p.add_argument("--micro-batch-sizes", default=None, help="subset of the profiled sizes (default: all)")
     p.add_argument("--recompute", choices=("both", "on", "full", "off", "selective"), default="both",
                    help="off, full (= on), selective (attention core only; with --model), or both: every one "
@@ -91,79 +89,9 @@ def cmd_plan(args) -> int:
         raise UsageError(str(e)) from None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Destinations:
-    """Where a plan goes, checked before the search: the winner's CSV and, for .md/.json, the plan itself."""
-
-    csv: str
-    plan: str | None
-    argv: list
-
-    def write(self, plan: dict, text: str) -> None:
-        """The written plan (``text`` for .md, ``plan`` as JSON for .json)."""
-        if self.plan is None:
-            return
-        from ..jsonout import dumps
-
-        try:
-            Path(self.plan).write_text(text if self.plan.endswith(".md") else dumps(plan, indent=1) + "\n",
-                                       encoding="utf-8")
-        except OSError as e:
-            raise UsageError(f"-o {self.plan}: cannot write: {e.strerror}") from None
-
-
-def destinations(args) -> Destinations:
-    """``-o``'s files, refused before any work if their folder is missing or not writable."""
-    from ..render.files import OutputError, check_path
-
-    if args.output is not None and not args.output.strip():
-        raise UsageError("-o '': give a file name (FILE.csv, FILE.md or FILE.json), or leave -o out for plan.csv")
-    target = args.output if args.output is not None else "plan.csv"
-    try:
-        path = check_path(target, (".csv", ".md", ".json"))
-        csv = str(path) if path.suffix.lower() == ".csv" else str(path.with_suffix(".csv"))
-        if csv != str(path):
-            check_path(csv, (".csv",))
-    except OutputError as e:
-        raise UsageError(f"-o {e}") from None
-    plan = None if csv == str(path) else str(path)
-    return Destinations(csv=csv, plan=plan, argv=command_line(args))
-
-
-def said_default(args) -> str:
-    """What the output says when -o was left out (it writes into the current folder)."""
-    return "" if args.output else "; the default -o, in the current folder: give -o FILE for another place"
-
-
-#: (option, attribute) of `plan`, for the command line a written plan records
-_OPTIONS = (("--profile", "profile"), ("-N", "devices"), ("-G", "global_batch"), ("--memory", "memory"),
-            ("--per-node", "per_node"), ("--intra-bandwidth", "intra_bandwidth"), ("--intra-latency", "intra_latency"),
-            ("--inter-bandwidth", "inter_bandwidth"), ("--inter-latency", "inter_latency"), ("--model", "model"),
-            ("--hardware", "hardware"), ("--gpus", "gpus"), ("--global-batch-tokens", "global_batch_tokens"),
-            ("--tensor", "tensor"), ("--pipeline", "pipeline"), ("--expert", "expert"), ("--framework", "framework"),
-            ("--sharding", "sharding"), ("--hsdp-shard", "hsdp_shard"), ("--schedules", "schedules"),
-            ("--chunks", "chunks"), ("--micro-batch-sizes", "micro_batch_sizes"), ("--layout", "layout"),
-            ("--memory-reserve", "memory_reserve"), ("--top", "top"), ("-o", "output"))
-
-
-def command_line(args) -> list[str]:
-    """The `stagewise plan` command that makes this plan again (the options given, in a fixed order)."""
-    out = ["stagewise", "plan"]
-    for flag, key in _OPTIONS:
-        value = getattr(args, key, None)
-        if value is not None:
-            out += [flag, str(value)]
-    if getattr(args, "recompute", "both") != "both":
-        out += ["--recompute", args.recompute]
-    for flag, key in (("--no-sequence-parallel", "no_sequence_parallel"), ("--no-zero", "no_zero")):
-        if getattr(args, key, False):
-            out.append(flag)
-    return out
-
-
 def _plan(args) -> int:
     from ..layout import Split
-    from ..plan.profile import Profile
+    from ..plan.search import Profile
     from ..plan.search import Searcher, Space, search
 
     if args.global_batch < 1:
@@ -175,23 +103,23 @@ def _plan(args) -> int:
     prof = Profile.load(args.profile)
     cluster = _cluster(args, prof)
     fams = family_names(args.schedules)
-    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes is not None else None
+    sizes = whole_numbers(args.micro_batch_sizes, "--micro-batch-sizes") if args.micro_batch_sizes is not None else None
     for b in sizes or ():
         prof.size_index(b)
     rc = {"both": (False, True), "on": (True,), "full": (True,), "off": (False,)}[args.recompute]
     counts = Split.parse(args.layout, prof.symbols).counts if args.layout is not None else None
-    chunks = tuple(_int_list(args.chunks if args.chunks is not None else "2,4", "--chunks"))
+    chunks = tuple(whole_numbers(args.chunks if args.chunks is not None else "2,4", "--chunks"))
     space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts)
     _check_search_size(args, prof, cluster, space)
     searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
     t0 = time.perf_counter()
-    with _Bar(enabled=not args.json) as bar:
+    with ProgressBar(enabled=not args.json) as bar:
         cands = search(searcher, bar.update)
     elapsed = time.perf_counter() - t0
     if not cands[0].fits:
         raise UsageError(_nothing_fits(cands, cluster, args))
     if args.auto:
-        from ..plan.refine import refine
+        from ..plan.auto import refine
 
         cands = refine(searcher, cands)
     return _report(args, prof, cluster, cands, elapsed, searcher, out)
@@ -199,11 +127,11 @@ def _plan(args) -> int:
 
 def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) -> int:
     from .. import torch_csv
-    from ..plan.explain import table, train_command, why
-    from ..plan.written import local_markdown, local_plan
+    from ..plan.search import table, train_command, why
+    from ..plan.search import local_markdown, local_plan
 
     best = cands[0]
-    csv_ok = _csv_round_trips(best.schedule)
+    csv_ok = csv_round_trips(best.schedule)
     try:
         torch_csv.dump(best.schedule, out.csv)
     except OSError as e:
@@ -263,7 +191,7 @@ def _check_search_size(args, prof, cluster, space) -> None:
 
 
 def _nothing_fits(cands, cluster, args) -> str:
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     least = min(cands, key=lambda c: max(c.memory))
     return (f"--memory {args.memory}: nothing fits in {fmt_bytes(cluster.memory)} per device; the least any of the "
@@ -277,26 +205,14 @@ def _ceil_size(n: float) -> str:
 
 
 def _fmt(n: float) -> str:
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     return fmt_bytes(n)
 
 
-def _csv_round_trips(schedule) -> bool:
-    """Whether torch's CSV carries the whole schedule (DualPipe's two lanes it does not)."""
-    from .. import torch_csv
-    from ..validate import ScheduleError
-
-    try:
-        back = torch_csv.loads(torch_csv.dumps(schedule))
-    except ScheduleError:
-        return False
-    return back.programs == schedule.programs and back.placement == schedule.placement and back.lanes == schedule.lanes
-
-
 def _cluster(args, prof):
-    from ..plan.cluster import Cluster, parse_bytes
-    from ..plan.profile import Link
+    from ..plan.search import Cluster, parse_bytes
+    from ..plan.search import Link
 
     base = prof.link or Link(latency=0.0, bandwidth=float("inf"))
     intra = Link(latency=args.intra_latency if args.intra_latency is not None else base.latency,
@@ -310,7 +226,7 @@ def _cluster(args, prof):
             raise UsageError(f"{name} must be >= 0; got {v}")
     memory = parse_bytes(args.memory, "--memory") if args.memory else None
     if args.memory_reserve is not None:
-        from ..plan.hardware import parse_reserve
+        from ..plan.cluster import parse_reserve
 
         if memory is None:
             raise UsageError("--memory-reserve needs --memory (the reserve is kept free of each device's memory)")
@@ -324,44 +240,3 @@ def _cluster(args, prof):
         raise UsageError(f"--state-factor must be >= 1 (the weights themselves); got {args.state_factor}")
     return Cluster(devices=args.devices, per_node=args.per_node or args.devices, memory=memory, intra=intra,
                    inter=inter, state_factor=args.state_factor)
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",")]  # '' and '1,,2' fail here: a default is the option left out
-    except ValueError:
-        raise UsageError(f"{option} {text[:40]!r}: expected whole numbers separated by commas, e.g. 1,2,4 (leave "
-                         "the option out for its default)") from None
-    if any(v < 1 for v in vals):
-        raise UsageError(f"{option} {text!r}: every value must be >= 1")
-    return vals
-
-
-class _Bar:
-    """A rich progress bar on stderr when it is a terminal (and rich is installed); silent otherwise."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.bar = None
-
-    def __enter__(self):
-        if self.enabled:
-            try:
-                from rich.console import Console
-                from rich.progress import Progress
-
-                self.bar = Progress(console=Console(stderr=True), transient=True)
-                self.bar.start()
-                self.task = self.bar.add_task("simulating configurations", total=None)
-            except ImportError:
-                self.bar = None
-        return self
-
-    def update(self, done: int, total: int) -> None:
-        if self.bar is not None and (done % 16 == 0 or done == total):
-            self.bar.update(self.task, completed=done, total=total)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False

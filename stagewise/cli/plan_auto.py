@@ -57,7 +57,7 @@ def cmd_auto(args) -> int:
     rows.append(result(res.schedule, costs))
     opt = None
     if args.optimum:
-        from ..plan.milp import optimum
+        from ..plan.auto import optimum
 
         try:
             opt = optimum(p, m, costs, cap, time_limit=args.time_limit, upper=res.value, objective=args.objective,

@@ -18,7 +18,7 @@ _BINARY = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 def add_options(p) -> None:
     """The cluster options of `stagewise plan` (used instead of --profile, -N and -G)."""
-    from ..plan.overlap import FRAMEWORKS, SHARDING
+    from ..plan.cluster import FRAMEWORKS, SHARDING
 
     g = p.add_argument_group("cluster scale (instead of --profile, -N, -G)")
     g.add_argument("--model", metavar="MODEL", default=None,
@@ -42,6 +42,25 @@ def add_options(p) -> None:
     g.add_argument("--expert", default=None, metavar="EP,..",
                    help="expert-parallel degrees to try for an MoE model (default: every one that divides its experts "
                         "and the data-parallel ranks)")
+    g.add_argument("--expert-tensor", default=None, metavar="ETP,..",
+                   help="expert tensor-parallel degrees to try for an MoE model: GPUs each expert is cut over, apart "
+                        "from attention's --tensor (default: t and 1, MoE parallel folding)")
+    g.add_argument("--expert-placement", default=None, metavar="WHERE,..",
+                   help="device orders to try for an MoE model: within (expert groups packed into nodes, the "
+                        "pipeline outermost: Megatron-LM's default) and across (each pipeline inside a node, an "
+                        "expert group's GPUs on other nodes); default both")
+    g.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
+                   help="the linear layers' multiplies: bf16, or fp8 at the hardware file's FP8 rate and "
+                        "efficiency, their kept inputs in FP8 (Transformer Engine, torchao Float8)")
+    g.add_argument("--fp8-all-gather", action="store_true",
+                   help="with --precision fp8: FP8 weights, all-gathered in FP8 (half the bytes; torchao's FSDP2 "
+                        "float8 all-gather, Megatron-LM --fp8-param-gather)")
+    g.add_argument("--async-tp", action="store_true",
+                   help="overlap the tensor-parallel collectives with the multiplies (torch's AsyncTP, Megatron-LM "
+                        "--tp-comm-overlap); only the frameworks that do it are planned")
+    g.add_argument("--recompute-modules", default=None, metavar="MODULE,..",
+                   help="what --recompute selective recomputes, of core_attn (default), layernorm, mla_up_proj, "
+                        "mlp, moe_act (Megatron-LM's --recompute-modules)")
     g.add_argument("--no-sequence-parallel", action="store_true",
                    help="keep norms and dropouts whole under tensor parallel (Megatron-LM 2021)")
     g.add_argument("--no-zero", action="store_true",
@@ -49,7 +68,7 @@ def add_options(p) -> None:
 
 
 def _shipped(kind: str) -> list[str]:
-    from ..plan.datafile import shipped
+    from ..plan.cluster import shipped
 
     return shipped(kind)
 
@@ -74,16 +93,17 @@ def wants_cluster(args) -> bool:
 
 def run(args) -> int:
     """The cluster plan: search, table, each framework's best with its command, the written plan."""
-    from ..plan.bands import recommend, sensitivity
-    from ..plan.cluster_search import cluster_search
-    from ..plan.explain import cluster_why
-    from .plan import _Bar, destinations
+    from ..plan.search import recommend
+    from ..plan.cluster import sensitivity
+    from ..plan.cluster import cluster_search
+    from ..plan.cluster import cluster_why
+    from .planning import ProgressBar, destinations
 
     job = _job(args)
     out = destinations(args)  # before the search: a bad destination costs nothing
     schedules: dict = {}
     t0 = time.perf_counter()
-    with _Bar(enabled=not args.json) as bar:
+    with ProgressBar(enabled=not args.json) as bar:
         res = cluster_search(job, bar.update, keep=max(args.top, 1), schedules=schedules)
     elapsed = time.perf_counter() - t0
     if not res.ranking:
@@ -101,12 +121,12 @@ def run(args) -> int:
 
 
 def _job(args):
-    from ..plan.cluster_search import Job
-    from ..plan.hardware import Hardware, parse_reserve
-    from ..plan.overlap import FRAMEWORKS
+    from ..plan.cluster import Job
+    from ..plan.cluster import Hardware, parse_reserve
+    from ..plan.cluster import FRAMEWORKS
     from ..plan.search import Space
-    from ..plan.transformer import TransformerSpec
-    from .plan import _int_list
+    from ..plan.cluster import TransformerSpec
+    from .planning import whole_numbers
 
     missing = [o for o, k in (("--model", "model"), ("--hardware", "hardware"), ("--gpus", "gpus"),
                               ("--global-batch-tokens", "global_batch_tokens")) if getattr(args, k) is None]
@@ -126,11 +146,11 @@ def _job(args):
     if args.gpus < 1:
         raise UsageError(f"--gpus must be >= 1; got {args.gpus}")
     fams = family_names(args.schedules)
-    from ..plan.analytic import RECOMPUTE
+    from ..plan.cluster import RECOMPUTE
 
     rc = {"both": RECOMPUTE, "on": ("full",)}.get(args.recompute, (args.recompute,))
-    chunks = tuple(_int_list(args.chunks, "--chunks")) if args.chunks is not None else (2, 4, 8)
-    sizes = (tuple(_int_list(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes is not None
+    chunks = tuple(whole_numbers(args.chunks, "--chunks")) if args.chunks is not None else None  # every v that fits
+    sizes = (tuple(whole_numbers(args.micro_batch_sizes, "--micro-batch-sizes")) if args.micro_batch_sizes is not None
              else (1, 2, 4))
     sharding = _names(args.sharding, "--sharding") if args.sharding is not None else None
     if args.no_zero:
@@ -140,20 +160,35 @@ def _job(args):
     hw = Hardware.load(args.hardware)
     reserve = parse_reserve(args.memory_reserve, hw.memory) if args.memory_reserve is not None else None
     frameworks = (FRAMEWORKS[args.framework],) if args.framework else tuple(FRAMEWORKS.values())
-    shards = (tuple(_int_list(args.hsdp_shard, "--hsdp-shard")) if args.hsdp_shard is not None
+    shards = (tuple(whole_numbers(args.hsdp_shard, "--hsdp-shard")) if args.hsdp_shard is not None
               else (2, 4, 8, 16, 32, 64))
+    if args.fp8_all_gather and args.precision != "fp8":
+        raise UsageError("--fp8-all-gather keeps the weights in FP8, which FP8 compute reads: give --precision fp8 too")
     return Job(spec=TransformerSpec.load(args.model), hardware=hw, gpus=args.gpus,
                global_batch_tokens=parse_tokens(args.global_batch_tokens),
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
-               tensor=tuple(_int_list(args.tensor, "--tensor")) if args.tensor is not None else None,
-               pipeline=tuple(_int_list(args.pipeline, "--pipeline")) if args.pipeline is not None else None,
-               expert=tuple(_int_list(args.expert, "--expert")) if args.expert is not None else None,
+               tensor=tuple(whole_numbers(args.tensor, "--tensor")) if args.tensor is not None else None,
+               pipeline=tuple(whole_numbers(args.pipeline, "--pipeline")) if args.pipeline is not None else None,
+               expert=tuple(whole_numbers(args.expert, "--expert")) if args.expert is not None else None,
                micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks),
-               frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve)
+               frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve,
+               expert_tensor=tuple(whole_numbers(args.expert_tensor, "--expert-tensor")) if args.expert_tensor else None,
+               expert_placement=_words(args.expert_placement, "--expert-placement") if args.expert_placement
+               else ("within", "across"),
+               precision=args.precision, fp8_gather=args.fp8_all_gather, async_tp=args.async_tp,
+               recompute_modules=_words(args.recompute_modules, "--recompute-modules") if args.recompute_modules
+               else ("core_attn",))
+
+
+def _words(text: str, option: str) -> tuple[str, ...]:
+    """A comma-separated list of names (checked by the job against its own list of choices)."""
+    if len(text) > 200:
+        raise UsageError(f"{option} {text[:40]!r}...: at most 200 characters")
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def _names(text: str, option: str) -> tuple[str, ...]:
-    from ..plan.overlap import SHARDING
+    from ..plan.cluster import SHARDING
 
     names = tuple(x.strip() for x in text.split(","))
     bad = [n for n in names if n not in SHARDING]
@@ -165,14 +200,14 @@ def _names(text: str, option: str) -> tuple[str, ...]:
 
 def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict]) -> int:
     from .. import torch_csv
-    from ..plan.bands import recommend
-    from ..plan.frameworks import commands
-    from ..plan.written import cluster_plan, markdown
-    from .plan import _csv_round_trips, said_default
+    from ..plan.search import recommend
+    from ..plan.cluster import commands
+    from ..plan.cluster import cluster_plan, markdown
+    from .planning import csv_round_trips, said_default
 
     best = rec.row
     schedule = full_schedule(best)
-    csv_path = out.csv if _csv_round_trips(schedule) else None
+    csv_path = out.csv if csv_round_trips(schedule) else None
     try:
         torch_csv.dump(schedule, out.csv)
     except OSError as e:
@@ -218,12 +253,18 @@ def full_schedule(c):
 
 
 def _headline(job, res, elapsed) -> str:
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     hw = job.hardware
     reserve = job.memory_reserve.describe(hw.memory)
     frameworks = ", ".join(fw.name for fw in job.frameworks)
-    band = f"±{hw.band:.1%} (the published rows' largest error)" if hw.band is not None else "unknown"
+    band = f"±{hw.band:.1%} (the calibration rows' largest error)" if hw.band is not None else "unknown"
+    if hw.memory_band is not None:
+        band += f"; memory band ±{hw.memory_band:.1%}"
+    if job.precision != "bf16" or job.async_tp:
+        band += "; " + ", ".join(x for x in (f"{job.precision} at {hw.linear_rate(job.precision) / 1e12:.0f} TFLOP/s"
+                                              if job.precision != "bf16" else "", "AsyncTP" if job.async_tp else "")
+                                  if x)
     long = sum(c.costed_from is not None for c in res.ranking)
     return (f"{job.spec.name} on {job.gpus} x {hw.name}, {job.global_batch} sequences of {job.spec.seq} per step, "
             f"costed for {frameworks}\n"
@@ -237,8 +278,8 @@ def _headline(job, res, elapsed) -> str:
 
 
 def _framework_line(name: str, c, cmd, note: str, ranking) -> str:
-    from ..plan.explain import fmt_seconds
-    from ..plan.overlap import FRAMEWORKS
+    from ..plan.search import fmt_seconds
+    from ..plan.cluster import FRAMEWORKS
 
     title = FRAMEWORKS[name].title
     where = (f"#{ranking.index(c) + 1}, {c.config.family} t={c.t} p={c.config.p} dp={c.config.dp} v={c.config.v} "
@@ -248,18 +289,18 @@ def _framework_line(name: str, c, cmd, note: str, ranking) -> str:
 
 
 def cluster_table(cands, ties: int = 0, recommended=None) -> str:
-    from ..plan.cluster import fmt_bytes
-    from ..plan.explain import fmt_seconds
+    from ..plan.search import fmt_bytes
+    from ..plan.search import fmt_seconds
 
     moe = any(c.ep > 1 for c in cands)
-    ep_head = f"{'ep':>5}" if moe else ""
+    ep_head = f"{'ep/etp':>7}" if moe else ""  # expert parallel / expert tensor parallel
     head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} "
-            f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU':>10}"
+            f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU (band)':>22}"
             f"{'free':>9}{'bubble':>8}  blocks per stage")
     lines = [head, "-" * len(head)]
     for n, c in enumerate(cands, 1):
         g = c.config
-        ep = f"{c.ep:>5}" if moe else ""
+        ep = f"{f'{c.ep}/{c.t if c.etp is None else c.etp}':>7}" if moe else ""
         band, mfu = c.step_band, c.mfu_band
         step = (f"{fmt_seconds(c.step_time)} ({_short(band[0])}-{_short(band[1])})" if band
                 else fmt_seconds(c.step_time))
@@ -268,7 +309,7 @@ def cluster_table(cands, ties: int = 0, recommended=None) -> str:
         mark = "*" if c is recommended else "=" if 1 < n <= ties else " "
         lines.append(f"{n:>3}{mark} {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
                      f"{g.m:>5}{g.mbs:>4} {_RC[c.recompute]:<4} {shard:<9}{c.framework:<11}{step:>20}{mfus:>20}"
-                     f"{fmt_bytes(max(c.candidate.memory)):>10}{fmt_bytes(c.headroom):>9}"
+                     f"{_memory(c):>22}{fmt_bytes(c.headroom):>9}"
                      f"{c.candidate.bubble:>8.1%}  {_blocks(c)}")
     if ties > 1:
         lines.append(f"(=: a tie with #1, their bands overlap: #1-#{ties} cannot be ranked by speed; *: the one "
@@ -276,6 +317,13 @@ def cluster_table(cands, ties: int = 0, recommended=None) -> str:
     elif recommended is not None and recommended is not cands[0]:
         lines.append("(*: the one recommended by the rule in `plan --help`)")
     return "\n".join(lines)
+
+
+def _memory(c) -> str:
+    """The allocator's predicted peak on the fullest GPU with its band: '61.6 GiB (49.7-73.5)'."""
+    from ..plan.search import memory_cell
+
+    return memory_cell(c.reserved, c.memory_band)
 
 
 def _short(x: float) -> str:
@@ -286,7 +334,7 @@ _RC = {"off": "off", "selective": "sel", "full": "full", "stage": "stg"}
 
 
 def _blocks(c) -> str:
-    from ..plan.frameworks import block_counts
+    from ..plan.cluster import block_counts
 
     b = block_counts(c.candidate.counts)
     text = " ".join([f"E+{b[0]}", *map(str, b[1:-1]), f"{b[-1]}+H"]) if len(b) > 1 else f"E+{b[0]}+H"
@@ -294,7 +342,7 @@ def _blocks(c) -> str:
 
 
 def _nothing_fits(job, res) -> str:
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     x = res.least_memory
     hw, need = job.hardware, max(x.memory)

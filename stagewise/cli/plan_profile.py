@@ -7,7 +7,7 @@ import time
 
 from .. import limits
 from .common import UsageError, positive_int, print_json
-from .plan import _int_list
+from .planning import whole_numbers
 
 
 def register(sub) -> None:
@@ -47,7 +47,7 @@ def register(sub) -> None:
 
 
 def cmd_profile(args) -> int:
-    sizes = _int_list(args.micro_batch_sizes, "--micro-batch-sizes")
+    sizes = whole_numbers(args.micro_batch_sizes, "--micro-batch-sizes")
     _check_sizes(args, sizes)  # before torch is imported or anything allocated
     try:
         from ..runtime.profiling.link import measure_link
@@ -70,7 +70,7 @@ def cmd_profile(args) -> int:
             raise UsageError(f"{e}; rerun with --no-link to skip the link (plan then takes --intra-bandwidth)") \
                 from None
     if not args.no_overhead and prof.link is not None and args.device == "cpu":  # the check runs on gloo CPU ranks
-        from ..plan.overhead import KEY
+        from ..plan.search import KEY
         from ..runtime.profiling.overhead import measure_overhead
 
         fit = measure_overhead(prof, log=None if args.json else print)
@@ -158,8 +158,8 @@ def _with_command(prof):
 
 
 def _profile_text(prof) -> str:
-    from ..plan.cluster import fmt_bytes
-    from ..plan.explain import fmt_seconds
+    from ..plan.search import fmt_bytes
+    from ..plan.search import fmt_seconds
 
     k = 0
     w = max([12] + [len(x.name) + 2 for x in prof.layers])  # HF names are long: model.embed_tokens

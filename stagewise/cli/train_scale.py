@@ -63,7 +63,7 @@ def lines(res) -> list[str]:
     activation memory (of a ``RunResult``)."""
     if res.memory is None:
         return []
-    from ..plan.cluster import fmt_bytes
+    from ..plan.search import fmt_bytes
 
     mem = res.memory
     out = []

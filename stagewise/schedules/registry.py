@@ -45,6 +45,8 @@ class Family:
     #: the papers' peak activations of the busiest rank, (p, m, v) -> micro-batches of one rank's share
     memory: Callable[[int, int, int], float] | None = None
     param_copies: int = 1  #: whole-model parameter copies the ranks hold together
+    #: every rank holds every micro-batch of each of its stages at its peak (all forwards before the backwards)
+    holds_all: bool = False
 
     @property
     def generator(self) -> Callable[..., Schedule]:
@@ -61,7 +63,7 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
         Family(name="gpipe", target="gpipe:gpipe", summary="all forwards, then all backwards (GPipe)",
-               idle=forms.fill, memory=lambda p, m, v: m),
+               idle=forms.fill, memory=lambda p, m, v: m, holds_all=True),
         Family(name="1f1b", target="one_f_one_b:one_f_one_b",
                summary="one forward one backward, PipeDream-flush",
                idle=forms.fill, memory=forms.one_f_one_b_memory),
@@ -72,7 +74,7 @@ FAMILIES: dict[str, Family] = {
                idle=forms.fill_from_p),
         Family(name="looped-bfs", target="looped_bfs:looped_bfs",
                summary="v chunks per rank, breadth-first: every micro-batch through a chunk before the next",
-               chunks=None, default_chunks=2, idle=forms.fill_from_p),
+               chunks=None, default_chunks=2, idle=forms.fill_from_p, holds_all=True),
         Family(name="zb-h1", target="zero_bubble:zb_h1", split_backward=True,
                summary="Zero Bubble H1: split backward, W fills the cooldown, 1F1B memory",
                idle=forms.zb_h1, memory=forms.one_f_one_b_memory),
@@ -139,14 +141,15 @@ def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None
     v = fam.default_chunks if chunks is None else chunks
     check_args(fam, ranks, microbatches, v)
     limits.check_schedule_size(ranks, microbatches, v, 3 if fam.split_backward else 2, name=fam.name)
-    with _gc_paused():
+    with gc_paused():
         return fam.generator(ranks, microbatches, v)
 
 
 @contextmanager
-def _gc_paused():
-    """Generators allocate hundreds of thousands of small tuples and no cycles;
-    the cyclic collector rescanning them as they pile up made generation superlinear."""
+def gc_paused():
+    """Generators (and the planner, which keeps thousands of schedules) allocate hundreds of thousands of
+    small tuples and no cycles; the cyclic collector rescanning them as they pile up made generation
+    superlinear. Nested uses keep it off until the outermost ends."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

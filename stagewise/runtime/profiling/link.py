@@ -6,7 +6,7 @@ import statistics
 import time
 from typing import Sequence
 
-from ...plan.profile import Link
+from ...plan.search import Link
 
 
 def measure_link(sizes: Sequence[int] = (1 << 10, 1 << 16, 1 << 20, 1 << 22), repeats: int = 10) -> Link:

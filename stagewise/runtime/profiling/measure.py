@@ -25,7 +25,7 @@ from torch import nn
 from ..execution.activation_memory import SavedBytes
 from ..run.config import ModelConfig
 from ..execution.split_backward import Splitter, input_grad, weight_grad
-from ...plan.profile import LayerProfile, Profile
+from ...plan.search import LayerProfile, Profile
 
 
 def profile_model(model: ModelConfig, micro_batch_sizes: Sequence[int] = (1,), *, repeats: int = 5, warmup: int = 2,
@@ -158,7 +158,7 @@ def _measure_layer(layer, x, loss, dev, repeats: int, warmup: int) -> dict:
 def _spread(totals: list[float]) -> float:
     """Half of (slowest - fastest) / median of the repeats: the profile's measured spread (``LayerProfile``),
     capped at what a profile holds (``MAX_SPREAD``), so a profile made on a loaded machine still reads."""
-    from ...plan.profile import MAX_SPREAD
+    from ...plan.search import MAX_SPREAD
 
     mid = statistics.median(totals)
     return min((max(totals) - min(totals)) / (2 * mid), MAX_SPREAD) if mid > 0 else 0.0

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ...plan.cluster import Cluster
-from ...plan.overhead import fit_overhead, fit_slowdown
+from ...plan.search import Cluster
+from ...plan.search import fit_overhead, fit_slowdown
 from ...plan.search import Searcher, Space, search
 from .verify import verify
 

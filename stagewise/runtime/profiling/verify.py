@@ -16,9 +16,9 @@ import statistics
 from typing import Callable
 
 from ...schedules import FAMILIES
-from ...plan.cluster import fmt_bytes
+from ...plan.search import fmt_bytes
 from ...plan.errors import PlanError
-from ...plan.profile import Profile
+from ...plan.search import Profile
 from ...plan.search import Candidate
 
 

@@ -1,0 +1,122 @@
+"""A cluster plan's row: the simulated configuration with its layout, figures, bands and memory by kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ...parallelism import Parallelism
+from ..search import Candidate, Config
+
+
+class MemoryParts(NamedTuple):
+    """What the fullest GPU holds at its peak, by kind (bytes)."""
+
+    state: float  #: weights, gradients and optimizer state kept all step (sharded ones: this GPU's share)
+    gathered: float  #: a sharded stage's bf16 weights and fp32 gradients while it is gathered (FSDP, HSDP)
+    activations: float  #: the schedule's peak of in-flight micro-batches
+    transient: float  #: a recomputed micro-batch's rebuilt activations, the block being replayed
+
+    def to_dict(self) -> dict:
+        return self._asdict()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterCandidate:
+    """A simulated configuration with its tensor-parallel degree and cluster figures."""
+
+    t: int
+    candidate: Candidate
+    exposed_dp: float  #: seconds of gradient reduction not hidden behind the backward
+    mfu: float  #: model FLOPs per second / (GPUs x peak)
+    tokens_per_second: float
+    #: what the blocks recompute: of ``RECOMPUTE`` (the profile's), or "stage" (the runtime's whole stage)
+    recompute: str = "off"
+    framework: str = "stagewise"  #: whose overlap rules it is costed under (``overlap.FRAMEWORKS``)
+    sharding: str = "zero1"  #: of ``overlap.SHARDING``
+    shard: int | None = None  #: HSDP: the shard group (dp / shard replicas of it)
+    exposed_gather: float = 0.0  #: seconds the step waits for all-gathered weights
+    usable: float = float("inf")  #: bytes per GPU the plan may fill (the memory less the reserve)
+    band: float | None = None  #: relative half-width of the prediction's error band (None: unknown)
+    #: a long step costed from ``mc`` and 2 mc micro-batches (``steady``); ``candidate.schedule`` is the 2 mc one
+    costed_from: int | None = None
+    ep: int = 1  #: expert-parallel degree (MoE models): routed experts sharded over ep of a stage's dp peers
+    ep_nodes: int = 1  #: nodes one expert-parallel group spans (1: its all-to-all stays inside a node)
+    etp: int | None = None  #: expert tensor parallel (MoE models; None: t, the experts split as attention)
+    #: relative half-width of the memory prediction's band (the hardware file's ``memory_band``; None: unknown)
+    memory_band: float | None = None
+    fragmentation: float = 0.0  #: bytes the caching allocator holds beside the planned tensors (the reserve's)
+    memory_parts: MemoryParts | None = None  #: the fullest GPU's bytes by kind
+    expert_placement: str = "within"  #: the device order of an MoE layout (``expert_parallel.PLACEMENTS``)
+
+    @property
+    def config(self) -> Config:
+        return self.candidate.config
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The layout as the one value every printed command and run is built from (the planner's t,
+        sharding and shard said by ``Parallelism.of_plan``)."""
+        g = self.config
+        return Parallelism.of_plan(p=g.p, dp=g.dp, t=self.t, sharding=self.sharding, shard=self.shard, ep=self.ep,
+                                   etp=self.etp)
+
+    @property
+    def step_time(self) -> float:
+        return self.candidate.step_time
+
+    @property
+    def fits(self) -> bool:
+        return self.candidate.fits
+
+    @property
+    def headroom(self) -> float:
+        """Bytes left on the fullest GPU under the usable memory."""
+        return self.usable - max(self.candidate.memory)
+
+    @property
+    def reserved(self) -> float:
+        """The allocator's predicted peak on the fullest GPU (what ``torch.cuda.max_memory_reserved`` reads):
+        the planned tensors plus the fragmentation the hardware file's reserve sets aside."""
+        return max(self.candidate.memory) + self.fragmentation
+
+    @property
+    def reserved_band(self) -> tuple[float, float] | None:
+        """(least, most) the allocator's peak may be, by the memory band."""
+        w = self.memory_band
+        return None if w is None else (self.reserved * (1 - w), self.reserved * (1 + w))
+
+    @property
+    def step_band(self) -> tuple[float, float] | None:
+        """(fastest, slowest) step the band allows."""
+        w = self.band
+        return None if w is None else (self.step_time * (1 - w), self.step_time * (1 + w))
+
+    @property
+    def mfu_band(self) -> tuple[float, float] | None:
+        w = self.band
+        return None if w is None else (self.mfu / (1 + w), self.mfu / (1 - w) if w < 1 else float("inf"))
+
+    def label(self) -> str:
+        dp = f" {self.sharding}" + (f"/{self.shard}" if self.shard else "")
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        if self.etp is not None and self.etp != self.t:
+            ep += f" etp={self.etp}"
+        return f"t={self.t}{ep} {self.config.label()} recompute={self.recompute}{dp} ({self.framework})"
+
+    def to_dict(self) -> dict:
+        band = self.step_band
+        return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes,
+                "etp": self.t if self.etp is None else self.etp, "expert_placement": self.expert_placement,
+                **self.candidate.to_dict(), "parallelism": self.parallelism.to_dict(),
+                "recompute": self.recompute,
+                "framework": self.framework, "sharding": self.sharding, "shard": self.shard,
+                "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "mfu": self.mfu,
+                "tokens_per_second": self.tokens_per_second, "usable_memory": self.usable,
+                "costed_from_microbatches": self.costed_from,
+                "headroom": self.headroom, "band": self.band,
+                "peak_memory_reserved": self.reserved, "memory_band": self.memory_band,
+                "peak_memory_reserved_band": list(self.reserved_band) if self.reserved_band else None,
+                "memory_parts": self.memory_parts.to_dict() if self.memory_parts else None,
+                "step_time_band": list(band) if band else None,
+                "mfu_band": list(self.mfu_band) if band else None}

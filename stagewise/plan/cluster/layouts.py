@@ -1,0 +1,179 @@
+"""The layouts a cluster job searches: one ``ClusterSearcher`` per tensor degree, recomputation, pipeline
+degree, expert layout (ep, etp and device order; ep 1 for a dense model) and data-parallel sharding that could
+fit, each with the frameworks that run it and express it (``overlap.refusal``).
+
+A mixture of experts is one more kind of layout, not another searcher: its (ep, etp, placement) come from
+``grid.expert_layouts`` and its profile from that layout, and everything after is the same search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...parallelism import Parallelism
+from ...schedules import FAMILIES
+from .activations import dropped_modules
+from .analytic import ExpertParallel, TensorParallel, analytic_profile, replay_bytes
+from .grid import StageGrid, expert_layouts
+from .job import Job, shardings, state_factor, tensor_degrees
+from .overlap import Framework, refusal
+from .searcher import ClusterSearcher
+
+WEIGHTS_TOO_BIG = "weights, gradients and optimizer state alone exceed the GPU's usable memory"
+
+
+def searchers(job: Job, skipped: dict, schedules: dict | None = None) -> list[ClusterSearcher]:
+    """One searcher per layout that could fit (see the module doc); ``skipped`` collects why others were
+    dropped; ``schedules`` is a cache shared across calls. Recomputation is the analytic profile's, so
+    ``Config.recompute`` stays off, except for the runtime's whole-stage replay ("stage")."""
+    shared: dict = {} if schedules is None else schedules
+    out = []
+    for t in tensor_degrees(job):
+        tp = TensorParallel(t=t, sequence_parallel=job.sequence_parallel, overlap=job.async_tp)
+        profiles: dict = {}
+        for mode in recompute_modes(job):
+            if job.spec.moe is not None and mode == "stage":  # the runtime replays no expert-parallel stage
+                continue
+            out += _at_tensor_degree(job, t, tp, mode, profiles, shared, skipped)
+    return out
+
+
+def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles: dict, shared: dict,
+                      skipped: dict) -> list[ClusterSearcher]:
+    spec, hw = job.spec, job.hardware
+    base = "off" if mode == "stage" else mode
+    replay = ({b: replay_bytes(spec, b, tp, linear_factor=job.linear_factor) for b in job.micro_batch_sizes}
+              if mode == "full" else {})
+    ranks = job.gpus // t
+    out = []
+    for p in job.pipeline or [p for p in range(1, min(ranks, spec.layers + 2) + 1) if ranks % p == 0]:
+        if ranks % p or p > spec.layers + 2:
+            continue
+        dp = ranks // p
+        for grid in _grids(job, t, p, ranks):
+            key = (base, grid.ep, grid.etp, grid.nodes())
+            if key not in profiles:
+                expert = ExpertParallel(ep=grid.ep, nodes=key[3], zero=job.zero, etp=grid.etp)
+                profiles[key] = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=base, expert=expert,
+                                                 compute=job.compute)
+            prof = profiles[key]
+            for sharding, shard in groups(job, dp, mode, skipped):
+                if sharding == "hsdp" and spec.moe is not None:  # HSDP is not searched for MoE models
+                    continue
+                sf = state_factor(dp, sharding=sharding, shard=shard) + job.weight_extra
+                esf = state_factor(grid.replicas, sharding=sharding) + job.weight_extra
+                weights = sum(x.param_bytes * sf + x.expert_param_bytes * (esf - sf) for x in prof.layers)
+                if weights / p > job.usable:
+                    if mode == recompute_modes(job)[0]:  # once per layout, whatever the recomputation
+                        skipped[WEIGHTS_TOO_BIG] = skipped.get(WEIGHTS_TOO_BIG, 0) + 1
+                    continue
+                moe = spec.moe is not None
+                par = Parallelism.of_plan(p=p, dp=dp, t=t, sharding=sharding, shard=shard,
+                                          ep=grid.ep if moe else 1, etp=grid.etp if moe else None)
+                fits_order = tuple(fw for fw in runners(job, mode, sharding)
+                                   if not moe or grid.placement in fw.expert_placements)
+                frameworks = offered(fits_order, par, skipped)
+                families = families_run(job, frameworks, skipped)
+                if not families:
+                    continue
+                cl = replace(grid, state_factor=sf, expert_state_factor=esf if moe else None)
+                out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job, t=t,
+                                           ep=grid.ep, space=replace(job.space, families=families,
+                                                                     recompute=(mode == "stage",)),
+                                           recompute=mode, replay=replay, sharding=sharding, shard=shard,
+                                           frameworks=frameworks, _schedules=shared, skipped=skipped))
+    return out
+
+
+def _grids(job: Job, t: int, p: int, ranks: int) -> list[StageGrid]:
+    """The device layouts of one pipeline degree: a dense model's one (pipelines inside nodes), an MoE
+    model's every (ep, etp) and placement asked for (one placement at p = 1, where they are the same)."""
+    hw = job.hardware
+    base = StageGrid(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=job.usable, intra=hw.intra,
+                     inter=hw.inter, pipeline=p, t=t, ep=1, etp=t, node=hw.gpus_per_node)
+    if job.spec.moe is None:
+        return [base]
+    places = job.expert_placement if p > 1 else job.expert_placement[:1]
+    return [replace(base, ep=ep, etp=etp, placement=place)
+            for ep, etp in expert_layouts(job.spec.moe.experts, base.pool, t, job.expert, job.expert_tensor)
+            for place in places]
+
+
+def recompute_modes(job: Job) -> tuple[str, ...]:
+    """``job.recompute``, less "selective" for a flash-attention model where "off" is searched too (it
+    keeps no scores, so the two are the same), plus "stage" (the runtime's whole-stage replay) for "full"
+    when a framework recomputes that way."""
+    modes = job.recompute
+    if "off" in modes and not _selective_drops(job):
+        modes = tuple(m for m in modes if m != "selective")
+    if "full" in modes and any(fw.stage_recompute for fw in job.frameworks):
+        modes += ("stage",)
+    return tuple(m for m in modes if runners(job, m))
+
+
+def _selective_drops(job: Job) -> bool:
+    """Whether "selective" keeps less than "off" for this model: a flash-attention model keeps no scores, so
+    recomputing the attention core alone drops nothing."""
+    spec = job.spec
+    kinds = {spec.block_kind(i) for i in range(spec.layers)}
+    return any(dropped_modules(spec, k, job.recompute_modules) for k in kinds)
+
+
+def runners(job: Job, mode: str, sharding: str | None = None) -> tuple[Framework, ...]:
+    """The job's frameworks that recompute as ``mode`` says (and run ``sharding``, and overlap tensor-parallel
+    collectives when the job asks for it)."""
+    return tuple(fw for fw in job.frameworks if _recomputes(fw, mode)
+                 and (sharding is None or sharding in shardings(job, fw)) and (fw.async_tp or not job.async_tp))
+
+
+def _recomputes(fw: Framework, mode: str) -> bool:
+    """Whether ``fw`` recomputes as ``mode`` says: "stage" is full recomputation where a framework replays a
+    whole stage, "full" where it replays block by block."""
+    if mode in ("full", "stage"):
+        return "full" in fw.recompute and fw.stage_recompute == (mode == "stage")
+    return mode in fw.recompute
+
+
+def groups(job: Job, dp: int, mode: str, skipped: dict | None = None) -> list[tuple[str, int | None]]:
+    """(sharding, HSDP shard group) pairs searched at ``dp`` replicas by some framework running ``mode``."""
+    out = []
+    for sh in dict.fromkeys(x for fw in runners(job, mode) for x in shardings(job, fw)):
+        if sh == "hsdp":
+            groups = [(sh, g) for g in job.hsdp_shards if 1 < g < dp and dp % g == 0]
+            if not groups and skipped is not None:
+                why = (f"--hsdp-shard {','.join(map(str, job.hsdp_shards))}: an HSDP shard group must divide the "
+                       "data-parallel ranks with more than one group (1 < shard < dp)")
+                skipped[why] = skipped.get(why, 0) + 1
+            out += groups
+        else:
+            out.append((sh, None))
+    return out
+
+
+def families_run(job: Job, runners: tuple[Framework, ...], skipped: dict | None = None) -> tuple[str, ...]:
+    """The families the job asks for that one of ``runners`` runs (``skipped`` collects the others, in
+    the frameworks' words)."""
+    asked = job.space.families or tuple(FAMILIES)
+    out = tuple(f for f in asked if any(fw.runs(f) for fw in runners))
+    if skipped is not None and runners:
+        for f in asked:
+            if f not in out:
+                runs = "; ".join(f"{fw.title} runs {', '.join(fw.families)}" for fw in job.frameworks if fw.families)
+                why = f"--schedules {f}: no framework asked for runs it ({runs})"
+                skipped[why] = skipped.get(why, 0) + 1
+    return out
+
+
+def offered(runners: tuple[Framework, ...], par: Parallelism, skipped: dict) -> tuple[Framework, ...]:
+    """``runners`` less those that cannot express the layout (``frameworks.refusal``); ``skipped`` collects
+    why, per framework, for the plan to say."""
+
+    out = []
+    for fw in runners:
+        why = refusal(fw.name, par)
+        if why is None:
+            out.append(fw)
+        else:
+            key = f"not offered for {fw.title}: {why}"
+            skipped[key] = skipped.get(key, 0) + 1
+    return tuple(out)

@@ -1,0 +1,152 @@
+"""What overlaps with what, by training framework: the rules a cluster plan is costed under.
+
+A data-parallel step has four things besides the pipeline's compute: the gradient
+reduction (all-reduce, or reduce-scatter when the optimizer state is sharded), the
+all-gather of sharded weights, the optimizer step and the pipeline's point-to-point
+messages. Frameworks schedule them differently, each as its documentation says:
+
+- Megatron-LM (``--overlap-grad-reduce``, ``--overlap-param-gather`` with
+  ``--use-distributed-optimizer``; docs/source/distrib_optimizer.md): gradients are
+  reduce-scattered in buckets as the last micro-batch's backward produces them; the
+  updated weights are all-gathered bucket by bucket ahead of the next step's forwards;
+  P2P is asynchronous. Its pipeline runs 1F1B and interleaved 1F1B.
+- DeepSpeed (``runtime/pipe/schedule.py``, ``TrainSchedule``): the last step of the
+  pipeline instructions runs ``ReduceTiedGrads``, ``ReduceGrads`` and
+  ``OptimizerStep`` after the pipeline has drained, so the whole reduction is exposed;
+  ZeRO-1's weight all-gather follows the optimizer step; ``SendActivation`` and
+  ``SendGrad`` are blocking instructions of the sender. Its pipeline runs 1F1B; ZeRO
+  stage 1 at most under pipeline parallelism.
+- torchtitan (FSDP2 ``fully_shard`` per transformer block inside each pipeline stage;
+  torch.distributed.pipelining runs every backward but a stage's last without
+  gradient sync, then reduce-scatters the stage's gradients after its last backward):
+  the reduction of a stage starts at its last backward; a block's weights are
+  all-gathered ahead of its first forward (FSDP2 prefetches one block ahead) and kept
+  unsharded for the step (reshard after forward is off under pipeline parallelism).
+  Any schedule through torch's CSV.
+- stagewise (runtime/parallel: dp, zero, fsdp): a stage's gradient reduction starts
+  as soon as its last B or W ends; with FSDP a stage's weights are all-gathered ahead
+  of its first forward, prefetched one stage ahead, and reduce-scattered after its
+  last backward; with ZeRO-1 the updated weights are all-gathered after the optimizer
+  step. Every family.
+
+The optimizer step is exposed in all four (it needs the reduced gradients). The rules
+are data: ``Framework`` values, replaced field by field for a variant (the Megatron-LM
+2021 runs of the published rows reduce without ZeRO).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...schedules import FAMILIES
+from ...parallelism import Parallelism
+from ..errors import PlanError
+
+#: data-parallel sharding a framework may run: replicated (gradients all-reduced), ZeRO-1 (optimizer state
+#: sharded), FSDP (ZeRO-3: weights, gradients and optimizer state sharded over the dp group), HSDP (sharded
+#: over a shard group, replicated across groups)
+SHARDING = ("ddp", "zero1", "fsdp", "hsdp")
+#: when a stage's gradient reduction may start: as the last backward passes each layer (buckets), after the
+#: stage's last backward, or after the rank's pipeline work has drained
+REDUCE = ("layer", "stage", "drain")
+#: when sharded weights are all-gathered: ahead of each layer's or each stage's first forward of the next
+#: step (prefetched one unit ahead), or after the optimizer step (exposed)
+GATHER = ("layer", "stage", "end")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Framework:
+    """One framework's overlap rules and what it can run.
+
+    Example:
+        >>> FRAMEWORKS["deepspeed"].reduce, FRAMEWORKS["megatron"].reduce
+        ('drain', 'layer')
+    """
+
+    name: str  #: the --framework value
+    title: str  #: as people write it
+    families: tuple[str, ...] | None  #: the pipeline schedules it runs (None: any, through torch's CSV)
+    sharding: tuple[str, ...]  #: of SHARDING, the data-parallel modes it runs
+    default_sharding: tuple[str, ...]  #: searched unless the job names its own
+    reduce: str  #: of REDUCE: when a zero1/ddp gradient reduction starts
+    gather: str  #: of GATHER: when ZeRO-1's updated weights are all-gathered
+    fsdp_reduce: str = "stage"  #: of REDUCE: when FSDP's reduce-scatter starts
+    fsdp_gather: str = "stage"  #: of GATHER: the unit FSDP all-gathers ahead of its first forward
+    blocking_p2p: bool = False  #: the sender waits for its activation or gradient to arrive
+    recompute: tuple[str, ...] = ("off", "selective", "full")  #: of analytic.RECOMPUTE
+    #: "full" replays a whole stage in its backward (the stage's activations rebuilt at once), not block by block
+    stage_recompute: bool = False
+    #: overlaps tensor-parallel collectives with the multiplies (Megatron-LM --tp-comm-overlap, torchtitan AsyncTP)
+    async_tp: bool = False
+    #: the device orders it runs an MoE model's expert groups in (``expert_parallel.PLACEMENTS``)
+    expert_placements: tuple[str, ...] = ("within",)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        bad = ([x for x in self.sharding + self.default_sharding if x not in SHARDING]
+               + [x for x in (self.reduce, self.fsdp_reduce) if x not in REDUCE]
+               + [x for x in (self.gather, self.fsdp_gather) if x not in GATHER])
+        if bad:
+            raise ValueError(f"Framework {self.name}: unknown rule {bad[0]!r}")
+
+    def runs(self, family: str) -> bool:
+        return self.families is None or family in self.families
+
+
+MEGATRON = Framework(
+    name="megatron", title="Megatron-LM", families=("1f1b", "interleaved-1f1b"), sharding=("zero1", "ddp"),
+    default_sharding=("zero1",), reduce="layer", gather="layer", async_tp=True,
+    expert_placements=("within", "across"),
+    source="Megatron-LM --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+           "(docs/source/distrib_optimizer.md: reduce-scatter in buckets during the backward, all-gather "
+           "overlapped with the next forward); P2P overlapped")
+DEEPSPEED = Framework(
+    name="deepspeed", title="DeepSpeed", families=("1f1b",), sharding=("zero1", "ddp"), default_sharding=("zero1",),
+    reduce="drain", gather="end", blocking_p2p=True, recompute=("off", "full"),
+    source="DeepSpeed runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads, OptimizerStep after "
+           "the last backward; SendActivation/SendGrad block the sender; ZeRO stage <= 1 with pipeline parallelism")
+TORCHTITAN = Framework(
+    name="torchtitan", title="torchtitan", families=tuple(f for f in FAMILIES if f != "dualpipe"),
+    sharding=("fsdp", "hsdp", "ddp"), default_sharding=("fsdp",), reduce="stage", gather="end",
+    fsdp_reduce="stage", fsdp_gather="layer", recompute=("off", "full"), async_tp=True,
+    source="torchtitan: FSDP2 fully_shard per transformer block in each stage, reshard_after_forward off under "
+           "PP; torch.distributed.pipelining reduce-scatters a stage's gradients after its last backward; any "
+           "family but DualPipe (two model copies) through torch's CSV; its selective activation checkpointing "
+           "is per operator (every second matmul recomputed), not the attention core, so it is not searched")
+STAGEWISE = Framework(
+    name="stagewise", title="stagewise", families=None, sharding=("zero1", "ddp", "fsdp"),
+    default_sharding=("zero1",), reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="stage",
+    recompute=("off", "full"), stage_recompute=True, expert_placements=("across",),
+    source="stagewise runtime: a stage's reduction starts at its last B or W; FSDP gathers a stage ahead of "
+           "its first forward (one stage ahead) and reduce-scatters after its last backward")
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (MEGATRON, TORCHTITAN, DEEPSPEED, STAGEWISE)}
+
+
+def framework(name: str) -> Framework:
+    """The framework called ``name`` (``--framework``)."""
+    try:
+        return FRAMEWORKS[name]
+    except KeyError:
+        raise PlanError(f"--framework {name!r}: choose one of {', '.join(FRAMEWORKS)}") from None
+
+
+# ---- what each framework cannot express
+
+
+def refusal(framework: str, par: Parallelism, *, family: str | None = None, v: int = 1, recompute: str = "off",
+            hf: bool = True) -> str | None:
+    """Why ``framework`` cannot run this layout as planned (None: it can). The search offers no such row for
+    that framework and the plan names the reason. ``hf``: stagewise runs a Hugging Face model (``--hf``)."""
+    if par.pp == 1 and v > 1:
+        return (f"v={v} on one pipeline stage: an interleaved schedule on one stage is gradient accumulation "
+                "(plan it as p=1, v=1)")
+    if framework == "stagewise":
+        return par.unsupported() or (par.unsupported_by_hf() if hf else None)
+    if framework == "torchtitan" and recompute == "selective":
+        return ("torchtitan's selective activation checkpointing is per operator (every second matmul "
+                "recomputed), not the attention core the plan costs")
+    if framework == "torchtitan" and par.ep > 1 and par.fsdp == 1:
+        return (f"torchtitan's expert parallel borrows its ranks from FSDP and TP (efsdp = dp_shard x tp / ep): "
+                f"`ep` {par.ep} over replicated data-parallel ranks is not a torchtitan layout (plan --sharding "
+                "fsdp)")
+    return None

@@ -1,0 +1,37 @@
+"""Planning from a measured profile, and the machinery every plan search shares.
+
+A ``Profile`` (measured by ``stagewise profile``, or made analytically by ``plan.cluster``) and a ``Cluster`` of
+devices go into a ``Searcher``: every p x dp, family, v, micro-batch size and recomputation, each schedule's
+``Holding`` split by the exact partitioner (``partition``; ``block_split`` for identical blocks) and simulated
+with ``stage_costs``. ``bands`` says which candidates tie and which one the planner recommends, ``explain``
+what it prints, ``written`` the plan written down.
+
+May import: the core, `stagewise.schedules`, `stagewise.plan.errors`, `stagewise.plan.highs`.
+
+Example:
+    >>> from stagewise.plan.search import Searcher, Space, search
+"""
+
+from .bands import (LOCAL_MEMORY_BAND, RESOLUTION, RULE, Recommendation, interval, memory_cell, profile_band,
+                    recommend, tie, tied_with_first)
+from .block_split import block_split, is_block_model
+from .cluster import Cluster, fmt_bytes, parse_bytes
+from .explain import fmt_seconds, table, train_command, why
+from .holding import Holding, holding
+from .layers import LayerCosts, runs_of
+from .model import (blocking_p2p, layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes,
+                    stage_costs, step_sync_time)
+from .overhead import KEY, fit_overhead, fit_slowdown, step_overhead
+from .partition import Partition, PartitionError, best_split, evaluate, partition
+from .profile import MAX_SPREAD, LayerProfile, Link, Profile, ProfileError
+from .search import Candidate, Config, Searcher, Space, peak_activation_bytes, rank, search, timing
+from .written import FORMAT, VERSION, local_markdown, local_plan
+
+__all__ = ["Candidate", "Cluster", "Config", "FORMAT", "Holding", "KEY", "LOCAL_MEMORY_BAND", "LayerCosts",
+           "LayerProfile", "Link", "MAX_SPREAD", "Partition", "PartitionError", "Profile", "ProfileError", "RESOLUTION", "RULE",
+           "Recommendation", "Searcher", "Space", "VERSION", "best_split", "block_split", "blocking_p2p", "evaluate",
+           "fit_overhead", "fit_slowdown", "fmt_bytes", "fmt_seconds", "holding", "interval", "is_block_model",
+           "layer_costs", "local_markdown", "local_plan", "memory_cell", "parse_bytes", "partition",
+           "peak_activation_bytes", "profile_band", "rank", "rank_fixed_bytes", "rank_optimizer_time",
+           "rank_transient_bytes", "recommend", "runs_of", "search", "stage_costs", "step_overhead",
+           "step_sync_time", "table", "tie", "tied_with_first", "timing", "train_command", "why"]

@@ -1,0 +1,183 @@
+"""A fast split for models made of identical blocks between an embedding and a head (E, t*n, H).
+
+At cluster scale every block costs the same, so a split is a number of blocks per
+piece. Water-filling hands the next block to the least loaded rank (and, within
+it, to its lightest piece) unless that breaks the rank's memory limit. With one
+piece per rank this is exact: the pieces' memory grows with their own blocks
+only, and equal increments make the greedy min-max optimal (the same argument
+as ``partition._waterfill``). With several pieces per rank, or a piece on two
+ranks (DualPipe), it is a feasible greedy, not a proven optimum. The embedding
+and the head start their pieces' loads, so the first and last stage get fewer
+blocks when they are heavier.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .holding import Holding
+from .partition import LayerCosts, _rank_memory, _Sums, runs_of
+
+_EPS = 1e-9
+
+
+def is_block_model(lc: LayerCosts) -> bool:
+    """The shape E, t*n, H: identical layers between a distinct first and last one."""
+    runs = runs_of(lc)
+    return len(runs) == 3 and runs[0] == (0, 1) and runs[2] == (len(lc.time) - 1, len(lc.time))
+
+
+def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, ...] | None:
+    """Layers per piece, or None when the greedy finds no split within ``limit`` bytes per rank."""
+    S, L = h.pieces, len(lc.time)
+    blocks, t = L - 2, lc.time[1]
+    sums = _Sums(lc)
+    n = [0] * S  # blocks per piece
+    piece_ranks: dict[int, set[int]] = {}
+    share = [0.0] * S
+    for s, k in enumerate(h.stage_piece):
+        piece_ranks.setdefault(k, set()).add(h.stage_rank[s])
+        share[k] += h.stage_share[s]
+    ends = [(lc.time[0] if k == 0 else 0.0) + (lc.time[-1] if k == S - 1 else 0.0) for k in range(S)]
+    low = [0 if k in (0, S - 1) else 1 for k in range(S)]
+    if S == 1:
+        low = [0]
+    n = list(low)
+    if sum(n) > blocks:
+        return None
+    if any(len(r) > 1 for r in piece_ranks.values()):  # a piece on two ranks (DualPipe's two lanes)
+        return _shared(sums, h, n, blocks, ends, t, limit)
+    rank_of = {k: next(iter(r)) for k, r in piece_ranks.items()}
+    pieces_of: dict[int, list[int]] = {}
+    for k in range(S):
+        pieces_of.setdefault(rank_of[k], []).append(k)
+
+    def load(r: int) -> float:
+        return sum(share[k] * (ends[k] + t * n[k]) for k in pieces_of[r])
+
+    fast = _BlockMemory.of(lc, h)
+
+    def memory(r: int) -> float:
+        if fast is not None:
+            return fast.rank(r, n)
+        return _rank_memory(sums, h, r, [_span(n, k) for k in _stages_order(h, r)])
+
+    if limit is not None and any(memory(r) > limit * (1 + _EPS) for r in pieces_of):
+        return None
+    heap = [(load(r), r) for r in pieces_of]
+    heapq.heapify(heap)
+    for _ in range(blocks - sum(n)):
+        while heap:
+            _, r = heapq.heappop(heap)
+            k = _place(r, pieces_of[r], n, ends, share, t, limit, memory)
+            if k is not None:
+                heapq.heappush(heap, (load(r), r))
+                break
+        else:
+            return None
+    return tuple(n[k] + (k == 0) + (k == S - 1) for k in range(S))
+
+
+def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) -> tuple[int, ...] | None:
+    """Greedy for pieces held by several ranks: each block goes to the piece whose busiest holder stays
+    least loaded (and within the memory limit). Feasible, not proven optimal."""
+    S = len(n)
+    held = [[(h.stage_rank[s], h.stage_share[s]) for s in range(len(h.stage_piece)) if h.stage_piece[s] == k]
+            for k in range(S)]
+    load = [0.0] * h.ranks
+    for k in range(S):
+        for r, share in held[k]:
+            load[r] += share * (ends[k] + t * n[k])
+
+    fast = _BlockMemory.of(sums.lc, h)
+
+    def rank_memory(r: int) -> float:
+        if fast is not None:
+            return fast.rank(r, n)
+        return _rank_memory(sums, h, r, [_span(n, h.stage_piece[s]) for s in h.rank_stages[r]])
+
+    def fits(k: int) -> bool:
+        return limit is None or all(rank_memory(r) <= limit * (1 + _EPS) for r, _ in held[k])
+
+    def grown(k: int) -> float:
+        """The most memory a holder of piece k has with one more block in it (0 without a limit): ties in
+        load go to the piece that grows memory least, so of DualPipe's two pieces on the same two ranks the
+        one with fewer micro-batches in flight fills first."""
+        if limit is None:
+            return 0.0
+        n[k] += 1
+        most = max(rank_memory(r) for r, _ in held[k])
+        n[k] -= 1
+        return most
+
+    for _ in range(blocks - sum(n)):
+        order = sorted(range(S), key=lambda k: (max(load[r] + share * t for r, share in held[k]), grown(k), k))
+        for k in order:
+            n[k] += 1
+            if fits(k):
+                for r, share in held[k]:
+                    load[r] += share * t
+                break
+            n[k] -= 1
+        else:
+            return None
+    return tuple(n[k] + (k == 0) + (k == S - 1) for k in range(S))
+
+
+def _place(r, pieces, n, ends, share, t, limit, memory) -> int | None:
+    """Give rank r's lightest piece that still fits one more block; None if none fits."""
+    for _, k in sorted((share[k] * (ends[k] + t * n[k]), k) for k in pieces):
+        n[k] += 1
+        if limit is None or memory(r) <= limit * (1 + _EPS):
+            return k
+        n[k] -= 1
+    return None
+
+
+class _BlockMemory:
+    """A rank's memory in closed form when every block holds the same bytes: a piece of n blocks holds its
+    end layers' bytes (the embedding in the first, the head in the last) plus n times a block's, so a check is
+    a sum over the rank's stages instead of a walk over the layers (what ``partition._rank_memory`` computes,
+    the same value)."""
+
+    def __init__(self, lc: LayerCosts, h: Holding):
+        self.h, self.S = h, h.pieces
+        self.fb, self.ab = lc.fixed[1], lc.act[1]
+        self.ends = (lc.fixed[0], lc.fixed[-1], lc.act[0], lc.act[-1])
+        self.inputs = (lc.input_bytes[0], lc.input_bytes[1], lc.input_bytes[-1]) if lc.input_bytes else None
+        self.pieces = [[h.stage_piece[s] for s in h.rank_stages[r]] for r in range(h.ranks)]
+
+    @classmethod
+    def of(cls, lc: LayerCosts, h: Holding) -> "_BlockMemory | None":
+        blocks = range(1, len(lc.time) - 1)
+        same = all(lc.fixed[i] == lc.fixed[1] and lc.act[i] == lc.act[1] for i in blocks)
+        if lc.input_bytes is not None:
+            same = same and all(lc.input_bytes[i] == lc.input_bytes[1] for i in blocks)
+        return cls(lc, h) if same and len(lc.time) > 2 else None
+
+    def rank(self, r: int, n: list[int]) -> float:
+        S, (fe, fh, ae, ah) = self.S, self.ends
+        fixed, kept, full = 0.0, [], []
+        for k in self.pieces[r]:
+            first, last = k == 0, k == S - 1
+            fixed += (fe if first else 0.0) + (fh if last else 0.0) + n[k] * self.fb
+            act = (ae if first else 0.0) + (ah if last else 0.0) + n[k] * self.ab
+            full.append(act)
+            if self.inputs is None:
+                kept.append(act)
+            else:  # a recomputed piece keeps its first layer's input
+                kept.append(self.inputs[0] if first else self.inputs[1] if n[k] else self.inputs[2])
+        act = max((sum(c * a for c, a in zip(vec, kept)) for vec in self.h.live[r]), default=0.0)
+        return fixed + act + (max(full, default=0.0) if self.inputs is not None else 0.0)
+
+
+def _stages_order(h: Holding, r: int) -> list[int]:
+    """Pieces of rank r's stages, in the order ``Holding.live`` counts them."""
+    return [h.stage_piece[s] for s in h.rank_stages[r]]
+
+
+def _span(n: list[int], k: int) -> tuple[int, int]:
+    """[start, end) layers of piece k (E is layer 0, H the last)."""
+    S = len(n)
+    lo = sum(n[:k]) + (1 if k > 0 else 0)
+    return lo, lo + n[k] + (k == 0) + (k == S - 1)

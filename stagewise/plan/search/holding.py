@@ -1,0 +1,92 @@
+"""How a schedule holds the model: which rank runs each piece, how often, how many in flight.
+
+The partitioner cuts the model into *pieces* (the stages of one model copy);
+a schedule's stages map onto pieces through its lanes (DualPipe's second lane
+is a second copy of the same pieces). What the partitioner needs from the
+schedule is read off its programs here, so no family gets its own code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...actions import Pair
+from ...schedule import Schedule
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holding:
+    """The schedule-side inputs of a partition."""
+
+    pieces: int  #: stages of one model copy
+    ranks: int
+    stage_piece: tuple[int, ...]  #: schedule stage -> piece of the model it runs
+    stage_rank: tuple[int, ...]  #: schedule stage -> rank (the placement)
+    stage_share: tuple[float, ...]  #: share of the step's micro-batches that pass this stage
+    #: per rank, the activation counts live at each possible peak, one per stage of the rank
+    #: (ordered as ``rank_stages``); dominated vectors dropped
+    live: tuple[tuple[tuple[int, ...], ...], ...]
+    rank_stages: tuple[tuple[int, ...], ...]
+
+    @property
+    def one_stage_per_rank(self) -> bool:
+        """Each rank runs one piece once: the partition problem a DP solves exactly."""
+        return len(self.stage_piece) == self.pieces and sorted(self.stage_rank) == list(range(self.ranks))
+
+    def rank_pieces(self, rank: int) -> list[int]:
+        return [self.stage_piece[s] for s in self.rank_stages[rank]]
+
+
+def holding(schedule: Schedule) -> Holding:
+    """The Holding of ``schedule`` (activations freed at B, or at W for a split backward)."""
+    piece, share = [0] * schedule.stages, [0.0] * schedule.stages
+    pieces = 0
+    first = schedule.first_stages
+    for lane in schedule.lanes:
+        pieces = max(pieces, len(lane.stages))
+        for s in lane.stages:
+            piece[s] = s - first[s]
+            share[s] = (lane.mb_hi - lane.mb_lo) / schedule.microbatches
+    rank_stages = tuple(tuple(schedule.stages_of_rank(r)) for r in range(schedule.ranks))
+    live = tuple(_live_vectors(prog, stages) for prog, stages in zip(schedule.programs, rank_stages))
+    return Holding(pieces=pieces, ranks=schedule.ranks, stage_piece=tuple(piece),
+                   stage_rank=tuple(schedule.placement), stage_share=tuple(share), live=live,
+                   rank_stages=rank_stages)
+
+
+def _live_vectors(program, stages: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Live activation counts per stage at each local peak (a forward not followed by one)."""
+    index = {s: k for k, s in enumerate(stages)}
+    live = [0] * len(stages)
+    peaks: set[tuple[int, ...]] = set()
+    rising = False
+    for op in program:
+        if type(op) is Pair:
+            live[index[op.forward.stage]] += 1
+            peaks.add(tuple(live))
+            rising = False
+            if op.backward.kind == "B":
+                live[index[op.backward.stage]] -= 1
+            continue
+        kind, s, _ = op
+        if kind == "F":
+            live[index[s]] += 1
+            rising = True
+            continue
+        if rising:
+            peaks.add(tuple(live))
+            rising = False
+        if kind in ("B", "W"):
+            live[index[s]] -= 1
+    if rising:
+        peaks.add(tuple(live))
+    ordered = sorted(peaks, key=sum, reverse=True)
+    kept: list[tuple[int, ...]] = []
+    for v in ordered:  # a vector can only be dominated by one with a larger or equal sum
+        if not any(_dominates(u, v) for u in kept):
+            kept.append(v)
+    return tuple(sorted(kept))
+
+
+def _dominates(u: tuple[int, ...], v: tuple[int, ...]) -> bool:
+    return all(a >= b for a, b in zip(u, v))
