@@ -23,8 +23,9 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
 
+# every benchmark, one after another; writes benchmarks/RESULTS.md (NAMES="simulate render" for a subset)
 bench: $(VENV)/.installed
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(NAMES)
 
 clean:
 	rm -rf $(VENV) stagewise-demo .pytest_cache .hypothesis

@@ -1,8 +1,12 @@
 """stagewise: pipeline-parallel schedules you can generate, simulate, draw, plan and run.
 
-The core (this package minus ``render`` and ``runtime``) imports neither torch
-nor matplotlib. The runtime's public API (``Pipeline``, ``Layers``, ``StepResult``,
-``launch``, the MoE block ``MoE`` and its helpers ``moe``; docs/api.md) loads torch only when first used.
+The core is this package's own modules (actions, schedule, validate, engine, simulate, timeline, costs,
+explain, limits, layout, parallelism, ...): the schedule IR and everything that needs no torch. The
+runtime's public API (``Pipeline``, ``Layers``, ``StepResult``, ``launch``, the MoE block ``MoE`` and its
+helpers ``moe``; docs/api.md) is re-exported here and loads torch only when first used.
+
+May import: `stagewise.schedules`, `stagewise.render` (the notebook's pictures), `stagewise.cli`
+(``python -m stagewise``); never torch, matplotlib, the runtime or the planner.
 """
 
 from .actions import Action, Pair, parse

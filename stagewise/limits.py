@@ -40,7 +40,7 @@ class Limit:
     env: str  #: STAGEWISE_MAX_...: set it to a larger whole number to raise the limit
     default: int
     what: str  #: what is counted, plural ("ranks", "actions per schedule")
-    where: str = ""  #: where users meet it (the README's table)
+    where: str = ""  #: where users meet it (docs/limits.md's table)
 
     @property
     def value(self) -> int:
@@ -121,7 +121,7 @@ TEXT_WIDTH = Limit(env="STAGEWISE_MAX_TEXT_WIDTH", default=10_000, what="columns
 #: every limit, for the docs and ``table()``
 ALL = {"ranks": RANKS, "microbatches": MICROBATCHES, "chunks": CHUNKS, "actions": ACTIONS,
        "compare_actions": COMPARE_ACTIONS, "plan_actions": PLAN_ACTIONS, "auto_actions": AUTO_ACTIONS,
-       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "gpus": GPUS, "elements": ELEMENTS, "parameters": PARAMETERS,
+       "workshop_actions": WORKSHOP_ACTIONS, "layers": LAYERS, "gpus": GPUS, "experts": EXPERTS, "elements": ELEMENTS, "parameters": PARAMETERS,
        "file_bytes": FILE_BYTES, "local_ranks": LOCAL_RANKS, "batch": BATCH, "tokens": TOKENS, "timeout": TIMEOUT,
        "threads": THREADS, "data_bytes": DATA_BYTES, "repeats": REPEATS, "sizes": SIZES, "text_width": TEXT_WIDTH}
 
@@ -203,7 +203,7 @@ def table() -> str:
 
 
 def markdown() -> str:
-    """The defaults as the README's limits table (tests/test_limits.py holds the README to it)."""
+    """The defaults as docs/limits.md's table (tests/test_limits.py holds the page to it)."""
     rows = [f"| `{lim.env}` | {lim.default:,} | {lim.what} | {lim.where} |" for lim in ALL.values()]
     return "\n".join(["| variable | default | what it counts | where |", "|---|---|---|---|", *rows])
 

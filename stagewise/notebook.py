@@ -16,6 +16,7 @@ from typing import Sequence
 
 from .costs import Costs
 from .formulas import bubble_fraction
+from .render import palette
 from .render.svg import compare_svg, timeline_svg
 from .schedule import Schedule
 from .simulate import simulate
@@ -25,10 +26,12 @@ from .validate import ScheduleError
 WIDTH = 900  #: px, wide enough for m=64 labels, narrow enough for a notebook cell
 #: the workshop's table style, scoped to the output
 CSS = ("<style>.stagewise-nb table{border-collapse:collapse;font:13px system-ui,sans-serif;margin:4px 0 6px}"
-       ".stagewise-nb th{text-align:left;color:#5b6673;font-weight:600;font-size:12px;padding:2px 12px 2px 0;"
-       "border-bottom:1px solid #d8dde3}.stagewise-nb td{padding:2px 12px 2px 0;border-bottom:1px solid #eef0f2}"
-       ".stagewise-nb td.bubble{font-weight:600}.stagewise-nb p{font:12px system-ui,sans-serif;color:#5b6673;"
-       "margin:2px 0}.stagewise-nb svg{max-width:100%;height:auto}</style>")
+       f".stagewise-nb th{{text-align:left;color:{palette.TABLE_TEXT};font-weight:600;font-size:12px;"
+       f"padding:2px 12px 2px 0;border-bottom:1px solid {palette.TABLE_RULE}}}"
+       f".stagewise-nb td{{padding:2px 12px 2px 0;border-bottom:1px solid {palette.TABLE_RULE_LIGHT}}}"
+       ".stagewise-nb td.bubble{font-weight:600}"
+       f".stagewise-nb p{{font:12px system-ui,sans-serif;color:{palette.TABLE_TEXT};margin:2px 0}}"
+       ".stagewise-nb svg{max-width:100%;height:auto}</style>")
 HEAD = ("schedule", "p", "m", "v", "makespan", "bubble", "closed form", "peak activations per rank")
 
 

@@ -19,20 +19,26 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(mod: str, path: Path, known: dict) -> set[str]:
-    """Every stagewise module ``mod`` imports, at its top or inside a function (lazy imports count too)."""
+def _import_statements(mod: str, path: Path):
+    """(module, names) of every import in ``mod``, at its top or inside a function, relative ones resolved;
+    names is () for ``import x``."""
     base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             target = ".".join(base[:len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
                 else node.module or ""
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                face = alias.name in _face_names(known.get(target))  # a name the package's face hands on
-                out.add(sub if sub in known and not face else target)
+            yield target, tuple(a.name for a in node.names)
         elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
+            yield from ((a.name, ()) for a in node.names)
+
+
+def _imports(mod: str, path: Path, known: dict) -> set[str]:
+    """Every stagewise module ``mod`` imports (lazy imports count too)."""
+    out = set()
+    for target, names in _import_statements(mod, path):
+        face = _face_names(known.get(target))  # names the package's face hands on (a function may share a module's)
+        out |= {f"{target}.{n}" if f"{target}.{n}" in known and n not in face else target for n in names} \
+            if names else {target}
     return {m for m in out if m in known and m != mod}
 
 
@@ -145,3 +151,66 @@ def test_every_runtime_module_has_a_test_file_named_after_it():
     missing = sorted(p.relative_to(ROOT).as_posix() for p in (PKG / "runtime").rglob("*.py")
                      if p.name != "__init__.py" and f"test_runtime_{p.stem}.py" not in tests)
     assert not missing, missing
+
+
+# ---- each subpackage's docstring says its job and what it may import
+
+def _may_import(init: Path) -> tuple[bool, tuple[str, ...]]:
+    """(the core allowed, the allowed names) from the ``May import:`` paragraph of a package's docstring:
+    backticked names (a stagewise package or module, which allows what is under it, or a third-party one)."""
+    import re
+
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    m = re.search(r"^May import:(.*?)(?:\n\s*\n|\Z)", doc, re.M | re.S)
+    assert m, f"{init.relative_to(ROOT)}: its docstring has no 'May import:' paragraph"
+    return "the core" in m.group(1), tuple(re.findall(r"`([\w.]+)`", m.group(1)))
+
+
+def _raw_imports(path: Path, mod: str) -> set[str]:
+    """Every module name ``path`` imports, and each ``from`` import's module.name (which may be a module)."""
+    return {x for target, names in _import_statements(mod, path) for x in (target, *(f"{target}.{n}" for n in names))}
+
+
+def _owner(mod: str, modules: dict, packages: list[str]) -> str:
+    """The package a module answers to: itself for a package, else the nearest package holding it."""
+    if modules[mod].name == "__init__.py":
+        return mod
+    return max((p for p in packages if mod.startswith(p + ".")), key=len)
+
+
+def test_every_subpackage_imports_only_what_its_docstring_allows():
+    """A module may import within its package (subpackages included), the core where the docstring says
+    "the core", the standard library, and the names the docstring lists; nothing else."""
+    modules = _modules()
+    core = {"stagewise"} | {m for m, p in modules.items() if m.count(".") == 1 and p.name != "__init__.py"}
+    packages = sorted(m for m, p in modules.items() if p.name == "__init__.py")
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    bad = []
+    for pkg in packages:
+        core_ok, allowed = _may_import(modules[pkg])
+        # each module answers to its nearest package: a subpackage's modules to its own docstring
+        own = [m for m in modules if _owner(m, modules, packages) == pkg] if pkg != "stagewise" else sorted(core)
+        for mod in own:
+            for name in _raw_imports(modules[mod], mod):
+                if name.startswith("stagewise"):
+                    while name not in modules and "." in name:  # `from .x import func`: the module x
+                        name = name.rsplit(".", 1)[0]
+                    inside = name in core if pkg == "stagewise" else name == pkg or name.startswith(pkg + ".")
+                    if inside or (core_ok and name in core) or any(name == a or name.startswith(a + ".")
+                                                                     for a in allowed):
+                        continue
+                elif name.split(".")[0] in stdlib or name.split(".")[0] in allowed:
+                    continue
+                bad.append(f"{mod} imports {name}, which {pkg}'s docstring does not allow")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_colours_live_in_the_palette():
+    """No colour literal in the code outside render/palette.py (the workshop's page takes its own from it too)."""
+    import re
+
+    hexes = re.compile(r"#[0-9a-fA-F]{6}\b|#[0-9a-fA-F]{3}\b(?!-)|\"(?:white|black)\"")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in (*PKG.rglob("*.py"), *PKG.rglob("*.css"), *PKG.rglob("*.js"))
+             if p.name != "palette.py" for n, line in enumerate(p.read_text().splitlines(), 1)
+             if hexes.search(line.replace("url(#", "url("))]
+    assert not found, found

@@ -60,11 +60,11 @@ def test_read_text_caps_the_size_and_names_bad_bytes(tmp_path, monkeypatch):
         limits.read_text(f, "--csv")
 
 
-def test_the_readme_table_is_the_modules_limits():
-    """Every limit of the README's table comes from limits.py, with its default, and every limit is in it."""
+def test_the_docs_table_is_the_modules_limits():
+    """Every limit of docs/limits.md's table comes from limits.py, with its default, and every limit is in it."""
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "limits.md").read_text()
     assert limits.markdown() in readme
     rows = [ln for ln in readme.splitlines() if ln.startswith("| `STAGEWISE_MAX_")]
     assert [r.split("`")[1] for r in rows] == [lim.env for lim in limits.ALL.values()]

@@ -51,3 +51,14 @@ def test_measure_finds_the_tied_embedding_of_the_built_in_gpt():
     assert prof.tied == (((0, 2), 32 * 16 * 4.0),)
     assert prof.meta["gpt"]["layers_n"] == 1 and prof.symbols == ("E", "t", "H")
     assert Profile.loads(json.dumps(prof.to_json())).tied == prof.tied
+
+
+def test_a_spread_measured_on_a_loaded_machine_is_capped_where_a_profile_reads_it():
+    """One repeat 80x the median (another process took the core) gives a spread a profile holds, not one the
+    planner refuses: profile's output always loads."""
+    from stagewise.plan.search import MAX_SPREAD
+    from stagewise.runtime.profiling.measure import _spread
+
+    assert _spread([1.0, 1.0, 1.0]) == 0.0
+    assert _spread([1.0, 1.1, 1.2]) == pytest.approx(0.1 / 1.1)
+    assert _spread([1.0, 1.0, 80.0]) == MAX_SPREAD

@@ -1,7 +1,11 @@
 """The `stagewise` command: one entry point, a module per group of subcommands.
 
-Each module in ``MODULES`` has ``register(subparsers)``; a subcommand sets
-``func(args) -> int``. User errors print one line and exit 2, never a traceback.
+Each module in ``MODULES`` has ``register(subparsers)``; a subcommand sets ``func(args) -> int``. User
+errors print one line and exit 2, never a traceback; ``flags`` says a library argument as its flag. The CLI
+is a client of every other part, imported lazily by the subcommand that needs it.
+
+May import: the core, `stagewise.schedules`, `stagewise.render`, `stagewise.plan`, `stagewise.runtime`,
+`stagewise.hf`, `stagewise.workshop`, `torch`, `rich`.
 """
 
 from __future__ import annotations

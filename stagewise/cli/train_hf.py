@@ -14,7 +14,8 @@ from .common import UsageError
 def add_args(p) -> None:
     g = p.add_argument_group("Hugging Face model (pip install 'stagewise[hf]')")
     g.add_argument("--hf", metavar="FOLDER_OR_CONFIG", default=None,
-                   help="train a transformers causal LM (Llama, Mistral, Qwen2, Qwen3, GPT-2) instead of the "
+                   help="train a transformers causal LM (Llama, Mistral, Qwen2, Qwen3, GPT-2, Mixtral, Qwen2-MoE, Qwen3-MoE, "
+                   "DeepSeek-V3) instead of the "
                    "built-in GPT: a local folder (config.json + safetensors, sharded or not) or a config.json "
                    "(random weights); needs --data; --seq, --dtype, --seed apply; --tp uses the model's own "
                    "base_model_tp_plan; --save DIR writes checkpoints (torch.distributed.checkpoint) that resume "

@@ -19,7 +19,8 @@ def add_args(p) -> None:
     g = p.add_argument_group("checkpoints and faults")
     g.add_argument("--save", metavar="DIR", default=None,
                    help="write a checkpoint to DIR/step-NNNNNNNN at the end (and every --save-every steps): "
-                   "parameters and optimizer state per model layer, RNG states, the step; atomic")
+                   "one torch.distributed.checkpoint of the model and optimizer state, written by every rank, the RNG "
+                   "states and a manifest written last")
     g.add_argument("--overwrite", action="store_true",
                    help="let --save replace another run's checkpoints in DIR (deleted at the first save); "
                    "without it such a folder is refused (a resumed run saves into its own run's folder freely)")
@@ -27,7 +28,7 @@ def add_args(p) -> None:
                    help="also save after every N steps")
     g.add_argument("--resume", metavar="DIR", default=None,
                    help="continue from a checkpoint: a --save DIR (its newest complete step) or one step folder; "
-                   "any schedule or -p; --steps counts from the start")
+                   "any schedule, -p, -v, --dp, --fsdp or --tp; --steps counts from the start")
     g.add_argument("--skip-nonfinite", action="store_true",
                    help="on a nan/inf loss skip that step's update on every rank and go on (default: stop)")
 

@@ -46,7 +46,7 @@ def draw_figure(timeline: Timeline, path, *, memory: bool = False, width: float 
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights}, squeeze=False)
     ax = axes[0][0]
     _draw_rows(ax, timeline, sm.makespan, vector=path.suffix != ".png")
-    ax.set_title(sm.subtitle, fontsize=8.5, color="#555555", loc="left")
+    ax.set_title(sm.subtitle, fontsize=8.5, color=palette.MUTED, loc="left")
     _heading(fig, sm.title)
     if memory:
         _draw_memory(axes[1][0], timeline)
@@ -160,7 +160,7 @@ def _draw_cells(ax, timeline: Timeline, *, vector: bool) -> None:
         verts.append(((c.start, top), (c.end, top), (c.end, bottom), (c.start, bottom)))
         fills.append(palette.colour(c.action.kind, c.chunk, chunks))
     dense = len(cs) > RASTER_CELLS
-    coll = PolyCollection(verts, facecolors=fills, edgecolors="white", linewidths=0.0 if dense else 0.4)
+    coll = PolyCollection(verts, facecolors=fills, edgecolors=palette.IDLE, linewidths=0.0 if dense else 0.4)
     coll.set_rasterized(vector and dense)
     ax.add_collection(coll)
     pairs = [((c.start, c.rank + hi), (c.end, c.rank + hi), (c.end, c.rank + lo), (c.start, c.rank + lo))
@@ -276,8 +276,8 @@ def _legend(fig, sums: Sequence[Summary]) -> None:
     if any(s.comm for s in sums):
         handles += [Patch(facecolor=palette.A2A_HIDDEN, label="all-to-all: hidden"),
                     Patch(facecolor=palette.A2A, label="exposed"),
-                    Patch(facecolor="white", edgecolor=palette.INK, hatch="////", label="exposed, in its op")]
-    handles.append(Patch(facecolor="white", edgecolor=palette.GRID, label="idle"))
+                    Patch(facecolor=palette.IDLE, edgecolor=palette.INK, hatch="////", label="exposed, in its op")]
+    handles.append(Patch(facecolor=palette.IDLE, edgecolor=palette.GRID, label="idle"))
     rows = -(-len(handles) // 9)
     ncol = -(-len(handles) // rows)
     fig.legend(handles=handles, loc="lower left", ncol=ncol, fontsize=8, frameon=False,

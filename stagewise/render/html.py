@@ -19,12 +19,12 @@ CSS = f"""
 body {{ font-family: DejaVu Sans, Helvetica, Arial, sans-serif; color: {palette.INK}; margin: 24px; }}
 h1 {{ font-size: 22px; margin-bottom: 4px; }}
 h2 {{ font-size: 17px; margin: 28px 0 6px; }}
-p.note {{ color: #555; margin-top: 0; }}
+p.note {{ color: {palette.MUTED}; margin-top: 0; }}
 table {{ border-collapse: collapse; margin: 8px 0 16px; font-size: 14px; }}
-th, td {{ padding: 4px 10px; border-bottom: 1px solid #ddd; text-align: right; }}
+th, td {{ padding: 4px 10px; border-bottom: 1px solid {palette.RULE}; text-align: right; }}
 th:first-child, td:first-child, td.meaning {{ text-align: left; }}
-td.meaning {{ color: #555; }}
-thead th {{ border-bottom: 2px solid #444; }}
+td.meaning {{ color: {palette.MUTED}; }}
+thead th {{ border-bottom: 2px solid {palette.RULE_STRONG}; }}
 .grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(760px, 1fr)); gap: 8px 24px; }}
 figure {{ margin: 0; }}
 svg.stagewise {{ max-width: 100%; height: auto; }}

@@ -17,9 +17,16 @@ from __future__ import annotations
 KIND_COLOURS = {"F": "#3465C0", "B": "#2E8B3E", "I": "#E3B505", "W": "#882255"}
 #: how far the last chunk of a rank moves toward white
 CHUNK_TINT = 0.5
-IDLE = "#FFFFFF"
+IDLE = "#FFFFFF"  #: idle time, the background, the hairline between cells
 GRID = "#D0D0D0"
 INK = "#222222"
+MUTED = "#555555"  #: secondary text: subtitles, axis titles, legend notes
+RULE = "#DDDDDD"  #: a table's rules (the HTML report)
+RULE_STRONG = "#444444"  #: a table head's rule
+#: the notebook's tables, in the workshop page's style
+TABLE_TEXT = "#5B6673"
+TABLE_RULE = "#D8DDE3"
+TABLE_RULE_LIGHT = "#EEF0F2"
 MEMORY = "#7B5EA7"  #: live-activation strips (purple: no kind uses it)
 A2A = "#D55E00"  #: expert-parallel all-to-all lane (Okabe-Ito vermillion: no kind uses it)
 A2A_HIDDEN = "#ECB78C"  #: the all-to-all that ran while the rank computed (A2A tinted)

@@ -78,7 +78,7 @@ def compare_svg(timelines: Sequence[Timeline], *, width: int = 900, standalone: 
     y = _title(out, "same p, m and costs, one time axis", _shared(sums))
     for tl, sm in zip(timelines, sums):
         out.append(f'<text x="{LEFT}" y="{y + 13}" font-weight="bold">{escape(sm.name)}'
-                   f'<tspan font-weight="normal" fill="#555"> v={sm.chunks}  bubble {sm.bubble:.1%}  '
+                   f'<tspan font-weight="normal" fill="{palette.MUTED}"> v={sm.chunks}  bubble {sm.bubble:.1%}  '
                    f'peak {sm.peak_max:g}{_comm_text(sm)}</tspan></text>')
         y = _rows(out, tl, frame, y + 18)
     y = _axis(out, frame, y, sums[0].unit if sums else "")
@@ -104,13 +104,13 @@ def _document(body: list[str], width: float, height: float, standalone: bool) ->
             f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif" '
             f'font-size="{FONT}" fill="{palette.INK}">')
     defs = [HATCH] if any("url(#a2a-hatch)" in x for x in body) else []
-    return "\n".join([head, *defs, '<rect class="bg" width="100%" height="100%" fill="#fff"/>', *body,
+    return "\n".join([head, *defs, f'<rect class="bg" width="100%" height="100%" fill="{palette.IDLE}"/>', *body,
                       "</svg>"]) + "\n"
 
 
 def _title(out: list[str], title: str, subtitle: str) -> float:
     out.append(f'<text x="{LEFT}" y="16" font-size="14" font-weight="bold">{escape(title)}</text>')
-    out.append(f'<text x="{LEFT}" y="31" fill="#555">{escape(subtitle)}</text>')
+    out.append(f'<text x="{LEFT}" y="31" fill="{palette.MUTED}">{escape(subtitle)}</text>')
     return 40.0
 
 
@@ -130,7 +130,7 @@ def _rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
     labels: dict[str, list[str]] = {}
     scale = frame.scale
     unit = timeline.unit
-    out.append('<g class="cells" stroke="#fff" stroke-width="0.5">')
+    out.append(f'<g class="cells" stroke="{palette.IDLE}" stroke-width="0.5">')
     rank = -1
     cells_ = cells(timeline)
     for c in cells_:  # rank by rank: one <g> per row keeps each rect short
@@ -212,7 +212,7 @@ def _axis(out: list[str], frame: Frame, y: float, unit: str) -> float:
         x = frame.x(t)
         out.append(f'<path d="M{x:.1f} {y:.1f}v4" stroke="{palette.INK}" stroke-width="0.8"/>')
         out.append(f'<text x="{x:.1f}" y="{y + 15:.1f}" text-anchor="middle">{tick_label(t)}</text>')
-    out.append(f'<text x="{x1:.1f}" y="{y + 28:.1f}" text-anchor="end" fill="#555">time ({escape(unit)})</text>')
+    out.append(f'<text x="{x1:.1f}" y="{y + 28:.1f}" text-anchor="end" fill="{palette.MUTED}">time ({escape(unit)})</text>')
     return y + 32
 
 
@@ -222,7 +222,7 @@ def _memory(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> floa
     top = max((lv for c in curves for _, lv in c), default=0.0) or 1.0
     x1 = frame.x(frame.span)
     out.append(f'<text x="{LEFT}" y="{y0 + 10:.1f}" font-weight="bold">live activations per rank '
-               f'<tspan font-weight="normal" fill="#555">(chunk-units; strip height = {top:g})</tspan></text>')
+               f'<tspan font-weight="normal" fill="{palette.MUTED}">(chunk-units; strip height = {top:g})</tspan></text>')
     y = y0 + 16
     for r, curve in enumerate(curves):
         base = y + MEM_ROW
@@ -268,8 +268,8 @@ def _legend(out: list[str], sums: Sequence[Summary], y: float, width: float) -> 
     if any(s.comm for s in sums):
         items.append((f'fill="{palette.A2A_HIDDEN}"', "all-to-all lane: hidden behind compute"))
         items.append((f'fill="{palette.A2A}"', "exposed"))
-        items.append(('fill="url(#a2a-hatch)" stroke="#555"', "exposed all-to-all inside its op"))
-    items.append((f'fill="#fff" stroke="{palette.GRID}"', "idle"))
+        items.append((f'fill="url(#a2a-hatch)" stroke="{palette.MUTED}"', "exposed all-to-all inside its op"))
+    items.append((f'fill="{palette.IDLE}" stroke="{palette.GRID}"', "idle"))
     items.append(("", "numbers: micro-batch"))
     x = LEFT
     for style, label in items:

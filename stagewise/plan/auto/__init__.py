@@ -2,6 +2,9 @@
 the Zero Bubble paper's list scheduler and its variants), the proven optimum for small cases (``optimum``, HiGHS),
 and the top configurations of a profile search re-run with an automatic order (``refine``).
 
+May import: the core, `stagewise.schedules`, `stagewise.plan.errors`, `stagewise.plan.highs`,
+`stagewise.plan.search`.
+
 Example:
     >>> from stagewise.plan.auto import auto_schedule
 """

@@ -8,6 +8,8 @@ dp, the expert layout and device order, sharding, recomputation) with the shared
 says the result: each framework's command (``commands``), what moves the winner (``sensitivity``), why it wins
 (``cluster_why``), the plan written down (``cluster_plan``, ``markdown``).
 
+May import: the core, `stagewise.schedules`, `stagewise.plan.errors`, `stagewise.plan.search`.
+
 Example:
     >>> from stagewise.plan.cluster import Hardware, Job, TransformerSpec, cluster_search
     >>> job = Job(spec=TransformerSpec.load("llama3-8b"), hardware=Hardware.load("h100"), gpus=8,

@@ -6,6 +6,8 @@ devices go into a ``Searcher``: every p x dp, family, v, micro-batch size and re
 with ``stage_costs``. ``bands`` says which candidates tie and which one the planner recommends, ``explain``
 what it prints, ``written`` the plan written down.
 
+May import: the core, `stagewise.schedules`, `stagewise.plan.errors`, `stagewise.plan.highs`.
+
 Example:
     >>> from stagewise.plan.search import Searcher, Space, search
 """
@@ -21,12 +23,12 @@ from .model import (blocking_p2p, layer_costs, rank_fixed_bytes, rank_optimizer_
                     stage_costs, step_sync_time)
 from .overhead import KEY, fit_overhead, fit_slowdown, step_overhead
 from .partition import Partition, PartitionError, best_split, evaluate, partition
-from .profile import LayerProfile, Link, Profile, ProfileError
+from .profile import MAX_SPREAD, LayerProfile, Link, Profile, ProfileError
 from .search import Candidate, Config, Searcher, Space, peak_activation_bytes, rank, search, timing
 from .written import FORMAT, VERSION, local_markdown, local_plan
 
 __all__ = ["Candidate", "Cluster", "Config", "FORMAT", "Holding", "KEY", "LOCAL_MEMORY_BAND", "LayerCosts",
-           "LayerProfile", "Link", "Partition", "PartitionError", "Profile", "ProfileError", "RESOLUTION", "RULE",
+           "LayerProfile", "Link", "MAX_SPREAD", "Partition", "PartitionError", "Profile", "ProfileError", "RESOLUTION", "RULE",
            "Recommendation", "Searcher", "Space", "VERSION", "best_split", "block_split", "blocking_p2p", "evaluate",
            "fit_overhead", "fit_slowdown", "fmt_bytes", "fmt_seconds", "holding", "interval", "is_block_model",
            "layer_costs", "local_markdown", "local_plan", "memory_cell", "parse_bytes", "partition",

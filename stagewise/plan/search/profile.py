@@ -31,6 +31,10 @@ class ProfileError(PlanError):
     """A profile that cannot be read or lacks a field."""
 
 
+#: the largest spread a profile holds (half-range over median): beyond it a band says nothing more, and
+#: `profile` caps what it measured there (a repeat many times the median on a loaded machine)
+MAX_SPREAD = 10.0
+
 @dataclass(frozen=True, kw_only=True)
 class LayerProfile:
     """One layer; each per-size tuple has one value per ``Profile.micro_batch_sizes``."""
@@ -214,10 +218,10 @@ def _layer(raw, k: int, n_sizes: int, ctx: str) -> LayerProfile:
     spread = ()
     if raw.get("spread") not in (None, []):  # optional: older profiles have none (and save it empty)
         vals = _get(raw, "spread", list, where)
-        if len(vals) != n_sizes or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 10
-                                       for x in vals):
-            raise ProfileError(f"{where}: spread must be {n_sizes} fractions from 0 to 10, one per micro-batch "
-                               f"size; got {str(vals)[:80]}")
+        if len(vals) != n_sizes or any(isinstance(x, bool) or not isinstance(x, (int, float))
+                                       or not 0 <= x <= MAX_SPREAD for x in vals):
+            raise ProfileError(f"{where}: spread must be {n_sizes} fractions from 0 to {MAX_SPREAD:g}, one per "
+                               f"micro-batch size; got {str(vals)[:80]}")
         spread = tuple(float(x) for x in vals)
     for name in ("a2a", "a2a_b"):  # optional: an MoE layer's all-to-all
         vals = raw.get(name) or []

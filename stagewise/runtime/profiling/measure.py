@@ -156,9 +156,12 @@ def _measure_layer(layer, x, loss, dev, repeats: int, warmup: int) -> dict:
 
 
 def _spread(totals: list[float]) -> float:
-    """Half of (slowest - fastest) / median of the repeats: the profile's measured spread (``LayerProfile``)."""
+    """Half of (slowest - fastest) / median of the repeats: the profile's measured spread (``LayerProfile``),
+    capped at what a profile holds (``MAX_SPREAD``), so a profile made on a loaded machine still reads."""
+    from ...plan.search import MAX_SPREAD
+
     mid = statistics.median(totals)
-    return (max(totals) - min(totals)) / (2 * mid) if mid > 0 else 0.0
+    return min((max(totals) - min(totals)) / (2 * mid), MAX_SPREAD) if mid > 0 else 0.0
 
 
 def _optimizer_time(layer: nn.Module, name: str, repeats: int, warmup: int, dev) -> float:
