@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .actions import Pair, actions_of
 from .costs import freed
-from .overlap import Comm, totals
+from .overlap import Comm, kinds, totals
 from .schedule import Schedule
 
 
@@ -118,6 +118,9 @@ class Metrics:
     cap_unit: str | None = None  #: "chunks" or "bytes"
     a2a: tuple[float, ...] = ()  #: expert-parallel all-to-all seconds per rank (hidden or not)
     exposed_a2a: tuple[float, ...] = ()  #: of which the rank's compute waits for (inside ``busy``)
+    #: lowered communication (``lowering``) per kind: {"time": per rank, "exposed": per rank}; exposed time
+    #: is idle time of the rank spent waiting for it (outside ``busy``), the rest ran beside compute
+    comm: dict = field(default_factory=dict)
 
     @property
     def hidden_a2a(self) -> tuple[float, ...]:
@@ -158,6 +161,9 @@ class Metrics:
             "exposed_a2a": list(self.exposed_a2a),
             "hidden_a2a": list(self.hidden_a2a),
             "exposed_a2a_fraction": self.exposed_a2a_fraction,
+            **({"comm": {k: {"time": list(v["time"]), "exposed": list(v["exposed"]),
+                             "hidden": [max(0.0, a - x) for a, x in zip(v["time"], v["exposed"])]}
+                         for k, v in self.comm.items()}} if self.comm else {}),
         }
 
 
@@ -165,6 +171,8 @@ def metrics(tl: Timeline) -> Metrics:
     """Makespan, bubble, busy/idle per rank and peak memory of a timeline."""
     t0 = min((min(s) for s in tl.starts if s), default=0.0)
     t1 = max((max(e) for e in tl.ends if e), default=0.0)
+    if tl.comm is not None:  # the step ends when the rank's last transfer has (a2a ends inside its op)
+        t1 = max([t1] + [c.end for lane in tl.comm for c in lane])
     makespan = t1 - t0
     busy = tuple(sum(e - s for s, e in zip(st, en)) for st, en in zip(tl.starts, tl.ends))
     idle = tuple(makespan - b for b in busy)
@@ -188,4 +196,5 @@ def metrics(tl: Timeline) -> Metrics:
         cap_unit=tl.cap_unit if tl.cap is not None else None,
         a2a=a2a,
         exposed_a2a=exposed,
+        comm={k: dict(zip(("time", "exposed"), totals(tl.comm, R, k))) for k in kinds(tl.comm) if k != "a2a"},
     )

@@ -1,0 +1,145 @@
+"""The lowering: communication as actions (stagewise/lowering), checked through its public functions."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+from stagewise.costs import Costs
+from stagewise.lowering import FRAMEWORKS, LoweringOptions, Network, Sizes, lower
+from stagewise.lowering.check import check
+from stagewise.lowering.comms import CommAction, parse_comm
+from stagewise.lowering.play import simulate_lowered
+from stagewise.parallelism import Parallelism
+from stagewise.schedule import make
+from stagewise.schedules import FAMILIES, generate
+from stagewise.simulate import simulate
+from stagewise.timeline import metrics
+from stagewise.validate import ScheduleError
+
+LAYOUTS = [dict(), dict(fsdp=2), dict(dp=2), dict(dp=2, zero=1), dict(dp=2, fsdp=2), dict(ep=2),
+           dict(fsdp=2, reshard_after_forward=True)]
+
+
+def families(p, m):
+    for name, fam in FAMILIES.items():
+        try:
+            yield generate(name, p, m)
+        except Exception:  # noqa: BLE001 - a family that refuses these p, m
+            continue
+
+
+def test_lower_1f1b_fsdp_is_torchs_shape():
+    low = lower(generate("1f1b", 2, 2), Parallelism(pp=2, fsdp=2))
+    assert low.text(0) == "0UNSHARD 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 0REDUCE_GRAD 0RESHARD 0STEP_END"
+    assert low.text(1) == "1UNSHARD 1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 1REDUCE_GRAD 1RESHARD 1STEP_END"
+
+
+def test_receives_follow_the_senders_order():
+    """Interleaved: rank 1 takes its messages from rank 0 in rank 0's send order, even where it uses them later."""
+    low = check(lower(generate("interleaved-1f1b", 2, 4, 2), Parallelism(pp=2)))
+    sent = [a.key for a in low.programs[0] if type(a) is CommAction and a.kind.startswith("SEND")]
+    got = [a.key for a in low.programs[1] if type(a) is CommAction and a.kind.startswith("RECV")]
+    assert sent == got
+
+
+def test_overlap_rules_place_the_reduction():
+    s = generate("1f1b", 2, 4)
+    par = Parallelism(pp=2, dp=2, zero=1)
+    ds = lower(s, par, LoweringOptions(overlap=FRAMEWORKS["deepspeed"])).text(0).split()
+    mg = lower(s, par, LoweringOptions(overlap=FRAMEWORKS["megatron"])).programs[0]
+    assert ds[-4:] == ["0REDUCE_GRAD", "0UNSHARD", "0STEP_END"][-3:] or ds[-3:] == ["0REDUCE_GRAD", "0UNSHARD",
+                                                                                      "0STEP_END"]
+    assert [a for a in mg if type(a) is CommAction and a.kind == "REDUCE_GRAD"][0].during
+    assert str(mg[0]) == "0UNSHARD"  # megatron: the updated weights gathered ahead of the first forward
+
+
+def test_ties_and_experts():
+    low = lower(generate("1f1b", 4, 4), Parallelism(pp=4, ep=2), LoweringOptions(sizes=Sizes(tie=8, a2a=2)))
+    kinds = [a.kind for a in low.programs[0] if type(a) is CommAction]
+    assert "TIE_GRAD" in kinds and kinds.count("ALL_TO_ALL") == 8
+    assert [a.kind for a in low.programs[1] if type(a) is CommAction].count("TIE_GRAD") == 0
+
+
+@given(st.integers(2, 5), st.integers(1, 10), st.sampled_from(range(len(LAYOUTS))),
+       st.floats(0, 2, allow_nan=False))
+def test_free_communication_changes_nothing(p, extra, layout, latency):
+    """Every family, every layout: with every collective free the lowered play has engine.play's times."""
+    m = p + extra
+    for sched in families(p, m):
+        low = check(lower(sched, Parallelism(pp=p, **LAYOUTS[layout]), LoweringOptions(sizes=Sizes(tie=1.0))))
+        costs = Costs(latency=latency)
+        a, b = simulate(sched, costs), simulate_lowered(low, costs)
+        assert (a.starts, a.ends) == (b.starts, b.ends), sched.name
+        assert metrics(a).makespan == metrics(b).makespan
+
+
+def test_collectives_cost_and_are_exposed_or_hidden():
+    s = generate("1f1b", 4, 8)
+    net = Network(intra_bandwidth=4.0, inter_bandwidth=1.0, gpus_per_node=8)
+    par = Parallelism(pp=4, fsdp=2)
+    end = lambda rule: metrics(simulate_lowered(lower(s, par, LoweringOptions(  # noqa: E731
+        overlap=rule, sizes=Sizes(params=8.0), network=net, step_end=False))))
+    m = end(FRAMEWORKS["torchtitan"])
+    assert m.makespan > metrics(simulate(s)).makespan
+    rs = m.comm["REDUCE_GRAD"]
+    assert list(rs["time"]) == [pytest.approx(1 / 2 * 8 / 4)] * 4  # a ring reduce-scatter of 8 bytes over 2 at 4 B/t
+    assert sum(rs["exposed"]) < sum(rs["time"])  # the early ranks' reductions hide behind the drain
+    drain = end(FRAMEWORKS["deepspeed"])
+    assert drain.makespan >= m.makespan
+
+
+def test_contended_links_queue_sends():
+    s = generate("gpipe", 2, 4)
+    free = metrics(simulate(s, Costs(latency=0.0)))
+    low = lower(s, Parallelism(pp=2), LoweringOptions(sizes=Sizes(boundary=4.0)))
+    slow = metrics(simulate_lowered(low, Costs(bandwidth=2.0)))  # 2 t_f per message, back to back
+    assert slow.makespan > free.makespan
+    assert slow.comm["RECV_F"]["exposed"][1] > 0
+
+
+def _swap_recvs(low, rank):
+    prog = list(low.programs[rank])
+    ks = [k for k, a in enumerate(prog) if type(a) is CommAction and a.kind == "RECV_F"]
+    prog[ks[0]], prog[ks[1]] = prog[ks[1]], prog[ks[0]]
+    from dataclasses import replace
+
+    return replace(low, programs=tuple(tuple(p) if r != rank else tuple(prog) for r, p in enumerate(low.programs)))
+
+
+def test_validator_names_a_receive_out_of_order():
+    low = _swap_recvs(lower(generate("gpipe", 2, 2), Parallelism(pp=2)), 1)
+    with pytest.raises(ScheduleError, match="deadlock: receive order: rank 1 position 0 .1RECV_F1. is receive 0"):
+        check(low)
+
+
+def test_validator_names_a_use_before_gather_and_a_cycle():
+    from dataclasses import replace
+
+    low = lower(generate("1f1b", 2, 2), Parallelism(pp=2, fsdp=2))
+    no_gather = replace(low, programs=(low.programs[0][1:], low.programs[1]))
+    with pytest.raises(ScheduleError, match=r"rank 0 position 0 \(0F0\): uses stage 0 while it is not gathered"):
+        check(no_gather)
+    # two ranks whose first ops wait for each other: a cycle of receives
+    cyc = make("bad", [["0F0", "0B0"], ["1F0", "1B0"]], [0, 1], 1)
+    from stagewise.actions import parse
+
+    cyc = make("bad", [[parse("0B0"), parse("0F0")], [parse("1F0"), parse("1B0")]], [0, 1], 1)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        check(lower(cyc, Parallelism(pp=2)))
+
+
+def test_collective_order_mismatch_is_a_deadlock():
+    from dataclasses import replace
+
+    low = lower(generate("1f1b", 2, 2), Parallelism(pp=2, dp=2), LoweringOptions(sizes=Sizes(tie=4)))
+    prog = list(low.programs[1])
+    prog[-1], prog[-2] = prog[-2], prog[-1]  # rank 1: step end before the tie
+    bad = replace(low, programs=(low.programs[0], tuple(prog)))
+    with pytest.raises(ScheduleError, match=r"deadlock: wait cycle: rank 0 position 9 \(0TIE_GRAD\) waits for rank 1; "
+                       r"rank 1 position 9 \(1STEP_END\) waits for rank 0; back to rank 0"):
+        check(bad)
+
+
+def test_comm_text_round_trips():
+    for text in ("1SEND_F0", "2RECV_B13", "0UNSHARD", "3REDUCE_GRAD", "0RESHARD", "4ALL_TO_ALL2", "0TIE_GRAD"):
+        assert str(parse_comm(text)) == text
+    assert parse_comm("1SEND_F") is None and parse_comm("0UNSHARD3") is None
