@@ -59,6 +59,9 @@ class Costs:
     recompute: Union[bool, Sequence[bool]] = False  #: stages that keep only their input and redo F in B
     recompute_keep: PerStage = 0.0  #: activation (chunk-units) kept by a recomputed stage
     cap: "MemoryCap | None" = None  #: most activation each rank may hold (reported; `auto` searches under it)
+    #: communication as actions (``lowering.Communication``: the layout, sizes, network and overlap rule); the
+    #: simulator then plays the lowered programs, transfers on their own resources. None: links and a2a only
+    comm: "object | None" = None
 
     def resolve(self, stages: int) -> "StageCosts":
         """Per-stage lists for a schedule with ``stages`` stages."""

@@ -55,6 +55,16 @@ def memory_line(res: dict) -> str | None:
             f"{' '.join(map(fmt, res['memory_cap']))}: {verdict}")
 
 
+def comm_line(res: dict) -> str | None:
+    """The lowered communication of a result, per kind: time and exposed time summed over ranks (None: not
+    lowered). 'REDUCE_GRAD 4 (exposed 1), UNSHARD 4 (exposed 1)'."""
+    comm = res.get("comm")
+    if not comm:
+        return None
+    parts = [f"{k} {sum(v['time']):.4g} (exposed {sum(v['exposed']):.4g})" for k, v in comm.items()]
+    return f"{res['schedule']}: communication over all ranks: " + ", ".join(parts)
+
+
 def a2a_cells(res: dict) -> tuple[str, str]:
     """(exposed all-to-all of the busiest rank, share of all all-to-all hidden) as table text."""
     total = sum(res["a2a"])

@@ -93,19 +93,22 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="'stage' (default): durations and activations are per stage; 'rank': they are one "
                         "rank's share of the model, so a chunk of a v-chunk schedule costs 1/v (same-model "
                         "comparison across families)")
+    from .comm import add_comm_args
     from .memory import add_memory_args
     from .moe import add_a2a_args
 
     add_memory_args(p)
     add_a2a_args(p)
+    add_comm_args(p)
 
 
 def costs_from(args: argparse.Namespace, schedule=None) -> Costs:
     """The cost options; with ``--costs-per rank`` and a schedule, scaled to its stages' shares."""
+    from .comm import comm_costs
     from .memory import memory_costs
     from .moe import a2a_costs
 
-    costs = a2a_costs(args, memory_costs(args, _base_costs(args)))
+    costs = comm_costs(args, a2a_costs(args, memory_costs(args, _base_costs(args))))
     if schedule is not None and getattr(args, "costs_per", "stage") == "rank":
         return scaled(costs, rank_share_weights(schedule))
     return costs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import torch_csv
-from ..report import result, table
+from ..report import comm_line, result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
 from .common import (UsageError, add_cost_args, add_schedule_args, costs_basis, costs_from, family_names, positive_int,
@@ -69,6 +69,8 @@ def cmd_simulate(args) -> int:
         print_json(res)
     else:
         print(table([res]))
+        if comm_line(res):
+            print(comm_line(res))
     if args.draw:
         from ..render.ascii import draw_text
         from ..simulate import simulate
@@ -104,6 +106,8 @@ def cmd_compare(args) -> int:
             print_json(results)
         else:
             print(table(results))
+            for line in filter(None, map(comm_line, results)):
+                print(line)
             print(costs_basis(args))
         if args.output:
             path = write_comparison([tl for _, tl in entries], args.output)

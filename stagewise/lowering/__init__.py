@@ -11,6 +11,6 @@ May import: the core.
 
 from .comms import CommAction
 from .lower import Lowered, lower
-from .options import FRAMEWORKS, LoweringOptions, Network, Overlap, Sizes
+from .options import FRAMEWORKS, Communication, LoweringOptions, Network, Overlap, Sizes
 
-__all__ = ["CommAction", "Lowered", "lower", "FRAMEWORKS", "LoweringOptions", "Network", "Overlap", "Sizes"]
+__all__ = ["CommAction", "Lowered", "lower", "Communication", "FRAMEWORKS", "LoweringOptions", "Network", "Overlap", "Sizes"]

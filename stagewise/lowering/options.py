@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..costs import CostError, PerStage, per_stage
+from ..parallelism import Parallelism
 
 #: when a stage's gradient reduction may start
 REDUCE = ("layer", "stage", "drain")
@@ -127,3 +128,21 @@ class LoweringOptions:
     network: Network = field(default_factory=Network)
     moe: bool | None = None  #: the stages run MoE layers (None: where ``sizes.a2a`` > 0)
     step_end: bool = True  #: add the step-end all-reduces (gradient norm, loss)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Communication:
+    """What ``Costs.comm`` holds: the layout around the pipeline (its ``pp`` is the schedule's ranks, whatever
+    it says here) and the lowering's options; ``simulate`` lowers the schedule with them and plays that."""
+
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    options: LoweringOptions = field(default_factory=LoweringOptions)
+
+    def lower(self, schedule):
+        from dataclasses import replace
+
+        from .lower import lower
+
+        par = replace(self.parallelism, pp=schedule.ranks)
+        par.check()
+        return lower(schedule, par, self.options)

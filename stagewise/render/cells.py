@@ -86,7 +86,8 @@ def comm_cells(timeline: Timeline) -> list[CommCell]:
 
 
 def exposed_spans(timeline: Timeline) -> list[tuple[int, float, float]]:
-    """(rank, start, end) of the all-to-all each op exposes, drawn at the op's end (its compute is done)."""
+    """(rank, start, end) of the all-to-all each op exposes, drawn at the op's end (its compute is done); a
+    lowered transfer's exposed time is idle time, not part of an op, and is not drawn here."""
     if timeline.comm is None:
         return []
     t0 = origin(timeline)
@@ -94,6 +95,8 @@ def exposed_spans(timeline: Timeline) -> list[tuple[int, float, float]]:
     for r, lane in enumerate(timeline.comm):
         per_op: dict[int, float] = {}
         for c in lane:
+            if c.kind != "a2a":
+                continue
             per_op[c.op] = per_op.get(c.op, 0.0) + c.exposed
         for k, x in per_op.items():
             if x > 0:
