@@ -137,6 +137,14 @@ def schedule_from(args: argparse.Namespace):
     if getattr(args, "csv", None):
         if args.name:
             raise UsageError(f"give either NAME ({args.name}) or --csv, not both")
+        from .. import limits
+        from ..lowering import torch_comms
+
+        if torch_comms.has_comms(limits.read_text(args.csv, "--csv")):  # torch's compute+comms CSV
+            args.lowered = torch_comms.load(args.csv)
+            from ..validate import validate
+
+            return validate(args.lowered.schedule)
         return torch_csv.load(args.csv)
     if not args.name:
         raise UsageError("a schedule NAME or --csv FILE is required")

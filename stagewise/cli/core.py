@@ -44,6 +44,12 @@ def register(sub) -> None:
                        "(one row per rank), which torch's runtime loads and `stagewise simulate --csv` reads back.")
     add_schedule_args(p, csv=False, name_required=True)
     p.add_argument("--csv", required=True, metavar="FILE", help="output file")
+    p.add_argument("--comms", action="store_true", help="write torch's compute+comms CSV instead: the lowered "
+                   "programs (sends, receives and, with --fsdp or --dp, UNSHARD, RESHARD, REDUCE_GRAD), which "
+                   "_PipelineScheduleRuntime._load_csv(FILE, 'compute_comms') runs")
+    from .comm import add_layout_args
+
+    add_layout_args(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("validate", help="check a schedule (NAME or --csv FILE) and say why it is invalid",
@@ -121,6 +127,15 @@ def cmd_compare(args) -> int:
 def cmd_export(args) -> int:
     sched = generate(args.name, args.ranks, args.microbatches, args.chunks)
     try:
+        if args.comms:
+            from ..lowering.torch_comms import dump
+            from .comm import communication
+
+            low = communication(args, force=True).lower(sched)
+            dump(low, args.csv)
+            print(f"wrote {args.csv} ({sched.ranks} ranks, {sum(len(p) for p in low.programs)} actions with "
+                  "communication)")
+            return 0
         torch_csv.dump(sched, args.csv)
     except OSError as e:
         raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror}") from None
@@ -132,6 +147,14 @@ def cmd_validate(args) -> int:
     from ..validate import validate
 
     sched = validate(schedule_from(args))
+    low = getattr(args, "lowered", None)
+    if low is not None:
+        from ..lowering.check import check
+
+        check(low)
+        print(f"valid: {sched.name}, {sched.ranks} ranks, its communication matched (sends and receives in order, "
+              f"collectives in one order, gathered before use), {sum(len(p) for p in low.programs)} actions")
+        return 0
     print(f"valid: {sched.name}, {sched.ranks} ranks, {sched.stages} stages, {sched.microbatches} micro-batches, "
           f"{sched.num_actions} ops")
     return 0

@@ -137,12 +137,15 @@ class Communication:
 
     parallelism: Parallelism = field(default_factory=Parallelism)
     options: LoweringOptions = field(default_factory=LoweringOptions)
+    given: "object | None" = None  #: programs already lowered (a compute+comms CSV): played as they are
 
     def lower(self, schedule):
         from dataclasses import replace
 
         from .lower import lower
 
+        if self.given is not None and self.given.schedule.programs == schedule.programs:
+            return self.given
         par = replace(self.parallelism, pp=schedule.ranks)
         par.check()
         return lower(schedule, par, self.options)

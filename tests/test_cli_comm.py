@@ -1,0 +1,46 @@
+"""The communication options of simulate/compare/draw/explain/export/validate (cli/comm.py), as a user runs them."""
+
+import json
+
+from cli_helpers import fails, run
+
+
+def test_simulate_with_fsdp_reports_each_kind(capsys):
+    rc, out, _ = run(capsys, "simulate", "1f1b", "-p", "4", "-m", "8", "--fsdp", "2", "--param-bytes", "8",
+                     "--intra-bandwidth", "4", "--json")
+    res = json.loads(out)
+    assert rc == 0 and res["makespan"] > 33
+    assert set(res["comm"]) == {"UNSHARD", "REDUCE_GRAD", "STEP_END"}
+    for v in res["comm"].values():
+        assert [a - x for a, x in zip(v["time"], v["exposed"])] == v["hidden"]
+    rc, out, _ = run(capsys, "simulate", "1f1b", "-p", "4", "-m", "8", "--comms")
+    assert rc == 0 and " 33 " in out  # free transfers: today's makespan
+
+
+def test_compare_and_draw_take_the_layout(capsys, tmp_path):
+    rc, out, _ = run(capsys, "compare", "-p", "4", "-m", "8", "--schedules", "1f1b,zb-h1", "--dp", "2",
+                     "--param-bytes", "8", "--intra-bandwidth", "4", "--framework", "deepspeed")
+    assert rc == 0 and "zb-h1: communication over all ranks: REDUCE_GRAD" in out
+    rc, out, _ = run(capsys, "draw", "1f1b", "-p", "2", "-m", "4", "--fsdp", "2", "--param-bytes", "8",
+                     "--intra-bandwidth", "1", "-o", str(tmp_path / "t.svg"))
+    assert rc == 0 and (tmp_path / "t.svg").exists()
+
+
+def test_export_comms_then_validate_and_simulate(capsys, tmp_path):
+    path = tmp_path / "c.csv"
+    rc, out, _ = run(capsys, "export", "interleaved-1f1b", "-p", "2", "-m", "4", "--comms", "--fsdp", "2",
+                     "--csv", str(path))
+    assert rc == 0 and "0UNSHARD" in path.read_text() and "SEND_F" in path.read_text()
+    rc, out, _ = run(capsys, "validate", "--csv", str(path))
+    assert rc == 0 and "communication matched" in out
+    rc, out, _ = run(capsys, "simulate", "--csv", str(path), "--fsdp", "2", "--param-bytes", "8",
+                     "--intra-bandwidth", "2", "--json")
+    assert rc == 0 and json.loads(out)["comm"]["UNSHARD"]["time"] == [4.0, 4.0]  # two stages a rank, 8 bytes each over 2 at 2 B/t
+
+
+def test_bad_comm_input_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n")
+    assert "0SEND_F0): no receive on rank 1 takes it" in fails(capsys, "validate", "--csv", str(bad))
+    assert "reshard_after_forward" in fails(capsys, "simulate", "1f1b", "--reshard-after-forward")
+    assert "--param-bytes" in fails(capsys, "simulate", "1f1b", "--fsdp", "2", "--param-bytes", "1,2")
