@@ -42,5 +42,5 @@ def test_bad_comm_input_is_one_line(capsys, tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n")
     assert "0SEND_F0): no receive on rank 1 takes it" in fails(capsys, "validate", "--csv", str(bad))
-    assert "reshard_after_forward" in fails(capsys, "simulate", "1f1b", "--reshard-after-forward")
+    assert "--reshard-after-forward frees FSDP" in fails(capsys, "simulate", "1f1b", "--reshard-after-forward")
     assert "--param-bytes" in fails(capsys, "simulate", "1f1b", "--fsdp", "2", "--param-bytes", "1,2")
