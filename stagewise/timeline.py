@@ -51,6 +51,18 @@ class Timeline:
 
         return timeline_image(self)
 
+    @property
+    def origin(self) -> float:
+        """When the step starts: its first op, or its first transfer (a lowered step may gather first)."""
+        t0 = min((min(s) for s in self.starts if s), default=0.0)
+        return min([t0] + [c.start for lane in self.comm for c in lane]) if self.comm is not None else t0
+
+    @property
+    def finish(self) -> float:
+        """When the step ends: its last op, or its last transfer (a lowered step reduces after the drain)."""
+        t1 = max((max(e) for e in self.ends if e), default=0.0)
+        return max([t1] + [c.end for lane in self.comm for c in lane]) if self.comm is not None else t1
+
     def rows(self, rank: int):
         """(op, start, end) for each op of ``rank`` in program order."""
         return zip(self.schedule.programs[rank], self.starts[rank], self.ends[rank])
@@ -169,10 +181,7 @@ class Metrics:
 
 def metrics(tl: Timeline) -> Metrics:
     """Makespan, bubble, busy/idle per rank and peak memory of a timeline."""
-    t0 = min((min(s) for s in tl.starts if s), default=0.0)
-    t1 = max((max(e) for e in tl.ends if e), default=0.0)
-    if tl.comm is not None:  # the step ends when the rank's last transfer has (a2a ends inside its op)
-        t1 = max([t1] + [c.end for lane in tl.comm for c in lane])
+    t0, t1 = tl.origin, tl.finish
     makespan = t1 - t0
     busy = tuple(sum(e - s for s, e in zip(st, en)) for st, en in zip(tl.starts, tl.ends))
     idle = tuple(makespan - b for b in busy)

@@ -203,3 +203,46 @@ def test_stagewise_lowering_passes_torchs_dry_run(name, v):
     rows = dumps(lower(sched, Parallelism(pp=4))).strip().split("\n")
     acts = {r: [S._Action.from_str(x) for x in row.split(",")] for r, row in enumerate(rows)}
     S._simulate_comms_compute(acts, lambda s: sched.placement[s], sched.stages)
+
+
+# ---- explain names the transfer a gap waits on
+
+
+def _lowered_timeline(name="1f1b", p=2, m=4, **par):
+    from stagewise.lowering import Communication
+
+    comm = Communication(parallelism=Parallelism(**par), options=LoweringOptions(
+        sizes=Sizes(params=8.0), network=Network(intra_bandwidth=1.0)))
+    return simulate(generate(name, p, m), Costs(comm=comm))
+
+
+def test_explain_names_the_gather_and_the_reduction():
+    import re
+
+    from stagewise import causes
+    from stagewise.explain import explain, idle_by_cause
+
+    tl = _lowered_timeline(fsdp=2)
+    gaps = explain(tl)
+    first = gaps[0]
+    assert first.cause == "collective" and first.before == (0, 0)
+    assert first.text == ("rank 0 idle 0..4 (4): 0F0 waits for the all-gather of stage 0 over fsdp on rank 0, in "
+                          "flight from 0 to 4: collective")
+    last = [g for g in gaps if g.rank == 1][-1]
+    assert last.cause == "collective" and last.before is None and "step-end all-reduce" in last.text
+    assert abs(sum(idle_by_cause(gaps).values()) - sum(metrics(tl).idle)) < 1e-9
+    for g in gaps:
+        assert not re.search(r"\d+[FBIW]\d+", causes.plain(g, tl))
+
+
+def test_explain_cli_prints_the_collective(capsys):
+    from cli_helpers import run
+
+    rc, out, _ = run(capsys, "explain", "1f1b", "-p", "2", "-m", "4", "--fsdp", "2", "--param-bytes", "8",
+                     "--intra-bandwidth", "1", "--json")
+    import json
+
+    gaps = json.loads(out)["gaps"]
+    assert rc == 0 and gaps[0]["cause"] == "collective" and gaps[0]["comm"] == {
+        "action": "0UNSHARD", "rank": 0, "start": 0.0, "end": 4.0}
+    assert gaps[0]["label"] == "a collective in flight"

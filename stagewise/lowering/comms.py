@@ -76,3 +76,20 @@ def parse_comm(text: str) -> CommAction | None:
     if (kind in P2P or kind == ALL_TO_ALL) != bool(mb):
         return None
     return CommAction(kind, int(m[1]), int(mb) if mb else None)
+
+
+def describe(c: CommAction, rank: int) -> str:
+    """A transfer in words, without op codes: 'the reduce-scatter of stage 3 over fsdp'."""
+    if c.kind in P2P:
+        what = "activation" if c.kind in (SEND_F, RECV_F) else "gradient"
+        return f"micro-batch {c.mb}'s {what} of stage {c.stage} {'to' if c.kind in SENDS else 'from'} rank {c.peer}"
+    if c.kind == TIE_GRAD:
+        return f"the tied-weight all-reduce of stage {c.stage} with rank {c.peer}"
+    if c.kind == STEP_END:
+        return "the step-end all-reduce (gradient norm and loss) over every rank"
+    if c.kind == ALL_TO_ALL:
+        return f"micro-batch {c.mb}'s all-to-all of stage {c.stage} over ep"
+    if c.kind == RESHARD:
+        return f"the reshard of stage {c.stage}"
+    op = c.op or WORDS[c.kind]
+    return f"the {op} of stage {c.stage} over {c.group}"

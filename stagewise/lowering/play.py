@@ -62,6 +62,9 @@ class Played:
         self.starts = [[0.0] * len(p) for p in low.programs]
         self.ends = [[0.0] * len(p) for p in low.programs]
         self.exposed = [[0.0] * len(p) for p in low.programs]
+        #: per rank, compute op position (in the schedule's program) -> the lowered position of the transfer
+        #: it waited for last (what held it beyond its rank being free and its inputs computed)
+        self.waited: list[dict[int, int]] = [dict() for _ in low.programs]
 
 
 def play_lowered(low: Lowered, sc: StageCosts, costs: Costs) -> Played:
@@ -130,6 +133,8 @@ def play_lowered(low: Lowered, sc: StageCosts, costs: Costs) -> Played:
                     comm, via = arrival, where
         return base, comm, via
 
+    compute_at = [[k for k, a in enumerate(p) if type(a) is not CommAction] for p in programs]
+    index_of = [{k: j for j, k in enumerate(ks)} for ks in compute_at]
     while queue:
         r = queue.popleft()
         prog = programs[r]
@@ -215,6 +220,7 @@ def play_lowered(low: Lowered, sc: StageCosts, costs: Costs) -> Played:
             start = max(base, comm)
             if via >= 0 and comm > base:
                 exposed[r][via] += comm - base
+                out.waited[r][index_of[r][i]] = via
             op_start[r] = start
             t = start + op_time(a, sc)
             starts[r][i], ends[r][i] = start, t

@@ -46,7 +46,7 @@ def chunk_of_stage(schedule: Schedule) -> list[int]:
 
 
 def origin(timeline: Timeline) -> float:
-    return min((s[0] for s in timeline.starts if s), default=0.0)
+    return timeline.origin
 
 
 def cells(timeline: Timeline) -> list[Cell]:

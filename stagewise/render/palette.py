@@ -43,6 +43,7 @@ CAUSES = {
     "slow stage": ("#D55E00", "cross"),   # vermillion cross-hatch
     "link": ("#56B4E9", "dots"),          # sky-blue dots
     "order": ("#666666", "horizontal"),   # grey lines
+    "collective": ("#009E73", "vertical"),  # bluish-green upright lines
 }
 #: the page's own colours (text, lines, panels, states), set as CSS variables from the API
 PAGE = {
