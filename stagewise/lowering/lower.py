@@ -203,6 +203,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
     drained: list[int] = []
     for k, op in enumerate(prog):
         acts = actions_of(op)
+        touched = (acts[0].stage,) if len(acts) == 1 else tuple(sorted({a.stage for a in acts}))
         for s in gathers.get(k, ()):
             out.append(unshard(s))
         for a in acts:
@@ -221,7 +222,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
                                       nb(s2 - 1 if d == "F" else s2), "p2p"))
             received[(src, r)] = want + 1
         if raf:
-            for s in sorted({a.stage for a in acts}):
+            for s in touched:
                 out.append(unshard(s))
         out.append(op)
         for a in acts:
@@ -233,13 +234,13 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
             if o is not None and place[o[1]] != r:
                 out.append(CommAction(SEND_F if o[0] == "F" else SEND_B, a.stage, a.mb, place[o[1]], "pp",
                                       nb(a.stage if o[0] == "F" else a.stage - 1), "p2p"))
-        done = sorted(s for s in {a.stage for a in acts} if last_bw.get(s) == k)
+        done = [s for s in touched if last_bw.get(s) == k]
         for s in done if reduces else ():
             if reduce_rule == "drain":
                 drained.append(s)
             else:
                 out.append(reduce(s, during=reduce_rule == "layer"))
-        for s in sorted({a.stage for a in acts}):
+        for s in touched if fsdp else ():
             if raf and last_use[s] != k:
                 out.append(CommAction(RESHARD, s, None, -1, "fsdp", 0.0, "fsdp"))
             elif fsdp and last_use[s] == k:
