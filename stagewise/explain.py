@@ -342,8 +342,9 @@ def _end_why(w: _Waits, tl: Timeline, free: float):
     tail = w.t1 - max(w.compute_end, free)
     if tl.comm is None or tail <= (w.t1 - free) / 2 + w.eps:
         return None
-    r, c = max(((r, c) for r, lane in enumerate(tl.comm) for c in lane if c.kind != "a2a"),
-               key=lambda rc: rc[1].end)
+    # the transfer past the last op that the step's end waits for most (the longest exposed; the last one on a tie)
+    r, c = max(((r, c) for r, lane in enumerate(tl.comm) for c in lane if c.kind != "a2a" and c.end > w.compute_end),
+               key=lambda rc: (rc[1].exposed, rc[1].end))
     got = (c.action, r, c.start, c.end)
     return _Why("collective", None, _comm_text(got, w), got)
 
@@ -438,6 +439,9 @@ def _done(w: _Waits, r: int, free: float, why: _Why | None = None) -> Gap:
                    f"{why.why}: collective", comm=why.comm)
     text = (f"rank {r} has run its program: drain: the step ends at {_n(w.t1 - w.t0)} when {w.op(last)} ends on "
             f"rank {last.rank}")
+    if w.t1 > w.compute_end + w.eps:  # lowered: transfers run past the last op
+        text = (f"rank {r} has run its program: drain: {w.op(last)} ends on rank {last.rank} at "
+                f"{_n(w.compute_end - w.t0)}, the step at {_n(w.t1 - w.t0)} when its transfers are done")
     return Gap(rank=r, start=free, end=w.t1, before=None, chain=(), origin=last, blocker=None, cause="drain",
                text=_head(r, free, w.t1, w.t0) + text)
 

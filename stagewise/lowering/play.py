@@ -188,8 +188,9 @@ def play_lowered(low: Lowered, sc: StageCosts, costs: Costs) -> Played:
                     else:
                         start = max(post, stream_free[r].get(a.stream, 0.0))
                     end = start + dur
-                    if a.during:
+                    if a.during:  # bucketed: done no earlier than its op, running in the op's last part
                         end = max(end, t)
+                        start = end - dur
                     if dur or a.during:
                         stream_free[r][a.stream] = end
                     starts[r][i], ends[r][i] = start, end
