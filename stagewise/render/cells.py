@@ -74,6 +74,7 @@ class CommCell(NamedTuple):
     end: float
     action: Action
     exposed: float  #: the last ``exposed`` seconds of it the rank waits for
+    kind: str = "a2a"  #: "a2a", or a lowered transfer's kind (its ``action`` is then the CommAction)
 
 
 def comm_cells(timeline: Timeline) -> list[CommCell]:
@@ -81,7 +82,7 @@ def comm_cells(timeline: Timeline) -> list[CommCell]:
     if timeline.comm is None:
         return []
     t0 = origin(timeline)
-    return [CommCell(r, c.start - t0, c.end - t0, c.action, c.exposed)
+    return [CommCell(r, c.start - t0, c.end - t0, c.action, c.exposed, c.kind)
             for r, lane in enumerate(timeline.comm) for c in lane]
 
 
