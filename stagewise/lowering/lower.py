@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..actions import Action, Pair, actions_of
 from ..parallelism import Parallelism
@@ -174,21 +175,12 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
     reduce_rule = ov.fsdp_reduce if fsdp else ov.reduce
     gather_group = "fsdp" if fsdp else "dp"
 
-    first_fw: dict[int, int] = {}
-    last_bw: dict[int, int] = {}
-    last_use: dict[int, int] = {}
-    for k, op in enumerate(prog):
-        for a in actions_of(op):
-            last_use[a.stage] = k
-            if a.kind == "F":
-                first_fw.setdefault(a.stage, k)
-            if a.kind in ("B", "W"):
-                last_bw[a.stage] = k
+    points = stage_points(prog)
+    first_fw, last_bw, last_use = points.first_forward, points.last_backward, points.last_use
     gathers: dict[int, list[int]] = {}
     if (fsdp and not raf) or (zero_gather and ov.gather != "end"):
-        order = sorted(first_fw, key=first_fw.get)
-        for j, s in enumerate(order):
-            gathers.setdefault(first_fw[order[j - 1]] if j else 0, []).append(s)
+        for s, k in points.gathers.items():
+            gathers.setdefault(k, []).append(s)
 
     def unshard(s):
         return CommAction(UNSHARD, s, None, -1, gather_group, sizes["params"][s], stream, "all-gather")
@@ -255,6 +247,35 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
         out.append(CommAction(STEP_END, min(schedule.stages_of_rank(r), default=0), None, -1, "world",
                               opts.sizes.step_end, "world", "all-reduce"))
     return tuple(out)
+
+
+class StagePoints(NamedTuple):
+    """Where a rank's work on each of its stages begins and ends in its program (op positions): the rules the
+    lowering places gathers, reductions and frees by, and the runtime's ``RankPlan`` reads."""
+
+    first_forward: dict  #: stage -> its first F
+    last_backward: dict  #: stage -> its last B or W (its weight gradients are complete after it)
+    last_use: dict  #: stage -> its last op of any kind (a sharded stage is freed after it)
+    gathers: dict  #: stage -> the op its gather is issued before: one stage ahead (see ``lower``)
+
+
+def stage_points(program) -> StagePoints:
+    """The ``StagePoints`` of one rank's program."""
+    first_fw: dict[int, int] = {}
+    last_bw: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for k, op in enumerate(program):
+        for a in actions_of(op):
+            last_use[a.stage] = k
+            if a.kind == "F":
+                first_fw.setdefault(a.stage, k)
+            if a.kind in ("B", "W"):
+                last_bw[a.stage] = k
+    # one stage ahead: at the first forward of the stage whose first forward comes before its own (the
+    # program's first stage: at its first op)
+    order = sorted(first_fw, key=first_fw.get)
+    gathers = {s: (first_fw[order[j - 1]] if j else 0) for j, s in enumerate(order)}
+    return StagePoints(first_forward=first_fw, last_backward=last_bw, last_use=last_use, gathers=gathers)
 
 
 def _ties(schedule: Schedule, nbytes: float, r: int) -> list[CommAction]:
