@@ -246,3 +246,24 @@ def test_explain_cli_prints_the_collective(capsys):
     assert rc == 0 and gaps[0]["cause"] == "collective" and gaps[0]["comm"] == {
         "action": "0UNSHARD", "rank": 0, "start": 0.0, "end": 4.0}
     assert gaps[0]["label"] == "a collective in flight"
+
+
+def test_hsdp_reduces_over_fsdp_then_dp_and_nodes_set_the_link():
+    s = generate("1f1b", 2, 4)
+    net = Network(intra_bandwidth=4.0, inter_bandwidth=1.0, gpus_per_node=4)
+    low = lower(s, Parallelism(pp=2, dp=2, fsdp=2), LoweringOptions(sizes=Sizes(params=8.0), network=net))
+    (rg,) = [a for a in low.programs[0] if type(a) is CommAction and a.kind == "REDUCE_GRAD"]
+    assert rg.group == "hsdp" and rg.op == "reduce-scatter+all-reduce"
+    # fsdp pairs ranks 0 and 2 (one node of 4), dp pairs 0 and 4 (two nodes): 1/2 x 8 / 4, then 2 x 1/2 x 4 / 1
+    assert low.duration(0, rg) == pytest.approx(1.0 + 4.0)
+
+
+def test_expert_bytes_give_the_all_to_all_time_the_cost_model_takes():
+    """ep with dispatch bytes: each F and B pays the all-to-all Network prices, exactly as --a2a would."""
+    s = generate("dualpipe-v", 4, 8)
+    low = lower(s, Parallelism(pp=4, ep=4), LoweringOptions(sizes=Sizes(a2a=2.0), network=Network(inter_bandwidth=4.0)))
+    assert not low.inside(low.global_ranks(0, "ep"))  # ranks 0, 4, 8, 12: two nodes of 8
+    assert sum(type(a) is CommAction and a.kind == "ALL_TO_ALL" for a in low.programs[0]) == 2 * 2 * 8
+    by_bytes = simulate_lowered(low)
+    by_time = simulate(s, Costs(a2a=1.0))  # dispatch + combine: 2 x 2 bytes at 4 per t_f
+    assert by_bytes.starts == by_time.starts and metrics(by_bytes).a2a == metrics(by_time).a2a
