@@ -5,9 +5,10 @@ median step after the first; from rank 0's measured timeline take the mean F and
 given rank 0's: the run records rank 0's timeline only); on 2 ranks of gloo, time the collectives the
 lowering uses on one stage's parameters (all-gather and reduce-scatter for FSDP, all-reduce for dp), the tied
 embedding's all-reduce and one activation's send; turn them into the network's bandwidth and the link's
-latency; then simulate the lowered schedule (``Costs.comm``) and the compute-only one. Printed: measured,
-predicted with and without communication, and measured / predicted. The optimizer step is in the measured
-time and in no prediction.
+latency; then simulate the lowered schedule (``Costs.comm``) and the compute-only one. Printed: the measured
+step (median after the first: program, collectives, optimizer), rank 0's measured program span (first op to
+last), the predictions without and with communication, and each measured time over the prediction with
+communication. The optimizer step is in the measured step and in no prediction.
 
     .venv/bin/python benchmarks/bench_comm_prediction.py [--steps 6] [--d-model 256] [--schedules 1f1b,zb-h1]
 """
@@ -96,7 +97,8 @@ def main() -> None:
     print(f"gloo, 2 ranks: stage parameters {max(per_stage) / 1e6:.2f} MB; " +
           ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in got.items()))
     B = max(per_stage)
-    print(f"{'layout':<14} {'schedule':<8} {'measured s':>10} {'compute s':>9} {'with comm s':>11} {'ratio':>6}")
+    print(f"{'layout':<14} {'schedule':<8} {'step s':>8} {'program s':>9} {'compute s':>9} {'with comm s':>11} "
+          f"{'step/pred':>9} {'program/pred':>12}")
     for layout in ({"dp": 2}, {"fsdp": 2}):
         # the ring time of each collective on 2 ranks, inverted: all-gather and reduce-scatter move B/2,
         # all-reduce 2 x B/2
@@ -124,7 +126,9 @@ def main() -> None:
             p0 = alone.finish - alone.origin
             p1 = lowered.finish - lowered.origin
             label = " x ".join(f"{k}{v}" for k, v in {"pp": 2, **layout}.items())
-            print(f"{label:<14} {name:<8} {measured:>10.4f} {p0:>9.4f} {p1:>11.4f} {measured / p1:>6.2f}")
+            span = tl.finish - tl.origin  # rank 0's program, first op to last (no optimizer step)
+            print(f"{label:<14} {name:<8} {measured:>8.4f} {span:>9.4f} {p0:>9.4f} {p1:>11.4f} {measured / p1:>9.2f} "
+                  f"{span / p1:>12.2f}")
 
 
 if __name__ == "__main__":
