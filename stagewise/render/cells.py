@@ -86,6 +86,23 @@ def comm_cells(timeline: Timeline) -> list[CommCell]:
             for r, lane in enumerate(timeline.comm) for c in lane]
 
 
+def comm_label(c: CommCell) -> str:
+    """What a lane cell is, in words: "all-to-all of 0F0", or a lowered transfer ("the all-gather of stage 0
+    over fsdp", ``lowering.comms.describe``)."""
+    if c.kind == "a2a":
+        return f"all-to-all of {c.action}"
+    from ..lowering.comms import describe
+
+    return describe(c.action, c.rank)
+
+
+def comm_colours(c: CommCell) -> tuple[str, str]:
+    """(hidden, exposed) colours of a lane cell: the all-to-all's, or lowered communication's."""
+    from . import palette
+
+    return (palette.A2A_HIDDEN, palette.A2A) if c.kind == "a2a" else (palette.COMM_HIDDEN, palette.COMM)
+
+
 def exposed_spans(timeline: Timeline) -> list[tuple[int, float, float]]:
     """(rank, start, end) of the all-to-all each op exposes, drawn at the op's end (its compute is done); a
     lowered transfer's exposed time is idle time, not part of an op, and is not drawn here."""
@@ -131,6 +148,7 @@ class Summary:
     a2a: float = 0.0  #: all-to-all of all ranks
     a2a_exposed: float = 0.0  #: exposed all-to-all of the rank that exposes most
     a2a_hidden: float = 0.0  #: share of all all-to-all hidden behind compute
+    transfers: bool = False  #: whether the lane holds lowered communication (gathers, reductions, sends)
 
     @property
     def comm(self) -> bool:
@@ -189,6 +207,7 @@ def summary(timeline: Timeline) -> Summary:
         a2a=sum(mt.a2a),
         a2a_exposed=max(mt.exposed_a2a, default=0.0),
         a2a_hidden=sum(mt.hidden_a2a) / sum(mt.a2a) if sum(mt.a2a) else 0.0,
+        transfers=bool(mt.comm),
     )
 
 
