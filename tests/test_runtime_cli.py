@@ -51,8 +51,14 @@ def test_json_follows_the_contract_and_equals_the_reference(capsys, reference_lo
 
 
 def test_text_output_a_csv_schedule_and_a_trace(capsys, tmp_path, reference_losses):
+    """A compute+comms CSV (torch's lowered format, what `export --comms` writes): the run takes its compute and
+    places its communication by the same rules (stagewise.lowering)."""
+    from stagewise.lowering import lower
+    from stagewise.lowering.torch_comms import dump
+
     csv = tmp_path / "i.csv"
-    torch_csv.dump(generate("interleaved-1f1b", 2, 4), csv)
+    dump(lower(generate("interleaved-1f1b", 2, 4)), csv)
+    assert "SEND_F" in csv.read_text()
     trace = tmp_path / "run.json"
     rc, out, err = run(capsys, "train", "--csv", str(csv), "-p", "2", "-m", "4", *TINY, "--trace", str(trace),
                        "--draw")

@@ -30,7 +30,7 @@ WORDS = {SEND_F: "activation send", RECV_F: "activation receive", SEND_B: "gradi
          RECV_B: "gradient receive", UNSHARD: "all-gather", RESHARD: "reshard", REDUCE_GRAD: "gradient reduction",
          ALL_TO_ALL: "all-to-all", TIE_GRAD: "tied-weight all-reduce", STEP_END: "step-end all-reduce"}
 
-_COMM_RE = re.compile(r"(\d+)(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")(\d*)")
+_COMM_RE = re.compile(r"([0-9]+)(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")([0-9]*)")  # ASCII digits
 
 
 class CommAction(NamedTuple):
