@@ -267,3 +267,25 @@ def test_expert_bytes_give_the_all_to_all_time_the_cost_model_takes():
     by_bytes = simulate_lowered(low)
     by_time = simulate(s, Costs(a2a=1.0))  # dispatch + combine: 2 x 2 bytes at 4 per t_f
     assert by_bytes.starts == by_time.starts and metrics(by_bytes).a2a == metrics(by_time).a2a
+
+
+@pytest.mark.parametrize("name,v", [("1f1b", None), ("interleaved-1f1b", 2)])
+def test_torchs_runtime_loads_a_compute_comms_csv_as_written(tmp_path, name, v):
+    """_PipelineScheduleRuntime._load_csv(FILE, "compute_comms") reads `export --comms`'s file action for action."""
+    pytest.importorskip("torch")
+    from unittest import mock
+
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    from stagewise.lowering.torch_comms import dump
+
+    sched = generate(name, 2, 4, v)
+    path = tmp_path / "c.csv"
+    dump(lower(sched, Parallelism(pp=2, fsdp=2)), path)
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, 2, None, sched.stages
+    runtime = _PipelineScheduleRuntime([stage] * sched.chunks, 4)
+    runtime._load_csv(str(path), format="compute_comms")
+    rows = path.read_text().strip().split("\n")
+    assert [",".join(map(str, runtime.pipeline_order_with_comms[r])) for r in range(2)] == rows
