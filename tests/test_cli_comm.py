@@ -44,3 +44,10 @@ def test_bad_comm_input_is_one_line(capsys, tmp_path):
     assert "0SEND_F0): no receive on rank 1 takes it" in fails(capsys, "validate", "--csv", str(bad))
     assert "--reshard-after-forward frees FSDP" in fails(capsys, "simulate", "1f1b", "--reshard-after-forward")
     assert "--param-bytes" in fails(capsys, "simulate", "1f1b", "--fsdp", "2", "--param-bytes", "1,2")
+
+
+def test_simulate_refuses_a_compute_comms_csv_whose_receives_are_out_of_order(capsys, tmp_path):
+    bad = tmp_path / "swapped.csv"
+    bad.write_text("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+                   "1RECV_F1,1RECV_F0,1F0,1B0,1SEND_B0,1F1,1B1,1SEND_B1\n")
+    assert "deadlock: receive order: rank 1 position 0 (1RECV_F1)" in fails(capsys, "simulate", "--csv", str(bad))

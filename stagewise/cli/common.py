@@ -152,7 +152,9 @@ def schedule_from(args: argparse.Namespace):
         from ..lowering import torch_comms
 
         if torch_comms.has_comms(limits.read_text(args.csv, "--csv")):  # torch's compute+comms CSV
-            args.lowered = torch_comms.load(args.csv)
+            from ..lowering.check import check
+
+            args.lowered = check(torch_comms.load(args.csv))  # its sends, receives and collectives must match
             from ..validate import validate
 
             return validate(args.lowered.schedule)
