@@ -69,183 +69,216 @@ class Played:
 
 def play_lowered(low: Lowered, sc: StageCosts, costs: Costs) -> Played:
     """Times of every action of ``low`` (see the module docstring). Raises ``engine.Stuck`` on a deadlock."""
-    sched = low.schedule
-    m, place = sched.microbatches, sched.placement
-    first, last = sched.first_stages, sched.last_stages
-    n_keys = sched.stages * m
-    programs = low.programs
-    R = len(programs)
-    out = Played(low)
-    done = [-1.0] * (2 * n_keys)  # compute: F done, input gradient done
-    arrive: dict = {}  # message key -> (arrival, sent at)
-    got: list[dict] = [dict() for _ in range(R)]  # per rank: key -> (arrival, sent at, position of its receive)
-    link_free: dict = {}
-    stream_free: list[dict] = [dict() for _ in range(R)]
-    gathered: list[dict] = [dict() for _ in range(R)]  # stage -> (end of its latest gather, its position)
-    entered: dict = {}  # cross-rank collective -> {rank: posted}
-    seq: list[dict] = [dict() for _ in range(R)]  # group -> collectives of it entered so far
-    last_op = [max((k for k, a in enumerate(p) if type(a) is not CommAction), default=-1) for p in programs]
-    comm_end = [0.0] * R  # latest end of what the rank posted
-    pos, clock = [0] * R, [0.0] * R
-    op_start = [0.0] * R
-    waiting: dict = {}
-    queue = deque(range(R))
-    lat, bw, msg = costs.latency, costs.bandwidth, sc.message
-    starts, ends, exposed = out.starts, out.ends, out.exposed
+    player = _Player(low, sc, costs)
+    player.run()
+    player.tail()
+    return player.out
 
-    def wait(key, r):
-        waiting.setdefault(key, []).append(r)
 
-    def wake(key):
-        if waiting:
-            woken = waiting.pop(key, None)
+class _Player:
+    """One play of a lowered schedule. Mutable: what has finished, arrived and been posted so far, and which
+    rank waits on what (a work list, as ``engine.play``'s)."""
+
+    def __init__(self, low: Lowered, sc: StageCosts, costs: Costs):
+        sched = low.schedule
+        self.low, self.sc = low, sc
+        self.m, self.place = sched.microbatches, sched.placement
+        self.first, self.last = sched.first_stages, sched.last_stages
+        self.n_keys = sched.stages * self.m
+        programs = self.programs = low.programs
+        R = len(programs)
+        self.out = Played(low)
+        self.done = [-1.0] * (2 * self.n_keys)  # compute: F done, input gradient done
+        self.arrive: dict = {}  # message key -> (arrival, sent at)
+        self.got: list[dict] = [dict() for _ in range(R)]  # per rank: key -> (arrival, sent at, receive position)
+        self.link_free: dict = {}
+        self.stream_free: list[dict] = [dict() for _ in range(R)]
+        self.gathered: list[dict] = [dict() for _ in range(R)]  # stage -> (end of its latest gather, position)
+        self.entered: dict = {}  # cross-rank collective -> {rank: posted}
+        self.seq: list[dict] = [dict() for _ in range(R)]  # group -> collectives of it entered so far
+        self.last_op = [max((k for k, a in enumerate(p) if type(a) is not CommAction), default=-1) for p in programs]
+        self.comm_end = [0.0] * R  # latest end of the collectives the rank posted
+        self.op_start = [0.0] * R
+        self.index_of = [{k: j for j, k in enumerate(k for k, a in enumerate(p) if type(a) is not CommAction)}
+                         for p in programs]
+        self.pos, self.clock = [0] * R, [0.0] * R
+        self.waiting: dict = {}
+        self.queue = deque(range(R))
+        self.lat, self.bw = costs.latency, costs.bandwidth
+
+    def wait(self, key, r: int) -> bool:
+        self.waiting.setdefault(key, []).append(r)
+        return False
+
+    def wake(self, key) -> None:
+        if self.waiting:
+            woken = self.waiting.pop(key, None)
             if woken:
-                queue.extend(woken)
+                self.queue.extend(woken)
 
-    def inputs(r, a):
-        """(ready from compute, ready with transfers, position of the transfer that came last) or a key."""
+    def run(self) -> None:
+        programs = self.programs
+        while self.queue:
+            r = self.queue.popleft()
+            prog = programs[r]
+            i, t = self.pos[r], self.clock[r]
+            while i < len(prog):
+                a = prog[i]
+                if type(a) is CommAction:
+                    if not self.comm(r, i, a, t):
+                        break
+                else:
+                    end = self.compute(r, i, a, t)
+                    if end is None:
+                        break
+                    t = end
+                i += 1
+            self.pos[r], self.clock[r] = i, t
+        if any(self.pos[r] < len(p) for r, p in enumerate(programs)):
+            raise Stuck(_blocked(self.low, self.pos))
+
+    def comm(self, r: int, i: int, a: CommAction, t: float) -> bool:
+        """Post communication action ``a`` (position ``i`` of rank ``r``, whose compute is free at ``t``); False
+        when it must wait for another rank first."""
+        kind = a.kind
+        post = t
+        if a.during:
+            post = self.op_start[r]
+        elif i > self.last_op[r] and kind not in SENDS and kind not in RECVS:
+            post = max(t, self.comm_end[r])  # after the rank's last op: once what it posted is done
+        if kind in SENDS:
+            self.send(r, i, a, post)
+            return True
+        if kind in RECVS:
+            return self.recv(r, i, a)
+        return self.collective(r, i, a, post, t)
+
+    def send(self, r: int, i: int, a: CommAction, post: float) -> None:
+        key = a.key
+        if self.bw and a.nbytes > 0:
+            occ, delay = a.nbytes / self.bw, self.lat
+        else:  # no bytes: the cost model's message time of that boundary
+            occ, delay = 0.0, self.sc.message[key[1] - 1 if key[0] == "F" else key[1]]
+        start = max(post, self.link_free.get((r, a.peer), 0.0))
+        self.link_free[(r, a.peer)] = start + occ
+        self.arrive[key] = (start + occ + delay, post)
+        self.out.starts[r][i], self.out.ends[r][i] = start, start + occ + delay
+        self.wake(("msg", key))
+
+    def recv(self, r: int, i: int, a: CommAction) -> bool:
+        key = a.key
+        got = self.arrive.get(key)
+        if got is None:
+            return self.wait(("msg", key), r)
+        self.got[r][key] = (got[0], got[1], i)
+        self.out.starts[r][i], self.out.ends[r][i] = got[1], got[0]
+        self.wake(("recv", r, key))
+        return True
+
+    def collective(self, r: int, i: int, a: CommAction, post: float, t: float) -> bool:
+        members = self.low.members(r, a)
+        dur = self.low.duration(r, a)
+        free = self.stream_free[r]
+        if len(members) > 1:  # starts when every member has posted it
+            j = self.seq[r].get(a.group, 0)
+            inst = (a.group, members, j)
+            posts = self.entered.setdefault(inst, {})
+            if r not in posts:
+                posts[r] = max(post, free.get(a.stream, 0.0))
+                self.wake(("coll", inst))
+            if len(posts) < len(members):
+                return self.wait(("coll", inst), r)
+            self.seq[r][a.group] = j + 1
+            start = max(posts.values())
+        else:
+            start = max(post, free.get(a.stream, 0.0))
+        end = start + dur
+        if a.during:  # bucketed: done no earlier than its op, running in the op's last part
+            end = max(end, t)
+            start = end - dur
+        if dur or a.during:
+            free[a.stream] = end
+        self.out.starts[r][i], self.out.ends[r][i] = start, end
+        if a.kind == UNSHARD:
+            self.gathered[r][a.stage] = (end, i)
+        if a.kind != ALL_TO_ALL:
+            self.comm_end[r] = max(self.comm_end[r], end)
+        return True
+
+    def compute(self, r: int, i: int, op, t: float) -> float | None:
+        """Run compute op ``op`` at the earliest time it can: its end, or None when an input is not there yet."""
+        acts = actions_of(op)
+        base, comm, via = t, 0.0, -1
+        for x in acts:
+            got = self.inputs(r, x)
+            if len(got) == 1:
+                self.wait(got[0], r)
+                return None
+            b, c, v = got
+            base = max(base, b)
+            if c > comm:
+                comm, via = c, v
+            g = self.gathered[r].get(x.stage)
+            if g is not None and g[0] > comm:
+                comm, via = g
+        start = max(base, comm)
+        if via >= 0 and comm > base:  # it waited for a transfer beyond everything else it needed
+            self.out.exposed[r][via] += comm - base
+            self.out.waited[r][self.index_of[r][i]] = via
+        self.op_start[r] = start
+        end = start + op_time(op, self.sc)
+        self.out.starts[r][i], self.out.ends[r][i] = start, end
+        m, n_keys = self.m, self.n_keys
+        for kind, s, mb in acts:
+            if kind != "W":
+                k = s * m + mb if kind == "F" else n_keys + s * m + mb
+                self.done[k] = end
+                self.wake(k)
+        return end
+
+    def inputs(self, r: int, a) -> tuple:
+        """(ready from compute, ready with transfers, position of the transfer that came last), or a 1-tuple of
+        the key it waits on (a compute result, or ("recv", rank, message) for a receive not posted yet)."""
         kind, s, mb = a
+        m, n_keys, first, last = self.m, self.n_keys, self.first, self.last
+        if kind == "F":
+            deps = (((s - 1) * m + mb, ("F", s, mb), s - 1),) if s != first[s] else ()
+        elif kind == "W":
+            deps = ((n_keys + s * m + mb, None, s),)
+        else:
+            deps = ((s * m + mb, None, s),) + (
+                ((n_keys + (s + 1) * m + mb, ("B", s, mb), s + 1),) if s != last[s] else ())
         base = comm = 0.0
         via = -1
-        deps = []
-        if kind == "F":
-            if s != first[s]:
-                deps.append(((s - 1) * m + mb, ("F", s, mb), s - 1))
-        elif kind == "W":
-            deps.append((n_keys + s * m + mb, None, s))
-        else:
-            deps.append((s * m + mb, None, s))
-            if s != last[s]:
-                deps.append((n_keys + (s + 1) * m + mb, ("B", s, mb), s + 1))
         for k, msg_key, src in deps:
-            if place[src] == r or msg_key is None:
-                d = done[k]
+            if msg_key is None or self.place[src] == r:
+                d = self.done[k]
                 if d < 0:
-                    return k
+                    return (k,)
                 base = max(base, d)
             else:
-                g = got[r].get(msg_key)
+                g = self.got[r].get(msg_key)
                 if g is None:
-                    return ("recv", r, msg_key)
+                    return (("recv", r, msg_key),)
                 arrival, sent, where = g
                 base = max(base, sent)
                 if arrival > comm:
                     comm, via = arrival, where
         return base, comm, via
 
-    compute_at = [[k for k, a in enumerate(p) if type(a) is not CommAction] for p in programs]
-    index_of = [{k: j for j, k in enumerate(ks)} for ks in compute_at]
-    while queue:
-        r = queue.popleft()
-        prog = programs[r]
-        i, t = pos[r], clock[r]
-        n = len(prog)
-        while i < n:
-            a = prog[i]
-            if type(a) is CommAction:
-                kind = a.kind
-                post = t
-                if a.during:
-                    post = op_start[r]
-                elif i > last_op[r] and kind not in SENDS and kind not in RECVS:
-                    post = max(t, comm_end[r])  # after the rank's last op: once what it posted is done
-                if kind in SENDS:
-                    key = a.key
-                    dst = a.peer
-                    if bw and a.nbytes > 0:
-                        occ, delay = a.nbytes / bw, lat
-                    else:
-                        occ, delay = 0.0, msg[key[1] - 1 if key[0] == "F" else key[1]]
-                    start = max(post, link_free.get((r, dst), 0.0))
-                    link_free[(r, dst)] = start + occ
-                    arrive[key] = (start + occ + delay, post)
-                    starts[r][i], ends[r][i] = start, start + occ + delay
-                    wake(("msg", key))
-                elif kind in RECVS:
-                    key = a.key
-                    got_it = arrive.get(key)
-                    if got_it is None:
-                        wait(("msg", key), r)
-                        break
-                    got[r][key] = (got_it[0], got_it[1], i)
-                    starts[r][i], ends[r][i] = got_it[1], got_it[0]
-                    wake(("recv", r, key))
-                else:
-                    members = low.members(r, a)
-                    dur = low.duration(r, a)
-                    if len(members) > 1:
-                        j = seq[r].get(a.group, 0)
-                        inst = (a.group, members, j)
-                        posts = entered.setdefault(inst, {})
-                        if r not in posts:
-                            posts[r] = max(post, stream_free[r].get(a.stream, 0.0))
-                            wake(("coll", inst))
-                        if len(posts) < len(members):
-                            wait(("coll", inst), r)
-                            break
-                        seq[r][a.group] = j + 1
-                        start = max(posts.values())
-                    else:
-                        start = max(post, stream_free[r].get(a.stream, 0.0))
-                    end = start + dur
-                    if a.during:  # bucketed: done no earlier than its op, running in the op's last part
-                        end = max(end, t)
-                        start = end - dur
-                    if dur or a.during:
-                        stream_free[r][a.stream] = end
-                    starts[r][i], ends[r][i] = start, end
-                    if kind == UNSHARD:
-                        gathered[r][a.stage] = (end, i)
-                    if kind != ALL_TO_ALL:
-                        comm_end[r] = max(comm_end[r], end)
-                i += 1
-                continue
-            acts = actions_of(a)
-            base, comm, via = t, 0.0, -1
-            blocked = None
-            for x in acts:
-                got_in = inputs(r, x)
-                if type(got_in) is not tuple or len(got_in) != 3 or got_in[0] == "recv":
-                    blocked = got_in
-                    break
-                b, c, v = got_in
-                base = max(base, b)
-                if c > comm:
-                    comm, via = c, v
-                g = gathered[r].get(x.stage)
-                if g is not None and g[0] > comm:
-                    comm, via = g
-            if blocked is not None:
-                wait(blocked, r)
-                break
-            start = max(base, comm)
-            if via >= 0 and comm > base:
-                exposed[r][via] += comm - base
-                out.waited[r][index_of[r][i]] = via
-            op_start[r] = start
-            t = start + op_time(a, sc)
-            starts[r][i], ends[r][i] = start, t
-            i += 1
-            for kind, s, mb in acts:
-                if kind == "W":
-                    continue
-                k = s * m + mb if kind == "F" else n_keys + s * m + mb
-                done[k] = t
-                wake(k)
-        pos[r], clock[r] = i, t
-    if any(pos[r] < len(programs[r]) for r in range(R)):
-        raise Stuck(_blocked(low, pos))
-    # the step ends when every rank's compute and transfers are done: what runs past the last compute is exposed
-    finish = max((ends[r][k] for r in range(R) for k in range(len(programs[r]))
-                  if type(programs[r][k]) is not CommAction), default=0.0)
-    for r in range(R):
-        edge = finish
-        for k in sorted((k for k, a in enumerate(programs[r]) if type(a) is CommAction and a.kind not in SENDS
-                         and a.kind not in RECVS and ends[r][k] > edge), key=lambda k: ends[r][k]):
-            # at most its own length: waiting for the other members of a collective is their lateness
-            exposed[r][k] += min(ends[r][k] - edge, ends[r][k] - starts[r][k])
-            edge = ends[r][k]
-    return out
+    def tail(self) -> None:
+        """The step ends when every rank's compute and transfers are done: what runs past the last op is exposed."""
+        programs, starts, ends, exposed = self.programs, self.out.starts, self.out.ends, self.out.exposed
+        finish = max((ends[r][k] for r, p in enumerate(programs) for k in range(len(p))
+                      if type(p[k]) is not CommAction), default=0.0)
+        for r, prog in enumerate(programs):
+            edge = finish
+            late = [k for k, a in enumerate(prog) if type(a) is CommAction and a.kind not in SENDS
+                    and a.kind not in RECVS and ends[r][k] > edge]
+            for k in sorted(late, key=lambda k: ends[r][k]):
+                # at most its own length: waiting for the other members of a collective is their lateness
+                exposed[r][k] += min(ends[r][k] - edge, ends[r][k] - starts[r][k])
+                edge = ends[r][k]
 
 
 def _blocked(low: Lowered, pos: list[int]) -> list[Blocked]:
