@@ -51,3 +51,10 @@ def test_simulate_refuses_a_compute_comms_csv_whose_receives_are_out_of_order(ca
     bad.write_text("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
                    "1RECV_F1,1RECV_F0,1F0,1B0,1SEND_B0,1F1,1B1,1SEND_B1\n")
     assert "deadlock: receive order: rank 1 position 0 (1RECV_F1)" in fails(capsys, "simulate", "--csv", str(bad))
+
+
+def test_a_link_bandwidth_queues_back_to_back_sends_when_lowered(capsys):
+    args = ("simulate", "gpipe", "-p", "2", "-m", "4", "--bandwidth", "2", "--boundary-bytes", "4", "--json")
+    alone, lowered = (json.loads(run(capsys, *a)[1]) for a in (args, args + ("--comms",)))
+    assert alone["makespan"] == 19 and lowered["makespan"] == 22  # 4 sends of 2 t_f each share one link
+    assert lowered["comm"]["RECV_F"]["exposed"] == [0.0, 5.0]

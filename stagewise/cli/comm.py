@@ -80,8 +80,10 @@ def communication(args: argparse.Namespace, *, force: bool = False, moe: bool | 
                       **{n: (bool(x) if n == "reshard_after_forward" else x) for n, x in degrees.items()
                          if x is not None})
     par.check()
+    # with a link bandwidth the boundary's bytes occupy each link, so back-to-back sends queue on it
+    boundary = args.boundary_bytes if getattr(args, "bandwidth", None) else None
     sizes = Sizes(params=args.param_bytes or 0.0, grads=args.grad_bytes, tie=args.tie_bytes or 0.0,
-                  a2a=args.moe_bytes or 0.0)
+                  a2a=args.moe_bytes or 0.0, boundary=boundary)
     net = Network(**{k: getattr(args, k) for k in ("gpus_per_node", "intra_bandwidth", "inter_bandwidth",
                                                    "intra_latency", "inter_latency") if hasattr(args, k)})
     overlap = FRAMEWORKS[args.framework or "stagewise"]
