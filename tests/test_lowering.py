@@ -289,3 +289,13 @@ def test_torchs_runtime_loads_a_compute_comms_csv_as_written(tmp_path, name, v):
     runtime._load_csv(str(path), format="compute_comms")
     rows = path.read_text().strip().split("\n")
     assert [",".join(map(str, runtime.pipeline_order_with_comms[r])) for r in range(2)] == rows
+
+
+def test_the_planners_framework_rules_are_the_lowerings():
+    """plan/cluster/overlap.py costs a cluster plan under the rules the lowering places transfers by."""
+    from stagewise.plan.cluster.overlap import FRAMEWORKS as PLANNED
+
+    for name, rule in FRAMEWORKS.items():
+        f = PLANNED[name]
+        assert (f.reduce, f.gather, f.fsdp_reduce, f.fsdp_gather) == \
+            (rule.reduce, rule.gather, rule.fsdp_reduce, rule.fsdp_gather), name

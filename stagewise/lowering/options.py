@@ -50,7 +50,7 @@ class Overlap:
 FRAMEWORKS = {
     "megatron": Overlap(reduce="layer", gather="layer"),
     "torchtitan": Overlap(reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="layer"),
-    "deepspeed": Overlap(reduce="drain", gather="end", fsdp_reduce="drain"),
+    "deepspeed": Overlap(reduce="drain", gather="end"),
     "stagewise": Overlap(reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="stage"),
 }
 
