@@ -361,6 +361,8 @@ def scaled(costs: Costs, weights: list[float], *, durations: bool = True, activa
 
     fields = {k: times(k, getattr(costs, k)) for k in ("t_f", "t_b", "t_i", "t_w", "t_fb", "a2a", "a2a_b")} \
         if durations else {}
+    if durations and costs.comm is not None:  # the model's sizes are one rank's share too
+        fields["comm"] = costs.comm.scaled(weights)
     if activation:
         fields["activation"] = times("activation", costs.activation)
         if costs.activation_bytes is not None:

@@ -58,3 +58,10 @@ def test_a_link_bandwidth_queues_back_to_back_sends_when_lowered(capsys):
     alone, lowered = (json.loads(run(capsys, *a)[1]) for a in (args, args + ("--comms",)))
     assert alone["makespan"] == 19 and lowered["makespan"] == 22  # 4 sends of 2 t_f each share one link
     assert lowered["comm"]["RECV_F"]["exposed"] == [0.0, 5.0]
+
+
+def test_costs_per_rank_share_the_weights_among_a_ranks_chunks(capsys):
+    rc, out, _ = run(capsys, "compare", "-p", "4", "-m", "8", "--schedules", "1f1b,interleaved-1f1b", "--fsdp", "2",
+                     "--param-bytes", "8", "--intra-bandwidth", "4", "--costs-per", "rank", "--json")
+    one, two = json.loads(out)
+    assert one["comm"]["UNSHARD"]["time"] == two["comm"]["UNSHARD"]["time"] == [1.0] * 4  # one rank's weights

@@ -139,6 +139,19 @@ class Communication:
     options: LoweringOptions = field(default_factory=LoweringOptions)
     given: "object | None" = None  #: programs already lowered (a compute+comms CSV): played as they are
 
+    def scaled(self, weights: list[float]) -> "Communication":
+        """The same with each stage's weights, gradients and dispatch bytes times its weight (``costs.scaled``:
+        sizes given for one rank's share of the model, so a chunk of a v-chunk schedule holds 1/v of them)."""
+        from dataclasses import replace
+
+        z = self.options.sizes
+        n = len(weights)
+        sizes = replace(z, params=[x * w for x, w in zip(per_stage("param_bytes", z.params, n), weights)],
+                        grads=None if z.grads is None else
+                        [x * w for x, w in zip(per_stage("grad_bytes", z.grads, n), weights)],
+                        a2a=[x * w for x, w in zip(per_stage("a2a_bytes", z.a2a, n), weights)])
+        return replace(self, options=replace(self.options, sizes=sizes))
+
     def lower(self, schedule):
         from dataclasses import replace
 
