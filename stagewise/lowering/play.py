@@ -25,7 +25,7 @@ from ..actions import Pair, actions_of
 from ..costs import Costs, StageCosts
 from ..engine import Blocked, Stuck
 from ..overlap import Comm, comm_lanes, pair_parts, pair_time
-from .comms import ALL_TO_ALL, RECVS, REDUCE_GRAD, SENDS, UNSHARD, CommAction
+from .comms import ALL_TO_ALL, RECVS, SENDS, UNSHARD, CommAction
 from .lower import Lowered
 
 
@@ -288,7 +288,7 @@ def _blocked(low: Lowered, pos: list[int]) -> list[Blocked]:
     for r, prog in enumerate(low.programs):
         if pos[r] < len(prog):
             a = prog[pos[r]]
-            out.append(Blocked(r, pos[r], a, Action(str(a), -1, -1)))
+            out.append(Blocked(r, pos[r], a, Action(str(a), -1, -1)))  # what it waits on: check.describe_stuck
     return out
 
 
@@ -350,4 +350,4 @@ def simulate_lowered(low: Lowered, costs: Costs | None = None, *, check: bool = 
         comm=lanes(low, played, sc, starts, ends), meta={"costs": costs, "lowered": low, "played": played})
 
 
-__all__ = ["simulate_lowered", "Played", "a2a_costs", "compute_times", "lanes", "op_time", "play_lowered", "REDUCE_GRAD"]
+__all__ = ["simulate_lowered", "Played", "a2a_costs", "compute_times", "lanes", "op_time", "play_lowered"]
