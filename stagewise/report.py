@@ -30,6 +30,7 @@ def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -
         **mt.to_dict(),
         "parameter_copies": [x * schedule.ranks for x in mt.param_share],
         "memory_model": memory_model(costs, schedule.stages),
+        **({"parallelism": tl.meta["lowered"].parallelism.to_dict()} if "lowered" in tl.meta else {}),
     }
 
 

@@ -11,6 +11,7 @@ def test_simulate_with_fsdp_reports_each_kind(capsys):
     res = json.loads(out)
     assert rc == 0 and res["makespan"] > 33
     assert set(res["comm"]) == {"UNSHARD", "REDUCE_GRAD", "STEP_END"}
+    assert res["parallelism"]["fsdp"] == 2 and res["parallelism"]["world"] == 8
     for v in res["comm"].values():
         assert [a - x for a, x in zip(v["time"], v["exposed"])] == v["hidden"]
     rc, out, _ = run(capsys, "simulate", "1f1b", "-p", "4", "-m", "8", "--comms")
