@@ -298,5 +298,16 @@ def test_the_planners_framework_rules_are_the_lowerings():
 
     for name, rule in FRAMEWORKS.items():
         f = PLANNED[name]
-        assert (f.reduce, f.gather, f.fsdp_reduce, f.fsdp_gather) == \
-            (rule.reduce, rule.gather, rule.fsdp_reduce, rule.fsdp_gather), name
+        assert (f.reduce, f.gather, f.fsdp_reduce, f.fsdp_gather, f.blocking_p2p) == \
+            (rule.reduce, rule.gather, rule.fsdp_reduce, rule.fsdp_gather, rule.blocking_p2p), name
+
+
+def test_deepspeeds_blocking_sends_hold_the_sender():
+    s = generate("1f1b", 4, 8)
+    costs = Costs(latency=0.5)
+    plain = lower(s, Parallelism(pp=4))
+    blocking = lower(s, Parallelism(pp=4), LoweringOptions(overlap=FRAMEWORKS["deepspeed"]))
+    a, b = simulate_lowered(plain, costs), simulate_lowered(blocking, costs)
+    assert a.starts == simulate(s, costs).starts
+    assert metrics(b).makespan > metrics(a).makespan
+    assert simulate_lowered(blocking).starts == simulate(s).starts  # free links: nothing to wait for

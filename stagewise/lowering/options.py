@@ -9,7 +9,8 @@ are gathered (the words are the planner's, plan/cluster/overlap.py, which reads 
   stage's last backward), ``drain`` (DeepSpeed: ``ReduceGrads`` after the rank's pipeline work);
 - ``gather``: ``layer`` or ``stage`` (ahead of the stage's first forward, prefetched one stage ahead: FSDP2,
   Megatron-LM ``--overlap-param-gather`` for ZeRO-1's updated weights), ``end`` (ZeRO-1's all-gather after
-  the optimizer step, exposed: DeepSpeed, stagewise's ZeRO-1).
+  the optimizer step, exposed: DeepSpeed, stagewise's ZeRO-1);
+- ``blocking_p2p``: a send holds its rank until it has arrived (DeepSpeed's ``SendActivation``/``SendGrad``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Overlap:
     gather: str = "end"  #: of GATHER: ZeRO-1's updated weights
     fsdp_reduce: str = "stage"  #: of REDUCE: FSDP's reduce-scatter
     fsdp_gather: str = "stage"  #: of GATHER (layer or stage): FSDP's all-gather
+    blocking_p2p: bool = False  #: the sender waits for its activation or gradient to arrive (DeepSpeed)
 
     def __post_init__(self) -> None:
         for name in ("reduce", "fsdp_reduce"):
@@ -50,7 +52,7 @@ class Overlap:
 FRAMEWORKS = {
     "megatron": Overlap(reduce="layer", gather="layer"),
     "torchtitan": Overlap(reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="layer"),
-    "deepspeed": Overlap(reduce="drain", gather="end"),
+    "deepspeed": Overlap(reduce="drain", gather="end", blocking_p2p=True),
     "stagewise": Overlap(reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="stage"),
 }
 

@@ -3,6 +3,7 @@
 - A send is posted when its op ends and occupies its link (one per sender and receiver, FIFO) for its
   bytes over the cost model's bandwidth; it arrives a latency later (no bytes given: the cost model's
   message time, today's link). Its receive is where the receiver's op takes it: the op starts no earlier.
+  With ``Overlap.blocking_p2p`` (DeepSpeed) the sender's next op waits for the arrival too.
 - A collective runs on its stream (one per rank and group: collectives over one group run in turn), from
   when it is posted (the rank reaches it) and the stream is free, for the network's time
   (``Lowered.duration``). One over several pipeline ranks (tie, step end) starts when every member has
@@ -105,6 +106,7 @@ class _Player:
         self.waiting: dict = {}
         self.queue = deque(range(R))
         self.lat, self.bw = costs.latency, costs.bandwidth
+        self.blocking = low.options.overlap.blocking_p2p
 
     def wait(self, key, r: int) -> bool:
         self.waiting.setdefault(key, []).append(r)
@@ -127,6 +129,8 @@ class _Player:
                 if type(a) is CommAction:
                     if not self.comm(r, i, a, t):
                         break
+                    if self.blocking and a.kind in SENDS:  # the sender waits for it to arrive
+                        t = max(t, self.out.ends[r][i])
                 else:
                     end = self.compute(r, i, a, t)
                     if end is None:
