@@ -100,9 +100,9 @@ def _build(case: Case, hf_folder: str | None):
 def _optimizer(pipe, case: Case, cls, lr: float):
     if not case.zero:
         return cls(pipe.parameters(), lr=lr)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return ZeroRedundancyOptimizer(pipe.parameters(), optimizer_class=cls, process_group=pipe.group("dp"), lr=lr)
+    opt = pipe.zero_optimizer(cls, lr=lr)  # torch's ZeroRedundancyOptimizer over pipe.group("dp")
+    assert pipe.dp is None or all(g is pipe.group("dp") for g in pipe.dp.groups.values())  # one dp group
+    return opt
 
 
 def _step(pipe, opt, x, y) -> float:

@@ -31,7 +31,6 @@ from ..execution import overlap
 from ..run.config import RunError
 from ..stages.moe import MoE
 from .dp import DataParallel
-from .mesh import Topology
 
 
 def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group, name: str) -> torch.Tensor:
@@ -110,19 +109,14 @@ def shard(block: MoE, group, rank: int, size: int) -> None:
 class ExpertParallel:
     """This rank's ep group and the experts it holds. Mutable: owns its process groups.
 
-    Built by every rank alike (``new_group`` for every ep group of the grid, in one order): shards every MoE
-    block of ``stages`` in place.
+    Built by every rank alike (the ep group is the grid's, grid.py): shards every MoE block of ``stages`` in
+    place.
     """
 
-    def __init__(self, topo: Topology, stages: dict[int, nn.Module], device=None):
-        self.size = topo.size("ep")
-        self.rank = topo.coords["ep"]
-        mine = topo.group_of("ep")
-        self.group = None
-        for ranks in topo.groups("ep"):
-            g = dist.new_group(list(ranks))
-            if ranks == mine:
-                self.group = g
+    def __init__(self, grid, stages: dict[int, nn.Module], device=None):
+        self.size = grid.topo.size("ep")
+        self.rank = grid.topo.coords["ep"]
+        self.group = grid.group("ep")
         self.blocks = moe_blocks(stages)
         count = torch.tensor([len(self.blocks)], dtype=torch.int64, device=device)
         dist.all_reduce(count)
@@ -134,19 +128,19 @@ class ExpertParallel:
         #: the parameters sharded over the group (the routed experts): summed over dp only, normed over ep
         self.sharded = {id(p) for b in self.blocks for p in b.experts.parameters()}
 
-    def reduction(self, topo: Topology, stages: dict[int, nn.Module], timeout_s: float) -> "ExpertDataParallel":
-        return ExpertDataParallel(topo, stages, timeout_s, self.sharded)
+    def reduction(self, grid, stages: dict[int, nn.Module], timeout_s: float) -> "ExpertDataParallel":
+        return ExpertDataParallel(grid, stages, timeout_s, self.sharded)
 
 
 class ExpertDataParallel(DataParallel):
     """Data-parallel sums of an expert-parallel pipeline: a stage's dense parameters over dp x ep, its experts
     over dp (none when dp is 1). Mutable: the step's reductions in flight (DataParallel's)."""
 
-    def __init__(self, topo: Topology, stages: dict[int, nn.Module], timeout_s: float, sharded: set[int]):
+    def __init__(self, grid, stages: dict[int, nn.Module], timeout_s: float, sharded: set[int]):
         self.stages, self.sharded = stages, sharded
         self.timeout = timedelta(seconds=timeout_s)
-        self.dense = _my_group(topo, ("dp", "ep"))
-        self.replicas = _my_group(topo, ("dp",)) if topo.dp > 1 else None
+        self.dense = grid.group(("dp", "ep"))
+        self.replicas = grid.group("dp") if grid.topo.dp > 1 else None
         self.pending, self.started = [], []
 
     def buckets(self, s: int) -> list:
@@ -156,12 +150,3 @@ class ExpertDataParallel(DataParallel):
             out.append(([p for p in params if id(p) in self.sharded], self.replicas))
         return [(ps, g) for ps, g in out if ps]
 
-
-def _my_group(topo: Topology, dims: tuple[str, ...]):
-    """This rank's group over ``dims`` (every rank makes every such group, in one order)."""
-    mine, group = topo.group_of(dims), None
-    for ranks in topo.groups(dims):
-        g = dist.new_group(list(ranks))
-        if ranks == mine:
-            group = g
-    return group

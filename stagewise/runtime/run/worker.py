@@ -107,9 +107,9 @@ def optimizer(cfg: RunConfig, params: list[torch.Tensor], zero_group=None) -> to
         raise RunError(f"`optimizer` {cfg.optimizer}: {cls.__name__} cannot step this model's dense weights and "
                        f"biases ({e})") from None
     if cfg.zero:  # ZeRO-1: each dp replica steps (and keeps the state of) its share, then broadcasts it
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from ..parallel.dp import zero_optimizer
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=zero_group, lr=cfg.lr)
+        return zero_optimizer(params, cls, zero_group, lr=cfg.lr)
     return cls(params, lr=cfg.lr)
 
 
