@@ -54,7 +54,7 @@ def apply(cfg, args):
     if given and "moe_experts" not in given:
         raise UsageError(f"--{next(iter(given)).replace('_', '-')} shapes MoE blocks: give --moe-experts E too")
     model = dataclasses.replace(cfg.model, **given) if given else cfg.model
-    return dataclasses.replace(cfg, model=model, ep=args.ep, overlap=not args.no_overlap)
+    return dataclasses.replace(cfg, model=model, overlap=not args.no_overlap)  # --ep: train_scale's layout
 
 
 def lines(res) -> list[str]:

@@ -184,7 +184,8 @@ class Pipeline:
                                                   parallelize=parallelize, strict=tp_plan is not None)
         if topo.size("fsdp") > 1:
             shard = grid.sub_mesh(("dp", "fsdp") if topo.dp > 1 else "fsdp")  # HSDP: replicate over dp
-            self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward)
+            self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward
+                                   or grid.parallelism.reshard_after_forward)
         self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors
         self.dp = self.ep.reduction(grid, self.stages, timeout) if self.ep is not None else \
             DataParallel(grid, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
@@ -483,12 +484,13 @@ def _process_group(timeout: float) -> tuple[int, int]:
     if not dist.is_initialized():
         from datetime import timedelta
 
-        from .launching.groups import close_groups, default_backend, init_group, is_torchrun
+        from .launching.groups import close_groups, default_backend, init_group, is_torchrun, torchrun_env
 
         if not is_torchrun():
             raise RunError("no process group: run the script under torchrun (torchrun --nproc-per-node N "
                            "script.py), start it with stagewise.launch(fn, ranks=N), or call "
                            "torch.distributed.init_process_group first")
+        torchrun_env()  # RANK and WORLD_SIZE make sense, or no rendezvous waits for them
         init_group(default_backend(), init_method="env://", timeout=timedelta(seconds=timeout))
         atexit.register(close_groups)  # gloo threads joined while the interpreter is alive (groups.py)
     return dist.get_rank(), dist.get_world_size()
