@@ -99,21 +99,13 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
     from ..parallelism import Parallelism
     from ..runtime.launching.groups import torchrun_env
 
-    given = Parallelism(**degrees(args))
+    given = Parallelism(**train_scale.degrees(args))
     other = given.per_pipeline_rank
     world = torchrun_env()[1] if is_torchrun() else 4
     if world_per_replica and is_torchrun():
-        world = Parallelism.of_world(world, **degrees(args)).pp
+        world = Parallelism.of_world(world, **train_scale.degrees(args)).pp
     ranks = args.ranks if args.ranks is not None else world
     return name, ranks, name == "none" or (ranks == 1 and other == 1 and not args.csv)
-
-
-def degrees(args) -> dict:
-    """The parsed options that are ``Parallelism`` fields (--dp, --fsdp, --tp, --ep, --zero,
-    --reshard-after-forward; -p is ``ranks``): the layout's degrees as the options give them."""
-    from ..parallelism import Parallelism
-
-    return {f.name: getattr(args, f.name) for f in Parallelism.options() if f.name != "pp" and hasattr(args, f.name)}
 
 
 def _split(text: str | None):

@@ -36,6 +36,14 @@ def add_args(p) -> None:
                    help="recompute these stages only (schedule stage numbers, e.g. 0,2)")
 
 
+def degrees(args) -> dict:
+    """The parsed options that are ``Parallelism`` fields (--dp, --fsdp, --tp, --ep, --zero,
+    --reshard-after-forward; -p is ``ranks``): the layout's degrees as the options give them."""
+    from ..parallelism import Parallelism
+
+    return {f.name: getattr(args, f.name) for f in Parallelism.options() if f.name != "pp" and hasattr(args, f.name)}
+
+
 def apply(cfg, args):
     """``cfg`` with the options above."""
     from ..runtime.launching.groups import is_torchrun
@@ -44,7 +52,6 @@ def apply(cfg, args):
         raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")
     from ..parallelism import Parallelism
     from ..runtime.launching.groups import torchrun_env
-    from .train import degrees
 
     layout = Parallelism(pp=cfg.ranks, **degrees(args))  # every parallel option, into the one value
     if is_torchrun() and args.ranks is None and cfg.schedule is not None and layout.per_pipeline_rank > 1:
