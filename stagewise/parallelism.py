@@ -262,10 +262,8 @@ class Parallelism:
 
     def unsupported_by_hf(self) -> str | None:
         """Why ``stagewise train --hf`` cannot run this layout beyond ``unsupported()`` (None: it can): what a
-        Hugging Face model brings itself. Read by the train CLI and the planner's stagewise rows."""
-        if self.ep > 1:
-            return (f"`ep` {self.ep} shards the experts of stagewise's MoE blocks; a Hugging Face model's experts "
-                    "are transformers' own and stay whole (run it with `ep` 1)")
+        Hugging Face model brings itself. Read by the train CLI and the planner's stagewise rows. Today none:
+        a Hugging Face mixture of experts' stacked experts shard over ``ep`` as stagewise's own do."""
         return None
 
     def check_runs(self) -> None:

@@ -331,7 +331,8 @@ class Pipeline:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state_dict (whole CPU tensors) on every rank: loads into the unpipelined model.
         A collective (sharded parameters are gathered first)."""
-        mine = gather_full(self.names.owned_state_dict())
+        mine = self.names.owned_state_dict()
+        mine = gather_full(self.ep.gather_full(mine) if self.ep is not None else mine)
         first = all(self.topo.coords.get(d, 0) == 0 for d in ("dp", "fsdp", "tp"))
         mine = {k: v.cpu() for k, v in mine.items()} if first else {}
         gathered: list = [None] * dist.get_world_size()
