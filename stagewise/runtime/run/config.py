@@ -177,7 +177,11 @@ class RunConfig:
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""
+        if not isinstance(self.parallelism, Parallelism):
+            raise RunError(f"`parallelism` must be a stagewise.Parallelism; got {type(self.parallelism).__name__}")
         check_count("`ranks`", self.ranks, 1, limits.RANKS)
+        for name in ("dp", "fsdp", "tp", "ep"):  # before the batch they divide
+            check_count(f"`{name}`", getattr(self, name), 1, limits.RANKS)
         check_count("`microbatches`", self.microbatches, 1, limits.MICROBATCHES)
         check_count("`batch`", self.batch, 1, limits.BATCH)
         check_count("`steps`", self.steps, 1)
@@ -210,10 +214,6 @@ class RunConfig:
 
     def _check_scale(self) -> None:
         """`dp`, `fsdp`, `tp`, `zero`, `ep` and `recompute` (runtime at scale)."""
-        if not isinstance(self.parallelism, Parallelism):
-            raise RunError(f"`parallelism` must be a stagewise.Parallelism; got {type(self.parallelism).__name__}")
-        for name in ("dp", "fsdp", "tp", "ep"):
-            check_count(f"`{name}`", getattr(self, name), 1, limits.RANKS)
         try:  # every composition rule, written once
             self.parallelism.check()
         except ParallelismError as e:
