@@ -211,7 +211,7 @@ class Parallelism:
             replicas, shards = 1, rest
         else:
             replicas, shards = rest, 1
-        par = cls(pp=p, dp=replicas, fsdp=shards, tp=t, ep=ep, etp=etp,
+        par = cls(pp=p, dp=replicas, fsdp=shards, tp=t, ep=ep, etp=None if etp == t else etp,  # = t: the default
                   zero=1 if sharding == "zero1" and replicas > 1 else 0,
                   reshard_after_forward=reshard_after_forward and shards > 1)
         par.check()
