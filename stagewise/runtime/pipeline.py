@@ -110,6 +110,8 @@ class Pipeline:
       ``dp`` x ``fsdp`` is HSDP); ``tp``: tensor parallel inside each stage (world = ranks x dp x fsdp x ep x tp).
       Or ``mesh``, a DeviceMesh whose dimensions are named, in any order, from ``pp``, ``dp``, ``fsdp``,
       ``tp``, ``ep`` (``init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "fsdp"))``).
+    - ``parallelism``: the layout as one ``stagewise.Parallelism`` instead of the sizes (its world must be the
+      world size); ``pipe.parallelism`` is the layout run either way, ``pipe.grid`` the maker of its groups.
     - ``tp_plan``: module-name patterns to tensor-parallel styles (``{"layers.*.mlp.up_proj": "colwise"}``, the
       shape of transformers' ``base_model_tp_plan``; parallel/tp.py), or ``parallelize(stage_module, tp_mesh)``;
       default: the model's own (``Layers.tp_plan``: the HF adapter's and the built-in GPT's).

@@ -274,4 +274,14 @@ def _init(self, *, parallelism: Parallelism | None = None, **kw) -> None:
     _fields_init(self, parallelism=par, **kw)
 
 
+def _signature():
+    import inspect
+
+    fields_ = [p.replace(default=None) if p.name == "parallelism" else p
+               for p in inspect.signature(_fields_init).parameters.values()]
+    degrees = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in _DEGREES]
+    return inspect.Signature(fields_[:1] + degrees + fields_[1:])
+
+
+_init.__signature__ = _signature()
 RunConfig.__init__ = _init
