@@ -28,6 +28,7 @@ from .stages import pytree
 from .execution.activation_memory import ActivationMeter
 from .messages.p2p import P2P
 from .execution.plan import lower
+from .run.arguments import check_autocast, check_device
 from .run.config import RunError, check_positive_number, check_timeout
 from .run.resolve import resolve_schedule
 from .parallel.dp import DataParallel
@@ -42,7 +43,7 @@ from .resilience.flight import NO_FLIGHT, SYNC
 from .resilience.nonfinite import NonFiniteLoss, locate_nonfinite
 from .stages.layers import as_layers, build_own_stages, split_counts
 from .stages.names import Names, gather_stage_map
-from .execution.recompute import Recompute, recompute_stages
+from .execution.recompute import Recompute, check_recompute, recompute_stages
 from .parallel.replicas import Replicas
 from .stages.stage import stage_ranges
 from .execution.timing import CudaClock, WallClock, measured_timeline
@@ -150,6 +151,9 @@ class Pipeline:
                  reshard_after_forward: bool = False, ep: int = 1, overlap: Callable | bool | None = None,
                  parallelism: Parallelism | None = None):
         check_timeout(timeout)
+        check_device(device)
+        check_autocast(autocast)
+        check_recompute(recompute)
         if nonfinite not in NONFINITE:
             raise RunError(f"`nonfinite` must be one of {', '.join(map(repr, NONFINITE))}; got {nonfinite!r}")
         if not callable(loss_fn):
