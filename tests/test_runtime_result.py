@@ -26,6 +26,7 @@ def test_sections_appear_when_the_run_has_them():
                               skipped_steps=({"step": 2, "loss": float("nan"), "where": ""},))
     out = res.to_json()
     assert (out["dp"], out["recompute"]) == (1, [0])
+    assert out["parallelism"] == {**Parallelism(pp=2).to_dict(), "world": 2, "data_shards": 1}
     assert out["peak_activation_bytes"] == [10.0, 8.0] and out["peak_memory_allocated_bytes"] is None
     assert out["checkpoint"] == {"saved": ["a"]} and out["skipped_steps"][0]["step"] == 2
     assert "grads" not in out and "timelines" not in out  # arrays and timelines stay out of the JSON

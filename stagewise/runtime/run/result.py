@@ -81,6 +81,7 @@ class RunResult:
                "predicted_bubble_fraction": self.predicted_bubble_fraction}
         if self.dp is not None:
             out.update(dp=self.dp, fsdp=self.fsdp, tp=self.tp, zero=self.zero, recompute=list(self.recompute or ()))
+            out["parallelism"] = self.parallelism.to_dict()  # the layout run, as the planner's JSON writes it
         if self.ep > 1:
             out["ep"] = self.ep
         if self.memory is not None:
