@@ -48,10 +48,9 @@ def test_mistakes_exit_2_naming_the_flag(capsys, argv, needle):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--ep", "2"], "--ep 2 shards the experts of stagewise's MoE blocks; a Hugging Face model's experts are"),
     (["--moe-experts", "4"], "--moe-experts shapes the built-in GPT's MoE blocks; an --hf model brings its own"),
 ])
-def test_an_hf_model_takes_no_moe_shape_and_no_ep(capsys, tmp_path, argv, needle):
+def test_an_hf_model_takes_no_moe_shape(capsys, tmp_path, argv, needle):
     from hf_helpers import CONFIGS, write_config
 
     config = write_config(tmp_path / "config.json", **CONFIGS["mixtral"])

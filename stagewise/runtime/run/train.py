@@ -115,7 +115,7 @@ def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
     """This process is one rank of a torchrun launch (env:// rendezvous)."""
     from .worker import preflight as check
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = groups.torchrun_env()
     parent_death_signal(signal.SIGKILL)  # torchrun forwards SIGTERM itself; a SIGKILLed torchrun would orphan us
     for c in cfgs:
         check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
