@@ -34,6 +34,8 @@ def test_export_comms_then_validate_and_simulate(capsys, tmp_path):
     assert rc == 0 and "0UNSHARD" in path.read_text() and "SEND_F" in path.read_text()
     rc, out, _ = run(capsys, "validate", "--csv", str(path))
     assert rc == 0 and "communication matched" in out
+    rc, out, _ = run(capsys, "validate", "zb-v", "-p", "4", "-m", "8", "--fsdp", "2")  # a family, lowered
+    assert rc == 0 and out.startswith("valid: zb-v, 4 ranks, its communication matched")
     rc, out, _ = run(capsys, "simulate", "--csv", str(path), "--fsdp", "2", "--param-bytes", "8",
                      "--intra-bandwidth", "2", "--json")
     assert rc == 0 and json.loads(out)["comm"]["UNSHARD"]["time"] == [4.0, 4.0]  # two stages a rank, 8 bytes each over 2 at 2 B/t

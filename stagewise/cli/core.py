@@ -6,6 +6,7 @@ from .. import torch_csv
 from ..report import comm_line, result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
+from .comm import add_layout_args
 from .common import (UsageError, add_cost_args, add_schedule_args, costs_basis, costs_from, family_names, positive_int,
                      print_json, schedule_from)
 
@@ -47,8 +48,6 @@ def register(sub) -> None:
     p.add_argument("--comms", action="store_true", help="write torch's compute+comms CSV instead: the lowered "
                    "programs (sends, receives and, with --fsdp or --dp, UNSHARD, RESHARD, REDUCE_GRAD), which "
                    "_PipelineScheduleRuntime._load_csv(FILE, 'compute_comms') runs")
-    from .comm import add_layout_args
-
     add_layout_args(p)
     p.set_defaults(func=cmd_export)
 
@@ -57,6 +56,8 @@ def register(sub) -> None:
                        "each stage sits on one rank and no rank waits in a cycle; an invalid schedule is named by "
                        "rank, position, action and what it waits for.")
     add_schedule_args(p)
+    g = add_layout_args(p)
+    g.add_argument("--comms", action="store_true", help="check the lowered programs too (sends and receives)")
     p.set_defaults(func=cmd_validate)
 
 
@@ -148,6 +149,11 @@ def cmd_validate(args) -> int:
 
     sched = validate(schedule_from(args))
     low = getattr(args, "lowered", None)
+    if low is None:
+        from .comm import communication
+
+        comm = communication(args)
+        low = comm.lower(sched) if comm is not None else None
     if low is not None:
         from ..lowering.check import check
 
