@@ -129,13 +129,14 @@ def cmd_export(args) -> int:
     sched = generate(args.name, args.ranks, args.microbatches, args.chunks)
     try:
         if args.comms:
-            from ..lowering.torch_comms import dump
+            from ..lowering.torch_comms import dump, dumps
             from .comm import communication
 
             low = communication(args, force=True).lower(sched)
             dump(low, args.csv)
-            print(f"wrote {args.csv} ({sched.ranks} ranks, {sum(len(p) for p in low.programs)} actions with "
-                  "communication)")
+            cells = sum(len(row.split(",")) for row in dumps(low).splitlines() if row)
+            print(f"wrote {args.csv} ({sched.ranks} ranks, {cells} actions with communication in torch's "
+                  "compute+comms format; stagewise's own all-to-all, tie and step-end actions are not in it)")
             return 0
         torch_csv.dump(sched, args.csv)
     except OSError as e:
