@@ -18,7 +18,9 @@ The rules, each in one place here (the runtime's ``RankPlan`` follows the same o
   after the rank's last op (``drain``); ZeRO-1's gather ahead of the first forward (``layer``/``stage``) or
   after the reductions (``end``).
 - **expert parallel** (``ep`` > 1 with MoE stages): an ``ALL_TO_ALL`` (dispatch + combine) inside each F, B
-  and I, written after it (an F&B pair has one per half).
+  and I of a stage with dispatch bytes (every stage when none are given), written after it (an F&B pair has
+  one per half); the ep ranks took different rows, so without FSDP each stage's ``REDUCE_GRAD`` sums its dense
+  gradients over ep (over dp x ep with dp: group ``dp+ep``), where dp's would be.
 - **tied weights** (``sizes.tie`` > 0): the ranks of a lane's first and last stage all-reduce the tied
   gradients (``TIE_GRAD``) after their reductions; then every rank's ``STEP_END`` (norm and loss).
 
@@ -85,6 +87,9 @@ class Lowered:
         g = rank * par.tp
         stride = {"ep": par.pp * par.tp, "fsdp": par.ep * par.pp * par.tp,
                   "dp": par.fsdp * par.ep * par.pp * par.tp}
+        if "+" in group:  # over two dimensions (dp+ep: an expert-parallel stage's dense gradients)
+            outer, inner = group.split("+")
+            return sorted({o - g + i for o in self.global_ranks(rank, outer) for i in self.global_ranks(rank, inner)})
         if group in stride:
             return [g + k * stride[group] for k in range(par.size(group))]
         if group == "world":
@@ -168,7 +173,10 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
     raf = fsdp and par.reshard_after_forward
     zero_gather = dp and not fsdp and par.zero
     moe = (par.ep > 1) and (opts.moe if opts.moe is not None else any(sizes["a2a"]))
-    group = "hsdp" if fsdp and dp else "fsdp" if fsdp else "dp"
+    # the stages that exchange tokens: those with dispatch bytes, every stage when none are given
+    a2a_stage = (lambda s: sizes["a2a"][s] > 0) if any(sizes["a2a"]) else (lambda s: True)
+    ep = par.ep > 1 and not fsdp  # the ep ranks took different rows: their dense gradients are summed
+    group = "hsdp" if fsdp and dp else "fsdp" if fsdp else "dp+ep" if dp and ep else "ep" if ep else "dp"
     stream = "fsdp" if fsdp else "dp"
     reduce_op = ("reduce-scatter+all-reduce" if fsdp and dp else "reduce-scatter" if fsdp or par.zero
                  else "all-reduce")
@@ -188,7 +196,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
     def reduce(s, during=False):
         return CommAction(REDUCE_GRAD, s, None, -1, group, sizes["grads"][s], stream, reduce_op, during)
 
-    reduces = dp or fsdp
+    reduces = dp or fsdp or ep
     out: list = []
     received = {key: 0 for key in orders if key[1] == r}  # (src, r) -> messages posted so far
     index = {key: {m: j for j, m in enumerate(sent)} for key, sent in orders.items() if key[1] == r}
@@ -218,7 +226,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
                 out.append(unshard(s))
         out.append(op)
         for a in acts:
-            if moe and a.kind != "W":
+            if moe and a.kind != "W" and a2a_stage(a.stage):
                 out.append(CommAction(ALL_TO_ALL, a.stage, a.mb, -1, "ep", 2 * sizes["a2a"][a.stage], "ep",
                                       "all-to-all"))
         for a in acts:

@@ -191,10 +191,13 @@ class Pipeline:
         if topo.size("fsdp") > 1:
             shard = grid.sub_mesh(("dp", "fsdp") if topo.dp > 1 else "fsdp")  # HSDP: replicate over dp
             self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward
-                                   or grid.parallelism.reshard_after_forward)
+                                   or grid.parallelism.reshard_after_forward, flight=self.flight)
         self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors
         self.dp = self.ep.reduction(grid, self.stages, timeout) if self.ep is not None else \
             DataParallel(grid, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
+        self.replicas.flight = self.flight
+        if self.dp is not None:
+            self.dp.flight = self.flight
         self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
@@ -241,6 +244,7 @@ class Pipeline:
         except BaseException as e:
             self._broken = f"{type(e).__name__}: {e}"  # messages in flight and saved activations are lost
             raise
+        self.flight.comm(f"{min(self.stages, default=0)}STEP_END")
         total = RankSum([done.loss if self._counts_loss else 0.0], self.device)
         skipped = None if self.nonfinite == "ignore" else self._check_finite(total.value()[0], done, earlier)
         for p, g in earlier:
@@ -389,7 +393,8 @@ class Pipeline:
                            recompute=None if forward_only else Recompute(self.recompute, self.device),
                            meter=None if forward_only else self.meter, after=self._after(forward_only),
                            before=self.sharded.before if self.sharded is not None else None, flight=self.flight,
-                           overlap=None if forward_only else self._overlap)
+                           overlap=None if forward_only else self._overlap,
+                           exchanging=self.ep.exchanging if self.ep is not None else frozenset())
 
     def _after(self, forward_only: bool) -> Callable | None:
         """What runs after each op: tensor parallel's partial-gradient sums, then FSDP's reduce-scatter (or

@@ -20,21 +20,26 @@ RESHARD and REDUCE_GRAD actions:
 
 Gradients are summed, not averaged (``set_gradient_divide_factor(1)`` with sum-only collectives, which
 gloo also runs): the pipeline's loss is already divided by the number of data shards.
+
+Each gather, reduction and reshard is written to the flight recorder as it is issued, under the lowering's
+names (``1UNSHARD``, ``1REDUCE_GRAD``, ``1RESHARD``: stagewise/lowering/comms.py).
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from ..resilience.flight import NO_FLIGHT
+
 
 class Sharded:
     """This rank's stages under FSDP2 over ``mesh`` (1-D ``fsdp``, or 2-D ``(dp, fsdp)``: HSDP).
     Mutable: which stages are gathered, the gathers in flight."""
 
-    def __init__(self, stages: dict, mesh, *, reshard_after_forward: bool = False):
+    def __init__(self, stages: dict, mesh, *, reshard_after_forward: bool = False, flight=NO_FLIGHT):
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        self.stages, self.raf = stages, reshard_after_forward
+        self.stages, self.raf, self.flight = stages, reshard_after_forward, flight
         self.units: dict[int, list] = {}  # stage -> its FSDP modules (layers, then the stage itself)
         for s, st in stages.items():
             for layer in st.layers:
@@ -78,10 +83,12 @@ class Sharded:
         """After an op: reduce-scatter and reshard each stage the plan frees here (reshard only when evaluating)."""
         for s in step.free:
             if training:
+                self.flight.comm(f"{s}REDUCE_GRAD")
                 self._reduce(s)
             else:
                 for m in self.units[s]:
                     m.reshard()
+            self.flight.comm(f"{s}RESHARD")
             self.gathered.discard(s)
 
     def finish(self) -> None:
@@ -95,6 +102,7 @@ class Sharded:
 
     def _gather(self, s: int) -> None:
         if s not in self.gathered:
+            self.flight.comm(f"{s}UNSHARD")
             self.pending[s] = [m.unshard(async_op=True) for m in self.units[s]]
             self.gathered.add(s)
 

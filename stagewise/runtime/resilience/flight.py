@@ -2,8 +2,9 @@
 
 A ring buffer of fixed-size records (wall time, step, event, text) of the last
 ``capacity`` events of one rank: each op started and finished, each receive
-posted, waited for and received, each send, the step-end flush and
-collectives, checkpoint saves. Under the local launcher the buffer is a shared
+posted, waited for and received, each send, each collective as the lowering names it
+(``COMM``: ``1UNSHARD``, ``0REDUCE_GRAD``, ``1ALL_TO_ALL3``, ``0TIE_GRAD``, ``0STEP_END``; lowering/comms.py),
+the step-end flush and collectives, checkpoint saves. Under the local launcher the buffer is a shared
 file mapping in the launcher's temporary folder: a rank that dies (``os._exit``,
 a signal) or that the launcher terminates still leaves its last events there,
 so the launcher can say which action the failed rank was at and print every
@@ -24,8 +25,8 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 # event kinds
-STEP, START, END, POST, WAIT, GOT, SEND, FLUSH, SYNC, SYNCED, SAVE, SAVED = range(12)
-WORDS = ("step", "start", "end", "post", "wait", "got", "send", "flush", "sync", "synced", "save", "saved")
+STEP, START, END, POST, WAIT, GOT, SEND, FLUSH, SYNC, SYNCED, SAVE, SAVED, COMM = range(13)
+WORDS = ("step", "start", "end", "post", "wait", "got", "send", "flush", "sync", "synced", "save", "saved", "comm")
 
 _HEAD = struct.Struct("<4sIQ")  # magic, capacity, events written so far
 _REC = struct.Struct("<diB51s")  # time, step (1-based), kind, text: 64 bytes
@@ -37,7 +38,7 @@ class Entry(NamedTuple):
 
     time: float  #: time.time() when it happened
     step: int  #: 1-based step (0 before the first)
-    kind: int  #: one of STEP..SAVED
+    kind: int  #: one of STEP..COMM
     text: str  #: the op (``1F3``) or the message (``activation mb 3, stage 0->1 (rank 0)``)
 
 
@@ -79,6 +80,10 @@ class Recorder:
     def end(self, op) -> None:
         self.event(END, str(op))
 
+    def comm(self, text: str) -> None:
+        """A collective issued: its lowered name (``1REDUCE_GRAD``), in the order the rank issues them."""
+        self.event(COMM, text)
+
     def entries(self) -> list[Entry]:
         return _entries(self.buf)
 
@@ -98,6 +103,9 @@ class _Null:
         pass
 
     def end(self, op) -> None:
+        pass
+
+    def comm(self, text: str) -> None:
         pass
 
 
@@ -122,7 +130,7 @@ def where(entries: list[Entry], waits: bool = True) -> str:
     inside that op), or a step's phase: ``in the step-end collectives of step 2``. '' before any event."""
     if not entries:
         return ""
-    last = entries[-1]
+    last = next((e for e in reversed(entries) if e.kind != COMM), entries[-1])  # a collective: its phase's
     op = next((e for e in reversed(entries) if e.kind in (START, END)), None)
     if op is not None and op.kind == START:
         out = f"at {op.text} (step {op.step})"
