@@ -39,3 +39,48 @@ def test_dump_lists_the_failed_rank_first():
     text = flight.dump({0: a.entries(), 1: b.entries()}, failed=(1,))
     assert text.splitlines()[0] == "flight recorder, rank 1 (failed): last 2 events"
     assert "flight recorder, rank 0: last 2 events" in text
+
+
+# pp 2 x dp 2, pp 2 x fsdp 2 and pp 2 x ep 2 over four families: one launch of 4 ranks
+FAMILIES = [("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("zb-v", 4, None), ("dualpipe-v", 4, None)]
+LAYOUTS = [{"dp": 2}, {"fsdp": 2}, {"ep": 2}]
+
+
+def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_program_has_them():
+    """The flight recorder against the lowering (stagewise.lowering): every rank's gathers, reductions,
+    reshards, all-to-alls, tied-weight sum and step end, each at the op the lowered program puts it at (a
+    gather before its op, the rest after theirs) and in that order."""
+    import pytest
+
+    pytest.importorskip("torch")
+    import stagewise
+    from runtime_helpers import flight_collectives
+    from stagewise.lowering import lower
+    from stagewise.lowering.comms import P2P, CommAction
+    from stagewise.lowering.options import LoweringOptions, Sizes
+    from stagewise.parallelism import Parallelism
+    from stagewise.runtime.stages.stage import stage_ranges
+    from stagewise.schedules import generate
+
+    cases = [(layout, *f) for layout in LAYOUTS for f in FAMILIES]
+    got = stagewise.launch(flight_collectives, 4, cases, threads=1, timeout=120)
+    kinds = set()
+    for layout, name, m, v in cases:
+        sched = generate(name, 2, m, v)
+        if "ep" in layout:  # the own MoE model: embedding, 3 MoE blocks, head; no tied weight
+            a2a = [float(any(1 <= i <= 3 for i in r)) for r in stage_ranges(sched, 5)]
+            sizes = Sizes(a2a=a2a)
+        else:  # api_helpers' model ties its embedding and head
+            sizes = Sizes(tie=1.0)
+        low = lower(sched, Parallelism(pp=2, **layout), LoweringOptions(sizes=sizes))
+        for g, (pipe, seen) in enumerate(got[(tuple(layout.items()), name, m, v)]):
+            want, k = [], -1
+            for j, a in enumerate(low.programs[pipe]):
+                if type(a) is not CommAction:
+                    k += 1
+                elif a.kind not in P2P:  # a gather is issued at the start of the op it comes before
+                    nxt = any(type(b) is not CommAction for b in low.programs[pipe][j:])
+                    want.append((k + 1 if a.kind == "UNSHARD" and nxt else k, str(a)))
+            assert seen == want, (layout, name, g)
+            kinds |= {a.kind for a in low.programs[pipe] if type(a) is CommAction}
+    assert kinds >= {"UNSHARD", "RESHARD", "REDUCE_GRAD", "ALL_TO_ALL", "TIE_GRAD", "STEP_END"}
