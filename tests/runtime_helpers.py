@@ -240,8 +240,9 @@ def resume_each(cfgs) -> list:
 
 def flight_collectives(cases, rows: int = 8) -> dict:
     """Rank function: for each (layout, family, m, v), one step of a Pipeline with a flight recorder (the own
-    MoE model under ``ep``, api_helpers' tied model otherwise); every rank's (pipeline rank, collectives as
-    (the op they were issued at or after, their text)), gathered: {case: [(pipe, [(k, text)]) per rank]}."""
+    MoE model under ``ep``, api_helpers' tied model otherwise) and a measured timeline; every rank's (pipeline
+    rank, collectives as (the op they were issued at or after, their text)), gathered, and the measured
+    timeline's communication lanes (on rank 0): {case: ([(pipe, [(k, text)]) per rank], lanes)}."""
     import api_helpers
     import stagewise
     from stagewise.runtime.resilience import flight
@@ -258,12 +259,14 @@ def flight_collectives(cases, rows: int = 8) -> dict:
                                       flight=rec, **layout)
             x, y = api_helpers.batch(0, rows=rows)
         rec.step(0)
-        pipe.step(x, y)
+        tl = pipe.step(x, y, timeline=True).timeline  # on rank 0
         k, mine = -1, []
         for e in rec.entries():
             if e.kind == flight.START:
                 k += 1
             elif e.kind == flight.COMM:
                 mine.append((k, e.text))
-        out[(tuple(layout.items()), name, m, v)] = _every_rank((pipe.topo.pipe, mine))
+        lanes = None if tl is None else [[(c.op, str(c.action), c.start, c.end, c.exposed) for c in lane]
+                                         for lane in tl.comm]
+        out[(tuple(layout.items()), name, m, v)] = (_every_rank((pipe.topo.pipe, mine)), lanes)
     return out

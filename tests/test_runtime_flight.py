@@ -49,7 +49,8 @@ LAYOUTS = [{"dp": 2}, {"fsdp": 2}, {"ep": 2}]
 def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_program_has_them():
     """The flight recorder against the lowering (stagewise.lowering): every rank's gathers, reductions,
     reshards, all-to-alls, tied-weight sum and step end, each at the op the lowered program puts it at (a
-    gather before its op, the rest after theirs) and in that order."""
+    gather before its op, the rest after theirs) and in that order; the measured timeline carries them on
+    each rank's communication lane."""
     import pytest
 
     pytest.importorskip("torch")
@@ -73,7 +74,8 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
         else:  # api_helpers' model ties its embedding and head
             sizes = Sizes(tie=1.0)
         low = lower(sched, Parallelism(pp=2, **layout), LoweringOptions(sizes=sizes))
-        for g, (pipe, seen) in enumerate(got[(tuple(layout.items()), name, m, v)]):
+        ranks, lanes = got[(tuple(layout.items()), name, m, v)]
+        for g, (pipe, seen) in enumerate(ranks):
             want, k = [], -1
             for j, a in enumerate(low.programs[pipe]):
                 if type(a) is not CommAction:
@@ -83,4 +85,11 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
                     want.append((k + 1 if a.kind == "UNSHARD" and nxt else k, str(a)))
             assert seen == want, (layout, name, g)
             kinds |= {a.kind for a in low.programs[pipe] if type(a) is CommAction}
+            if g == pipe:  # replica 0: the measured timeline's lane holds what completes (not a reshard, not
+                # the all-to-alls inside the ops), issued to done
+                lane = lanes[pipe]
+                assert [(k, t) for k, t, *_ in lane] == [(k, t) for k, t in want
+                                                         if "RESHARD" not in t and "ALL_TO_ALL" not in t]
+                assert all(0 <= start <= end and 0 <= exposed <= end - start + 1e-9
+                           for *_, start, end, exposed in lane), lane
     assert kinds >= {"UNSHARD", "RESHARD", "REDUCE_GRAD", "ALL_TO_ALL", "TIE_GRAD", "STEP_END"}

@@ -4,7 +4,8 @@ Each rank marks the start and end of every op (wall clock on CPU, CUDA events
 on GPU) relative to its own origin taken right after a step-start barrier, so
 ranks line up to within the barrier's release skew. Rank 0 gathers the marks
 into a ``Timeline(source="measured", unit="s")`` of the same schedule the
-simulator plays: the renderers and metrics read it unchanged.
+simulator plays: the renderers and metrics read it unchanged. With a flight recorder each rank's collectives
+(gathers, reductions, the tied-weight sum, the step end) come along as its communication lane.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Sequence
 
 from ...actions import Pair
 from ...costs import Costs
+from ...lowering.comms import parse_comm
+from ...overlap import Comm
 from ...schedule import Schedule
 from ...simulate import simulate
 from ...timeline import Timeline, metrics
@@ -58,14 +61,25 @@ class CudaClock:
         return ev
 
 
-def measured_timeline(schedule: Schedule, per_rank: Sequence[Sequence[tuple[float, float]]]) -> Timeline:
-    """A Timeline from each rank's (start, end) seconds, aligned with its program."""
+def measured_timeline(schedule: Schedule, per_rank: Sequence[Sequence[tuple[float, float]]],
+                      comms: Sequence[Sequence[tuple]] | None = None) -> Timeline:
+    """A Timeline from each rank's (start, end) seconds, aligned with its program; ``comms``: each rank's
+    collectives as (op, lowered name, start, end, seconds waited) (``flight.intervals``), drawn on its
+    communication lane like a simulated lowered timeline's (issued to done: their time in flight; exposed: what
+    the rank waited for them)."""
+    lanes = None
+    if comms is not None:
+        lanes = tuple(tuple(Comm(op, a, start, end, exposed, a.kind)
+                            for op, text, start, end, exposed in rank if (a := parse_comm(text)) is not None)
+                      for rank in comms)
+        lanes = lanes if any(lanes) else None  # nothing communicated: no lanes, as simulated
     return Timeline(
         schedule=schedule,
         starts=tuple(tuple(s for s, _ in rows) for rows in per_rank),
         ends=tuple(tuple(e for _, e in rows) for rows in per_rank),
         source="measured",
         unit="s",
+        comm=lanes,
     )
 
 

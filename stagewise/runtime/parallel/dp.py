@@ -18,6 +18,7 @@ flight recorder as it starts (``1REDUCE_GRAD``, the lowering's name).
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import torch
@@ -63,13 +64,18 @@ class DataParallel:
                 same = [p for p in params if p.dtype == dtype]  # tensor parallel's: each rank's own shard summed
                 flat = _flatten_dense_tensors([local(p.grad) for p in same])
                 work = dist.all_reduce(flat, group=group, async_op=True)
-                self.pending.append((work, flat, same))
+                self.pending.append((work, flat, same, s))
         self.started.append(s)
 
     def finish(self) -> None:
         """Wait for every reduction of the step; each gradient becomes the sum over the replicas."""
-        for work, flat, params in self.pending:
+        waited: dict[int, float] = {}
+        for j, (work, flat, params, s) in enumerate(self.pending):
+            t0 = time.perf_counter()
             work.wait(self.timeout)
+            waited[s] = waited.get(s, 0.0) + time.perf_counter() - t0
+            if j + 1 == len(self.pending) or self.pending[j + 1][3] != s:  # the stage's last bucket
+                self.flight.done(f"{s}REDUCE_GRAD", waited[s])
             grads = [local(p.grad) for p in params]
             for t, g in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 t.copy_(g)

@@ -27,6 +27,8 @@ names (``1UNSHARD``, ``1REDUCE_GRAD``, ``1RESHARD``: stagewise/lowering/comms.py
 
 from __future__ import annotations
 
+import time
+
 from torch import nn
 
 from ..resilience.flight import NO_FLIGHT
@@ -76,15 +78,16 @@ class Sharded:
             if self.raf:
                 self.gathered.discard(a.stage)
             self._gather(a.stage)
-            for handle in self.pending.pop(a.stage, ()):
-                handle.wait()
+            self._wait(a.stage)
 
     def after(self, step, training: bool = True) -> None:
         """After an op: reduce-scatter and reshard each stage the plan frees here (reshard only when evaluating)."""
         for s in step.free:
             if training:
                 self.flight.comm(f"{s}REDUCE_GRAD")
+                t0 = time.perf_counter()
                 self._reduce(s)
+                self.flight.done(f"{s}REDUCE_GRAD", time.perf_counter() - t0)
             else:
                 for m in self.units[s]:
                     m.reshard()
@@ -93,12 +96,18 @@ class Sharded:
 
     def finish(self) -> None:
         """After the program: no gather is left in flight (a stage the program never ran)."""
-        for handles in self.pending.values():
-            for handle in handles:
-                handle.wait()
-        self.pending.clear()
+        for s in list(self.pending):
+            self._wait(s)
 
     # ---- internals
+
+    def _wait(self, s: int) -> None:
+        handles = self.pending.pop(s, None)
+        if handles is not None:
+            t0 = time.perf_counter()
+            for handle in handles:
+                handle.wait()
+            self.flight.done(f"{s}UNSHARD", time.perf_counter() - t0)
 
     def _gather(self, s: int) -> None:
         if s not in self.gathered:

@@ -12,6 +12,7 @@ global norm sums over one pipeline (the replicas' gradients are equal by then).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -87,9 +88,11 @@ class Replicas:
         for ranks, items in sums.items():
             if len(ranks) > 1:
                 self.flight.comm(f"{self.tie_stage[ranks]}TIE_GRAD")
+                t0 = time.perf_counter()
                 shards = [local(t) for _, t in items]
                 flat = _flatten_dense_tensors(shards)
                 dist.all_reduce(flat, group=self.groups[ranks])
+                self.flight.done(f"{self.tie_stage[ranks]}TIE_GRAD", time.perf_counter() - t0)
                 for t, g in zip(shards, _unflatten_dense_tensors(flat, shards)):
                     t.copy_(g)
             for copies, total in items:

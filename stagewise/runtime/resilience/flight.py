@@ -60,6 +60,10 @@ class Recorder:
         self.capacity = _HEAD.unpack_from(self.buf, 0)[1]
         self.count = _HEAD.unpack_from(self.buf, 0)[2]  # a second recorder on one file continues its ring
         self.step_no = 0
+        #: this step's collectives: (perf_counter, text, None, op) when issued, (.., .., seconds waited, op) when
+        #: done; op: the position of the op last started (-1: before the first)
+        self.comms: list[tuple] = []
+        self.op_no = -1
 
     def event(self, kind: int, text: str) -> None:
         slot = _HEAD.size + (self.count % self.capacity) * _REC.size
@@ -74,6 +78,7 @@ class Recorder:
 
     def start(self, op) -> None:
         self.event(START, str(op))
+        self.op_no += 1
         if self.on_start is not None:
             self.on_start(self.step_no, op)
 
@@ -83,6 +88,16 @@ class Recorder:
     def comm(self, text: str) -> None:
         """A collective issued: its lowered name (``1REDUCE_GRAD``), in the order the rank issues them."""
         self.event(COMM, text)
+        self.comms.append((time.perf_counter(), text, None, self.op_no))
+
+    def done(self, text: str, waited: float) -> None:
+        """Collective ``text`` is complete; the rank waited ``waited`` seconds for it (the measured trace's
+        communication lanes: ``comms``; not in the ring)."""
+        self.comms.append((time.perf_counter(), text, waited, self.op_no))
+
+    def reset_comms(self) -> None:
+        """A step begins: ``comms`` holds only its collectives (and ``op_no`` counts its ops)."""
+        self.comms, self.op_no = [], -1
 
     def entries(self) -> list[Entry]:
         return _entries(self.buf)
@@ -105,7 +120,15 @@ class _Null:
     def end(self, op) -> None:
         pass
 
+    comms = ()
+
     def comm(self, text: str) -> None:
+        pass
+
+    def done(self, text: str, waited: float) -> None:
+        pass
+
+    def reset_comms(self) -> None:
         pass
 
 
@@ -143,6 +166,20 @@ def where(entries: list[Entry], waits: bool = True) -> str:
 
 _PHASES = {STEP: "at the start", FLUSH: "waiting for the last sends", SYNC: "in the step-end collectives",
            SAVE: "saving the checkpoint", WAIT: "waiting"}
+
+
+def intervals(comms, origin: float) -> list[tuple]:
+    """``Recorder.comms`` as (op, text, start, end, exposed) per collective that completed, seconds from
+    ``origin`` (a perf_counter), in the order they were issued."""
+    out, open_ = [], {}
+    for t, text, waited, op in comms:
+        if waited is None:
+            open_[text] = (len(out), t, op)
+            out.append(None)
+        elif text in open_:
+            j, t0, at = open_.pop(text)
+            out[j] = (at, text, t0 - origin, t - origin, min(waited, t - t0))
+    return [c for c in out if c is not None]
 
 
 def dump(per_rank: dict[int, list[Entry]], failed: tuple[int, ...], last: int = 12, others: int = 6) -> str:
