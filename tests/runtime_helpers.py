@@ -242,7 +242,8 @@ def flight_collectives(cases, rows: int = 8) -> dict:
     """Rank function: for each (layout, family, m, v), one step of a Pipeline with a flight recorder (the own
     MoE model under ``ep``, api_helpers' tied model otherwise) and a measured timeline; every rank's (pipeline
     rank, collectives as (the op they were issued at or after, their text)), gathered, and the measured
-    timeline's communication lanes (on rank 0): {case: ([(pipe, [(k, text)]) per rank], lanes)}."""
+    timeline's communication lanes and the timeline (on rank 0): {case: ([(pipe, [(k, text)]) per rank], lanes,
+    timeline)}."""
     import api_helpers
     import stagewise
     from stagewise.runtime.resilience import flight
@@ -268,5 +269,5 @@ def flight_collectives(cases, rows: int = 8) -> dict:
                 mine.append((k, e.text))
         lanes = None if tl is None else [[(c.op, str(c.action), c.start, c.end, c.exposed) for c in lane]
                                          for lane in tl.comm]
-        out[(tuple(layout.items()), name, m, v)] = (_every_rank((pipe.topo.pipe, mine)), lanes)
+        out[(tuple(layout.items()), name, m, v)] = (_every_rank((pipe.topo.pipe, mine)), lanes, tl)
     return out

@@ -60,6 +60,7 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
     from stagewise.lowering.comms import P2P, CommAction
     from stagewise.lowering.options import LoweringOptions, Sizes
     from stagewise.parallelism import Parallelism
+    from stagewise.render.svg import timeline_svg
     from stagewise.runtime.stages.stage import stage_ranges
     from stagewise.schedules import generate
 
@@ -74,7 +75,7 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
         else:  # api_helpers' model ties its embedding and head
             sizes = Sizes(tie=1.0)
         low = lower(sched, Parallelism(pp=2, **layout), LoweringOptions(sizes=sizes))
-        ranks, lanes = got[(tuple(layout.items()), name, m, v)]
+        ranks, lanes, measured = got[(tuple(layout.items()), name, m, v)]
         for g, (pipe, seen) in enumerate(ranks):
             want, k = [], -1
             for j, a in enumerate(low.programs[pipe]):
@@ -92,4 +93,7 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
                                                          if "RESHARD" not in t and "ALL_TO_ALL" not in t]
                 assert all(0 <= start <= end and 0 <= exposed <= end - start + 1e-9
                            for *_, start, end, exposed in lane), lane
+        drawn = timeline_svg(measured)  # the same lanes and words as a simulated lowered timeline's
+        over = {"dp": "over dp", "fsdp": "over fsdp", "ep": "over ep"}[next(iter(layout))]
+        assert f"the {'reduce-scatter' if 'fsdp' in layout else 'all-reduce'} of stage 0 {over}" in drawn, name
     assert kinds >= {"UNSHARD", "RESHARD", "REDUCE_GRAD", "ALL_TO_ALL", "TIE_GRAD", "STEP_END"}

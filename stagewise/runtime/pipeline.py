@@ -497,7 +497,8 @@ class Pipeline:
             if self.topo.rank == 0:
                 per = gathered[:self.topo.p]  # replica 0
                 tl = measured_timeline(self.schedule, [m for m, _ in per],
-                                       [c for _, c in per] if self.flight is not NO_FLIGHT else None)
+                                       [c for _, c in per] if self.flight is not NO_FLIGHT else None,
+                                       self.parallelism)
         return StepResult(total=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
                           timeline=tl)
 
