@@ -41,9 +41,12 @@ def test_dump_lists_the_failed_rank_first():
     assert "flight recorder, rank 0: last 2 events" in text
 
 
-# pp 2 x dp 2, pp 2 x fsdp 2 and pp 2 x ep 2 over four families: one launch of 4 ranks
+# one launch of 4 ranks: pp 2 x dp 2 over every family, pp 2 x fsdp 2 and pp 2 x ep 2 over four
 FAMILIES = [("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("zb-v", 4, None), ("dualpipe-v", 4, None)]
-LAYOUTS = [{"dp": 2}, {"fsdp": 2}, {"ep": 2}]
+MORE = [("gpipe", 4, None), ("zb-h1", 4, None), ("zb-h2", 4, None), ("looped-bfs", 4, 2), ("v-half", 4, None),
+        ("v-min", 4, None), ("dualpipe", 4, None)]
+CASES = [({"dp": 2}, *f) for f in FAMILIES + MORE] + [(layout, *f) for layout in ({"fsdp": 2}, {"ep": 2})
+                                                      for f in FAMILIES]
 
 
 def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_program_has_them():
@@ -64,10 +67,9 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
     from stagewise.runtime.stages.stage import stage_ranges
     from stagewise.schedules import generate
 
-    cases = [(layout, *f) for layout in LAYOUTS for f in FAMILIES]
-    got = stagewise.launch(flight_collectives, 4, cases, threads=1, timeout=120)
+    got = stagewise.launch(flight_collectives, 4, CASES, threads=1, timeout=120)
     kinds = set()
-    for layout, name, m, v in cases:
+    for layout, name, m, v in CASES:
         sched = generate(name, 2, m, v)
         if "ep" in layout:  # the own MoE model: embedding, 3 MoE blocks, head; no tied weight
             a2a = [float(any(1 <= i <= 3 for i in r)) for r in stage_ranges(sched, 5)]
