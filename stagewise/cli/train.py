@@ -126,6 +126,7 @@ def cmd_train(args) -> int:
         raise UsageError("stagewise train needs torch: pip install 'stagewise[torch]'") from None
     from ..runtime import RankFailure, train
     from ..runtime.launching.launch import Stopped
+    from ..runtime.resilience.preempt import Preempted
     from ..runtime.launching.groups import is_torchrun
 
     if args.trace:
@@ -136,6 +137,10 @@ def cmd_train(args) -> int:
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
+    except Preempted as e:  # --save-on-signal: every rank saved the step it finished
+        sys.stderr.write(f"stagewise train: stopped by SIGTERM after step {e.step}: saved {e.folder}; resume "
+                         f"with --resume {args.save}\n")
+        return e.code
     except Stopped as e:  # SIGTERM/SIGHUP: every rank is stopped; the conventional status
         sys.stderr.write(f"stagewise train: stopped by {e.name}; every rank stopped\n")
         return e.code

@@ -127,6 +127,9 @@ class RunConfig:
     resume: str | None = None  #: continue from this checkpoint (a --save folder: its newest complete one)
     overwrite: bool = False  #: let ``save`` replace another run's checkpoints (deleted at the first save)
     skip_nonfinite: bool = False  #: a nan/inf loss skips that step's update on every rank instead of stopping
+    save_on_signal: float | None = None  #: SIGTERM: finish the step, save within this many seconds, exit 143
+    max_restarts: int = 0  #: a failed rank restarts every rank from the last complete checkpoint, this often
+    elastic: tuple[int, int] | None = None  #: (MIN, MAX) ranks: a restart on fewer re-plans the layout
     fault: str | None = None  #: tests only: a rank fails on purpose, e.g. "exit:rank=1:action=1F3" (faults.py)
 
     def layer_split(self):
@@ -244,6 +247,9 @@ class RunConfig:
         unpipelined reference may resume a checkpoint (any layout's), not save one."""
         if self.save_every is not None:
             check_count("`save_every`", self.save_every, 1)
+        from .restart import check_restarts
+
+        check_restarts(self)
         if not self.pipelined and self.save:
             raise RunError("`save` needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
                            "keeps no checkpoints (it resumes them: `resume`)")

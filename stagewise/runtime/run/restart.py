@@ -1,0 +1,244 @@
+"""A run that outlives its ranks: restart from the last complete checkpoint, on the ranks that are left.
+
+``train --max-restarts N``: when a rank dies (killed, an error, a hang past ``--timeout``) the launcher stops
+every rank as always (launch.py); then this loop starts them again, resuming from the newest complete
+checkpoint that this launch wrote under ``--save`` (``checkpoint_files.find`` passes over a half-written one;
+one left by another run is never taken: without one of ours the restart takes the run's own ``--resume``, or
+starts again from step 0). It says what was lost: the steps done since that checkpoint.
+
+A rank whose slot is gone (a ``lose`` fault locally; on a cluster, a node that does not come back) leaves
+fewer ranks. With ``--elastic MIN:MAX`` the layout is re-planned for them (``stagewise.plan.elastic``: drop
+dp replicas first, else re-partition the layers over fewer stages with the planner's partitioner), keeping
+the global batch and the micro-batch size (more micro-batches per replica), and DCP reshards the checkpoint
+into it; without ``--elastic`` the run stops naming what is missing. Each transition is printed (``notify``)
+and recorded in the result (``RunResult.restarts``): the step, the old and new layout, the steps and the time
+lost, and the time from the death to the first step after it, split into detection, restart, re-plan, and
+the checkpoint's load (manifest and hashes) and reshard (DCP's read into the new layout).
+
+The injected fault fires once per run: a restarted attempt runs without it. The data position continues
+exactly: step k reads the same sequences (``ModelConfig.batch(k, batch)``) whatever the layout.
+
+No torch at import: ``RunConfig.check`` calls ``check_restarts``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Callable
+
+from .config import RunError, check_count, check_positive_number
+
+
+def check_restarts(cfg) -> None:
+    """`save_on_signal`, `max_restarts`, `elastic` (before any rank starts)."""
+    if cfg.save_on_signal is not None:
+        check_positive_number("`save_on_signal`", cfg.save_on_signal)
+        if not cfg.save:
+            raise RunError("`save_on_signal` writes a checkpoint when a stop notice comes: it needs `save`")
+    check_count("`max_restarts`", cfg.max_restarts, 0)
+    if cfg.elastic is None:
+        return
+    try:
+        low, high = cfg.elastic
+    except (TypeError, ValueError):
+        raise RunError(f"`elastic` must be MIN:MAX ranks; got {cfg.elastic!r}") from None
+    check_count("`elastic` MIN", low, 1)
+    check_count("`elastic` MAX", high, low)
+    if not low <= cfg.world <= high:
+        raise RunError(f"`elastic` {low}:{high}: the run starts on {cfg.world} ranks, outside MIN:MAX; give a "
+                       f"range that holds {cfg.world}")
+    if cfg.max_restarts < 1:
+        raise RunError(f"`elastic` {low}:{high} re-plans the layout when a restart finds fewer ranks: give "
+                       "`max_restarts` >= 1")
+
+
+def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Callable | None = None):
+    """Run ``cfg`` (``launch_once(cfg, report)`` -> RunResult, one launch), restarting it after a rank's failure
+    up to ``cfg.max_restarts`` times. Returns the last attempt's result with every step's loss and time (those
+    before its checkpoint from the attempts that ran them) and ``restarts``: one record per transition."""
+    from ..launching.launch import RankFailure
+
+    seen = _complete(cfg.save)  # checkpoints there before this launch: never ours to resume
+    slots = cfg.world  # the ranks this run may use; a slot taken away stays away
+    current, records, steps = cfg, [], {}  # steps: step k (0-based) -> (loss, seconds), the latest attempt's
+    while True:
+        attempt = len(records)
+        marks: dict = {"first_step": None}
+
+        def tracked(job, k, loss, seconds, _marks=marks):
+            if _marks["first_step"] is None:
+                _marks["first_step"] = time.time()
+            steps[k] = (loss, seconds)
+            if report:
+                report(job, k, loss, seconds)
+
+        started = time.time()
+        try:
+            res = launch_once(current, tracked)
+        except RankFailure as e:
+            if e.user or attempt >= cfg.max_restarts:
+                raise
+            detected = time.time()
+            lost_slots = [r for r, c in e.exit_codes.items() if c == _LOST_CODE]
+            slots -= len(lost_slots)
+            done = max(steps, default=-1) + 1
+            t0 = time.time()
+            try:
+                nxt, why = _next_layout(cfg, current, slots)
+            except RunError as stop:  # no layout fits the ranks left: the failure stands, and why it ends here
+                raise RankFailure(f"{e}; cannot restart: {stop}", ranks=e.ranks, flight=e.flight) from e
+            replanned = time.time() - t0
+            found = _resume_point(cfg, seen)
+            nxt = dataclasses.replace(nxt, resume=found, fault=None)  # the fault fired: once per run
+            resumed = _step_of(found)
+            lost_work = sum(steps.pop(k)[1] for k in sorted(steps) if k >= resumed)
+            died = min((e.last_event[r] for r in e.ranks if r in e.last_event), default=detected)
+            rec = {"attempt": attempt + 1, "failed_after_step": done, "error": str(e), "ranks_failed": list(e.ranks),
+                   "slots_lost": lost_slots, "resumed_from": found, "resumed_step": resumed,
+                   "lost_steps": done - resumed, "lost_work_s": lost_work, "old_layout": layout_of(current), "new_layout": layout_of(nxt),
+                   "replan": why, "detection_s": max(0.0, detected - died), "replan_s": replanned,
+                   "died_at": died, "restarted_at": time.time()}
+            records.append(rec)
+            if notify:
+                notify(_say(rec))
+            current = nxt
+            continue
+        return _finished(res, steps, records, marks, started)
+
+
+_LOST_CODE = 4  #: faults.LOST_CODE (faults.py imports this package's config; kept torch- and cycle-free)
+
+
+def _finished(res, steps: dict, records: list, marks: dict, started: float):
+    """The last attempt's result with the steps of every attempt, and the transitions completed with what only
+    that attempt measured (its restore's load and reshard, its first step)."""
+    if not records:
+        return res
+    ck = res.checkpoint or {}
+    first = int(ck.get("resumed_step", 0))
+    before = [steps[k] for k in sorted(steps) if k < first]
+    last = records[-1]
+    restore = ck.get("restore_s") or {}
+    end = marks["first_step"]
+    last.update(load_s=restore.get("load"), reshard_s=restore.get("reshard"),
+                restart_s=(None if ck.get("restore_started_at") is None else
+                           max(0.0, ck["restore_started_at"] - last["restarted_at"])),
+                downtime_s=None if end is None else max(0.0, end - last["died_at"]))
+    for r in records:  # the wall time the failure cost: down, and the lost steps to run again
+        r["time_lost_s"] = None if r.get("downtime_s") is None else r["downtime_s"] + r["lost_work_s"]
+    for r in records:
+        r.pop("restarted_at", None)
+        r.pop("died_at", None)
+    return dataclasses.replace(res, losses=tuple(l for l, _ in before) + tuple(res.losses),
+                               step_time_s=tuple(s for _, s in before) + tuple(res.step_time_s),
+                               restarts=tuple(records))
+
+
+def _say(rec: dict) -> str:
+    """One line per transition: what failed, what was lost, where it goes on."""
+    lost = rec["lost_steps"]
+    where = (f"from {rec['resumed_from']} (step {rec['resumed_step']})" if rec["resumed_from"] else
+             "from step 0 (no checkpoint of this run yet)")
+    steps = f"lost {lost} step{'s' if lost != 1 else ''}" + (
+        f" ({rec['resumed_step'] + 1}-{rec['failed_after_step']})" if lost > 1 else
+        f" ({rec['failed_after_step']})" if lost == 1 else "")
+    layout = (f"; re-planned {rec['old_layout']['text']} -> {rec['new_layout']['text']} ({rec['replan']})"
+              if rec["new_layout"] != rec["old_layout"] else "")
+    slots = f"; slot{'s' if len(rec['slots_lost']) > 1 else ''} of rank {', '.join(map(str, rec['slots_lost']))} " \
+            "gone" if rec["slots_lost"] else ""
+    return (f"restart {rec['attempt']}: {rec['error'].splitlines()[0]}{slots}; {steps}; restarting {where}"
+            f"{layout}")
+
+
+def layout_of(cfg) -> dict:
+    """The layout a transition records: the parallel degrees, m, the split and the world."""
+    par = parallelism_of(cfg)
+    return {"text": f"{par.describe()}, m {cfg.microbatches}", "parallelism": par.to_dict(),
+            "microbatches": cfg.microbatches, "split": None if cfg.split is None else str(cfg.split),
+            "world": par.world}
+
+
+def parallelism_of(cfg):
+    """The run's ``Parallelism`` (the one value of a layout)."""
+    from ...parallelism import Parallelism
+
+    return Parallelism(pp=cfg.ranks, dp=cfg.dp, fsdp=cfg.fsdp, tp=cfg.tp, ep=cfg.ep, zero=cfg.zero,
+                       reshard_after_forward=cfg.reshard_after_forward)
+
+
+def _next_layout(cfg, current, slots: int):
+    """(config, why) for the restart on ``slots`` ranks: the same layout when they are enough; re-planned with
+    ``elastic``; else ``RunError`` naming what is missing."""
+    if slots >= current.world:
+        return current, "same layout"
+    if cfg.elastic is None:
+        raise RunError(f"{current.world - slots} rank slot(s) gone: {slots} ranks are left and the layout "
+                       f"{parallelism_of(current).describe()} needs {current.world}; give `elastic` MIN:MAX to "
+                       "re-plan for the ranks left")
+    from ...plan.elastic import ElasticError, replan
+
+    try:
+        new = replan(parallelism_of(current), ranks_left=slots, minimum=cfg.elastic[0],
+                     microbatches=current.microbatches, batch=current.batch,
+                     schedule=current.schedule if isinstance(current.schedule, str) else None,
+                     layer_time=_layer_costs(current.model))
+    except ElasticError as e:
+        raise RunError(str(e)) from None
+    par = new.parallelism
+    return dataclasses.replace(current, ranks=par.pp, dp=par.dp, fsdp=par.fsdp, tp=par.tp, ep=par.ep,
+                               zero=par.zero, microbatches=new.microbatches,
+                               split=new.split if new.split is not None else current.split), new.why
+
+
+def _layer_costs(model) -> tuple[float, ...] | None:
+    """Per layer, the multiply-adds of one token through it, counted from its parameters built on the meta device
+    (nothing allocated): a matrix's parameters, not an embedding's (a lookup). None when it cannot be built so."""
+    try:
+        import torch
+        from torch import nn
+
+        with torch.device("meta"):
+            layers = model.layers()
+        costs = []
+        for layer in layers:
+            n = sum(p.numel() for m in layer.modules() if not isinstance(m, nn.Embedding)
+                    for p in m.parameters(recurse=False))
+            costs.append(float(max(n, 1)))
+        return tuple(costs)
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: the partitioner splits evenly
+        return None
+
+
+def _complete(save: str | None) -> dict:
+    """Step folder -> its manifest's saved time, for the complete checkpoints under ``save`` now."""
+    from ..resilience import checkpoint_files as files
+
+    if not save or not Path(save).is_dir():
+        return {}
+    out = {}
+    for d in Path(save).glob("step-*"):
+        if d.is_dir() and not d.is_symlink() and not files.incomplete(d):
+            m = files.find(str(d)).manifest
+            out[d.name] = (m["run"]["id"], m.get("saved_at"))
+    return out
+
+
+def _resume_point(cfg, seen: dict) -> str | None:
+    """The newest complete checkpoint this launch wrote under `save`, else the run's own `resume` (None: from
+    step 0). One that was there before the launch is another run's (or an earlier life's): never taken."""
+    from ..resilience import checkpoint_files as files
+
+    mine = {k: v for k, v in _complete(cfg.save).items() if seen.get(k, object()) != v}
+    if mine:
+        return str(files.find(str(Path(cfg.save) / max(mine))).folder)
+    return cfg.resume
+
+
+def _step_of(found: str | None) -> int:
+    if found is None:
+        return 0
+    from ..resilience import checkpoint_files as files
+
+    return int(files.find(found).manifest["step"])
