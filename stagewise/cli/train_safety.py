@@ -7,10 +7,11 @@ The test-only fault (``stagewise.runtime.resilience.faults``) comes from the
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 
-from .common import UsageError, positive_int
+from .common import positive_int
 
 FAULT_ENV = "STAGEWISE_FAULT"  # stagewise.runtime.resilience.faults.ENV, without importing the runtime
 
@@ -80,18 +81,18 @@ def _grace(text: str) -> float:
     except ValueError:
         value = float("nan")
     if not value > 0 or value == float("inf"):
-        raise UsageError(f"--save-on-signal {text}: the grace must be a number of seconds > 0")
+        raise argparse.ArgumentTypeError(f"the grace must be a number of seconds > 0; got {text!r}")
     return value
 
 
 def _count(text: str) -> int:
     if not text.isdigit():
-        raise UsageError(f"--max-restarts {text}: must be a whole number >= 0")
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0; got {text!r}")
     return int(text)
 
 
 def _range(text: str) -> tuple[int, int]:
     low, sep, high = text.partition(":")
     if not (sep and low.isdigit() and high.isdigit()) or not 1 <= int(low) <= int(high):
-        raise UsageError(f"--elastic {text}: must be MIN:MAX ranks, 1 <= MIN <= MAX (e.g. 2:4)")
+        raise argparse.ArgumentTypeError(f"must be MIN:MAX ranks, 1 <= MIN <= MAX (e.g. 2:4); got {text!r}")
     return int(low), int(high)

@@ -242,3 +242,25 @@ def _step_of(found: str | None) -> int:
     from ..resilience import checkpoint_files as files
 
     return int(files.find(found).manifest["step"])
+
+
+def torchrun_attempt(cfg, world: int):
+    """A worker that torchrun restarted (``--max-restarts``): resume from the newest complete checkpoint written
+    since torchrun's agent (this process's parent, alive across its restarts) started, else as configured; with
+    ``elastic``, re-planned when torchrun's rendezvous brought another number of ranks."""
+    import os
+
+    from ..resilience import checkpoint_files as files
+
+    if cfg.save and Path(cfg.save).is_dir():
+        try:
+            born = os.stat(f"/proc/{os.getppid()}").st_ctime  # the agent's start: what is older is not ours
+        except OSError:
+            born = None
+        mine = [d for d in Path(cfg.save).glob("step-*") if d.is_dir() and not files.incomplete(d)
+                and born is not None and (d / files.MANIFEST).stat().st_mtime >= born]
+        if mine:
+            cfg = dataclasses.replace(cfg, resume=str(max(mine)))
+    if cfg.elastic is not None and world != cfg.world:
+        cfg, _ = _next_layout(cfg, cfg, world)
+    return dataclasses.replace(cfg, fault=None)

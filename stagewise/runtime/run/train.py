@@ -136,6 +136,10 @@ def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     parent_death_signal(signal.SIGKILL)  # torchrun forwards SIGTERM itself; a SIGKILLed torchrun would orphan us
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:  # torchrun's --max-restarts restarted us
+        from .restart import torchrun_attempt
+
+        cfgs = [torchrun_attempt(c, world) for c in cfgs]
     for c in cfgs:
         check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
     backend = groups.default_backend()
