@@ -247,9 +247,29 @@ class RunConfig:
         unpipelined reference may resume a checkpoint (any layout's), not save one."""
         if self.save_every is not None:
             check_count("`save_every`", self.save_every, 1)
-        from .restart import check_restarts
-
-        check_restarts(self)
+        self._check_restarts()
         if not self.pipelined and self.save:
             raise RunError("`save` needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
                            "keeps no checkpoints (it resumes them: `resume`)")
+
+    def _check_restarts(self) -> None:
+        """`save_on_signal`, `max_restarts`, `elastic` (run/restart.py, resilience/preempt.py)."""
+        if self.save_on_signal is not None:
+            check_positive_number("`save_on_signal`", self.save_on_signal)
+            if not self.save:
+                raise RunError("`save_on_signal` writes a checkpoint when a stop notice comes: it needs `save`")
+        check_count("`max_restarts`", self.max_restarts, 0)
+        if self.elastic is None:
+            return
+        try:
+            low, high = self.elastic
+        except (TypeError, ValueError):
+            raise RunError(f"`elastic` must be MIN:MAX ranks; got {self.elastic!r}") from None
+        check_count("`elastic` MIN", low, 1)
+        check_count("`elastic` MAX", high, low)
+        if not low <= self.world <= high:
+            raise RunError(f"`elastic` {low}:{high}: the run starts on {self.world} ranks, outside MIN:MAX; give a "
+                           f"range that holds {self.world}")
+        if self.max_restarts < 1:
+            raise RunError(f"`elastic` {low}:{high} re-plans the layout when a restart finds fewer ranks: give "
+                           "`max_restarts` >= 1")

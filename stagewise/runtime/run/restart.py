@@ -18,7 +18,7 @@ the checkpoint's load (manifest and hashes) and reshard (DCP's read into the new
 The injected fault fires once per run: a restarted attempt runs without it. The data position continues
 exactly: step k reads the same sequences (``ModelConfig.batch(k, batch)``) whatever the layout.
 
-No torch at import: ``RunConfig.check`` calls ``check_restarts``.
+Its options are checked with the others (``RunConfig._check_restarts``), before any rank starts.
 """
 
 from __future__ import annotations
@@ -28,30 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .config import RunError, check_count, check_positive_number
-
-
-def check_restarts(cfg) -> None:
-    """`save_on_signal`, `max_restarts`, `elastic` (before any rank starts)."""
-    if cfg.save_on_signal is not None:
-        check_positive_number("`save_on_signal`", cfg.save_on_signal)
-        if not cfg.save:
-            raise RunError("`save_on_signal` writes a checkpoint when a stop notice comes: it needs `save`")
-    check_count("`max_restarts`", cfg.max_restarts, 0)
-    if cfg.elastic is None:
-        return
-    try:
-        low, high = cfg.elastic
-    except (TypeError, ValueError):
-        raise RunError(f"`elastic` must be MIN:MAX ranks; got {cfg.elastic!r}") from None
-    check_count("`elastic` MIN", low, 1)
-    check_count("`elastic` MAX", high, low)
-    if not low <= cfg.world <= high:
-        raise RunError(f"`elastic` {low}:{high}: the run starts on {cfg.world} ranks, outside MIN:MAX; give a "
-                       f"range that holds {cfg.world}")
-    if cfg.max_restarts < 1:
-        raise RunError(f"`elastic` {low}:{high} re-plans the layout when a restart finds fewer ranks: give "
-                       "`max_restarts` >= 1")
+from .config import RunError
 
 
 def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Callable | None = None):
