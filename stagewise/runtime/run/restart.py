@@ -115,12 +115,12 @@ def _finished(res, steps: dict, records: list, marks: dict, started: float):
 
 def _say(rec: dict) -> str:
     """One line per transition: what failed, what was lost, where it goes on."""
-    lost = rec["lost_steps"]
+    lost, done = rec["lost_steps"], rec["failed_after_step"]
     where = (f"from {rec['resumed_from']} (step {rec['resumed_step']})" if rec["resumed_from"] else
              "from step 0 (no checkpoint of this run yet)")
-    steps = f"lost {lost} step{'s' if lost != 1 else ''}" + (
-        f" ({rec['resumed_step'] + 1}-{rec['failed_after_step']})" if lost > 1 else
-        f" ({rec['failed_after_step']})" if lost == 1 else "")
+    steps = (f"lost {lost} finished step{'s' if lost != 1 else ''}" +
+             (f" ({rec['resumed_step'] + 1}-{done})" if lost > 1 else f" ({done})" if lost == 1 else "") +
+             f" and step {done + 1} in flight")
     layout = (f"; re-planned {rec['old_layout']['text']} -> {rec['new_layout']['text']} ({rec['replan']})"
               if rec["new_layout"] != rec["old_layout"] else "")
     slots = f"; slot{'s' if len(rec['slots_lost']) > 1 else ''} of rank {', '.join(map(str, rec['slots_lost']))} " \
@@ -176,10 +176,12 @@ def _layer_costs(model) -> tuple[float, ...] | None:
         import torch
         from torch import nn
 
-        with torch.device("meta"):
-            layers = model.layers()
         costs = []
-        for layer in layers:
+        with torch.device("meta"):
+            layers = model.layers()  # a sequence, or a factory (``Layers``: count, build) called layer by layer
+            built = (layers.build(i) for i in range(layers.count)) if hasattr(layers, "build") else iter(layers)
+            built = list(built)
+        for layer in built:
             n = sum(p.numel() for m in layer.modules() if not isinstance(m, nn.Embedding)
                     for p in m.parameters(recurse=False))
             costs.append(float(max(n, 1)))
