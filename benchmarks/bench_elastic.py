@@ -35,6 +35,8 @@ CASES = (  # (name, layout, fault, elastic)
      "lose:rank=3:action=1F0:step=3", (2, 4)),
     ("one slot lost: 4 -> 3 stages, re-partitioned (pp 4 -> pp 3)", dict(ranks=4, microbatches=8),
      "lose:rank=3:action=3F0:step=3", (2, 4)),
+    ("one slot lost: FSDP kept, 2 -> 1 stage (pp 2 x fsdp 2 -> fsdp 2)", dict(ranks=2, fsdp=2, microbatches=4),
+     "lose:rank=3:action=1F0:step=3", (2, 4)),
 )
 
 

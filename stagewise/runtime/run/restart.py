@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..resilience.faults import LOST_CODE
 from .config import RunError
 
 
@@ -51,14 +52,13 @@ def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Call
             if report:
                 report(job, k, loss, seconds)
 
-        started = time.time()
         try:
             res = launch_once(current, tracked)
         except RankFailure as e:
             if e.user or attempt >= cfg.max_restarts:
                 raise
             detected = time.time()
-            lost_slots = [r for r, c in e.exit_codes.items() if c == _LOST_CODE]
+            lost_slots = [r for r, c in e.exit_codes.items() if c == LOST_CODE]  # a slot that stays gone
             slots -= len(lost_slots)
             done = max(steps, default=-1) + 1
             t0 = time.time()
@@ -74,21 +74,18 @@ def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Call
             died = min((e.last_event[r] for r in e.ranks if r in e.last_event), default=detected)
             rec = {"attempt": attempt + 1, "failed_after_step": done, "error": str(e), "ranks_failed": list(e.ranks),
                    "slots_lost": lost_slots, "resumed_from": found, "resumed_step": resumed,
-                   "lost_steps": done - resumed, "lost_work_s": lost_work, "old_layout": layout_of(current), "new_layout": layout_of(nxt),
-                   "replan": why, "detection_s": max(0.0, detected - died), "replan_s": replanned,
+                   "lost_steps": done - resumed, "lost_work_s": lost_work, "old_layout": layout_of(current),
+                   "new_layout": layout_of(nxt), "replan": why, "detection_s": max(0.0, detected - died), "replan_s": replanned,
                    "died_at": died, "restarted_at": time.time()}
             records.append(rec)
             if notify:
                 notify(_say(rec))
             current = nxt
             continue
-        return _finished(res, steps, records, marks, started)
+        return _finished(res, steps, records, marks)
 
 
-_LOST_CODE = 4  #: faults.LOST_CODE (faults.py imports this package's config; kept torch- and cycle-free)
-
-
-def _finished(res, steps: dict, records: list, marks: dict, started: float):
+def _finished(res, steps: dict, records: list, marks: dict):
     """The last attempt's result with the steps of every attempt, and the transitions completed with what only
     that attempt measured (its restore's load and reshard, its first step)."""
     if not records:
