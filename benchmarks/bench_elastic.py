@@ -60,11 +60,11 @@ def main() -> None:
     cols = (*PARTS, "first_step_s", "downtime_s")
     print(f"built-in GPT ({model.layers_n} blocks, d {model.d_model}), 1f1b, batch 16, saved every 2 steps, a rank "
           f"killed at step 3; medians of {args.reps} runs, milliseconds")
-    print(f"{'case':<60}" + "".join(f"{c.removesuffix('_s'):>11}" for c in cols) + "  new layout")
+    print(f"{'case':<66}" + "".join(f"{c.removesuffix('_s'):>11}" for c in cols) + "  new layout")
     for name, layout, fault, elastic in CASES:
         runs = [one(layout, fault, elastic, model) for _ in range(args.reps)]
         med = {c: statistics.median(r[c] for r in runs) for c in cols}
-        print(f"{name:<60}" + "".join(f"{med[c] * 1e3:>11.1f}" for c in cols) + f"  {runs[0]['new_layout']['text']}")
+        print(f"{name:<66}" + "".join(f"{med[c] * 1e3:>11.1f}" for c in cols) + f"  {runs[0]['new_layout']['text']}")
 
 
 if __name__ == "__main__":
