@@ -129,7 +129,8 @@ def _say(rec: dict) -> str:
 def layout_of(cfg) -> dict:
     """The layout a transition records: the parallel degrees, m, the split and the world."""
     par = parallelism_of(cfg)
-    split = "" if cfg.split is None else f", split {cfg.split if isinstance(cfg.split, str) else ','.join(map(str, cfg.split))}"
+    split = cfg.split if cfg.split is None or isinstance(cfg.split, str) else ",".join(map(str, cfg.split))
+    split = "" if split is None else f", split {split}"
     return {"text": f"{par.describe()}, m {cfg.microbatches}{split}", "parallelism": par.to_dict(),
             "microbatches": cfg.microbatches, "split": None if cfg.split is None else str(cfg.split),
             "world": par.world}
