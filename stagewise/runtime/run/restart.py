@@ -75,8 +75,8 @@ def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Call
             rec = {"attempt": attempt + 1, "failed_after_step": done, "error": str(e), "ranks_failed": list(e.ranks),
                    "slots_lost": lost_slots, "resumed_from": found, "resumed_step": resumed,
                    "lost_steps": done - resumed, "lost_work_s": lost_work, "old_layout": layout_of(current),
-                   "new_layout": layout_of(nxt), "replan": why, "detection_s": max(0.0, detected - died), "replan_s": replanned,
-                   "died_at": died, "restarted_at": time.time()}
+                   "new_layout": layout_of(nxt), "replan": why, "detection_s": max(0.0, detected - died),
+                   "replan_s": replanned, "died_at": died, "restarted_at": time.time()}
             records.append(rec)
             if notify:
                 notify(_say(rec))
