@@ -53,3 +53,19 @@ def test_restart_options_are_checked_before_any_rank_starts(capsys):
     assert "outside MIN:MAX" in fails(capsys, "train", *ELASTIC_RUN, "--max-restarts", "1", "--elastic", "1:2")
     assert "MIN:MAX ranks" in fails(capsys, "train", *ELASTIC_RUN, "--elastic", "3")
     assert "whole number >= 0" in fails(capsys, "train", *ELASTIC_RUN, "--max-restarts", "-1")
+
+
+def test_pp2_fsdp2_losing_a_slot_keeps_fsdp_and_goes_on_one_stage(capsys, tmp_path, monkeypatch,
+                                                                  uninterrupted_elastic_run):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STAGEWISE_FAULT", "lose:rank=2:action=0F0:step=2")
+    fsdp = [a if a != "--dp" else "--fsdp" for a in ELASTIC_RUN]
+    rc, out, err = run(capsys, "train", *fsdp, "--steps", "3", "--save", "ck", "--max-restarts", "1", "--elastic",
+                       "2:4", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    [r] = res["restarts"]
+    assert r["new_layout"]["text"] == "pp 1 x fsdp 2, m 2" and "2 -> 1 stages" in r["replan"]
+    assert r["resumed_from"] is None and "from step 0 (no checkpoint of this run yet)" in err  # none saved yet
+    assert len(res["losses"]) == 3  # the same sequences: the uninterrupted curve, to DCP's and FSDP's rounding
+    assert max(abs(a - b) for a, b in zip(res["losses"], uninterrupted_elastic_run.losses)) < 1e-5

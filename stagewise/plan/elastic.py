@@ -83,7 +83,8 @@ def replan(par: Parallelism, *, ranks_left: int, minimum: int, microbatches: int
             if isinstance(split, str):
                 tried.append(f"pp {pp}: {split}")
                 continue
-        how = f"split {','.join(map(str, split))} by the partitioner" if split else "split evenly"
+        how = (f"split {','.join(map(str, split))} by the partitioner" if split else
+               "every layer on it" if pp == 1 else "split evenly")
         return Replan(parallelism=new, microbatches=total_m, split=split,
                       why=f"{par.pp} -> {pp} stages ({how}), dp {par.dp} -> 1; m {microbatches} -> {total_m} keeps "
                       f"the global batch {batch} in micro-batches of {rows}")
@@ -112,6 +113,8 @@ def _split(schedule: str | None, p: int, m: int, layer_time: Sequence[float]):
 
     sched = generate(schedule or "1f1b", p, m)
     h = holding(sched)
+    if h.pieces == 1:  # one stage holds every layer: nothing to split
+        return None
     if h.pieces > len(layer_time):
         return f"{h.pieces} stages need at least {h.pieces} layers; the model has {len(layer_time)}"
     zeros = tuple(0.0 for _ in layer_time)

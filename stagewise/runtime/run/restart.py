@@ -165,7 +165,7 @@ def _next_layout(cfg, current, slots: int):
     par = new.parallelism
     return dataclasses.replace(current, ranks=par.pp, dp=par.dp, fsdp=par.fsdp, tp=par.tp, ep=par.ep,
                                zero=par.zero, microbatches=new.microbatches,
-                               split=new.split if new.split is not None else current.split), new.why
+                               split=current.split if par.pp == current.ranks else new.split), new.why
 
 
 def _layer_costs(model) -> tuple[float, ...] | None:
