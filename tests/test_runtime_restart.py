@@ -69,3 +69,4 @@ def test_pp2_fsdp2_losing_a_slot_keeps_fsdp_and_goes_on_one_stage(capsys, tmp_pa
     assert r["resumed_from"] is None and "from step 0 (no checkpoint of this run yet)" in err  # none saved yet
     assert len(res["losses"]) == 3  # the same sequences: the uninterrupted curve, to DCP's and FSDP's rounding
     assert max(abs(a - b) for a, b in zip(res["losses"], uninterrupted_elastic_run.losses)) < 1e-5
+
