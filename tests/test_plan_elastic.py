@@ -39,3 +39,13 @@ def test_a_layout_that_does_not_divide_or_fit_the_layers_is_passed_over():
     r = replan(Parallelism(pp=4), ranks_left=3, minimum=1, microbatches=4, batch=8, schedule="1f1b",
                layer_time=(1, 1))
     assert r.parallelism == Parallelism(pp=2) and r.split == (1, 1)  # 3 stages need 3 layers
+
+
+def test_fewer_stages_that_would_not_hold_the_model_state_are_refused():
+    costs, state = (1, 4, 4, 4, 4, 1), (10e9, 20e9, 20e9, 20e9, 20e9, 10e9)  # bytes of weights + optimizer
+    r = replan(Parallelism(pp=4), ranks_left=3, minimum=1, microbatches=4, batch=8, schedule="1f1b",
+               layer_time=costs, layer_bytes=state, memory=45e9)
+    assert r.parallelism.pp == 3 and r.split == (2, 2, 2)  # 30 + 40 + 30 GB: each under 45
+    with pytest.raises(ElasticError, match=r"pp 2: its fullest rank would hold .* GiB of model state, over the 41.9 GiB of a device"):
+        replan(Parallelism(pp=3), ranks_left=2, minimum=1, microbatches=4, batch=8, schedule="1f1b",
+               layer_time=costs, layer_bytes=state, memory=45e9)

@@ -43,9 +43,13 @@ class Replan:
 
 
 def replan(par: Parallelism, *, ranks_left: int, minimum: int, microbatches: int, batch: int,
-           schedule: str | None = None, layer_time: Sequence[float] | None = None) -> Replan:
+           schedule: str | None = None, layer_time: Sequence[float] | None = None,
+           layer_bytes: Sequence[float] | None = None, memory: float | None = None) -> Replan:
     """The layout for ``ranks_left`` ranks (>= ``minimum``, the run's `elastic` MIN): fewer dp replicas if
-    they fit, else fewer stages, split by ``layer_time`` (one number per model layer; None: evenly)."""
+    they fit, else fewer stages, split by ``layer_time`` (one number per model layer; None: evenly). With
+    ``layer_bytes`` (each layer's model state: weights, gradients, optimizer) and ``memory`` (bytes per
+    device), a split whose fullest rank holds more state than that is refused (activations not counted: a
+    dropped replica's rows go to more micro-batches of the same size, not to bigger ones)."""
     if ranks_left < minimum:
         raise ElasticError(f"`elastic` MIN {minimum}: only {ranks_left} ranks are left; the run stops (give a "
                            f"lower MIN to go on with fewer)")
@@ -79,7 +83,7 @@ def replan(par: Parallelism, *, ranks_left: int, minimum: int, microbatches: int
             continue
         split = None
         if layer_time is not None:
-            split = _split(schedule, pp, total_m, layer_time)
+            split = _split(schedule, pp, total_m, layer_time, layer_bytes, memory, per_stage // par.ep)
             if isinstance(split, str):
                 tried.append(f"pp {pp}: {split}")
                 continue
@@ -106,19 +110,24 @@ def _schedule_problem(schedule: str | None, p: int, m: int) -> str | None:
     return None
 
 
-def _split(schedule: str | None, p: int, m: int, layer_time: Sequence[float]):
-    """The partitioner's split of the layers over this schedule's stages (a message when it has none)."""
+def _split(schedule: str | None, p: int, m: int, layer_time: Sequence[float], layer_bytes=None, memory=None,
+           shards: int = 1):
+    """The partitioner's split of the layers over this schedule's stages (a message when it has none, or when
+    the fullest rank's state, each layer's over the ``shards`` ranks that split it, passes ``memory``)."""
     from ..schedules import generate
-    from .search import LayerCosts, PartitionError, holding, partition
+    from .search import LayerCosts, PartitionError, fmt_bytes, holding, partition
 
     sched = generate(schedule or "1f1b", p, m)
     h = holding(sched)
-    if h.pieces == 1:  # one stage holds every layer: nothing to split
-        return None
     if h.pieces > len(layer_time):
         return f"{h.pieces} stages need at least {h.pieces} layers; the model has {len(layer_time)}"
     zeros = tuple(0.0 for _ in layer_time)
+    fixed = zeros if layer_bytes is None else tuple(float(b) / shards for b in layer_bytes)
     try:
-        return partition(LayerCosts(time=tuple(float(t) for t in layer_time), fixed=zeros, act=zeros), h).counts
+        part = partition(LayerCosts(time=tuple(float(t) for t in layer_time), fixed=fixed, act=zeros), h, memory)
     except PartitionError as e:
         return str(e)
+    if not part.fits:
+        return (f"its fullest rank would hold {fmt_bytes(max(part.rank_memory))} of model state, over the "
+                f"{fmt_bytes(memory)} of a device")
+    return None if h.pieces == 1 else part.counts  # one stage holds every layer: nothing to split

@@ -155,11 +155,12 @@ def _next_layout(cfg, current, slots: int):
                        "re-plan for the ranks left")
     from ...plan.elastic import ElasticError, replan
 
+    time_, state = _layer_costs(current.model, current.optimizer)
     try:
         new = replan(parallelism_of(current), ranks_left=slots, minimum=cfg.elastic[0],
                      microbatches=current.microbatches, batch=current.batch,
                      schedule=current.schedule if isinstance(current.schedule, str) else None,
-                     layer_time=_layer_costs(current.model))
+                     layer_time=time_, layer_bytes=state, memory=_device_memory())
     except ElasticError as e:
         raise RunError(str(e)) from None
     par = new.parallelism
@@ -168,24 +169,39 @@ def _next_layout(cfg, current, slots: int):
                                split=current.split if par.pp == current.ranks else new.split), new.why
 
 
-def _layer_costs(model) -> tuple[float, ...] | None:
-    """Per layer, the multiply-adds of one token through it, counted from its parameters built on the meta device
-    (nothing allocated): a matrix's parameters, not an embedding's (a lookup). None when it cannot be built so."""
+def _layer_costs(model, optimizer: str) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """Per layer, (the multiply-adds of one token through it, the bytes of its model state), counted from its
+    parameters built on the meta device (nothing allocated): the time from a matrix's parameters, not an
+    embedding's (a lookup); the state as weights, gradients and, for Adam, its two moments (parallel/memory.py's
+    rule; another optimizer's state is not counted). (None, None) when it cannot be built so: the partitioner then splits evenly."""
     try:
         import torch
         from torch import nn
 
-        costs = []
+        from ..parallel.memory import ADAM
+
+        per_param = 4 if optimizer.lower() in ADAM else 2  # weight, gradient (and Adam's two moments)
         with torch.device("meta"):
             layers = model.layers()  # a sequence, or a factory (``Layers``: count, build) called layer by layer
-            built = (layers.build(i) for i in range(layers.count)) if hasattr(layers, "build") else iter(layers)
-            built = list(built)
+            built = list((layers.build(i) for i in range(layers.count)) if hasattr(layers, "build") else layers)
+        costs, state = [], []
         for layer in built:
             n = sum(p.numel() for m in layer.modules() if not isinstance(m, nn.Embedding)
                     for p in m.parameters(recurse=False))
             costs.append(float(max(n, 1)))
-        return tuple(costs)
-    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: the partitioner splits evenly
+            state.append(float(sum(p.numel() * p.element_size() for p in layer.parameters()) * per_param))
+        return tuple(costs), tuple(state)
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta
+        return None, None
+
+
+def _device_memory() -> float | None:
+    """Bytes of one device (the first GPU's), None on CPU: no limit to re-plan against."""
+    try:
+        import torch
+
+        return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
         return None
 
 
