@@ -5,7 +5,10 @@ curve goes on as a run resumed there at that layout."""
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +73,19 @@ def test_pp2_fsdp2_losing_a_slot_keeps_fsdp_and_goes_on_one_stage(capsys, tmp_pa
     assert len(res["losses"]) == 3  # the same sequences: the uninterrupted curve, to DCP's and FSDP's rounding
     assert max(abs(a - b) for a, b in zip(res["losses"], uninterrupted_elastic_run.losses)) < 1e-5
 
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun not installed")
+def test_under_torchrun_max_restarts_each_worker_resumes_the_last_complete_checkpoint(tmp_path,
+                                                                                   uninterrupted_elastic_run):
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "-m", "stagewise",
+                           "train", "--schedule", "1f1b",
+                           "-m", "4", "--layers", "2", "--d-model", "32", "--seq", "16", "--no-memory", "--steps", "4",
+                           "--save", "ck", "--save-every", "2", "--json"], capture_output=True, text=True, timeout=170,
+                          cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                             "STAGEWISE_FAULT": "exit:rank=1:action=1F0:step=3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)  # the restarted attempt's: from the checkpoint after step 2 on
+    assert res["checkpoint"]["resumed_from"].endswith("ck/step-00000002")
+    assert max(abs(a - b) for a, b in zip(res["losses"], uninterrupted_elastic_run.losses[2:4])) < 1e-5

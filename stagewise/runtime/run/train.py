@@ -144,7 +144,10 @@ def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
         check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
     backend = groups.default_backend()
     _set_threads(cfgs[0], int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    groups.init_group(backend, init_method="env://", timeout=timedelta(seconds=max(c.timeout for c in cfgs)))
+    timeout = timedelta(seconds=max(c.timeout for c in cfgs))
+    store = groups.torchrun_attempt_store(timedelta(seconds=groups.startup_s(timeout.total_seconds())))
+    groups.init_group(backend, timeout=timeout, **({"store": store, "rank": rank, "world_size": world} if store
+                                                   else {"init_method": "env://"}))
     box = tempfile.mkdtemp(prefix="stagewise-flight-")
     path = flight.rank_file(box, rank)
     try:
