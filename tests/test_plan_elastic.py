@@ -29,7 +29,7 @@ def test_what_cannot_be_had_is_refused_naming_why():
         replan(Parallelism(pp=2, dp=2), ranks_left=2, minimum=3, microbatches=2, batch=8)
     with pytest.raises(ElasticError, match="one rank runs the unpipelined reference"):
         replan(Parallelism(pp=2), ranks_left=1, minimum=1, microbatches=2, batch=8)
-    with pytest.raises(ElasticError, match="no layout fits the 1 ranks left .*needs at least 4 ranks per replica"):
+    with pytest.raises(ElasticError, match="no layout fits the 1 rank left .*needs at least 4 ranks per replica"):
         replan(Parallelism(pp=2, tp=2), ranks_left=1, minimum=1, microbatches=2, batch=8)
 
 

@@ -127,6 +127,7 @@ def cmd_train(args) -> int:
     from ..runtime import RankFailure, train
     from ..runtime.launching.launch import Stopped
     from ..runtime.resilience.preempt import Preempted
+    from .flags import say
     from ..runtime.launching.groups import is_torchrun
 
     if args.trace:
@@ -147,7 +148,7 @@ def cmd_train(args) -> int:
     except RankFailure as e:
         if e.user:
             raise UsageError(str(e)) from None
-        sys.stderr.write(f"stagewise train: error: {e}\n")
+        sys.stderr.write(f"stagewise train: error: {say(str(e))}\n")  # a restart's reason names options
         if e.flight:
             sys.stderr.write(e.flight + "\n")
         return 1

@@ -51,8 +51,9 @@ def replan(par: Parallelism, *, ranks_left: int, minimum: int, microbatches: int
     device), a split whose fullest rank holds more state than that is refused (activations not counted: a
     dropped replica's rows go to more micro-batches of the same size, not to bigger ones)."""
     if ranks_left < minimum:
-        raise ElasticError(f"`elastic` MIN {minimum}: only {ranks_left} ranks are left; the run stops (give a "
-                           f"lower MIN to go on with fewer)")
+        are = "rank is" if ranks_left == 1 else "ranks are"
+        raise ElasticError(f"`elastic` MIN {minimum}: only {ranks_left} {are} left; the run stops (give a lower MIN "
+                           "to go on with fewer)")
     rows = batch // (microbatches * par.data_shards)  # per micro-batch: kept
     total_m = microbatches * par.dp  # micro-batches of one data shard of the fsdp x ep group, over all replicas
     tried = []
@@ -93,7 +94,8 @@ def replan(par: Parallelism, *, ranks_left: int, minimum: int, microbatches: int
                       why=f"{par.pp} -> {pp} stages ({how}), dp {par.dp} -> 1; m {microbatches} -> {total_m} keeps "
                       f"the global batch {batch} in micro-batches of {rows}")
     detail = "; ".join(tried) or f"the layout {par.describe()} needs at least {keep} ranks per replica"
-    raise ElasticError(f"`elastic`: no layout fits the {ranks_left} ranks left ({detail}); the run stops"
+    left = f"{ranks_left} rank{'s' if ranks_left != 1 else ''}"
+    raise ElasticError(f"`elastic`: no layout fits the {left} left ({detail}); the run stops"
                        + (f" ({layers} layers)" if layers is not None and not tried else ""))
 
 

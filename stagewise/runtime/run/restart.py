@@ -150,7 +150,8 @@ def _next_layout(cfg, current, slots: int):
     if slots >= current.world:
         return current, "same layout"
     if cfg.elastic is None:
-        raise RunError(f"{current.world - slots} rank slot(s) gone: {slots} ranks are left and the layout "
+        gone = current.world - slots
+        raise RunError(f"{_n(gone, 'rank slot')} gone: {_n(slots, 'rank')} left, and the layout "
                        f"{parallelism_of(current).describe()} needs {current.world}; give `elastic` MIN:MAX to "
                        "re-plan for the ranks left")
     from ...plan.elastic import ElasticError, replan
@@ -203,6 +204,10 @@ def _device_memory() -> float | None:
         return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
     except Exception:  # noqa: BLE001
         return None
+
+
+def _n(count: int, what: str) -> str:
+    return f"{count} {what}{'s' if count != 1 else ''}"
 
 
 def _complete(save: str | None) -> dict:
