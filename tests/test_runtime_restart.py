@@ -51,6 +51,16 @@ def test_pp2_dp2_losing_a_slot_at_step_3_finishes_at_pp2_with_the_same_global_ba
     assert restart._resume_point(cfg, restart._complete(cfg.save)) is None  # all there before: another run's
 
 
+def test_a_run_that_cannot_go_on_with_the_ranks_left_stops_naming_why(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STAGEWISE_FAULT", "lose:rank=1:action=1F0:step=2")
+    two = ["--schedule", "1f1b", "-p", "2", "-m", "2", "--layers", "2", "--d-model", "32", "--seq", "16", "--no-memory",
+           "--steps", "3", "--max-restarts", "1"]
+    rc, out, err = run(capsys, "train", *two)
+    assert rc == 1 and ("cannot restart: 1 rank slot gone: 1 rank left, and the layout pp 2 needs 2; give --elastic "
+                        "MIN:MAX to re-plan for the ranks left") in err, err
+
+
 def test_restart_options_are_checked_before_any_rank_starts(capsys):
     assert "--elastic 2:4 re-plans" in fails(capsys, "train", *ELASTIC_RUN, "--elastic", "2:4")
     assert "outside MIN:MAX" in fails(capsys, "train", *ELASTIC_RUN, "--max-restarts", "1", "--elastic", "1:2")
