@@ -46,8 +46,8 @@ class Pair(NamedTuple):
 
 Op = Union[Action, Pair]
 
-_ACTION_RE = re.compile(r"(\d+)([FBIW])(\d+)")
-_PAIR_RE = re.compile(r"\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B")
+_ACTION_RE = re.compile(r"([0-9]+)([FBIW])([0-9]+)")  # ASCII digits: \d takes "１" (fullwidth) too
+_PAIR_RE = re.compile(r"\(([0-9]+F[0-9]+);([0-9]+[BI][0-9]+)\)OVERLAP_F_B")
 
 
 class ParseError(StagewiseError):

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from .errors import StagewiseError
 
-_TERM_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*)(?:\s*\*\s*(\d+))?")
+_TERM_RE = re.compile(r"([A-Za-z][A-Za-z0-9_]*)(?:\s*\*\s*([0-9]+))?")
 
 
 class LayoutError(StagewiseError):
@@ -90,7 +90,7 @@ class Split:
         return ",".join(map(str, self.counts))
 
 
-_COUNTS_RE = re.compile(r"\s*\d+\s*(,\s*\d+\s*)*")
+_COUNTS_RE = re.compile(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*")
 
 
 def format_layout(symbols: Sequence[str], counts: Sequence[int], *, abbreviate: bool = False) -> str:

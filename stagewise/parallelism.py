@@ -211,7 +211,7 @@ class Parallelism:
             replicas, shards = 1, rest
         else:
             replicas, shards = rest, 1
-        par = cls(pp=p, dp=replicas, fsdp=shards, tp=t, ep=ep, etp=etp,
+        par = cls(pp=p, dp=replicas, fsdp=shards, tp=t, ep=ep, etp=None if etp == t else etp,  # = t: the default
                   zero=1 if sharding == "zero1" and replicas > 1 else 0,
                   reshard_after_forward=reshard_after_forward and shards > 1)
         par.check()
@@ -262,10 +262,8 @@ class Parallelism:
 
     def unsupported_by_hf(self) -> str | None:
         """Why ``stagewise train --hf`` cannot run this layout beyond ``unsupported()`` (None: it can): what a
-        Hugging Face model brings itself. Read by the train CLI and the planner's stagewise rows."""
-        if self.ep > 1:
-            return (f"`ep` {self.ep} shards the experts of stagewise's MoE blocks; a Hugging Face model's experts "
-                    "are transformers' own and stay whole (run it with `ep` 1)")
+        Hugging Face model brings itself. Read by the train CLI and the planner's stagewise rows. Today none:
+        a Hugging Face mixture of experts' stacked experts shard over ``ep`` as stagewise's own do."""
         return None
 
     def check_runs(self) -> None:

@@ -18,7 +18,7 @@ from .schedule import Lane, Schedule, infer_placement
 from .validate import ScheduleError, validate
 
 #: cells torch writes in compute-only CSVs that are not compute (FSDP-style parameter bookkeeping)
-_TORCH_BOOKKEEPING = re.compile(r"\d+(UNSHARD|RESHARD|REDUCE_GRAD)")
+_TORCH_BOOKKEEPING = re.compile(r"[0-9]+(UNSHARD|RESHARD|REDUCE_GRAD)")
 
 
 #: cells (idle slots included) allowed per action of the limit: torch's spaced CSVs have a few per action

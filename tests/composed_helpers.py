@@ -100,9 +100,9 @@ def _build(case: Case, hf_folder: str | None):
 def _optimizer(pipe, case: Case, cls, lr: float):
     if not case.zero:
         return cls(pipe.parameters(), lr=lr)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return ZeroRedundancyOptimizer(pipe.parameters(), optimizer_class=cls, process_group=pipe.group("dp"), lr=lr)
+    opt = pipe.zero_optimizer(cls, lr=lr)  # torch's ZeroRedundancyOptimizer over pipe.group("dp")
+    assert pipe.dp is None or all(g is pipe.group("dp") for g in pipe.dp.groups.values())  # one dp group
+    return opt
 
 
 def _step(pipe, opt, x, y) -> float:
@@ -110,3 +110,24 @@ def _step(pipe, opt, x, y) -> float:
     opt.step()
     opt.zero_grad()
     return loss
+
+
+def grid_facts() -> dict:
+    """Rank function (4 ranks): what the Grid hands out. pp 2 x dp 2 from degrees, then from the user's own
+    DeviceMesh named (pp, dp); one step each. Rank 0 returns the facts and the losses."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    out = {}
+    pipe = stagewise.Pipeline("1f1b", layers(), loss_fn, microbatches=2, dp=2)
+    dp = pipe.group("dp")
+    out["degrees"] = {"parallelism": pipe.parallelism.describe(), "mesh": pipe.mesh,
+                      "dp reduction's group": all(g is dp for g in pipe.dp.groups.values()),
+                      "made once": pipe.group("dp") is dp and pipe.grid.group(("dp", "tp")) is dp,
+                      "dp ranks": pipe.topo.group_of("dp"), "loss": pipe.step(*batch(0)).loss}
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    pipe = stagewise.Pipeline("1f1b", layers(), loss_fn, microbatches=2, mesh=mesh)
+    out["mesh"] = {"parallelism": pipe.parallelism.describe(), "mesh is the user's": pipe.mesh is mesh,
+                   "dp group is the mesh's": pipe.group("dp") is mesh.get_group("dp"),
+                   "dp reduction's group": all(g is mesh.get_group("dp") for g in pipe.dp.groups.values()),
+                   "dp ranks": pipe.topo.group_of("dp"), "loss": pipe.step(*batch(0)).loss}
+    return out

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-#: the pages whose blocks run and whose links are checked (docs/notes/ are helpers' drafts, folded in later)
+#: the pages whose blocks run and whose links are checked
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: what the docs read, copied into each page's scratch folder (paths relative to the repository root)
 SCRATCH = ("README.md", "data", "examples", "tests/data")

@@ -113,10 +113,11 @@ def pipelined_cases(folder: str, text: str, cases, steps: int, batch_rows: int, 
 
     data = TextData(path=text, seq=seq)
     out, reads = {}, {}
-    for name, m, v in cases:
+    for case in cases:
+        name, m, v, *ep = case  # a fourth item: the experts sharded over that many ranks (pp x ep)
         _CHECKPOINTS.clear()
         model = load(folder)
-        pipe = pipeline(model, name, microbatches=m, chunks=v)
+        pipe = pipeline(model, name, microbatches=m, chunks=v, **({"ep": ep[0]} if ep else {}))
         opt = torch.optim.SGD(pipe.parameters(), lr=lr)
         losses, grads = [], None
         for k in range(steps):
@@ -128,8 +129,8 @@ def pipelined_cases(folder: str, text: str, cases, steps: int, batch_rows: int, 
         tied = {n for group in model.ties for n in group}
         copies = _gathered({f"{n}@{k}": p.detach().clone() for k, (n, p) in enumerate(pipe.named_parameters())
                             if n in tied})
-        out[(name, m, v)] = (losses, grads, pipe.full_state_dict(), [t for ts in copies.values() for t in ts])
-        reads[(name, m, v)] = _all_ranks(sorted(model.checkpoint().read_names))
+        out[case] = (losses, grads, pipe.full_state_dict(), [t for ts in copies.values() for t in ts])
+        reads[case] = _all_ranks(sorted(model.checkpoint().read_names))
     dist.barrier()
     return {"cases": out, "reads": reads}
 
@@ -175,5 +176,8 @@ def _gathered(named: dict) -> dict:
 
 def moe_cases(folders: dict, text: str, cases, steps: int, batch_rows: int, seq: int, lr: float) -> dict:
     """``pipelined_cases`` for several folders: {kind: its cases' results}, each family's read names per rank."""
-    return {kind: pipelined_cases(folder, text, [c for c in cases if c[0] in kinds], steps, batch_rows, seq, lr)
+    def wanted(c, kinds) -> bool:  # "ep" in kinds: the expert-parallel cases too
+        return c[0] in kinds if len(c) == 3 else "ep" in kinds
+
+    return {kind: pipelined_cases(folder, text, [c for c in cases if wanted(c, kinds)], steps, batch_rows, seq, lr)
             for kind, (folder, kinds) in folders.items()}

@@ -214,3 +214,18 @@ def test_colours_live_in_the_palette():
              if p.name != "palette.py" for n, line in enumerate(p.read_text().splitlines(), 1)
              if hexes.search(line.replace("url(#", "url("))]
     assert not found, found
+
+
+def test_process_groups_and_meshes_are_made_in_one_module():
+    """Only runtime/parallel/grid.py calls ``new_group``, ``init_device_mesh`` or ``DeviceMesh(...)`` (the
+    ``Grid``: each group made once, every rank in one order); everything else asks it for a group."""
+    makers = {"new_group", "init_device_mesh", "DeviceMesh", "new_subgroups", "new_subgroups_by_enumeration"}
+    found = []
+    for p in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if name in makers:
+                    found.append(f"{p.relative_to(ROOT)}:{node.lineno} {name}")
+    assert found and all(f.startswith("stagewise/runtime/parallel/grid.py:") for f in found), found

@@ -142,3 +142,24 @@ def test_profile_sizes_are_refused_naming_the_option(capsys, argv, words):
     from cli_helpers import fails
 
     assert words in fails(capsys, *argv)
+
+
+def test_each_command_builds_only_its_own_module_and_the_table_matches_the_parsers():
+    """COMMANDS is what each module's register adds; a command line builds only its module's parser, so
+    `stagewise simulate` does not import the planner (its start-up), while --help still lists every command."""
+    import argparse
+    import importlib
+
+    from stagewise import cli
+
+    for name in cli.MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"stagewise.cli.{name}").register(sub)
+        assert tuple(sub.choices) == cli.COMMANDS[name], name
+    assert cli._modules_for(["simulate", "1f1b"]) == ["core"]
+    assert cli._modules_for(["--help"]) == cli.MODULES and cli._modules_for(["simulat"]) == cli.MODULES
+    code = ("import sys, io, contextlib; from stagewise.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main(['simulate', 'zb-v', '-p', '4', '-m', '8'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('stagewise.plan', 'torch', 'matplotlib'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "[]"

@@ -48,10 +48,9 @@ def test_mistakes_exit_2_naming_the_flag(capsys, argv, needle):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--ep", "2"], "--ep 2 shards the experts of stagewise's MoE blocks; a Hugging Face model's experts are"),
     (["--moe-experts", "4"], "--moe-experts shapes the built-in GPT's MoE blocks; an --hf model brings its own"),
 ])
-def test_an_hf_model_takes_no_moe_shape_and_no_ep(capsys, tmp_path, argv, needle):
+def test_an_hf_model_takes_no_moe_shape(capsys, tmp_path, argv, needle):
     from hf_helpers import CONFIGS, write_config
 
     config = write_config(tmp_path / "config.json", **CONFIGS["mixtral"])
@@ -72,3 +71,16 @@ def test_a_capacity_beyond_every_token_trains_as_dropless(capsys):
     rc, dropless, err = run(capsys, *argv, "--json")
     rc, huge, err = run(capsys, *argv, "--moe-capacity", "1e300", "--json")
     assert json.loads(huge)["losses"] == json.loads(dropless)["losses"]
+
+
+def test_hf_tensor_parallel_over_a_plan_it_cannot_run_is_refused_before_ranks_start(capsys, tmp_path):
+    """Mixtral's own tp plan shards its experts 'packed_colwise': refused naming --tp, --hf and the style."""
+    from hf_helpers import CONFIGS, write_config
+
+    config = write_config(tmp_path / "config.json", **CONFIGS["mixtral"])
+    data = tmp_path / "t.txt"
+    data.write_text("x" * 200)
+    err = fails(capsys, "train", "--hf", str(config), "--data", str(data), "--schedule", "1f1b", "-p", "2",
+                "--tp", "2")
+    assert "--tp with --hf needs the model's own tensor-parallel plan" in err
+    assert "the style 'packed_colwise'" in err and "use --tp 1 with this model" in err

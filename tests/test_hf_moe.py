@@ -3,7 +3,8 @@
 In one process: each family's layers equal transformers' own model (loss and every gradient), read from the
 files transformers writes (one tensor per expert; hf/experts.py stacks them) or from stacked tensors, with
 HF's names and parameter count; a bad MoE field is refused naming it. On 2 ranks (one launch): every family
-under dualpipe-v and zb-v, and Mixtral under every other schedule, equal transformers' unpipelined model on
+under dualpipe-v and zb-v, and at pp 1 x ep 2 (its stacked experts sharded over the two ranks, moved by
+all-to-all), and Mixtral under every other schedule, equal transformers' unpipelined model on
 the whole batch, step 1's gradients and 2 SGD steps (relative 1e-4); the pipeline saved as an HF folder
 loads into transformers with the pipeline's logits.
 """
@@ -134,13 +135,14 @@ def test_a_deepseek_folder_without_its_router_bias_is_refused_naming_it(folders,
 
 # ---- pipelined on 2 ranks (one launch)
 
-CASES = [(name, 4, 2 if name in ("interleaved-1f1b", "looped-bfs") else None) for name in FAMILIES]
+CASES = [(name, 4, 2 if name in ("interleaved-1f1b", "looped-bfs") else None) for name in FAMILIES] \
+    + [("1f1b", 4, None, 2)]  # pp 1 x ep 2: the stacked experts sharded over the two ranks
 
 
 @pytest.fixture(scope="module")
 def pipelined(folders):
     _, text, paths = folders
-    wanted = {kind: (str(paths[kind]), {"dualpipe-v", "zb-v"} | (set(FAMILIES) if kind == "mixtral" else set()))
+    wanted = {kind: (str(paths[kind]), {"dualpipe-v", "zb-v", "ep"} | (set(FAMILIES) if kind == "mixtral" else set()))
               for kind in KINDS}
     return stagewise.launch(moe_cases, 2, wanted, text, CASES, STEPS, ROWS, SEQ, LR, threads=1, timeout=120)
 
@@ -152,8 +154,11 @@ def test_every_moe_family_pipelined_equals_transformers(folders, pipelined, kind
     _, text, paths = folders
     want_losses, want_grads, want_state = plain_loop(paths[kind], text, STEPS, ROWS, SEQ, LR)
     got = pipelined[kind]["cases"]
-    assert {c[0] for c in got} == ({"dualpipe-v", "zb-v"} | (set(FAMILIES) if kind == "mixtral" else set()))
+    assert {c[0] for c in got} == ({"dualpipe-v", "zb-v", "1f1b"} | (set(FAMILIES) if kind == "mixtral" else set()))
+    assert ("1f1b", 4, None, 2) in got
     for case, (losses, grads, state, _) in got.items():
+        if len(case) == 4:  # ep: each rank's gradient of its experts' share; the shares in ep order are the whole
+            grads = {n: [torch.cat(c)] if ".experts." in n else c for n, c in grads.items()}
         for a, b in zip(losses, want_losses, strict=True):
             assert abs(a - b) <= 1e-4 * abs(b), (case, losses, want_losses)
         assert set(grads) == set(want_grads) - {"lm_head.weight"} or set(grads) == set(want_grads), case
@@ -166,6 +171,8 @@ def test_every_moe_family_pipelined_equals_transformers(folders, pipelined, kind
         assert {n for n in want_state if ".experts." in n} <= set(state), case
     model = load(paths[kind])
     for case, names_per_rank in pipelined[kind]["reads"].items():  # each rank read its own layers' pieces only
+        if len(case) == 4:
+            continue  # pp 1 x ep 2: both ranks read every layer
         sched = stagewise.generate(case[0], 2, case[1], case[2])
         ranges = stage_ranges(sched, model.num_layers)
         for r, names in enumerate(names_per_rank):

@@ -3,7 +3,8 @@
 Four launches. The Pipeline API on 4 ranks: pp 2 x fsdp 2, pp 2 x tp 2 (one with the user's own DeviceMesh,
 named in another order) and pp 2 x dp 2 with ZeRO-1, each with the own model and the tiny Llama (tp by its
 base_model_tp_plan), over 1f1b, interleaved-1f1b, zb-v and dualpipe-v; the first also saved with the user's
-own ``dcp.save``. The same on 8 ranks (pp 2 x fsdp 2 x tp 2). Config-driven runs (the built-in GPT and the
+own ``dcp.save``. The same on 8 ranks (pp 2 x fsdp 2 x tp 2; pp 2 x dp 2 x tp 2, with ZeRO-1 too; pp 1 x dp 2 x
+fsdp 2 x tp 2, HSDP with TP). Config-driven runs (the built-in GPT and the
 tiny Llama, as ``stagewise train`` runs them) save at pp 2 x fsdp 2 and pp 2 x tp 2, then resume at pp 4,
 pp 1 x tp 2, pp 2 x fsdp 2 and unpipelined in this process; they also count every rank's state bytes.
 """
@@ -43,6 +44,10 @@ EIGHT = [
     Case("fsdp+tp 1f1b", "1f1b", 2, options={"fsdp": 2, "tp": 2}),
     Case("fsdp+tp dualpipe-v", "dualpipe-v", 4, options={"fsdp": 2, "tp": 2}),
     Case("llama fsdp+tp zb-v (the user's mesh)", "zb-v", 2, model="llama", mesh=(("fsdp", "pp", "tp"), (2, 2, 2))),
+    Case("dp+tp 1f1b", "1f1b", 2, options={"dp": 2, "tp": 2}),
+    Case("llama dp+tp+zero interleaved", "interleaved-1f1b", 2, 2, model="llama", options={"dp": 2, "tp": 2},
+         zero=True),
+    Case("dp+fsdp+tp (HSDP with TP) 1f1b", "1f1b", 2, options={"dp": 2, "fsdp": 2, "tp": 2}),
 ]
 
 
@@ -108,7 +113,7 @@ def test_the_users_own_dcp_save_loads_into_the_plain_model_with_torchs_own_calls
     assert abs(a - b) <= 1e-5 * b
 
 
-def test_pp_2_x_fsdp_2_x_tp_2_on_8_ranks_equals_the_plain_loop(llama, references):
+def test_fsdp_x_tp_dp_x_tp_and_hsdp_x_tp_on_8_ranks_equal_the_plain_loop(llama, references):
     got = stagewise.launch(run_cases, 8, EIGHT, str(llama), timeout=180)
     check_equal(got, EIGHT, references)
 

@@ -16,6 +16,7 @@ class Mesh:
     def __init__(self, shape, names):
         self.mesh = torch.arange(int(torch.tensor(shape).prod())).reshape(shape)
         self.mesh_dim_names = names
+        self.device_type = "cpu"
 
 
 def test_a_mesh_is_read_by_its_names_in_any_order():
@@ -34,11 +35,11 @@ def test_sizes_make_the_default_grid():
 
 
 @pytest.mark.parametrize("mesh, world, words", [
-    (Mesh((2, 2), ("dp", "pipe")), 4, "mesh dimension 'pipe' (of ('dp', 'pipe')) is not one of pp, dp, fsdp, tp, ep"),
+    (Mesh((2, 2), ("dp", "pipe")), 4, "mesh dimension 'pipe' (of ('dp', 'pipe')) is not one of dp, fsdp, ep, pp, tp"),
     (Mesh((2, 2), ("dp", "tp")), 4, "has no 'pp' dimension"),
     (Mesh((2, 2), None), 4, "its dimensions need names"),
     (Mesh((2, 2), ("dp", "pp")), 8, "holds 4 ranks; the world has 8"),
-    (Mesh((2, 2), ("pp", "pp")), 4, "names a dimension twice"),
+    (Mesh((2, 2), ("pp", "pp")), 4, "names the dimension 'pp' twice"),
 ])
 def test_a_mesh_that_cannot_be_read_says_why(mesh, world, words):
     with pytest.raises(RunError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -46,7 +47,7 @@ def test_a_mesh_that_cannot_be_read_says_why(mesh, world, words):
 
 
 def test_sizes_that_do_not_divide_the_world_are_refused():
-    with pytest.raises(RunError, match="`dp` 3 = 3 does not divide the 8 ranks launched"):
+    with pytest.raises(RunError, match="`dp` 3 = 3 does not divide the 8 ranks"):
         Topology.of_sizes(world=8, rank=0, dp=3)
     with pytest.raises(RunError, match="`dp` must be a whole number >= 1; got '2'"):
         Topology.of_sizes(world=8, rank=0, dp="2")
@@ -57,14 +58,15 @@ def test_fsdp_and_tp_sizes_make_the_grid_with_tp_innermost():
     assert (t.dims, t.shape, t.coords) == (("fsdp", "pp", "tp"), (2, 2, 2), {"fsdp": 1, "pp": 0, "tp": 1})
     assert t.pipe_ranks == (5, 7) and t.data_shards == 2 and t.data_index == 1  # tp ranks take the same rows
     assert t.group_of("tp") == (4, 5) and t.group_of("fsdp") == (1, 5)
-    with pytest.raises(RunError, match="`fsdp` 2 x `tp` 2 = 4 does not divide the 6 ranks launched"):
+    with pytest.raises(RunError, match="`fsdp` 2 x `tp` 2 = 4 does not divide the 6 ranks"):
         Topology.of_sizes(world=6, rank=0, fsdp=2, tp=2)
 
 
 def test_a_mesh_and_sizes_together_are_refused():
-    from stagewise.runtime.pipeline import _topology
+    from stagewise.runtime.pipeline import _grid
 
+    cpu = torch.device("cpu")
     with pytest.raises(RunError, match="give either `mesh` or `fsdp`, `tp`, not both"):
-        _topology(Mesh((2, 2), ("pp", "fsdp")), {"dp": 1, "fsdp": 2, "tp": 2}, 4, 0)
-    topo = _topology(Mesh((2, 1, 2), ("tp", "dp", "pp")), {"dp": 1, "fsdp": 1, "tp": 1}, 4, 3)
+        _grid(Mesh((2, 2), ("pp", "fsdp")), None, {"dp": 1, "fsdp": 2, "tp": 2}, 4, 0, cpu)
+    topo = _grid(Mesh((2, 1, 2), ("tp", "dp", "pp")), None, {"dp": 1, "fsdp": 1, "tp": 1}, 4, 3, cpu).topo
     assert (topo.p, topo.size("tp"), topo.pipe, topo.coords["tp"], topo.pipe_ranks) == (2, 2, 1, 1, (2, 3))

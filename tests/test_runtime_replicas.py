@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from stagewise.runtime.parallel.mesh import Topology  # noqa: E402
+from stagewise import Parallelism  # noqa: E402
+from stagewise.runtime.parallel.grid import Grid  # noqa: E402
 from stagewise.runtime.parallel.replicas import Replicas  # noqa: E402
 from stagewise.runtime.stages.layers import Layers, build_own_stages  # noqa: E402
 from stagewise.runtime.stages.names import gather_stage_map  # noqa: E402
@@ -23,7 +24,7 @@ def test_copies_start_equal_sum_their_gradients_and_count_once_in_the_norm(one_r
     ranges = stage_ranges(sched, s.count)
     stages, _ = build_own_stages(s, ranges, [0], "cpu")
     smap = gather_stage_map(sched, s, ranges, stages, ())
-    reps = Replicas(smap, stages, sched.placement, 0, torch.device("cpu"), Topology.of_sizes(world=1, rank=0))
+    reps = Replicas(smap, stages, sched.placement, 0, torch.device("cpu"), Grid.of_parallelism(Parallelism(), 0, "cpu"))
     first, second = stages[0].layers[0].weight, stages[0].layers[1].weight
     assert first is not second and not torch.equal(first, second)  # built apart: two copies
     reps.make_equal()

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from stagewise import Parallelism
 from stagewise.runtime.run.result import Memory, RunResult, merge_copies
 
 BASE = RunResult(schedule="1f1b", ranks=2, microbatches=4, losses=(4.0, 3.5), step_time_s=(0.2, 0.1),
@@ -21,10 +22,11 @@ def test_the_reference_json_has_no_sections():
 def test_sections_appear_when_the_run_has_them():
     mem = Memory(stage_activation_bytes={}, peak_activation_bytes=(10.0, 8.0),
                  predicted_peak_activation_bytes=(11.0, 8.0))
-    res = dataclasses.replace(BASE, dp=1, recompute=(0,), memory=mem, checkpoint={"saved": ["a"]},
+    res = dataclasses.replace(BASE, parallelism=Parallelism(pp=2), recompute=(0,), memory=mem, checkpoint={"saved": ["a"]},
                               skipped_steps=({"step": 2, "loss": float("nan"), "where": ""},))
     out = res.to_json()
     assert (out["dp"], out["recompute"]) == (1, [0])
+    assert out["parallelism"] == {**Parallelism(pp=2).to_dict(), "world": 2, "data_shards": 1}
     assert out["peak_activation_bytes"] == [10.0, 8.0] and out["peak_memory_allocated_bytes"] is None
     assert out["checkpoint"] == {"saved": ["a"]} and out["skipped_steps"][0]["step"] == 2
     assert "grads" not in out and "timelines" not in out  # arrays and timelines stay out of the JSON

@@ -122,3 +122,15 @@ def test_torch_accepts_trailing_garbage_we_do_not():
     assert str(_Action.from_str("0F0junk")) == "0F0"  # torch 2.13's parser
     with pytest.raises(ScheduleError, match="not an action: '0F0junk'"):
         torch_csv.loads("0F0junk,0B0\n")
+
+
+def test_fullwidth_digits_are_not_actions(tmp_path):
+    """'１F0' (a fullwidth one) reads as 1F0 to Python's \\d and int(); a schedule's digits are ASCII."""
+    from stagewise.actions import parse
+
+    with pytest.raises(ValueError):
+        parse("\uff11F0")
+    path = tmp_path / "s.csv"
+    path.write_text("0F0,0B0\n\uff10F0,1B0\n", encoding="utf-8")
+    with pytest.raises(ScheduleError, match="not an action"):
+        torch_csv.load(path)

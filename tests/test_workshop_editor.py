@@ -59,6 +59,7 @@ def test_a_deadlock_comes_back_with_its_cycle_what_ran_and_what_did_not():
     ("0F0 0F1 0B0 0B1\n1F0 1B0 1F1 1Bx", "row 2 (rank 1) column 4: not an action: '1Bx'", [1, 3]),
     ("0F0 0F0 0B0 0B1\n1F0 1B0 1F1 1B1", "rank 0 position 2 (0F0): duplicate action 0F0", [0, 1]),
     ("0F0 0F1 0B0\n1F0 1B0 1F1 1B1", "missing", None),
+    ("0F0 0F1 0B0 0B1\n1F0 1B0 1F1 \uff11B1", "row 2 (rank 1) column 4: not an action: '\uff11B1'", [1, 3]),  # fullwidth 1
     ("0F0 0F1 0B0 0B1 1F0\n1B0 1F1 1B1", "stage 1 is on two ranks: rank 0 position 5 (1F0)", [0, 4]),
 ])
 def test_structural_problems_are_the_validator_messages(text, message, at):

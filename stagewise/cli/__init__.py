@@ -18,9 +18,23 @@ from .flags import say
 
 #: subcommand modules, in --help order
 MODULES = ["core", "demo", "explain", "draw", "workshop", "train", "plan"]
+#: each module's subcommands (tests/test_cli_core.py holds it to what ``register`` adds): a command builds only its
+#: own module's parser, so `stagewise simulate` never imports the planner to describe `plan`'s options
+COMMANDS = {"core": ("list", "simulate", "compare", "export", "validate"), "demo": ("demo",),
+            "explain": ("explain",), "draw": ("draw", "report"), "workshop": ("workshop",), "train": ("train",),
+            "plan": ("profile", "plan", "auto")}
 
 
-def build_parser() -> Parser:
+def _modules_for(argv: list[str] | None) -> list[str]:
+    """The one module a command line's subcommand lives in; every module for --help, --version or a typo."""
+    words = sys.argv[1:] if argv is None else argv
+    for name, commands in COMMANDS.items():
+        if words and words[0] in commands:
+            return [name]
+    return MODULES
+
+
+def build_parser(modules: list[str] | None = None) -> Parser:
     parser = Parser(prog="stagewise", description="Pipeline-parallel schedules: generate, validate, "
                     "simulate, draw, plan and run them (the built-in GPT or your Hugging Face model, on local ranks "
                     "or under torchrun).")
@@ -28,13 +42,13 @@ def build_parser() -> Parser:
 
     parser.add_argument("--version", action="version", version=f"stagewise {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name in MODULES:
+    for name in MODULES if modules is None else modules:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_modules_for(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -15,7 +15,18 @@ USER_ERRORS: tuple[type[BaseException], ...] = (StagewiseError,)  # every librar
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage dump) and exit code 2."""
+    """argparse with a one-line error (no usage dump) and exit code 2.
+
+    ``described_by``: a function giving the description when help is printed, so that a description built
+    from a heavy module (the planner's tie rule) costs nothing to the commands that never print it.
+    """
+
+    described_by = None
+
+    def format_help(self) -> str:
+        if self.described_by is not None:
+            self.description = self.described_by()
+        return super().format_help()
 
     def error(self, message: str):  # noqa: D401 - argparse API
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")

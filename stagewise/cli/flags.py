@@ -7,14 +7,18 @@ as it is (without backticks).
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from ..errors import translate
+from ..parallelism import Parallelism
 
 #: library argument (RunConfig, GPTConfig, Pipeline, the HF adapter, the planner) -> CLI flag
 FLAGS = {
     # the schedule and the ranks (RunConfig, Pipeline, generate)
     "schedule": "--schedule", "csv": "--csv", "ranks": "--ranks", "microbatches": "--microbatches",
-    "chunks": "--chunks", "dp": "--dp",
-    "fsdp": "--fsdp", "tp": "--tp", "ep": "--ep", "zero": "--zero", "reshard_after_forward": "--reshard-after-forward",
+    "chunks": "--chunks",
+    # the layout's degrees and options, from Parallelism's fields (pp is -p/--ranks)
+    **{f.name: f.metadata["flag"] for f in fields(Parallelism)},
     "split": "--split", "layout": "--layout", "recompute": "--recompute/--recompute-stages",
     # the run
     "steps": "--steps", "batch": "--batch", "lr": "--lr", "optimizer": "--optimizer", "clip": "--clip",

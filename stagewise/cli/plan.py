@@ -14,19 +14,28 @@ from .common import UsageError, family_names, finite_float, positive_int, print_
 from .planning import Destinations, ProgressBar, csv_round_trips, destinations, said_default, whole_numbers
 
 
-def register(sub) -> None:
+_DESCRIPTION = (
+    "Given a profile, N devices, a global batch and a memory limit, simulate every configuration "
+    "(p x dp = N, schedule family, v, micro-batch size, recomputation on/off, the exact best split of layers) "
+    "and rank them. Writes the winner as torch's compute-only CSV and prints the `stagewise train` command. "
+    "With --model (cluster scale): each framework's own command, written for the version its line is checked "
+    "against, and never a layout that framework cannot express (the plan says why).")
+
+
+def _description() -> str:
     from ..plan.search import RULE
+
+    return f"{_DESCRIPTION} Recommendation under ties: {RULE}."
+
+
+def register(sub) -> None:
     from . import plan_auto, plan_cluster, plan_failures, plan_profile
 
     plan_profile.register(sub)
     p = sub.add_parser(
         "plan", help="search schedule x p x dp x v x m x recompute x split for the fastest that fits in memory",
-        description="Given a profile, N devices, a global batch and a memory limit, simulate every configuration "
-        "(p x dp = N, schedule family, v, micro-batch size, recomputation on/off, the exact best split of layers) "
-        "and rank them. Writes the winner as torch's compute-only CSV and prints the `stagewise train` command. "
-        "With --model (cluster scale): each framework's own command, written for the version its line is checked "
-        "against, and never a layout that framework cannot express (the plan says why). Recommendation under "
-        f"ties: {RULE}.")
+        description=_DESCRIPTION)
+    p.described_by = _description  # the tie rule lives in the planner: imported only when help is printed
     p.add_argument("--profile", metavar="FILE", help="a profile from `stagewise profile`")
     p.add_argument("-N", "--devices", type=positive_int, help="devices in all (p x dp)")
     p.add_argument("-G", "--global-batch", type=positive_int, help="samples per optimizer step")

@@ -96,8 +96,14 @@ def schedule_choice(args, *, world_per_replica: bool) -> tuple[str | None, int, 
         raise UsageError("--schedule NAME (or --csv FILE, or --schedule none) is required")
     if name and args.csv:
         raise UsageError(f"give either --schedule ({name}) or --csv, not both")
-    other = args.dp * args.fsdp * args.tp * getattr(args, "ep", 1)
-    world = int(os.environ["WORLD_SIZE"]) // (other if world_per_replica else 1) if is_torchrun() else 4
+    from ..parallelism import Parallelism
+    from ..runtime.launching.groups import torchrun_env
+
+    given = Parallelism(**train_scale.degrees(args))
+    other = given.per_pipeline_rank
+    world = torchrun_env()[1] if is_torchrun() else 4
+    if world_per_replica and is_torchrun():
+        world = Parallelism.of_world(world, **train_scale.degrees(args)).pp
     ranks = args.ranks if args.ranks is not None else world
     return name, ranks, name == "none" or (ranks == 1 and other == 1 and not args.csv)
 

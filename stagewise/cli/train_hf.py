@@ -39,8 +39,25 @@ def model(args):
         from ..hf.run import HFRun
     except ImportError as e:
         raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
-    return HFRun(source=args.hf, data=args.data, tokenizer=args.tokenizer, seq=args.seq, dtype=args.dtype,
-                 seed=args.seed)
+    run = HFRun(source=args.hf, data=args.data, tokenizer=args.tokenizer, seq=args.seq, dtype=args.dtype,
+                seed=args.seed)
+    if getattr(args, "tp", 1) > 1:
+        _check_tp_plan(run)
+    return run
+
+
+def _check_tp_plan(run) -> None:
+    """--tp with an HF model runs the model's own plan: one it cannot run is refused before any rank starts."""
+    from ..runtime.parallel.tp import check_plan
+    from ..runtime.run.config import RunError
+
+    plan = run.model().tp_plan
+    if plan:  # none: the ranks say `tp` needs a plan, in the same words
+        try:
+            check_plan(plan, own=True)
+        except RunError as e:
+            raise UsageError(str(e).replace("`tp` needs", "--tp with --hf needs").replace(
+                ", or give `tp_plan` or `parallelize` of your own", " (the Python API takes a `tp_plan` of your own)")) from None
 
 
 def lines(res) -> list[str]:

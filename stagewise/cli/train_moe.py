@@ -44,17 +44,19 @@ def apply(cfg, args):
     """``cfg`` with the options above: the GPT's MoE shape, ``ep`` and ``overlap``."""
     given = {field: getattr(args, arg) for arg, field in SHAPE.items()
              if getattr(args, arg) is not None and getattr(args, arg) is not False}
-    if args.hf and args.ep > 1:
+    if args.hf:
         from ..parallelism import Parallelism
 
-        raise UsageError(Parallelism(ep=args.ep).unsupported_by_hf())  # said in the CLI's words (flags.say)
+        why = Parallelism(ep=args.ep).unsupported_by_hf()
+        if why:
+            raise UsageError(why)  # said in the CLI's words (flags.say)
     if args.hf and given:
         raise UsageError(f"--{next(iter(given)).replace('_', '-')} shapes the built-in GPT's MoE blocks; an --hf "
                          "model brings its own experts")
     if given and "moe_experts" not in given:
         raise UsageError(f"--{next(iter(given)).replace('_', '-')} shapes MoE blocks: give --moe-experts E too")
     model = dataclasses.replace(cfg.model, **given) if given else cfg.model
-    return dataclasses.replace(cfg, model=model, ep=args.ep, overlap=not args.no_overlap)
+    return dataclasses.replace(cfg, model=model, overlap=not args.no_overlap)  # --ep: train_scale's layout
 
 
 def lines(res) -> list[str]:

@@ -6,7 +6,6 @@ Not a subcommand: ``train.py`` adds these options and prints these lines.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from .common import UsageError, int_list, positive_int
 
@@ -37,20 +36,29 @@ def add_args(p) -> None:
                    help="recompute these stages only (schedule stage numbers, e.g. 0,2)")
 
 
+def degrees(args) -> dict:
+    """The parsed options that are ``Parallelism`` fields (--dp, --fsdp, --tp, --ep, --zero,
+    --reshard-after-forward; -p is ``ranks``): the layout's degrees as the options give them."""
+    from ..parallelism import Parallelism
+
+    return {f.name: getattr(args, f.name) for f in Parallelism.options() if f.name != "pp" and hasattr(args, f.name)}
+
+
 def apply(cfg, args):
     """``cfg`` with the options above."""
     from ..runtime.launching.groups import is_torchrun
 
     if args.recompute and args.recompute_stages:
         raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")
-    cfg = dataclasses.replace(cfg, dp=args.dp, fsdp=args.fsdp, tp=args.tp, zero=args.zero,
-                              reshard_after_forward=args.reshard_after_forward,
+    from ..parallelism import Parallelism
+    from ..runtime.launching.groups import torchrun_env
+
+    layout = Parallelism(pp=cfg.ranks, **degrees(args))  # every parallel option, into the one value
+    if is_torchrun() and args.ranks is None and cfg.schedule is not None and layout.per_pipeline_rank > 1:
+        layout = Parallelism.of_world(torchrun_env()[1], **degrees(args))  # pp: the rest of WORLD_SIZE
+    cfg = dataclasses.replace(cfg, parallelism=layout,
                               recompute=True if args.recompute else _stages(args.recompute_stages),
                               measure_memory=not args.no_memory)
-    other = cfg.world // cfg.ranks
-    if is_torchrun() and args.ranks is None and cfg.pipelined and other > 1:
-        world = int(os.environ["WORLD_SIZE"])
-        cfg = dataclasses.replace(cfg, ranks=world // other if world % other == 0 else world)  # else preflight
     if args.batch is None and cfg.pipelined:  # the default batch, now that --dp, --fsdp and --ep are known
         from ..runtime.run.config import default_batch
 

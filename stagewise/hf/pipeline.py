@@ -29,8 +29,10 @@ def pipeline(model: HFModel, schedule, *, device=None, **options):
         from ..runtime.parallel.mesh import Topology
 
         others = world // Topology.of_mesh(options["mesh"], world, rank).p
+    elif options.get("parallelism") is not None:
+        others = options["parallelism"].per_pipeline_rank
     else:
-        others = options.get("dp", 1) * options.get("fsdp", 1) * options.get("tp", 1)
+        others = options.get("dp", 1) * options.get("fsdp", 1) * options.get("tp", 1) * options.get("ep", 1)
     sched = resolve_schedule(schedule, world=world, dp=others,
                              microbatches=options.pop("microbatches", None), chunks=options.pop("chunks", None))
     model.check_fit(sched.stages_per_copy, options.get("split"))

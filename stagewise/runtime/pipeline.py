@@ -28,20 +28,22 @@ from .stages import pytree
 from .execution.activation_memory import ActivationMeter
 from .messages.p2p import P2P
 from .execution.plan import lower
+from .run.arguments import check_autocast, check_device
 from .run.config import RunError, check_positive_number, check_timeout
 from .run.resolve import resolve_schedule
 from .parallel.dp import DataParallel
 from .parallel.fsdp import Sharded
 from .parallel.ep import ExpertParallel
 from .execution.overlap import interleave
-from .parallel.mesh import Topology
+from .parallel.grid import Grid
+from ..parallelism import Parallelism, ParallelismError
 from .parallel.tp import TensorParallel, is_dtensor
 from .execution.executor import Executor, RankContext, StepOutcome
 from .resilience.flight import NO_FLIGHT, SYNC
 from .resilience.nonfinite import NonFiniteLoss, locate_nonfinite
 from .stages.layers import as_layers, build_own_stages, split_counts
 from .stages.names import Names, gather_stage_map
-from .execution.recompute import Recompute, recompute_stages
+from .execution.recompute import Recompute, check_recompute, recompute_stages
 from .parallel.replicas import Replicas
 from .stages.stage import stage_ranges
 from .execution.timing import CudaClock, WallClock, measured_timeline
@@ -109,6 +111,8 @@ class Pipeline:
       ``dp`` x ``fsdp`` is HSDP); ``tp``: tensor parallel inside each stage (world = ranks x dp x fsdp x ep x tp).
       Or ``mesh``, a DeviceMesh whose dimensions are named, in any order, from ``pp``, ``dp``, ``fsdp``,
       ``tp``, ``ep`` (``init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "fsdp"))``).
+    - ``parallelism``: the layout as one ``stagewise.Parallelism`` instead of the sizes (its world must be the
+      world size); ``pipe.parallelism`` is the layout run either way, ``pipe.grid`` the maker of its groups.
     - ``tp_plan``: module-name patterns to tensor-parallel styles (``{"layers.*.mlp.up_proj": "colwise"}``, the
       shape of transformers' ``base_model_tp_plan``; parallel/tp.py), or ``parallelize(stage_module, tp_mesh)``;
       default: the model's own (``Layers.tp_plan``: the HF adapter's and the built-in GPT's).
@@ -144,8 +148,12 @@ class Pipeline:
                  autocast: torch.dtype | None = None, static_shapes: bool = False, timeout: float = 30.0,
                  init: Callable | None = None, measure_memory: bool = False, mesh=None, nonfinite: str = "raise",
                  flight=None, fsdp: int = 1, tp: int = 1, tp_plan=None, parallelize: Callable | None = None,
-                 reshard_after_forward: bool = False, ep: int = 1, overlap: Callable | bool | None = None):
+                 reshard_after_forward: bool = False, ep: int = 1, overlap: Callable | bool | None = None,
+                 parallelism: Parallelism | None = None):
         check_timeout(timeout)
+        check_device(device)
+        check_autocast(autocast)
+        check_recompute(recompute)
         if nonfinite not in NONFINITE:
             raise RunError(f"`nonfinite` must be one of {', '.join(map(repr, NONFINITE))}; got {nonfinite!r}")
         if not callable(loss_fn):
@@ -155,8 +163,10 @@ class Pipeline:
         self.spec = spec = as_layers(model, split, init, device)  # a model's own errors come before any rank's
         spec.check()
         rank, world = _process_group(timeout)
-        self.topo = topo = _topology(mesh, {"dp": dp, "fsdp": fsdp, "tp": tp, "ep": ep}, world, rank)
         self.device = _device(device)
+        self.grid = grid = _grid(mesh, parallelism, {"dp": dp, "fsdp": fsdp, "tp": tp, "ep": ep}, world, rank,
+                                 self.device)
+        self.topo = topo = grid.topo
         self.schedule = sched = resolve_schedule(schedule, world=world, dp=topo.data_shards * topo.size("tp"),
                                                  microbatches=microbatches, chunks=chunks,
                                                  launched_by=f"a world of {world} ranks")
@@ -166,23 +176,25 @@ class Pipeline:
         ranges = stage_ranges(sched, spec.count, counts)
         self.stages, self.built_layers = build_own_stages(spec, ranges, sched.stages_of_rank(topo.pipe), self.device)
         meet("the pipeline's first exchange")  # every rank started and built its layers: slow when loaded
-        self.ep = ExpertParallel(topo, self.stages, self.device) if topo.size("ep") > 1 else None  # its experts only
+        if topo.size("fsdp") > 1 or topo.size("tp") > 1:
+            grid.mesh  # torch's parts need a DeviceMesh: made first, so its groups are the only ones over its dims
+        self.ep = ExpertParallel(grid, self.stages, self.device) if topo.size("ep") > 1 else None  # its experts only
         self.stage_map = gather_stage_map(sched, spec, ranges, self.stages, ties, ranks=topo.pipe_ranks)
         self.names = Names(spec, self.stage_map, sched, self.stages, topo.pipe)
-        self.replicas = Replicas(self.stage_map, self.stages, sched.placement, topo.pipe, self.device, topo)
+        self.replicas = Replicas(self.stage_map, self.stages, sched.placement, topo.pipe, self.device, grid)
         self.replicas.make_equal()  # tied copies built apart start from one value
-        self.mesh = _mesh(topo, self.device)  # torch's DeviceMesh of the grid, when other parts need one
         self.tensor_parallel = self.sharded = None
         if topo.size("tp") > 1:
-            self.tensor_parallel = TensorParallel(self.stages, spec.prefix, self.mesh["tp"], sizes=spec.tp_divides,
+            self.tensor_parallel = TensorParallel(self.stages, spec.prefix, grid.sub_mesh("tp"), sizes=spec.tp_divides,
                                                   plan=tp_plan if tp_plan is not None or parallelize else spec.tp_plan,
                                                   parallelize=parallelize, strict=tp_plan is not None)
         if topo.size("fsdp") > 1:
-            shard = self.mesh["dp", "fsdp"] if topo.dp > 1 else self.mesh["fsdp"]  # HSDP: replicate over dp
-            self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward)
+            shard = grid.sub_mesh(("dp", "fsdp") if topo.dp > 1 else "fsdp")  # HSDP: replicate over dp
+            self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward
+                                   or grid.parallelism.reshard_after_forward)
         self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors
-        self.dp = self.ep.reduction(topo, self.stages, timeout) if self.ep is not None else \
-            DataParallel(topo, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
+        self.dp = self.ep.reduction(grid, self.stages, timeout) if self.ep is not None else \
+            DataParallel(grid, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
         self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
@@ -325,7 +337,8 @@ class Pipeline:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state_dict (whole CPU tensors) on every rank: loads into the unpipelined model.
         A collective (sharded parameters are gathered first)."""
-        mine = gather_full(self.names.owned_state_dict())
+        mine = self.names.owned_state_dict()
+        mine = gather_full(self.ep.gather_full(mine) if self.ep is not None else mine)
         first = all(self.topo.coords.get(d, 0) == 0 for d in ("dp", "fsdp", "tp"))
         mine = {k: v.cpu() for k, v in mine.items()} if first else {}
         gathered: list = [None] * dist.get_world_size()
@@ -333,14 +346,31 @@ class Pipeline:
         return {k: v for part in gathered for k, v in part.items()}
 
     def group(self, dim: str):
-        """The process group of this rank along a dimension of the grid (``"dp"``: what a
-        ``ZeroRedundancyOptimizer`` shards its state over; ``"tp"``, ``"fsdp"``). Every rank calls it alike
-        the first time (it may make the groups: a collective)."""
+        """The process group of this rank along a dimension of the grid (``"dp"``: the one the dp reduction
+        sums over, what a ``ZeroRedundancyOptimizer`` shards its state over; ``"tp"``, ``"fsdp"``, ``"ep"``,
+        ``"pp"``). Every rank calls it alike the first time (it may make the groups: a collective)."""
         if dim not in self.topo.dims:
             raise RunError(f"`dim` {dim!r} is not a dimension of this pipeline's grid ({self.topo.describe()})")
-        if self.mesh is None:
-            self.mesh = self.topo.device_mesh(self.device.type)
-        return self.mesh.get_group(dim)
+        return self.grid.group(dim)
+
+    def zero_optimizer(self, optimizer_class: type = torch.optim.AdamW, **defaults) -> torch.optim.Optimizer:
+        """ZeRO-1 of this rank's parameters over the dp group (``group("dp")``): torch's
+        ``ZeroRedundancyOptimizer`` of ``optimizer_class(..., **defaults)``, its parameter broadcast taking a
+        tensor-parallel parameter's local shard (parallel/dp.py)."""
+        from .parallel.dp import zero_optimizer
+
+        return zero_optimizer(self.parameters(), optimizer_class, self.group("dp"), **defaults)
+
+    @property
+    def mesh(self):
+        """The grid's torch DeviceMesh: the one given as ``mesh`` (the same object), or the one made for
+        tensor parallel or FSDP; None when no part needed one (pipelines and replicas only)."""
+        return self.grid.made_mesh
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The layout this pipeline runs (``stagewise.Parallelism``: pp, dp, fsdp, tp, ep)."""
+        return self.grid.parallelism
 
     @property
     def _counts_loss(self) -> bool:
@@ -461,41 +491,49 @@ def _process_group(timeout: float) -> tuple[int, int]:
     if not dist.is_initialized():
         from datetime import timedelta
 
-        from .launching.groups import close_groups, default_backend, init_group, is_torchrun
+        from .launching.groups import close_groups, default_backend, init_group, is_torchrun, torchrun_env
 
         if not is_torchrun():
             raise RunError("no process group: run the script under torchrun (torchrun --nproc-per-node N "
                            "script.py), start it with stagewise.launch(fn, ranks=N), or call "
                            "torch.distributed.init_process_group first")
+        torchrun_env()  # RANK and WORLD_SIZE make sense, or no rendezvous waits for them
         init_group(default_backend(), init_method="env://", timeout=timedelta(seconds=timeout))
         atexit.register(close_groups)  # gloo threads joined while the interpreter is alive (groups.py)
     return dist.get_rank(), dist.get_world_size()
 
 
-def _topology(mesh, sizes: dict[str, int], world: int, rank: int) -> Topology:
-    """This rank's place in the grid: a named DeviceMesh, or ``sizes`` (dp, fsdp, tp, ep) and pp = the rest."""
-    if mesh is not None:
-        given = [f"`{k}`" for k, v in sizes.items() if v != 1]
-        if given:
-            raise RunError(f"give either `mesh` or {', '.join(given)}, not both (the mesh's dimensions are the sizes)")
-        topo = Topology.of_mesh(mesh, world, rank)
-    else:
-        topo = Topology.of_sizes(world=world, rank=rank, **sizes)
-    running = {"pp", "dp", "fsdp", "tp", "ep"}  # what this runtime composes today
-    extra = [d for d in topo.dims if d not in running and topo.size(d) > 1]
-    if extra:
-        raise RunError(f"mesh {topo.describe()}: the {extra[0]!r} dimension is not run by this Pipeline; give "
-                       f"a mesh of {', '.join(repr(d) for d in sorted(running))}")
-    if topo.size("ep") > 1 and (topo.size("fsdp") > 1 or topo.size("tp") > 1):
-        raise RunError(f"mesh {topo.describe()}: expert parallel is not composed with FSDP or tensor parallel yet "
-                       "(an expert-parallel rank's experts are its own, not shards of one tensor); give `ep` with "
-                       "`dp` only")
-    return topo
-
-
-def _mesh(topo: Topology, device: torch.device):
-    """The grid as torch's DeviceMesh when FSDP or tensor parallel needs one (None: pipelines and replicas)."""
-    return topo.device_mesh(device.type) if topo.size("fsdp") > 1 or topo.size("tp") > 1 else None
+def _grid(mesh, parallelism: Parallelism | None, degrees: dict[str, int], world: int, rank: int, device) -> Grid:
+    """This rank's grid: the user's named DeviceMesh, a ``Parallelism``, or ``degrees`` (dp, fsdp, tp, ep) with
+    pp the rest of the world; refused (``RunError``) when the layout does not hold or is not run here."""
+    given = [f"`{k}`" for k, v in degrees.items() if v != 1]
+    if (mesh is not None or parallelism is not None) and given:
+        raise RunError(f"give either `{'mesh' if mesh is not None else 'parallelism'}` or {', '.join(given)}, not "
+                       "both (the mesh's dimensions are the sizes)")
+    if mesh is not None and parallelism is not None:
+        raise RunError("give either `mesh` or `parallelism`, not both")
+    if mesh is not None and not hasattr(mesh, "mesh_dim_names"):
+        raise RunError(f"`mesh` must be a torch DeviceMesh with named dimensions (init_device_mesh(device, shape, "
+                       f"mesh_dim_names=...)); got {type(mesh).__name__} {mesh!r}")
+    try:
+        if mesh is not None:
+            grid = Grid.of_mesh(mesh, world, rank)
+        else:
+            if parallelism is None:
+                parallelism = Parallelism.of_world(world, **degrees)
+            elif not isinstance(parallelism, Parallelism):
+                raise RunError(f"`parallelism` must be a stagewise.Parallelism; got {type(parallelism).__name__}")
+            parallelism.check()
+            if parallelism.world != world:
+                raise RunError(f"`parallelism` {parallelism.describe()} is {parallelism.world} ranks; the world has "
+                               f"{world}: the degrees must multiply to the world size")
+            grid = Grid.of_parallelism(parallelism, rank, device.type)
+    except ParallelismError as e:
+        raise RunError(str(e)) from None
+    why = grid.parallelism.unsupported()
+    if why:
+        raise RunError(f"{grid.describe()}: {why}")
+    return grid
 
 
 def gather_full(state: dict) -> dict:

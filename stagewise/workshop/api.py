@@ -154,9 +154,9 @@ def _whole(name: str, raw) -> int:
         raise SettingError(f"{OPTIONS[name]}: expected a whole number; got {raw!r}", name)
     if isinstance(raw, int):
         value = raw
-    elif re.fullmatch(r"\s*-?\d{1,9}\s*", raw):
+    elif re.fullmatch(r"\s*-?[0-9]{1,9}\s*", raw):
         value = int(raw)
-    elif re.fullmatch(r"\s*-?\d+\s*", raw):
+    elif re.fullmatch(r"\s*-?[0-9]+\s*", raw):
         raise SettingError(f"{OPTIONS[name]}: expected a whole number of at most 9 digits; got {_short(raw)}", name)
     else:
         raise SettingError(f"{OPTIONS[name]}: expected a whole number; got {_short(raw)}", name)
@@ -354,7 +354,7 @@ def gap_of(tl: Timeline, rank, pos) -> dict:
 
 def _index(name: str, raw, lo: int, hi: int) -> int:
     value = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
-    if isinstance(raw, str) and re.fullmatch(r"\s*-?\d{1,9}\s*", raw):
+    if isinstance(raw, str) and re.fullmatch(r"\s*-?[0-9]{1,9}\s*", raw):
         value = int(raw)
     if value is None or not lo <= value <= hi:
         raise SettingError(f"{name} must be a whole number in {lo}..{hi}; got {_short(raw)}", "schedules")

@@ -42,7 +42,7 @@ def schedule_of(text: str, name: str) -> Schedule:
         raise SettingError(f"programs must be text, one line per rank; got {type(text).__name__}", "programs")
     if len(text) > MAX_TEXT:
         raise SettingError(f"programs: at most {MAX_TEXT} characters; got {len(text)}", "programs")
-    rows = [re.sub(r"^\s*rank\s+\d+\s*:", "", line).replace(",", " ").split() for line in text.splitlines()]
+    rows = [re.sub(r"^\s*rank\s+[0-9]+\s*:", "", line).replace(",", " ").split() for line in text.splitlines()]
     sched = torch_csv.read_schedule("\n".join(",".join(row) for row in rows), name)
     limits.WORKSHOP_ACTIONS.check(sched.num_compute_actions, "", detail=f"the programs have "
                                   f"{sched.num_compute_actions} actions")
@@ -112,7 +112,7 @@ def _untouched(s: Settings, sched: Schedule) -> bool:
 
 def counted_from_1(message: str) -> str:
     """A validator message with each "position N" counted from 1, as the page numbers a rank's ops."""
-    return re.sub(r"\bposition (\d+)", lambda m: f"position {int(m[1]) + 1}", message)
+    return re.sub(r"\bposition ([0-9]+)", lambda m: f"position {int(m[1]) + 1}", message)
 
 
 def plain_deadlock(sched: Schedule, stop) -> str:
@@ -156,8 +156,8 @@ def pending(sched: Schedule, ran: Timeline, costs) -> list[list]:
 
 def named_op(message: str) -> list[int] | None:
     """[rank, position] of the op a validator or reader message names first, if any."""
-    if m := re.search(r"rank (\d+) position (\d+)", message):
+    if m := re.search(r"rank ([0-9]+) position ([0-9]+)", message):
         return [int(m[1]), int(m[2])]
-    if m := re.search(r"\(rank (\d+)\) column (\d+)", message):
+    if m := re.search(r"\(rank ([0-9]+)\) column ([0-9]+)", message):
         return [int(m[1]), int(m[2]) - 1]
     return None

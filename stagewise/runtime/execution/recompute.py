@@ -42,6 +42,18 @@ class Recompute:
             yield
 
 
+def check_recompute(option) -> None:
+    """``recompute``: True, False, or stage numbers (a list of ints); a string is not a list of stages."""
+    if isinstance(option, bool):
+        return
+    ok = not isinstance(option, (str, bytes)) and hasattr(option, "__iter__")
+    if ok:
+        option = list(option)
+        ok = all(isinstance(s, int) and not isinstance(s, bool) for s in option)
+    if not ok:
+        raise RunError(f"`recompute` must be True, False or a list of stage numbers such as [0, 2]; got {option!r}")
+
+
 def recompute_stages(option: bool | Sequence[int], stages: int) -> frozenset[int]:
     """The schedule stages that recompute: all (``True``), none (``False``) or the listed ones."""
     if option is True:

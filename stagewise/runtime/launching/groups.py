@@ -63,6 +63,26 @@ def is_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def torchrun_env() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) of this torchrun rank, read once here: whole numbers, 0 <= RANK < WORLD_SIZE (else
+    ``RunError`` naming the variable, before any rendezvous could wait for ranks that never come)."""
+    from ..run.config import RunError
+
+    values = {}
+    for name in ("RANK", "WORLD_SIZE"):
+        raw = os.environ.get(name, "")
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise RunError(f"{name}={raw!r}: expected a whole number (torchrun sets it)") from None
+    rank, world = values["RANK"], values["WORLD_SIZE"]
+    if world < 1:
+        raise RunError(f"WORLD_SIZE={world}: expected the number of ranks, >= 1")
+    if not 0 <= rank < world:
+        raise RunError(f"RANK={rank} with WORLD_SIZE={world}: a rank is 0 .. WORLD_SIZE - 1")
+    return rank, world
+
+
 def default_backend() -> str:
     """NCCL where this process sees a GPU, else gloo."""
     import torch

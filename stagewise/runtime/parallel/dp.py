@@ -6,8 +6,9 @@ Each replica's loss is divided by dp, so the sum over every rank of the
 micro-batch losses is the whole batch's mean and a plain sum of gradients over
 the replicas is the whole batch's gradient.
 
-Every pipeline rank has a process group of its dp copies (every rank makes
-every group, in one order). A stage's gradients are complete after its last B or
+Every pipeline rank has a process group of its dp copies (grid.py's, made once).
+A tensor-parallel stage's gradients are DTensors: each rank sums its own shard (its dp
+copies are sharded alike). A stage's gradients are complete after its last B or
 W on its rank; the executor reports each op as it ends, and the stage's
 all_reduce starts right then (async, one flat buffer per dtype), so it runs
 while the rank works through the rest of its program. ``finish`` waits for all
@@ -23,24 +24,18 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ...schedule import Schedule
-from .mesh import Topology
+from .tp import local
 
 
 class DataParallel:
     """Sums each stage's gradients over its dp copies. Mutable: the step's reductions in flight."""
 
-    def __init__(self, topo: Topology, schedule: Schedule, stages: dict[int, torch.nn.Module], timeout_s: float):
-        """Every rank makes every dp group (one per pipeline rank of every pipeline, in one order): collective.
-        A stage's gradients are summed over the group of the rank that holds it."""
+    def __init__(self, grid, schedule: Schedule, stages: dict[int, torch.nn.Module], timeout_s: float):
+        """``grid`` (grid.Grid) gives the dp group (made once there: ``pipe.group("dp")`` is the same). A stage's
+        gradients are summed over the group of the rank that holds it."""
         self.stages = stages
         self.timeout = timedelta(seconds=timeout_s)
-        mine = topo.group_of("dp")
-        group = None
-        for ranks in topo.groups("dp"):  # every rank, same order
-            g = dist.new_group(list(ranks))
-            if ranks == mine:
-                group = g
-        self.groups = {s: group for s in stages}
+        self.groups = {s: grid.group("dp") for s in stages}
         self.pending: list = []
         self.started: list[int] = []  #: stages whose reduction started this step, in order
 
@@ -60,8 +55,8 @@ class DataParallel:
                 if p.grad is None:  # a parameter this stage did not use: its copies sum zeros
                     p.grad = torch.zeros_like(p)
             for dtype in sorted({p.dtype for p in params}, key=str):
-                same = [p for p in params if p.dtype == dtype]
-                flat = _flatten_dense_tensors([p.grad for p in same])
+                same = [p for p in params if p.dtype == dtype]  # tensor parallel's: each rank's own shard summed
+                flat = _flatten_dense_tensors([local(p.grad) for p in same])
                 work = dist.all_reduce(flat, group=group, async_op=True)
                 self.pending.append((work, flat, same))
         self.started.append(s)
@@ -70,6 +65,23 @@ class DataParallel:
         """Wait for every reduction of the step; each gradient becomes the sum over the replicas."""
         for work, flat, params in self.pending:
             work.wait(self.timeout)
-            for p, g in zip(params, _unflatten_dense_tensors(flat, [p.grad for p in params])):
-                p.grad.copy_(g)
+            grads = [local(p.grad) for p in params]
+            for t, g in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                t.copy_(g)
         self.pending, self.started = [], []
+
+
+def zero_optimizer(params, optimizer_class, group, **defaults):
+    """ZeRO-1 over ``group`` (the dp group: ``pipe.group("dp")``): torch's ``ZeroRedundancyOptimizer``, each
+    replica stepping (and keeping the state of) its share of the parameters, then broadcasting them; a tensor
+    parallel parameter (a DTensor) is broadcast as its local shard (the dp replicas are sharded alike), which
+    torch's own broadcast of ``param.data`` cannot do."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    class ZeroOne(ZeroRedundancyOptimizer):
+        def _broadcast_params_from_rank(self, rank: int):
+            src = dist.distributed_c10d.get_global_rank(self.process_group, rank)
+            return [dist.broadcast(local(p.data), src=src, group=self.process_group, async_op=True)
+                    for group_ in self._partition_parameters()[rank] for p in group_["params"]]
+
+    return ZeroOne(params, optimizer_class=optimizer_class, process_group=group, **defaults)

@@ -31,7 +31,6 @@ from ..execution import overlap
 from ..run.config import RunError
 from ..stages.moe import MoE
 from .dp import DataParallel
-from .mesh import Topology
 
 
 def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group, name: str) -> torch.Tensor:
@@ -95,6 +94,58 @@ def moe_blocks(stages: dict[int, nn.Module]) -> list[MoE]:
     return [m for st in stages.values() for m in st.modules() if isinstance(m, MoE)]
 
 
+class StackedExperts(nn.Module):
+    """ep rank ``rank``'s share of a mixture of experts stored stacked, as transformers 5 holds Mixtral's,
+    Qwen2-MoE's, Qwen3-MoE's and DeepSeek-V3's: experts ``[rank E/ep, (rank+1) E/ep)`` of ``gate_up_proj``
+    (experts x 2 inner x hidden) and ``down_proj`` (experts x hidden x inner), under the whole module's names.
+    ``forward(hidden, top_k_index, top_k_weights)`` is the module's: each routed row goes to its expert's rank
+    (``ExpertExchange``: the all-to-alls) and comes back weighted, summed per token as transformers sums it."""
+
+    def __init__(self, whole: nn.Module, group, rank: int, size: int):
+        super().__init__()
+        experts = whole.gate_up_proj.shape[0]
+        if experts % size:
+            raise RunError(f"`ep` {size} must divide the model's {experts} routed experts: each rank of the "
+                           "expert-parallel group holds the same number of them")
+        self.exchange = ExpertExchange(group, rank, size, experts, False)
+        mine = slice(self.exchange.experts_here.start, self.exchange.experts_here.stop)
+        self.gate_up_proj = nn.Parameter(whole.gate_up_proj.detach()[mine].clone())
+        self.down_proj = nn.Parameter(whole.down_proj.detach()[mine].clone())
+        self.act_fn, self.num_experts = whole.act_fn, experts
+
+    def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        k = top_k_index.shape[-1]
+        flat = top_k_index.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # the routed rows laid out expert by expert
+        token = order // k
+        sizes = torch.bincount(flat, minlength=self.num_experts).tolist()
+        first = self.exchange.experts_here.start
+        local = {str(e): (lambda x, j=e - first: self._expert(j, x)) for e in self.exchange.experts_here}
+        out = self.exchange(hidden[token], sizes, local)
+        weighted = out * top_k_weights.reshape(-1)[order, None]
+        return torch.zeros_like(hidden).index_add_(0, token, weighted.to(hidden.dtype))
+
+    def _expert(self, j: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = nn.functional.linear(x, self.gate_up_proj[j]).chunk(2, dim=-1)
+        return nn.functional.linear(self.act_fn(gate) * up, self.down_proj[j])
+
+
+def shard_stacked(stages: dict[int, nn.Module], group, rank: int, size: int) -> list[StackedExperts]:
+    """Replace every stacked-experts module of ``stages`` (3-D ``gate_up_proj`` and ``down_proj``) by this ep
+    rank's ``StackedExperts`` share; returns the shares."""
+    out = []
+    for st in stages.values():
+        for parent in list(st.modules()):
+            for name, child in list(parent.named_children()):
+                up = getattr(child, "gate_up_proj", None)
+                if isinstance(up, torch.Tensor) and up.dim() == 3 and hasattr(child, "down_proj") \
+                        and not isinstance(child, StackedExperts):
+                    share = StackedExperts(child, group, rank, size)
+                    setattr(parent, name, share)
+                    out.append(share)
+    return out
+
+
 def shard(block: MoE, group, rank: int, size: int) -> None:
     """Keep only ep rank ``rank``'s experts of ``block`` and run them through the group (names unchanged)."""
     if block.num_experts % size:
@@ -110,43 +161,52 @@ def shard(block: MoE, group, rank: int, size: int) -> None:
 class ExpertParallel:
     """This rank's ep group and the experts it holds. Mutable: owns its process groups.
 
-    Built by every rank alike (``new_group`` for every ep group of the grid, in one order): shards every MoE
-    block of ``stages`` in place.
+    Built by every rank alike (the ep group is the grid's, grid.py): shards every MoE block of ``stages`` in
+    place.
     """
 
-    def __init__(self, topo: Topology, stages: dict[int, nn.Module], device=None):
-        self.size = topo.size("ep")
-        self.rank = topo.coords["ep"]
-        mine = topo.group_of("ep")
-        self.group = None
-        for ranks in topo.groups("ep"):
-            g = dist.new_group(list(ranks))
-            if ranks == mine:
-                self.group = g
+    def __init__(self, grid, stages: dict[int, nn.Module], device=None):
+        self.size = grid.topo.size("ep")
+        self.rank = grid.topo.coords["ep"]
+        self.group = grid.group("ep")
         self.blocks = moe_blocks(stages)
-        count = torch.tensor([len(self.blocks)], dtype=torch.int64, device=device)
+        self.stacked = shard_stacked(stages, self.group, self.rank, self.size)  # transformers 5's MoE blocks
+        count = torch.tensor([len(self.blocks) + len(self.stacked)], dtype=torch.int64, device=device)
         dist.all_reduce(count)
         if not int(count):
-            raise RunError(f"`ep` {self.size}: the model has no stagewise.MoE block to shard its experts (an HF "
-                           "model's experts stay whole: run it with `ep` 1)")
+            raise RunError(f"`ep` {self.size}: the model has no MoE block to shard its experts (a stagewise.MoE, "
+                           "or a Hugging Face mixture of experts' stacked experts)")
         for block in self.blocks:
             shard(block, self.group, self.rank, self.size)
         #: the parameters sharded over the group (the routed experts): summed over dp only, normed over ep
-        self.sharded = {id(p) for b in self.blocks for p in b.experts.parameters()}
+        self.sharded = {id(p) for b in self.blocks for p in b.experts.parameters()} | \
+            {id(p) for m in self.stacked for p in (m.gate_up_proj, m.down_proj)}
 
-    def reduction(self, topo: Topology, stages: dict[int, nn.Module], timeout_s: float) -> "ExpertDataParallel":
-        return ExpertDataParallel(topo, stages, timeout_s, self.sharded)
+    def gather_full(self, state: dict) -> dict:
+        """``state`` with each stacked-experts share (held as a plain tensor) gathered whole over the ep group
+        (a collective: the ep ranks of a stage hold the same names, in the same order)."""
+        mine = {p.data_ptr(): p for m in self.stacked for p in (m.gate_up_proj, m.down_proj)}
+        out = dict(state)
+        for name, t in state.items():
+            if t.data_ptr() in mine and t.shape == mine[t.data_ptr()].shape:
+                parts = [torch.empty_like(t) for _ in range(self.size)]
+                dist.all_gather(parts, t.contiguous(), group=self.group)
+                out[name] = torch.cat(parts)
+        return out
+
+    def reduction(self, grid, stages: dict[int, nn.Module], timeout_s: float) -> "ExpertDataParallel":
+        return ExpertDataParallel(grid, stages, timeout_s, self.sharded)
 
 
 class ExpertDataParallel(DataParallel):
     """Data-parallel sums of an expert-parallel pipeline: a stage's dense parameters over dp x ep, its experts
     over dp (none when dp is 1). Mutable: the step's reductions in flight (DataParallel's)."""
 
-    def __init__(self, topo: Topology, stages: dict[int, nn.Module], timeout_s: float, sharded: set[int]):
+    def __init__(self, grid, stages: dict[int, nn.Module], timeout_s: float, sharded: set[int]):
         self.stages, self.sharded = stages, sharded
         self.timeout = timedelta(seconds=timeout_s)
-        self.dense = _my_group(topo, ("dp", "ep"))
-        self.replicas = _my_group(topo, ("dp",)) if topo.dp > 1 else None
+        self.dense = grid.group(("dp", "ep"))
+        self.replicas = grid.group("dp") if grid.topo.dp > 1 else None
         self.pending, self.started = [], []
 
     def buckets(self, s: int) -> list:
@@ -156,12 +216,3 @@ class ExpertDataParallel(DataParallel):
             out.append(([p for p in params if id(p) in self.sharded], self.replicas))
         return [(ps, g) for ps, g in out if ps]
 
-
-def _my_group(topo: Topology, dims: tuple[str, ...]):
-    """This rank's group over ``dims`` (every rank makes every such group, in one order)."""
-    mine, group = topo.group_of(dims), None
-    for ranks in topo.groups(dims):
-        g = dist.new_group(list(ranks))
-        if ranks == mine:
-            group = g
-    return group

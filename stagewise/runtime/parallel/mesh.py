@@ -5,7 +5,8 @@ any order from ``DIMS``: ``pp`` (pipeline stages), ``dp`` (replicas: gradients s
 data parallel), ``tp`` (tensor parallel), ``ep`` (expert parallel). ``Topology`` reads a mesh (or sizes
 given as integers: ``dp=2``) and answers every question the runtime asks of it: this rank's coordinates,
 the global ranks of its pipeline (whom it messages), of each data-parallel group, and this rank's share of
-a step's batch. A dimension of size 1 may be left out. No torch here beyond reading a mesh.
+a step's batch. A dimension of size 1 may be left out. No torch here beyond reading a mesh: the process
+groups and DeviceMeshes over the grid are made by grid.py alone.
 
 Example:
     >>> t = Topology.of_sizes(world=8, rank=5, dp=2)     # pp = 8 / 2 = 4, mesh (dp, pp)
@@ -19,13 +20,8 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
+from ...parallelism import DATA_DIMS, DIMS, Parallelism, ParallelismError  # noqa: F401 - DIMS read here
 from ..run.config import RunError
-
-DIMS = ("pp", "dp", "fsdp", "tp", "ep")  #: the dimension names the runtime knows
-#: dimensions whose ranks take different rows of a step's batch (tp ranks take the same rows)
-DATA_DIMS = ("dp", "fsdp", "ep")
-#: the order a mesh made from sizes has (outermost first): replicas, shards, pipeline, tensor parallel innermost
-DEFAULT_ORDER = ("dp", "fsdp", "ep", "pp", "tp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,36 +34,29 @@ class Topology:
     rank: int  #: this process's global rank
 
     @classmethod
-    def of_sizes(cls, *, world: int, rank: int, dp: int = 1, fsdp: int = 1, tp: int = 1, ep: int = 1) -> "Topology":
-        """The grid of ``world`` ranks with these sizes, pp = the rest, in ``DEFAULT_ORDER`` over ranks 0..world-1."""
-        sizes = {"dp": dp, "fsdp": fsdp, "ep": ep, "tp": tp}
-        for name, n in sizes.items():
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise RunError(f"`{name}` must be a whole number >= 1; got {n!r}")
-        other = math.prod(sizes.values())
-        if world % other:
-            raise RunError(f"{' x '.join(f'`{k}` {v}' for k, v in sizes.items() if v > 1)} = {other} does not divide "
-                           f"the {world} ranks launched; launch a multiple of {other} ranks")
-        sizes["pp"] = world // other
-        dims = tuple(d for d in DEFAULT_ORDER if sizes[d] > 1 or d == "pp")
-        return cls(dims=dims, shape=tuple(sizes[d] for d in dims), ranks=tuple(range(world)), rank=rank)
+    def of_parallelism(cls, par: Parallelism, rank: int) -> "Topology":
+        """The grid of ``par`` over ranks 0..world-1, its dimensions in ``DIMS`` order (size 1 left out, pp kept)."""
+        dims = par.dims()
+        return cls(dims=dims, shape=tuple(par.size(d) for d in dims), ranks=tuple(range(par.world)), rank=rank)
+
+    @classmethod
+    def of_sizes(cls, *, world: int, rank: int, **degrees) -> "Topology":
+        """The grid of ``world`` ranks with these degrees (dp, fsdp, tp, ep), pp the rest (``Parallelism.of_world``)."""
+        try:
+            par = Parallelism.of_world(world, **degrees)
+        except ParallelismError as e:
+            raise RunError(str(e)) from None
+        return cls.of_parallelism(par, rank)
 
     @classmethod
     def of_mesh(cls, mesh, world: int, rank: int) -> "Topology":
         """The grid of a torch DeviceMesh: its dimension names must come from ``DIMS`` and include ``pp``."""
         names = getattr(mesh, "mesh_dim_names", None)
         ranks = mesh.mesh
-        if not names:
-            raise RunError(f"mesh {tuple(ranks.shape)}: its dimensions need names, from {', '.join(DIMS)} (e.g. "
-                           "init_device_mesh(device, (2, 2), mesh_dim_names=('dp', 'pp')))")
-        unknown = [n for n in names if n not in DIMS]
-        if unknown:
-            raise RunError(f"mesh dimension {unknown[0]!r} (of {tuple(names)}) is not one of {', '.join(DIMS)}")
-        if "pp" not in names:
-            raise RunError(f"mesh {tuple(names)} has no 'pp' dimension: name the pipeline's dimension 'pp' "
-                           f"(the others from {', '.join(d for d in DIMS if d != 'pp')})")
-        if len(set(names)) != len(names):
-            raise RunError(f"mesh {tuple(names)} names a dimension twice")
+        try:
+            Parallelism.of_mesh(names or (), tuple(ranks.shape))
+        except ParallelismError as e:
+            raise RunError(str(e)) from None
         flat = ranks.flatten().tolist()
         if len(flat) != world or sorted(flat) != list(range(world)):
             raise RunError(f"mesh {dict(zip(names, ranks.shape))} holds {len(flat)} ranks; the world has {world}: "
@@ -172,18 +161,6 @@ class Topology:
         for d, n in zip(self.dims, self.shape):
             at = at * n + coords[d]
         return self.ranks[at]
-
-    def device_mesh(self, device_type: str):
-        """This grid as a torch ``DeviceMesh`` with its dimensions in ``DEFAULT_ORDER`` (replicas outermost,
-        tensor parallel innermost), over the same ranks whatever order they were given in, so the sub-meshes
-        torch's parts take are slices of one mesh: ``("dp", "fsdp")`` for HSDP, ``"tp"`` (FSDP2 over tensor
-        parallel needs both from one root). Every rank builds it (it makes process groups: a collective)."""
-        import torch
-        from torch.distributed.device_mesh import DeviceMesh
-
-        order = [d for d in DEFAULT_ORDER if d in self.dims]
-        grid = torch.tensor(self.ranks).view(self.shape).permute([self.dims.index(d) for d in order])
-        return DeviceMesh(device_type, grid.contiguous(), mesh_dim_names=tuple(order))
 
     def describe(self) -> str:
         """``pp 2 x dp 2`` (the dimensions in order)."""

@@ -3,8 +3,8 @@
 A logical parameter with several copies (a tied embedding and head, or a layer
 held by both DualPipe lanes) gets the sum of all copies' gradients on every
 copy, like a tied weight in one process; identical values, gradients and
-optimizer updates then keep the copies equal. Process groups are made once per
-set of ranks that share copies (every rank makes every group, in one order).
+optimizer updates then keep the copies equal. A process group per set of ranks
+that share copies (grid.py makes them, for every pipeline, in one order).
 With dp pipeline replicas (dp.py) each replica has its own groups, and the
 global norm sums over one pipeline (the replicas' gradients are equal by then).
 """
@@ -25,18 +25,15 @@ class Replicas:
     """Sums replica gradients. Mutable: owns the process groups it created."""
 
     def __init__(self, lay: StageMap, stages: dict[int, Stage], placement: tuple[int, ...], rank: int, device,
-                 topo):
-        """``rank``: in the pipeline; ``topo`` (mesh.Topology) places the pipeline among the other ranks."""
+                 grid):
+        """``rank``: in the pipeline; ``grid`` (grid.Grid) places the pipeline among the other ranks and makes
+        the groups (each pipeline's tie groups, then the pipeline's own)."""
         self.rank, self.device = rank, device
-        sets = sorted({r.ranks for r in lay.replicas if len(r.ranks) > 1})
-        pipelines = topo.groups("pp")  # every pipeline of the grid, each its global ranks in pipeline order
-        here = pipelines.index(topo.pipe_ranks)
+        topo = grid.topo
         self._glob = lambda r: topo.pipe_ranks[r]
-        # every rank makes every group (each pipeline's tie groups, then each pipeline), in one order
-        made = [{ranks: dist.new_group([pipe[r] for r in ranks]) for ranks in sets} for pipe in pipelines][here]
-        self.groups = {ranks: g for ranks, g in made.items() if rank in ranks}
-        pipes = [dist.new_group(list(pipe)) for pipe in pipelines] if len(pipelines) > 1 else [None]
-        self.pipeline = pipes[here]  # without other dimensions the global norm is a sum over one pipeline
+        self.groups = grid.ties(sorted({r.ranks for r in lay.replicas if len(r.ranks) > 1}))
+        # without other dimensions the global norm is a sum over one pipeline
+        self.pipeline = grid.group("pp") if topo.world > topo.p else None
         self.lay, self.stages, self.placement, self.topo = lay, stages, placement, topo
         self.capture()
 

@@ -66,9 +66,22 @@ def matches(pattern: str, name: str) -> bool:
     return all(w == "*" or w == h for w, h in zip(want, have[len(have) - len(want):]))
 
 
-def check_plan(plan) -> None:
-    """The plan's shape: string patterns to a style name or a torch ``ParallelStyle`` (``RunError`` naming it)."""
+def check_plan(plan, own: bool = False) -> None:
+    """The plan's shape: string patterns to a style name or a torch ``ParallelStyle`` (``RunError`` naming it).
+
+    ``own``: the plan is the model's own (transformers' ``base_model_tp_plan``), not the user's ``tp_plan``; a
+    style stagewise does not run (Mixtral's experts are ``packed_colwise``) is then said as the model's, with
+    what to do instead, before any rank starts (``stagewise train --hf`` calls it).
+    """
     from torch.distributed.tensor.parallel import ParallelStyle
+
+    if own:
+        bad = next(((pat, st) for pat, st in plan.items() if isinstance(st, str) and st not in STYLE_NAMES), None)
+        if bad is not None:
+            raise RunError(f"`tp` needs the model's own tensor-parallel plan (transformers' base_model_tp_plan), "
+                           f"and it gives {bad[0]!r} the style {bad[1]!r}, which stagewise's tensor parallel does "
+                           f"not run (it runs {', '.join(STYLE_NAMES)}); use `tp` 1 with this model (its experts "
+                           f"shard over `ep`), or give `tp_plan` or `parallelize` of your own")
 
     if not isinstance(plan, Mapping):
         raise RunError(f"`tp_plan` must be a dict of module-name patterns to styles; got {type(plan).__name__}")
@@ -111,7 +124,7 @@ class TensorParallel:
             for st in stages.values():
                 parallelize(st, mesh)
             return
-        check_plan(plan)
+        check_plan(plan, own=not strict)
         _check_matched(plan, [(prefix(st.first_layer + k), layer) for st in stages.values()
                               for k, layer in enumerate(st.layers)], strict)
         styles = _styles()

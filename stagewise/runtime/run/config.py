@@ -6,11 +6,12 @@ No torch here, so options are checked before any process starts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ... import limits
 from ...errors import StagewiseError
+from ...parallelism import Parallelism, ParallelismError
 
 
 class RunError(StagewiseError):
@@ -100,15 +101,11 @@ class RunConfig:
 
     schedule: Any = "1f1b"  #: family name or a Schedule value; None runs the unpipelined reference
     csv: str | None = None  #: read the schedule from torch's compute-only CSV instead
-    ranks: int = 4  #: p, the ranks launched
+    #: the layout (``stagewise.Parallelism``: pp = ``ranks``, dp, fsdp, tp, ep, zero, reshard_after_forward);
+    #: the constructor also takes those as keywords (``RunConfig(ranks=2, dp=2)``), over ``parallelism``'s
+    parallelism: Parallelism = Parallelism(pp=4)
     microbatches: int = 8  #: m
     chunks: int | None = None  #: v (family default when None)
-    dp: int = 1  #: pipeline replicas (data parallel); p x dp x fsdp x ep x tp ranks in all
-    fsdp: int = 1  #: sharded data parallel (FSDP2 on each stage; with dp > 1: HSDP)
-    tp: int = 1  #: tensor parallel inside each stage (the model's tp plan)
-    zero: int = 0  #: 1: ZeRO-1, the optimizer state sharded over the dp replicas (torch's ZeroRedundancyOptimizer)
-    reshard_after_forward: bool = False  #: with fsdp: free each layer after its forward and backward (less memory)
-    ep: int = 1  #: expert-parallel ranks per pipeline rank (MoE experts sharded over them)
     overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/overlap.py); False: F then B
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
@@ -132,6 +129,21 @@ class RunConfig:
     elastic: tuple[int, int] | None = None  #: (MIN, MAX) ranks: a restart on fewer re-plans the layout
     fault: str | None = None  #: tests only: a rank fails on purpose, e.g. "exit:rank=1:action=1F3" (faults.py)
 
+    # ---- the layout's degrees, read from ``parallelism`` (one home)
+
+    @property
+    def ranks(self) -> int:
+        """p, the ranks of one pipeline (``parallelism.pp``)."""
+        return self.parallelism.pp
+
+    dp = property(lambda self: self.parallelism.dp, doc="pipeline replicas (data parallel)")
+    fsdp = property(lambda self: self.parallelism.fsdp, doc="sharded data parallel (FSDP2; with dp > 1: HSDP)")
+    tp = property(lambda self: self.parallelism.tp, doc="tensor parallel inside each stage")
+    ep = property(lambda self: self.parallelism.ep, doc="expert-parallel ranks per pipeline rank")
+    zero = property(lambda self: self.parallelism.zero, doc="1: ZeRO-1 over the dp replicas")
+    reshard_after_forward = property(lambda self: self.parallelism.reshard_after_forward,
+                                     doc="with fsdp: free each layer after its forward and backward")
+
     def layer_split(self):
         """``split`` as a ``Split`` (plan.layout), text read against the model's ``symbols`` when it has them;
         None: even. Raises ``RunError`` naming `split`."""
@@ -154,12 +166,12 @@ class RunConfig:
     @property
     def shards(self) -> int:
         """The shares a step's batch is cut into across ranks: dp x fsdp x ep (tp ranks take the same rows)."""
-        return self.dp * self.fsdp * self.ep
+        return self.parallelism.data_shards
 
     @property
     def world(self) -> int:
         """Ranks launched: p x dp x fsdp x ep x tp."""
-        return self.ranks * self.shards * self.tp
+        return self.parallelism.world
 
     @property
     def pipelined(self) -> bool:
@@ -168,7 +180,11 @@ class RunConfig:
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""
+        if not isinstance(self.parallelism, Parallelism):
+            raise RunError(f"`parallelism` must be a stagewise.Parallelism; got {type(self.parallelism).__name__}")
         check_count("`ranks`", self.ranks, 1, limits.RANKS)
+        for name in ("dp", "fsdp", "tp", "ep"):  # before the batch they divide
+            check_count(f"`{name}`", getattr(self, name), 1, limits.RANKS)
         check_count("`microbatches`", self.microbatches, 1, limits.MICROBATCHES)
         check_count("`batch`", self.batch, 1, limits.BATCH)
         check_count("`steps`", self.steps, 1)
@@ -201,18 +217,10 @@ class RunConfig:
 
     def _check_scale(self) -> None:
         """`dp`, `fsdp`, `tp`, `zero`, `ep` and `recompute` (runtime at scale)."""
-        for name in ("dp", "fsdp", "tp", "ep"):
-            check_count(f"`{name}`", getattr(self, name), 1, limits.RANKS)
-        if self.zero not in (0, 1) or isinstance(self.zero, bool):
-            raise RunError(f"`zero` must be 0 (off) or 1 (ZeRO-1: optimizer state sharded over `dp`); got "
-                           f"{self.zero!r}")
-        if self.zero and self.fsdp > 1:
-            raise RunError(f"`zero` 1 with `fsdp` {self.fsdp}: FSDP already shards the optimizer state with the "
-                           "parameters; give one of them (ZeRO-1 shards it over `dp` replicas)")
-        if self.reshard_after_forward and self.fsdp < 2:
-            raise RunError("`reshard_after_forward` frees FSDP's gathered layers: it needs `fsdp` >= 2")
-        if self.zero and self.dp < 2:
-            raise RunError("`zero` 1 shards the optimizer state over the `dp` replicas: it needs `dp` >= 2")
+        try:  # every composition rule, written once
+            self.parallelism.check()
+        except ParallelismError as e:
+            raise RunError(str(e)) from None
         experts = getattr(self.model, "moe_experts", None)
         if self.ep > 1 and isinstance(experts, int):
             if experts < 1:
@@ -225,9 +233,9 @@ class RunConfig:
             raise RunError(f"{'`save`' if self.save else '`resume`'} with `ep` {self.ep}: an expert-parallel rank "
                            "holds its own experts under names the other ranks also use; run with `ep` 1 to save "
                            "or resume")
-        if self.ep > 1 and (self.fsdp > 1 or self.tp > 1):
-            raise RunError(f"`ep` {self.ep} with {'`fsdp`' if self.fsdp > 1 else '`tp`'}: expert parallel is not "
-                           "composed with FSDP or tensor parallel yet; give `ep` with `dp` only")
+        why = self.parallelism.unsupported()
+        if why:
+            raise RunError(why)
         if not self.pipelined and (self.dp > 1 or self.ep > 1 or self.recompute):
             what = f"`dp` {self.dp}" if self.dp > 1 else f"`ep` {self.ep}" if self.ep > 1 else "`recompute`"
             raise RunError(f"{what} needs a `schedule` run on ranks (`ranks` or `dp` >= 2); the unpipelined "
@@ -273,3 +281,32 @@ class RunConfig:
         if self.max_restarts < 1:
             raise RunError(f"`elastic` {low}:{high} re-plans the layout when a restart finds fewer ranks: give "
                            "`max_restarts` >= 1")
+
+_DEGREES = {"ranks": "pp", **{f.name: f.name for f in fields(Parallelism) if f.name != "pp"}}
+_fields_init = RunConfig.__init__
+
+
+def _init(self, *, parallelism: Parallelism | None = None, **kw) -> None:
+    """RunConfig's constructor: ``ranks`` (pp), ``dp``, ``fsdp``, ``tp``, ``ep``, ``etp``, ``zero`` and
+    ``reshard_after_forward`` as keywords change those degrees of ``parallelism`` (so ``dataclasses.replace(cfg,
+    dp=2)`` reads as it did); the value kept is one ``Parallelism``."""
+    degrees = {_DEGREES[k]: kw.pop(k) for k in list(kw) if k in _DEGREES}
+    par = parallelism if parallelism is not None else Parallelism(pp=4)
+    if degrees:
+        if not isinstance(par, Parallelism):
+            raise RunError(f"`parallelism` must be a stagewise.Parallelism; got {type(par).__name__}")
+        par = replace(par, **degrees)
+    _fields_init(self, parallelism=par, **kw)
+
+
+def _signature():
+    import inspect
+
+    fields_ = [p.replace(default=None) if p.name == "parallelism" else p
+               for p in inspect.signature(_fields_init).parameters.values()]
+    degrees = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in _DEGREES]
+    return inspect.Signature(fields_[:1] + degrees + fields_[1:])
+
+
+_init.__signature__ = _signature()
+RunConfig.__init__ = _init

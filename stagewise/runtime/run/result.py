@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ...parallelism import Parallelism
+
 #: logical parameter name -> one numpy array per copy (every holder on every rank), as ``collect`` asks
 Copies = dict[str, list]
 
@@ -46,11 +48,7 @@ class RunResult:
     timelines: tuple = ()  #: per step, the measured Timeline (rank 0 only)
     measured_bubble_fraction: float | None = None  #: over the steps after the first (rank 0)
     predicted_bubble_fraction: float | None = None  #: the simulator's, fed the measured mean cost per action kind
-    dp: int | None = None  #: pipeline replicas (None: the unpipelined reference)
-    fsdp: int = 1  #: sharded data parallel degree
-    tp: int = 1  #: tensor parallel degree
-    zero: int = 0  #: 1: ZeRO-1 (optimizer state sharded over dp)
-    ep: int = 1  #: expert-parallel ranks per pipeline rank
+    parallelism: Parallelism | None = None  #: the layout run (None: the unpipelined reference)
     recompute: tuple[int, ...] | None = None  #: stages that recompute their forward
     memory: Memory | None = None  #: rank 0 of a run that counted activations (not --no-memory)
     checkpoint: dict | None = None  #: what --save / --resume did (checkpoint.Checkpoints.info)
@@ -62,6 +60,16 @@ class RunResult:
     restarts: tuple[dict, ...] | None = None
     grads: Copies | None = None  #: collect="grads": after step 1
     params: Copies | None = None  #: collect="params": at the end
+
+    @property
+    def dp(self) -> int | None:
+        """Pipeline replicas (None: the unpipelined reference)."""
+        return None if self.parallelism is None else self.parallelism.dp
+
+    fsdp = property(lambda self: 1 if self.parallelism is None else self.parallelism.fsdp, doc="FSDP degree")
+    tp = property(lambda self: 1 if self.parallelism is None else self.parallelism.tp, doc="tensor parallel degree")
+    zero = property(lambda self: 0 if self.parallelism is None else self.parallelism.zero, doc="1: ZeRO-1")
+    ep = property(lambda self: 1 if self.parallelism is None else self.parallelism.ep, doc="expert parallel degree")
 
     @property
     def last_timeline(self):
@@ -76,6 +84,7 @@ class RunResult:
                "predicted_bubble_fraction": self.predicted_bubble_fraction}
         if self.dp is not None:
             out.update(dp=self.dp, fsdp=self.fsdp, tp=self.tp, zero=self.zero, recompute=list(self.recompute or ()))
+            out["parallelism"] = self.parallelism.to_dict()  # the layout run, as the planner's JSON writes it
         if self.ep > 1:
             out["ep"] = self.ep
         if self.memory is not None:

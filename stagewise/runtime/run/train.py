@@ -134,7 +134,7 @@ def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
     """This process is one rank of a torchrun launch (env:// rendezvous)."""
     from .worker import preflight as check
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = groups.torchrun_env()
     parent_death_signal(signal.SIGKILL)  # torchrun forwards SIGTERM itself; a SIGKILLed torchrun would orphan us
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:  # torchrun's --max-restarts restarted us
         from .restart import torchrun_attempt

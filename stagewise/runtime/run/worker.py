@@ -7,6 +7,8 @@ it once before spawning anything.
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 import time
 from dataclasses import dataclass
@@ -53,7 +55,7 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
     cfg.check()
     world = cfg.world if world is None else world
     named = isinstance(cfg.schedule, str) and not cfg.csv
-    sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.world // cfg.ranks, csv=cfg.csv,
+    sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.parallelism.per_pipeline_rank, csv=cfg.csv,
                              launched_by=launched_by, microbatches=cfg.microbatches if named else None,
                              chunks=cfg.chunks if named else None, ranks=cfg.ranks if named else None,
                              across=across(cfg))
@@ -72,7 +74,7 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
 
 def across(cfg: RunConfig) -> str:
     """The grid's other dimensions as the options say them: "`dp` 2 x `fsdp` 2" (None: none but pp)."""
-    parts = [f"`{d}` {n}" for d, n in (("dp", cfg.dp), ("fsdp", cfg.fsdp), ("ep", cfg.ep), ("tp", cfg.tp)) if n > 1]
+    parts = [f"`{d}` {n}" for d, n in cfg.parallelism.degrees().items() if d != "pp" and n > 1]
     return " x ".join(parts) or None
 
 
@@ -108,9 +110,9 @@ def optimizer(cfg: RunConfig, params: list[torch.Tensor], zero_group=None) -> to
         raise RunError(f"`optimizer` {cfg.optimizer}: {cls.__name__} cannot step this model's dense weights and "
                        f"biases ({e})") from None
     if cfg.zero:  # ZeRO-1: each dp replica steps (and keeps the state of) its share, then broadcasts it
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from ..parallel.dp import zero_optimizer
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=zero_group, lr=cfg.lr)
+        return zero_optimizer(params, cls, zero_group, lr=cfg.lr)
     return cls(params, lr=cfg.lr)
 
 
@@ -130,8 +132,8 @@ class RankTrainer:
         self.flight = flight.Recorder(path=env.flight_path, on_start=injector.at if injector else None)
         loss = injector.loss(cfg.model.loss) if injector is not None and injector.fault.how == "nan" else \
             cfg.model.loss
-        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), dp=cfg.dp, ep=cfg.ep,
-                                    fsdp=cfg.fsdp, tp=cfg.tp, reshard_after_forward=cfg.reshard_after_forward,
+        layout = dataclasses.replace(cfg.parallelism, pp=sched.ranks)  # a --csv schedule brings its own ranks
+        self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), parallelism=layout,
                                     overlap=None if cfg.overlap else False, device=env.device,
                                     recompute=cfg.recompute, static_shapes=True, timeout=cfg.timeout,
                                     measure_memory=cfg.measure_memory, flight=self.flight,
@@ -205,7 +207,7 @@ class RankTrainer:
                          microbatches=self.schedule.microbatches, losses=tuple(self.losses),
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
                          measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
-                         dp=self.cfg.dp, fsdp=self.cfg.fsdp, tp=self.cfg.tp, zero=self.cfg.zero, ep=self.cfg.ep,
+                         parallelism=self.pipe.parallelism,
                          recompute=tuple(sorted(self.pipe.recompute)), memory=memory,
                          checkpoint=dict(self.checkpoints.info) if self.checkpoints.info else None,
                          skipped_steps=tuple(self.skipped) if self.cfg.skip_nonfinite else None,
