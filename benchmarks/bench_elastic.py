@@ -24,26 +24,28 @@ import argparse
 import statistics
 import tempfile
 
+from stagewise import Parallelism
 from stagewise.runtime import RunConfig, train
 from stagewise.runtime.run.models import GPTConfig
 
 PARTS = ("detection_s", "restart_s", "replan_s", "load_s", "reshard_s")
 
-CASES = (  # (name, layout, fault, elastic)
-    ("same ranks back (pp 2 x dp 2)", dict(ranks=2, dp=2, microbatches=4), "exit:rank=3:action=1F0:step=3", None),
-    ("one slot lost: dp 2 -> 1 (pp 2 x dp 2 -> pp 2)", dict(ranks=2, dp=2, microbatches=4),
+CASES = (  # (name, layout and m, fault, elastic)
+    ("same ranks back (pp 2 x dp 2)", (Parallelism(pp=2, dp=2), 4), "exit:rank=3:action=1F0:step=3", None),
+    ("one slot lost: dp 2 -> 1 (pp 2 x dp 2 -> pp 2)", (Parallelism(pp=2, dp=2), 4),
      "lose:rank=3:action=1F0:step=3", (2, 4)),
-    ("one slot lost: 4 -> 3 stages, re-partitioned (pp 4 -> pp 3)", dict(ranks=4, microbatches=8),
+    ("one slot lost: 4 -> 3 stages, re-partitioned (pp 4 -> pp 3)", (Parallelism(pp=4), 8),
      "lose:rank=3:action=3F0:step=3", (2, 4)),
-    ("one slot lost: FSDP kept, 2 -> 1 stage (pp 2 x fsdp 2 -> fsdp 2)", dict(ranks=2, fsdp=2, microbatches=4),
+    ("one slot lost: FSDP kept, 2 -> 1 stage (pp 2 x fsdp 2 -> fsdp 2)", (Parallelism(pp=2, fsdp=2), 4),
      "lose:rank=3:action=1F0:step=3", (2, 4)),
 )
 
 
-def one(layout: dict, fault: str, elastic, model) -> dict:
+def one(layout: tuple, fault: str, elastic, model) -> dict:
+    par, m = layout
     with tempfile.TemporaryDirectory() as d:
-        cfg = RunConfig(schedule="1f1b", batch=16, steps=4, model=model, measure_memory=False, save=d, save_every=2,
-                        max_restarts=1, elastic=elastic, fault=fault, **layout)
+        cfg = RunConfig(schedule="1f1b", parallelism=par, microbatches=m, batch=16, steps=4, model=model,
+                        measure_memory=False, save=d, save_every=2, max_restarts=1, elastic=elastic, fault=fault)
         res = train(cfg)
     [r] = res.restarts
     r = dict(r)
@@ -56,7 +58,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     model = GPTConfig(layers_n=6, d_model=64, heads=4, seq=32, vocab=64)
-    train(RunConfig(schedule="1f1b", ranks=2, microbatches=2, batch=4, steps=1, model=model, measure_memory=False))
+    train(RunConfig(schedule="1f1b", parallelism=Parallelism(pp=2), microbatches=2, batch=4, steps=1, model=model,
+                    measure_memory=False))  # the forkserver started: every case's first launch alike
     cols = (*PARTS, "first_step_s", "downtime_s")
     print(f"built-in GPT ({model.layers_n} blocks, d {model.d_model}), 1f1b, batch 16, saved every 2 steps, a rank "
           f"killed at step 3; medians of {args.reps} runs, milliseconds")

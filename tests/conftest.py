@@ -32,10 +32,12 @@ def elastic_config(**changes):
     """``ELASTIC_RUN`` as a RunConfig (the same model, data and batch as the CLI makes of it)."""
     import dataclasses
 
+    from stagewise import Parallelism
     from stagewise.runtime.run.config import RunConfig
     from stagewise.runtime.run.models import GPTConfig
 
-    cfg = RunConfig(schedule="1f1b", ranks=2, dp=2, microbatches=2, batch=8, model=GPTConfig(layers_n=2),
+    cfg = RunConfig(schedule="1f1b", parallelism=Parallelism(pp=2, dp=2), microbatches=2, batch=8,
+                    model=GPTConfig(layers_n=2),
                     measure_memory=False, steps=7)
     return dataclasses.replace(cfg, **changes)
 

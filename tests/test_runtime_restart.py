@@ -21,6 +21,7 @@ pytest.importorskip("torch")
 
 def test_pp2_dp2_losing_a_slot_at_step_3_finishes_at_pp2_with_the_same_global_batch(capsys, tmp_path, monkeypatch,
                                                                                     uninterrupted_elastic_run):
+    from stagewise import Parallelism
     from stagewise.runtime import train
     from stagewise.runtime.run import restart
 
@@ -39,7 +40,8 @@ def test_pp2_dp2_losing_a_slot_at_step_3_finishes_at_pp2_with_the_same_global_ba
     full = uninterrupted_elastic_run.losses
     assert res["losses"][:2] == list(full[:2])  # before the restart: the uninterrupted run's
     monkeypatch.delenv("STAGEWISE_FAULT")
-    there = train(elastic_config(dp=1, microbatches=4, steps=5, resume=str(tmp_path / "ck/step-00000002")))
+    there = train(elastic_config(parallelism=Parallelism(pp=2), microbatches=4, steps=5,
+                                 resume=str(tmp_path / "ck/step-00000002")))
     assert res["losses"][2:] == list(there.losses)  # from it: a run resumed there at the new layout
     assert max(abs(a - b) for a, b in zip(res["losses"], full)) < 1e-5  # the curve goes on
 

@@ -128,20 +128,12 @@ def _say(rec: dict) -> str:
 
 def layout_of(cfg) -> dict:
     """The layout a transition records: the parallel degrees, m, the split and the world."""
-    par = parallelism_of(cfg)
+    par = cfg.parallelism
     split = cfg.split if cfg.split is None or isinstance(cfg.split, str) else ",".join(map(str, cfg.split))
     split = "" if split is None else f", split {split}"
     return {"text": f"{par.describe()}, m {cfg.microbatches}{split}", "parallelism": par.to_dict(),
             "microbatches": cfg.microbatches, "split": None if cfg.split is None else str(cfg.split),
             "world": par.world}
-
-
-def parallelism_of(cfg):
-    """The run's ``Parallelism`` (the one value of a layout)."""
-    from ...parallelism import Parallelism
-
-    return Parallelism(pp=cfg.ranks, dp=cfg.dp, fsdp=cfg.fsdp, tp=cfg.tp, ep=cfg.ep, zero=cfg.zero,
-                       reshard_after_forward=cfg.reshard_after_forward)
 
 
 def _next_layout(cfg, current, slots: int):
@@ -152,21 +144,20 @@ def _next_layout(cfg, current, slots: int):
     if cfg.elastic is None:
         gone = current.world - slots
         raise RunError(f"{_n(gone, 'rank slot')} gone: {_n(slots, 'rank')} left, and the layout "
-                       f"{parallelism_of(current).describe()} needs {current.world}; give `elastic` MIN:MAX to "
+                       f"{current.parallelism.describe()} needs {current.world}; give `elastic` MIN:MAX to "
                        "re-plan for the ranks left")
     from ...plan.elastic import ElasticError, replan
 
     time_, state = _layer_costs(current.model, current.optimizer)
     try:
-        new = replan(parallelism_of(current), ranks_left=slots, minimum=cfg.elastic[0],
+        new = replan(current.parallelism, ranks_left=slots, minimum=cfg.elastic[0],
                      microbatches=current.microbatches, batch=current.batch,
                      schedule=current.schedule if isinstance(current.schedule, str) else None,
                      layer_time=time_, layer_bytes=state, memory=_device_memory())
     except ElasticError as e:
         raise RunError(str(e)) from None
     par = new.parallelism
-    return dataclasses.replace(current, ranks=par.pp, dp=par.dp, fsdp=par.fsdp, tp=par.tp, ep=par.ep,
-                               zero=par.zero, microbatches=new.microbatches,
+    return dataclasses.replace(current, parallelism=par, microbatches=new.microbatches,
                                split=current.split if par.pp == current.ranks else new.split), new.why
 
 
