@@ -22,7 +22,7 @@ TINY = ["--layers", "2", "--d-model", "32", "--seq", "16", "--steps", "2"]
 KEYS = {"schedule", "ranks", "microbatches", "losses", "step_time_s", "measured_bubble_fraction",
         "predicted_bubble_fraction", "dp", "recompute", "peak_activation_bytes", "predicted_peak_activation_bytes",
         "peak_memory_allocated_bytes", "layers_built_per_rank", "fsdp", "tp", "zero", "state_bytes",
-        "predicted_state_bytes"}
+        "predicted_state_bytes", "parallelism"}
 
 
 
