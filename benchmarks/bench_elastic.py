@@ -21,6 +21,8 @@ Medians over the repetitions, each a fresh run in a fresh folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import statistics
 import tempfile
 
@@ -46,7 +48,8 @@ def one(layout: tuple, fault: str, elastic, model) -> dict:
     with tempfile.TemporaryDirectory() as d:
         cfg = RunConfig(schedule="1f1b", parallelism=par, microbatches=m, batch=16, steps=4, model=model,
                         measure_memory=False, save=d, save_every=2, max_restarts=1, elastic=elastic, fault=fault)
-        res = train(cfg)
+        with contextlib.redirect_stderr(io.StringIO()):  # the restart's own line: its record says it all
+            res = train(cfg)
     [r] = res.restarts
     r = dict(r)
     r["first_step_s"] = r["downtime_s"] - sum(r[k] for k in PARTS)
