@@ -5,8 +5,8 @@ explain, limits, layout, parallelism, ...): the schedule IR and everything that 
 runtime's public API (``Pipeline``, ``Layers``, ``StepResult``, ``launch``, the MoE block ``MoE`` and its
 helpers ``moe``; docs/api.md) is re-exported here and loads torch only when first used.
 
-May import: `stagewise.schedules`, `stagewise.render` (the notebook's pictures), `stagewise.cli`
-(``python -m stagewise``); never torch, matplotlib, the runtime or the planner.
+May import: `stagewise.schedules`, `stagewise.lowering` (``simulate`` plays lowered programs), `stagewise.render`
+(the notebook's pictures), `stagewise.cli` (``python -m stagewise``); never torch, matplotlib, the runtime or the planner.
 """
 
 from .actions import Action, Pair, parse

@@ -30,6 +30,8 @@ MEANING = {
              "over the link"),
     "order": ("the order of the programs", "a rank waits on another that is busy with other work its program runs "
               "first"),
+    "collective": ("a collective in flight", "a rank waits for a gather of its weights, or the step waits for a "
+                   "gradient reduction or all-reduce, still in flight on the network"),
 }
 
 _KIND = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient"}
@@ -69,6 +71,15 @@ def plain(gap, timeline) -> str:
     def op(at):
         return progs[at.rank][at.pos]
 
+    if gap.cause == "collective" and gap.comm is not None:
+        from .lowering.comms import describe
+
+        c, q, start, end = gap.comm
+        t0 = timeline.origin
+        whose = "" if q == r else f" on rank {q}"
+        now = "has finished its part of the step and " if gap.before is None else ""
+        return (f"rank {r} {now}waits for {describe(c, q)}{whose}: it is still on the network (from "
+                f"{start - t0:.4g} to {end - t0:.4g})")
     if gap.before is None:
         return f"rank {r} has finished its part of the step and waits for the other ranks to finish (the pipeline drains)"
     waiting = op(gap.before)

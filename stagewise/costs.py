@@ -59,6 +59,9 @@ class Costs:
     recompute: Union[bool, Sequence[bool]] = False  #: stages that keep only their input and redo F in B
     recompute_keep: PerStage = 0.0  #: activation (chunk-units) kept by a recomputed stage
     cap: "MemoryCap | None" = None  #: most activation each rank may hold (reported; `auto` searches under it)
+    #: communication as actions (``lowering.Communication``: the layout, sizes, network and overlap rule); the
+    #: simulator then plays the lowered programs, transfers on their own resources. None: links and a2a only
+    comm: "object | None" = None
 
     def resolve(self, stages: int) -> "StageCosts":
         """Per-stage lists for a schedule with ``stages`` stages."""
@@ -358,6 +361,8 @@ def scaled(costs: Costs, weights: list[float], *, durations: bool = True, activa
 
     fields = {k: times(k, getattr(costs, k)) for k in ("t_f", "t_b", "t_i", "t_w", "t_fb", "a2a", "a2a_b")} \
         if durations else {}
+    if durations and costs.comm is not None:  # the model's sizes are one rank's share too
+        fields["comm"] = costs.comm.scaled(weights)
     if activation:
         fields["activation"] = times("activation", costs.activation)
         if costs.activation_bytes is not None:

@@ -15,7 +15,10 @@ free. Where the chain ends names the first cause:
   stage slower than the fastest stage for that kind of op;
 - **drain**: the waiting rank has no forward left to fill the wait (its cooldown),
   or its program is done and it waits for the step to end;
-- **order**: the rank at the chain's end was busy with other work its program runs first.
+- **order**: the rank at the chain's end was busy with other work its program runs first;
+- **collective**: on a lowered timeline (``simulate`` with ``Costs.comm``), the op waited for a gather of its
+  stage's weights still in flight, or the step's end waits for a reduction, tie or step-end all-reduce
+  running past the last op ("waits for the reduce-scatter of stage 3 over fsdp, in flight from 41 to 44").
 
 Only the timeline's times are read (and the costs in ``meta["costs"]``, when there, for
 the link times and the stages' durations), so a measured timeline is explained the same way.
@@ -40,7 +43,7 @@ from .schedule import Schedule
 from .timeline import Timeline
 from .validate import check_structure, describe_deadlock, wait_cycle
 
-CAUSES = ("fill", "drain", "slow stage", "link", "order")
+CAUSES = ("fill", "drain", "slow stage", "link", "order", "collective")
 #: a stage is slow when its ops of one kind take this much longer than the fastest stage's (median)
 SLOW = 1.05
 #: longest chain followed (a chain of waits visits each op at most once, so this only bounds odd inputs)
@@ -91,6 +94,8 @@ class Gap:
     blocker: At | None
     cause: str
     text: str
+    #: a collective the gap waits for (cause "collective"): (its CommAction, rank, start, end); else None
+    comm: tuple | None = None
 
     @property
     def length(self) -> float:
@@ -172,8 +177,8 @@ class _Waits:
     def __init__(self, tl: Timeline):
         self.tl, self.sched = tl, tl.schedule
         self.index = _Index(self.sched, link_times(tl))
-        self.t0 = min((s[0] for s in tl.starts if s), default=0.0)
-        self.t1 = max((e[-1] for e in tl.ends if e), default=0.0)
+        self.t0, self.t1 = tl.origin, tl.finish  # a lowered step's transfers included
+        self.compute_end = max((e[-1] for e in tl.ends if e), default=0.0)
         self.eps = 1e-9 * max(1.0, self.t1 - self.t0)
         self._step: dict[At, Step | None] = {}
         self._tails: dict[At, tuple[At, At | None]] = {}  #: op -> (origin, first slow op from it on)
@@ -247,12 +252,13 @@ class _Why(NamedTuple):
     cause: str
     blocker: At | None
     why: str
+    comm: tuple | None = None
 
 
 def explain(timeline: Timeline) -> list[Gap]:
     """Every idle gap of ``timeline``, rank by rank in time order, each with its wait chain and cause."""
     w, found = _scan(timeline)
-    return [_done(w, r, start) if at is None else _gap(w, at, start, why) for r, start, at, why in found]
+    return [_done(w, r, start, why) if at is None else _gap(w, at, start, why) for r, start, at, why in found]
 
 
 def explain_at(timeline: Timeline, rank: int, pos: int | None) -> Gap | None:
@@ -263,7 +269,7 @@ def explain_at(timeline: Timeline, rank: int, pos: int | None) -> Gap | None:
 def explain_ranks(timeline: Timeline, ranks) -> list[Gap]:
     """The gaps of ``ranks`` only (each chain still reads every rank it passes)."""
     w, found = _scan(timeline, ranks)
-    return [_done(w, r, start) if at is None else _gap(w, at, start, why) for r, start, at, why in found]
+    return [_done(w, r, start, why) if at is None else _gap(w, at, start, why) for r, start, at, why in found]
 
 
 class Brief(NamedTuple):
@@ -286,7 +292,7 @@ def gap_causes(timeline: Timeline) -> list[Brief]:
     ``explain_at``): as fast as ``explain`` is thorough."""
     w, found = _scan(timeline)
     return [Brief(r, start - w.t0, (w.start(at) if at else w.t1) - w.t0, at.pos if at else -1,
-                  why.cause if at else "drain") for r, start, at, why in found]
+                  why.cause if why else "drain") for r, start, at, why in found]
 
 
 def _scan(timeline: Timeline, ranks=None):
@@ -294,6 +300,7 @@ def _scan(timeline: Timeline, ranks=None):
     w = _Waits(timeline)
     slow, last_forward = w.slow, w.last_forward
     linked = _link_share(timeline)
+    waited = _collective_waits(timeline)
     found = []
     for r in range(timeline.ranks) if ranks is None else ranks:
         starts, ends = timeline.starts[r], timeline.ends[r]
@@ -301,12 +308,52 @@ def _scan(timeline: Timeline, ranks=None):
         for k in range(len(starts)):
             if starts[k] > free + w.eps:
                 at = At(r, k)
-                share = linked(at, starts[k] - free) if linked else 0.0
-                found.append((r, free, at, _classify(w, at, free, slow, drain=k > last_forward[r], link=share)))
+                got = waited(r, k) if waited else None
+                if got is not None and got[3] >= starts[k] - w.eps:
+                    found.append((r, free, at, _Why("collective", None, _comm_text(got, w), got)))
+                else:
+                    share = linked(at, starts[k] - free) if linked else 0.0
+                    found.append((r, free, at, _classify(w, at, free, slow, drain=k > last_forward[r], link=share)))
             free = ends[k]
         if starts and free < w.t1 - w.eps:
-            found.append((r, free, None, None))
+            found.append((r, free, None, _end_why(w, timeline, free)))
     return w, found
+
+
+def _collective_waits(tl: Timeline):
+    """(rank, op position) -> (CommAction, its rank, start, end) of the collective the op waited for last, on a
+    lowered timeline (None: not lowered)."""
+    low, played = tl.meta.get("lowered"), tl.meta.get("played")
+    if low is None or played is None:
+        return None
+    from .lowering.comms import P2P
+
+    def waited(r: int, k: int):
+        j = played.waited[r].get(k)
+        if j is None or low.programs[r][j].kind in P2P:  # a message in flight is the link's
+            return None
+        return low.programs[r][j], r, played.starts[r][j], played.ends[r][j]
+
+    return waited
+
+
+def _end_why(w: _Waits, tl: Timeline, free: float):
+    """A rank's wait for the step's end: a collective when the transfers past the last op are most of it."""
+    tail = w.t1 - max(w.compute_end, free)
+    if tl.comm is None or tail <= (w.t1 - free) / 2 + w.eps:
+        return None
+    # the transfer past the last op that the step's end waits for most (the longest exposed; the last one on a tie)
+    r, c = max(((r, c) for r, lane in enumerate(tl.comm) for c in lane if c.kind != "a2a" and c.end > w.compute_end),
+               key=lambda rc: (rc[1].exposed, rc[1].end))
+    got = (c.action, r, c.start, c.end)
+    return _Why("collective", None, _comm_text(got, w), got)
+
+
+def _comm_text(got, w: _Waits) -> str:
+    from .lowering.comms import describe
+
+    c, r, start, end = got
+    return f"waits for {describe(c, r)} on rank {r}, in flight from {_n(start - w.t0)} to {_n(end - w.t0)}"
 
 
 def _link_share(tl: Timeline):
@@ -321,7 +368,7 @@ def _link_share(tl: Timeline):
     if costs is None or not msg or not any(msg):
         return None
     free = simulate(tl.schedule, replace(costs, latency=0.0, bandwidth=None), check=False)
-    t0 = min(s[0] for s in free.starts if s)
+    t0 = free.origin
 
     def share(at: At, gap: float) -> float:
         before = free.ends[at.rank][at.pos - 1] if at.pos else t0
@@ -368,8 +415,11 @@ def _linked(link: float, w: _Waits) -> str:
 
 
 def _gap(w: _Waits, at: At, free: float, why: _Why) -> Gap:
-    steps = w.chain(at)
     head = _head(at.rank, free, w.start(at), w.t0)
+    if why.cause == "collective":
+        return Gap(rank=at.rank, start=free, end=w.start(at), before=at, chain=(), origin=at, blocker=None,
+                   cause=why.cause, text=f"{head}{w.op(at)} {why.why}: collective", comm=why.comm)
+    steps = w.chain(at)
     if not steps:
         return Gap(rank=at.rank, start=free, end=w.start(at), before=at, chain=(), origin=at, blocker=None,
                    cause=why.cause, text=f"{head}{why.why}")
@@ -381,10 +431,17 @@ def _gap(w: _Waits, at: At, free: float, why: _Why) -> Gap:
                blocker=why.blocker, cause=why.cause, text=head + text)
 
 
-def _done(w: _Waits, r: int, free: float) -> Gap:
+def _done(w: _Waits, r: int, free: float, why: _Why | None = None) -> Gap:
     last = max((At(q, len(p) - 1) for q, p in enumerate(w.sched.programs) if p), key=w.end)
+    if why is not None:
+        return Gap(rank=r, start=free, end=w.t1, before=None, chain=(), origin=last, blocker=None,
+                   cause=why.cause, text=_head(r, free, w.t1, w.t0) + f"rank {r} has run its program and "
+                   f"{why.why}: collective", comm=why.comm)
     text = (f"rank {r} has run its program: drain: the step ends at {_n(w.t1 - w.t0)} when {w.op(last)} ends on "
             f"rank {last.rank}")
+    if w.t1 > w.compute_end + w.eps:  # lowered: transfers run past the last op
+        text = (f"rank {r} has run its program: drain: {w.op(last)} ends on rank {last.rank} at "
+                f"{_n(w.compute_end - w.t0)}, the step at {_n(w.t1 - w.t0)} when its transfers are done")
     return Gap(rank=r, start=free, end=w.t1, before=None, chain=(), origin=last, blocker=None, cause="drain",
                text=_head(r, free, w.t1, w.t0) + text)
 
@@ -444,7 +501,7 @@ def idle_by_cause(gaps) -> dict[str, float]:
 
 def gap_dict(g: Gap, timeline: Timeline) -> dict:
     """A gap as JSON: times from the timeline's start, ops as text with their rank and position."""
-    t0 = min((s[0] for s in timeline.starts if s), default=0.0)
+    t0 = timeline.origin
     progs = timeline.schedule.programs
 
     def ref(at: At | None) -> dict | None:
@@ -453,7 +510,9 @@ def gap_dict(g: Gap, timeline: Timeline) -> dict:
     return {"rank": g.rank, "start": g.start - t0, "end": g.end - t0, "length": g.length, "cause": g.cause,
             "before": ref(g.before), "waits_for": ref(g.waits_for),
             "chain": [{**ref(s.waits_for), "what": s.what, "in_flight": s.in_flight} for s in g.chain],
-            "origin": ref(g.origin), "blocker": ref(g.blocker), "text": g.text}
+            "origin": ref(g.origin), "blocker": ref(g.blocker), "text": g.text,
+            **({"comm": {"action": str(g.comm[0]), "rank": g.comm[1], "start": g.comm[2] - t0,
+                         "end": g.comm[3] - t0}} if g.comm else {})}
 
 
 def messages(timeline: Timeline) -> list[tuple[At, At, str, float]]:

@@ -45,6 +45,9 @@ class Comm(NamedTuple):
     start: float
     end: float
     exposed: float  #: seconds of it during which the rank computes nothing (waits for it)
+    #: what it is: "a2a" (an action's expert all-to-all), or a lowered communication action's kind
+    #: (``lowering.comms``: SEND_F, UNSHARD, REDUCE_GRAD, ...; ``action`` is then that CommAction)
+    kind: str = "a2a"
 
 
 def pair_time(c_f: float, a_f: float, c_b: float, a_b: float, c_i: float) -> float:
@@ -91,9 +94,15 @@ def comm_lanes(schedule, sc: StageCosts, starts, ends) -> tuple[tuple[Comm, ...]
     return tuple(out)
 
 
-def totals(comm: tuple[tuple[Comm, ...], ...] | None, ranks: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(all-to-all seconds, exposed seconds) per rank."""
+def totals(comm: tuple[tuple[Comm, ...], ...] | None, ranks: int,
+           kind: str = "a2a") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(seconds, exposed seconds) per rank of the transfers of ``kind`` (default: the all-to-alls)."""
     if comm is None:
         return (0.0,) * ranks, (0.0,) * ranks
-    return (tuple(sum(c.end - c.start for c in lane) for lane in comm),
-            tuple(sum(c.exposed for c in lane) for lane in comm))
+    return (tuple(sum(c.end - c.start for c in lane if c.kind == kind) for lane in comm),
+            tuple(sum(c.exposed for c in lane if c.kind == kind) for lane in comm))
+
+
+def kinds(comm: tuple[tuple[Comm, ...], ...] | None) -> list[str]:
+    """The kinds of transfer in ``comm``, in order of first appearance."""
+    return list(dict.fromkeys(c.kind for lane in comm or () for c in lane))

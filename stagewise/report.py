@@ -30,6 +30,7 @@ def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -
         **mt.to_dict(),
         "parameter_copies": [x * schedule.ranks for x in mt.param_share],
         "memory_model": memory_model(costs, schedule.stages),
+        **({"parallelism": tl.meta["lowered"].parallelism.to_dict()} if "lowered" in tl.meta else {}),
     }
 
 
@@ -53,6 +54,16 @@ def memory_line(res: dict) -> str | None:
     fmt = (lambda x: f"{x:.4g}") if unit == "bytes" else (lambda x: f"{x:g}")
     return (f"{res['schedule']}: peak {'bytes' if unit == 'bytes' else 'chunk-units'} per rank {' '.join(map(fmt, peaks))}; cap "
             f"{' '.join(map(fmt, res['memory_cap']))}: {verdict}")
+
+
+def comm_line(res: dict) -> str | None:
+    """The lowered communication of a result, per kind: time and exposed time summed over ranks (None: not
+    lowered). 'REDUCE_GRAD 4 (exposed 1), UNSHARD 4 (exposed 1)'."""
+    comm = res.get("comm")
+    if not comm:
+        return None
+    parts = [f"{k} {sum(v['time']):.4g} (exposed {sum(v['exposed']):.4g})" for k, v in comm.items()]
+    return f"{res['schedule']}: communication over all ranks: " + ", ".join(parts)
 
 
 def a2a_cells(res: dict) -> tuple[str, str]:

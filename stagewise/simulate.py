@@ -13,9 +13,14 @@ from .validate import ScheduleError, check_structure, describe_deadlock
 def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = True) -> Timeline:
     """Timeline of ``schedule`` under ``costs`` (default ``t_f=1, t_b=2``).
 
-    Raises ``ScheduleError`` for an invalid or deadlocking schedule.
+    With ``costs.comm`` (``lowering.Communication``) the schedule is lowered and the lowered programs are
+    played (``lowering.play``). Raises ``ScheduleError`` for an invalid or deadlocking schedule.
     """
     costs = costs or Costs()
+    if costs.comm is not None:  # communication as actions: the lowered programs, transfers on their resources
+        from .lowering.play import simulate_lowered
+
+        return simulate_lowered(costs.comm.lower(schedule), costs, check=check)
     sc = costs.resolve(schedule.stages)
     if check:
         check_structure(schedule)

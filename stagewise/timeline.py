@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .actions import Pair, actions_of
 from .costs import freed
-from .overlap import Comm, totals
+from .overlap import Comm, kinds, totals
 from .schedule import Schedule
 
 
@@ -50,6 +50,18 @@ class Timeline:
         from .notebook import timeline_image
 
         return timeline_image(self)
+
+    @property
+    def origin(self) -> float:
+        """When the step starts: its first op, or its first transfer (a lowered step may gather first)."""
+        t0 = min((min(s) for s in self.starts if s), default=0.0)
+        return min([t0] + [c.start for lane in self.comm for c in lane]) if self.comm is not None else t0
+
+    @property
+    def finish(self) -> float:
+        """When the step ends: its last op, or its last transfer (a lowered step reduces after the drain)."""
+        t1 = max((max(e) for e in self.ends if e), default=0.0)
+        return max([t1] + [c.end for lane in self.comm for c in lane]) if self.comm is not None else t1
 
     def rows(self, rank: int):
         """(op, start, end) for each op of ``rank`` in program order."""
@@ -118,6 +130,9 @@ class Metrics:
     cap_unit: str | None = None  #: "chunks" or "bytes"
     a2a: tuple[float, ...] = ()  #: expert-parallel all-to-all seconds per rank (hidden or not)
     exposed_a2a: tuple[float, ...] = ()  #: of which the rank's compute waits for (inside ``busy``)
+    #: lowered communication (``lowering``) per kind: {"time": per rank, "exposed": per rank}; exposed time
+    #: is idle time of the rank spent waiting for it (outside ``busy``), the rest ran beside compute
+    comm: dict = field(default_factory=dict)
 
     @property
     def hidden_a2a(self) -> tuple[float, ...]:
@@ -158,13 +173,15 @@ class Metrics:
             "exposed_a2a": list(self.exposed_a2a),
             "hidden_a2a": list(self.hidden_a2a),
             "exposed_a2a_fraction": self.exposed_a2a_fraction,
+            **({"comm": {k: {"time": list(v["time"]), "exposed": list(v["exposed"]),
+                             "hidden": [max(0.0, a - x) for a, x in zip(v["time"], v["exposed"])]}
+                         for k, v in self.comm.items()}} if self.comm else {}),
         }
 
 
 def metrics(tl: Timeline) -> Metrics:
     """Makespan, bubble, busy/idle per rank and peak memory of a timeline."""
-    t0 = min((min(s) for s in tl.starts if s), default=0.0)
-    t1 = max((max(e) for e in tl.ends if e), default=0.0)
+    t0, t1 = tl.origin, tl.finish
     makespan = t1 - t0
     busy = tuple(sum(e - s for s, e in zip(st, en)) for st, en in zip(tl.starts, tl.ends))
     idle = tuple(makespan - b for b in busy)
@@ -188,4 +205,5 @@ def metrics(tl: Timeline) -> Metrics:
         cap_unit=tl.cap_unit if tl.cap is not None else None,
         a2a=a2a,
         exposed_a2a=exposed,
+        comm={k: dict(zip(("time", "exposed"), totals(tl.comm, R, k))) for k in kinds(tl.comm) if k != "a2a"},
     )

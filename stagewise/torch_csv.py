@@ -17,8 +17,10 @@ from .actions import ParseError, actions_of, parse
 from .schedule import Lane, Schedule, infer_placement
 from .validate import ScheduleError, validate
 
-#: cells torch writes in compute-only CSVs that are not compute (FSDP-style parameter bookkeeping)
-_TORCH_BOOKKEEPING = re.compile(r"[0-9]+(UNSHARD|RESHARD|REDUCE_GRAD)")
+#: cells torch writes that are not compute: FSDP-style parameter bookkeeping, and the sends and receives of its
+#: compute+comms CSV (a run places its own by the same rules, stagewise.lowering; `simulate`/`validate --csv`
+#: read them as they are: lowering.torch_comms)
+_TORCH_BOOKKEEPING = re.compile(r"[0-9]+(UNSHARD|RESHARD|REDUCE_GRAD)|[0-9]+(SEND|RECV)_[FB][0-9]+")
 
 
 #: cells (idle slots included) allowed per action of the limit: torch's spaced CSVs have a few per action

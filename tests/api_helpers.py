@@ -554,3 +554,23 @@ def late_rank(delay: float, then_startup: str) -> None:
     pipe.step(x, x)
     os.environ["STAGEWISE_STARTUP_S"] = then_startup
     stagewise.Pipeline("1f1b", stagewise.Layers(2, build), F.mse_loss, microbatches=2, timeout=1)
+
+
+def flight_messages(cases) -> dict:
+    """Rank function: for each (family, m, v), one step with a flight recorder; every rank's (sends, posted
+    receives) as the recorder wrote them, gathered to rank 0: {case: [(sends, posts) per rank]}."""
+    import torch.distributed as dist
+
+    from stagewise.runtime.resilience import flight
+
+    out = {}
+    for name, m, v in cases:
+        rec = flight.Recorder(capacity=4096)
+        pipe = stagewise.Pipeline(name, layers(), loss_fn, microbatches=m, chunks=v, flight=rec)
+        pipe.step(*batch(0))
+        mine = ([e.text for e in rec.entries() if e.kind == flight.SEND],
+                [e.text for e in rec.entries() if e.kind == flight.POST])
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        out[(name, m, v)] = every
+    return out

@@ -102,3 +102,20 @@ def test_the_all_to_all_lane_marks_hidden_and_exposed_columns():
     assert exposed == pytest.approx(sum(mt.exposed_a2a), rel=0.05)
     assert any("=" in line for line in lanes) and "= hidden # exposed" in text
     assert ":" not in "".join(draw_text(sim("dualpipe", 4, 8), width=120).splitlines()[2:-2])  # none without
+
+
+def test_a_lowered_timeline_has_a_communication_line_under_each_row():
+    from stagewise.costs import Costs
+    from stagewise.lowering import Communication, LoweringOptions, Network, Sizes
+    from stagewise.parallelism import Parallelism
+    from stagewise.render.ascii import draw_text
+    from stagewise.schedules import generate
+    from stagewise.simulate import simulate
+
+    comm = Communication(parallelism=Parallelism(fsdp=2), options=LoweringOptions(
+        sizes=Sizes(params=8.0), network=Network(intra_bandwidth=1.0), step_end=False))
+    text = draw_text(simulate(generate("1f1b", 2, 4), Costs(comm=comm)), width=60)
+    lines = text.splitlines()
+    # rank 0 waits for its first gather (exposed); rank 1's is hidden behind rank 0's forwards
+    assert lines[3].startswith("       :####") and lines[5].startswith("       :====")
+    assert "under a row, communication: = hidden # exposed" in text

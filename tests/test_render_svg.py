@@ -122,3 +122,19 @@ def test_the_all_to_all_lane_is_drawn_to_scale_hidden_pale_exposed_dark_and_hatc
 def test_the_comparison_table_shows_exposed_all_to_all():
     svg = compare_svg([sim("1f1b", 4, 8, a2a=0.5), sim("dualpipe", 4, 8, a2a=0.5)])
     assert ">exposed a2a</text>" in svg and ">8</text>" in svg  # 1F1B exposes all 16 x 0.5 on rank 0
+
+
+def test_a_lowered_timeline_draws_its_communication_lane():
+    from stagewise.costs import Costs
+    from stagewise.lowering import Communication, LoweringOptions, Network, Sizes
+    from stagewise.parallelism import Parallelism
+    from stagewise.render import palette
+    from stagewise.render.svg import timeline_svg
+    from stagewise.schedules import generate
+    from stagewise.simulate import simulate
+
+    comm = Communication(parallelism=Parallelism(fsdp=2), options=LoweringOptions(
+        sizes=Sizes(params=8.0), network=Network(intra_bandwidth=1.0), step_end=False))
+    svg = timeline_svg(simulate(generate("1f1b", 2, 4), Costs(comm=comm)))
+    assert "<title>the all-gather of stage 0 over fsdp 0..4 t_f; exposed 4</title>" in svg
+    assert f'fill="{palette.COMM}"' in svg and "communication: hidden behind compute" in svg

@@ -51,8 +51,18 @@ def test_json_follows_the_contract_and_equals_the_reference(capsys, reference_lo
 
 
 def test_text_output_a_csv_schedule_and_a_trace(capsys, tmp_path, reference_losses):
+    """A compute+comms CSV lowered by torch's own passes (_add_unshard_reshard, _add_reduce_grad, _add_send_recv):
+    the run takes its compute and places its communication by the same rules (stagewise.lowering)."""
+    from torch.distributed.pipelining import schedules as S
+
+    sched = generate("interleaved-1f1b", 2, 4)
+    rows = torch_csv.dumps(sched).strip().split("\n")
+    acts = {r: S._add_reduce_grad(S._add_unshard_reshard([S._Action.from_str(x) for x in row.split(",")]), 4)
+            for r, row in enumerate(rows)}
+    lowered = S._add_send_recv(acts, stage_to_rank=lambda s: sched.placement[s], num_stages=sched.stages)
     csv = tmp_path / "i.csv"
-    torch_csv.dump(generate("interleaved-1f1b", 2, 4), csv)
+    csv.write_text("".join(",".join(map(str, lowered[r])) + "\n" for r in sorted(lowered)))
+    assert "SEND_F" in csv.read_text() and "UNSHARD" in csv.read_text()
     trace = tmp_path / "run.json"
     rc, out, err = run(capsys, "train", "--csv", str(csv), "-p", "2", "-m", "4", *TINY, "--trace", str(trace),
                        "--draw")

@@ -92,3 +92,30 @@ def test_a_shape_learned_in_an_earlier_step_is_named_with_its_step():
                                          r"\(1, 16, 32\) float32 with gradient; with static_shapes every step must "
                                          r"have the shapes of the first"):
         p2p._check(Route(ACT, 1, 0), None, (((1, 15, 32), torch.float32, True),), "receives")
+
+
+def test_each_rank_sends_and_posts_its_receives_in_the_lowered_programs_order():
+    """The flight recorder against the lowering (stagewise.lowering): every rank's sends in its lowered order,
+    and its receives from each peer in that peer's send order (what the lowered RECVs say)."""
+    import stagewise
+    from api_helpers import flight_messages
+    from stagewise.lowering import lower
+    from stagewise.lowering.comms import SEND_F, CommAction
+    from stagewise.schedules import generate
+
+    cases = [("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("zb-v", 4, None), ("dualpipe-v", 4, None)]
+    got = stagewise.launch(flight_messages, 2, cases, threads=1)
+
+    def text(a: CommAction, src: int, dst: int, sender: bool) -> str:
+        what, into = ("activation", a.stage + 1) if a.kind == SEND_F else ("gradient", a.stage - 1)
+        return f"{what} mb {a.mb}, stage {a.stage}->{into} (rank {dst if sender else src})"
+
+    for name, m, v in cases:
+        low = lower(generate(name, 2, m, v))
+        for r, (sends, posts) in enumerate(got[(name, m, v)]):
+            mine = [a for a in low.programs[r] if type(a) is CommAction and a.kind.startswith("SEND")]
+            assert sends == [text(a, r, a.peer, True) for a in mine], (name, r)
+            for peer in range(2):
+                theirs = [text(a, peer, r, False) for a in low.programs[peer]
+                          if type(a) is CommAction and a.kind.startswith("SEND") and a.peer == r]
+                assert [p for p in posts if p.endswith(f"(rank {peer})")] == theirs, (name, r, peer)

@@ -78,3 +78,34 @@ def test_a_sharded_stage_is_gathered_one_stage_ahead_and_freed_after_its_last_ac
         for s, k in frees:
             assert k == max(i for i, step in enumerate(plan.steps) for a in step.actions if a.stage == s)
             assert k == plan.last_backward[s] and s in plan.steps[k].done
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(sorted(FAMILIES)), st.integers(2, 4), st.integers(0, 4))
+def test_the_plan_gathers_reduces_and_frees_where_the_lowering_puts_them(name, p, extra):
+    """One set of rules: each op's gathers, reductions and frees are the lowered program's UNSHARD (before it),
+    REDUCE_GRAD and RESHARD (after it) under FSDP (stagewise.lowering)."""
+    from stagewise.lowering import lower as lower_comms
+    from stagewise.lowering.comms import CommAction
+    from stagewise.parallelism import Parallelism
+
+    try:
+        sched = generate(name, p, 2 * p + extra)
+    except Exception:  # noqa: BLE001 - a family that refuses these p, m
+        return
+    low = lower_comms(sched, Parallelism(pp=p, fsdp=2))
+    for r in range(p):
+        plan, k, before = lower(sched, r), -1, []
+        marks: dict[int, dict[str, list[int]]] = {}
+        for a in low.programs[r]:
+            if type(a) is not CommAction:
+                k += 1
+                marks[k] = {"gather": before, "done": [], "free": []}
+                before = []
+            elif a.kind == "UNSHARD":
+                before.append(a.stage)
+            elif a.kind in ("REDUCE_GRAD", "RESHARD"):
+                marks[k]["done" if a.kind == "REDUCE_GRAD" else "free"].append(a.stage)
+        for k, step in enumerate(plan.steps):
+            assert (sorted(marks[k]["gather"]), sorted(marks[k]["done"]), sorted(marks[k]["free"])) == \
+                (list(step.gather), list(step.done), list(step.free)), (name, r, k)

@@ -56,6 +56,16 @@ def test_the_all_to_all_is_a_setting_and_a_lane_under_each_rank():
     assert error(a2a=0.5, tfb=3).field == "tfb"
 
 
+def test_fsdp_and_a_bandwidth_draw_a_communication_lane_and_open_a_bubble():
+    free = run(p=4, m=8, fsdp=2)["results"][0]
+    slow = run(p=4, m=8, fsdp=2, bandwidth="0.25")["results"][0]
+    assert free["lanes"] == [] and free["makespan"] == run(p=4, m=8)["results"][0]["makespan"]
+    (lane,) = slow["lanes"]
+    assert lane["key"] == "comm" and lane["rows"][0][0] == [0.0, 2.0, 2.0, "the all-gather of stage 0 over fsdp"]
+    assert slow["makespan"] > free["makespan"] and slow["bubble_fraction"] > free["bubble_fraction"]
+    assert error(fsdp=9).field == "fsdp" and error(fsdp=2, bandwidth=0).field == "bandwidth"
+
+
 def test_every_colour_of_the_page_comes_from_the_palette():
     from stagewise.explain import CAUSES
     from stagewise.render import palette

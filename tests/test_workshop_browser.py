@@ -182,3 +182,16 @@ def test_the_address_takes_per_stage_costs_and_reports_what_the_page_cannot_use(
     assert text(browser, "#err-p").startswith("the address gives p=abc; this control takes a number")
     assert text(browser, "#err-per").startswith("the address gives per=chunk; this control takes rank or stage")
     assert "not valid" in text(browser, "#status")
+
+
+def test_fsdp_over_a_slow_link_draws_a_communication_lane_and_says_what_was_exposed(server, browser, shots):
+    """A student sets FSDP and a bandwidth and watches a bubble appear: the lane under each rank, the collective
+    cause in the legend of Why it waits, and the exposed communication in the summary (rank 0 waits 2 for the
+    first all-gather and 2 for the last reduce-scatter)."""
+    browser.get(server.url + "?schedules=1f1b&p=4&m=8&fsdp=2&bandwidth=0.25")
+    wait_for(browser, lambda d: bubble_of(d, "1f1b") == "35.1%")
+    assert text(browser, '#summary tr[data-schedule="1f1b"] td.comm') == "4"
+    assert "exposed comm" in text(browser, "#summary")
+    browser.save_screenshot(str(shots / "comm-lane-fsdp2.png"))
+    browser.get(server.url + "?schedules=1f1b&p=4&m=8&fsdp=2&bandwidth=0.25&mode=why")
+    wait_for(browser, lambda d: "collective" in text(d, "#legend"))

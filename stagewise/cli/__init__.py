@@ -4,7 +4,7 @@ Each module in ``MODULES`` has ``register(subparsers)``; a subcommand sets ``fun
 errors print one line and exit 2, never a traceback; ``flags`` says a library argument as its flag. The CLI
 is a client of every other part, imported lazily by the subcommand that needs it.
 
-May import: the core, `stagewise.schedules`, `stagewise.render`, `stagewise.plan`, `stagewise.runtime`,
+May import: the core, `stagewise.schedules`, `stagewise.lowering`, `stagewise.render`, `stagewise.plan`, `stagewise.runtime`,
 `stagewise.hf`, `stagewise.workshop`, `torch`, `rich`.
 """
 

@@ -104,19 +104,22 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="'stage' (default): durations and activations are per stage; 'rank': they are one "
                         "rank's share of the model, so a chunk of a v-chunk schedule costs 1/v (same-model "
                         "comparison across families)")
+    from .comm import add_comm_args
     from .memory import add_memory_args
     from .moe import add_a2a_args
 
     add_memory_args(p)
     add_a2a_args(p)
+    add_comm_args(p)
 
 
 def costs_from(args: argparse.Namespace, schedule=None) -> Costs:
     """The cost options; with ``--costs-per rank`` and a schedule, scaled to its stages' shares."""
+    from .comm import comm_costs
     from .memory import memory_costs
     from .moe import a2a_costs
 
-    costs = a2a_costs(args, memory_costs(args, _base_costs(args)))
+    costs = comm_costs(args, a2a_costs(args, memory_costs(args, _base_costs(args))))
     if schedule is not None and getattr(args, "costs_per", "stage") == "rank":
         return scaled(costs, rank_share_weights(schedule))
     return costs
@@ -145,6 +148,16 @@ def schedule_from(args: argparse.Namespace):
     if getattr(args, "csv", None):
         if args.name:
             raise UsageError(f"give either NAME ({args.name}) or --csv, not both")
+        from .. import limits
+        from ..lowering import torch_comms
+
+        if torch_comms.has_comms(limits.read_text(args.csv, "--csv")):  # torch's compute+comms CSV
+            from ..lowering.check import check
+
+            args.lowered = check(torch_comms.load(args.csv))  # its sends, receives and collectives must match
+            from ..validate import validate
+
+            return validate(args.lowered.schedule)
         return torch_csv.load(args.csv)
     if not args.name:
         raise UsageError("a schedule NAME or --csv FILE is required")

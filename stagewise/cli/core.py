@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from .. import torch_csv
-from ..report import result, table
+from ..report import comm_line, result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
+from .comm import add_layout_args
 from .common import (UsageError, add_cost_args, add_schedule_args, costs_basis, costs_from, family_names, positive_int,
                      print_json, schedule_from)
 
@@ -44,6 +45,10 @@ def register(sub) -> None:
                        "(one row per rank), which torch's runtime loads and `stagewise simulate --csv` reads back.")
     add_schedule_args(p, csv=False, name_required=True)
     p.add_argument("--csv", required=True, metavar="FILE", help="output file")
+    p.add_argument("--comms", action="store_true", help="write torch's compute+comms CSV instead: the lowered "
+                   "programs (sends, receives and, with --fsdp or --dp, UNSHARD, RESHARD, REDUCE_GRAD), which "
+                   "_PipelineScheduleRuntime._load_csv(FILE, 'compute_comms') runs")
+    add_layout_args(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("validate", help="check a schedule (NAME or --csv FILE) and say why it is invalid",
@@ -51,6 +56,8 @@ def register(sub) -> None:
                        "each stage sits on one rank and no rank waits in a cycle; an invalid schedule is named by "
                        "rank, position, action and what it waits for.")
     add_schedule_args(p)
+    g = add_layout_args(p)
+    g.add_argument("--comms", action="store_true", help="check the lowered programs too (sends and receives)")
     p.set_defaults(func=cmd_validate)
 
 
@@ -69,6 +76,8 @@ def cmd_simulate(args) -> int:
         print_json(res)
     else:
         print(table([res]))
+        if comm_line(res):
+            print(comm_line(res))
     if args.draw:
         from ..render.ascii import draw_text
         from ..simulate import simulate
@@ -104,6 +113,8 @@ def cmd_compare(args) -> int:
             print_json(results)
         else:
             print(table(results))
+            for line in filter(None, map(comm_line, results)):
+                print(line)
             print(costs_basis(args))
         if args.output:
             path = write_comparison([tl for _, tl in entries], args.output)
@@ -117,6 +128,16 @@ def cmd_compare(args) -> int:
 def cmd_export(args) -> int:
     sched = generate(args.name, args.ranks, args.microbatches, args.chunks)
     try:
+        if args.comms:
+            from ..lowering.torch_comms import dump, dumps
+            from .comm import communication
+
+            low = communication(args, force=True).lower(sched)
+            dump(low, args.csv)
+            cells = sum(len(row.split(",")) for row in dumps(low).splitlines() if row)
+            print(f"wrote {args.csv} ({sched.ranks} ranks, {cells} actions with communication in torch's "
+                  "compute+comms format; stagewise's own all-to-all, tie and step-end actions are not in it)")
+            return 0
         torch_csv.dump(sched, args.csv)
     except OSError as e:
         raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror}") from None
@@ -128,6 +149,19 @@ def cmd_validate(args) -> int:
     from ..validate import validate
 
     sched = validate(schedule_from(args))
+    low = getattr(args, "lowered", None)
+    if low is None:
+        from .comm import communication
+
+        comm = communication(args)
+        low = comm.lower(sched) if comm is not None else None
+    if low is not None:
+        from ..lowering.check import check
+
+        check(low)
+        print(f"valid: {sched.name}, {sched.ranks} ranks, its communication matched (sends and receives in order, "
+              f"collectives in one order, gathered before use), {sum(len(p) for p in low.programs)} actions")
+        return 0
     print(f"valid: {sched.name}, {sched.ranks} ranks, {sched.stages} stages, {sched.microbatches} micro-batches, "
           f"{sched.num_actions} ops")
     return 0

@@ -141,6 +141,8 @@ def cmd_train(args) -> int:
     train_hf.check_plain(args)
     try:
         cfg = train_scale.apply(train_moe.apply(train_safety.apply(config_from(args), args), args), args)
+        if args.hf:
+            train_hf.check_tp_plan(cfg)
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)

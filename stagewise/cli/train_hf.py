@@ -39,19 +39,20 @@ def model(args):
         from ..hf.run import HFRun
     except ImportError as e:
         raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
-    run = HFRun(source=args.hf, data=args.data, tokenizer=args.tokenizer, seq=args.seq, dtype=args.dtype,
-                seed=args.seed)
-    if getattr(args, "tp", 1) > 1:
-        _check_tp_plan(run)
-    return run
+    return HFRun(source=args.hf, data=args.data, tokenizer=args.tokenizer, seq=args.seq, dtype=args.dtype,
+                 seed=args.seed)
 
 
-def _check_tp_plan(run) -> None:
-    """--tp with an HF model runs the model's own plan: one it cannot run is refused before any rank starts."""
+def check_tp_plan(cfg) -> None:
+    """--tp with an HF model runs the model's own plan: one it cannot run is refused before any rank starts
+    (after the config's own checks, which read the model)."""
+    from ..hf.run import HFRun
     from ..runtime.parallel.tp import check_plan
     from ..runtime.run.config import RunError
 
-    plan = run.model().tp_plan
+    if not isinstance(cfg.model, HFRun) or cfg.parallelism.tp < 2:
+        return
+    plan = cfg.model.model().tp_plan
     if plan:  # none: the ranks say `tp` needs a plan, in the same words
         try:
             check_plan(plan, own=True)

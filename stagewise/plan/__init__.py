@@ -6,5 +6,5 @@ search shares), ``cluster`` (model and hardware files costed analytically) and `
 memory cap, the proven optimum); ``highs`` wraps the HiGHS solver, ``errors`` holds ``PlanError``. No torch
 and no runtime (tests/test_architecture.py runs it with torch blocked).
 
-May import: the core, `stagewise.schedules`, `highspy`.
+May import: the core, `stagewise.schedules`, `stagewise.lowering`, `highspy`.
 """

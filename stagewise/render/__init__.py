@@ -3,5 +3,5 @@ self-contained HTML report. Every renderer takes a ``Timeline`` (simulated or me
 through ``cells``; none knows which schedule family or source it draws. Colours are ``palette``'s. Only
 ``figure`` needs matplotlib (and numpy with it), imported when a figure is drawn.
 
-May import: the core, `matplotlib`, `numpy`.
+May import: the core, `stagewise.lowering` (a transfer's words), `matplotlib`, `numpy`.
 """

@@ -50,10 +50,10 @@ def draw_text(timeline: Timeline, *, width: int | None = None, color: bool | Non
     for r, row in enumerate(by_rank):
         body = _row(row, cols, scale, timeline.schedule.chunks, color)
         lines.append(f"{f'rank {r}':<{label_w}}|" + body)
-        if sm.comm:
+        if sm.comm or sm.transfers:
             lines.append(f"{'':<{label_w}}:" + _lane(lanes[r], cols, scale))
     lines.append(_axis(label_w, cols, sm.makespan, sm.unit))
-    lines += _wrap(_legend(sm.kinds, sm.chunks, sm.pairs, sm.comm), width)
+    lines += _wrap(_legend(sm.kinds, sm.chunks, sm.pairs, sm.comm, sm.transfers), width)
     return "\n".join(lines)
 
 
@@ -68,7 +68,8 @@ def _wrap(parts: list[str], width: int) -> list[str]:
 
 
 def _lane(lane: list[CommCell], cols: int, scale: float) -> str:
-    """One rank's all-to-all lane: '=' hidden behind compute, '#' exposed, ' ' none (column midpoints)."""
+    """One rank's communication lane: '=' hidden behind compute, '#' exposed, ' ' none (column midpoints)."""
+    lane = sorted(lane, key=lambda c: c.start)
     starts = [c.start for c in lane]
     out = []
     for col in range(cols):
@@ -139,12 +140,13 @@ def _axis(label_w: int, cols: int, span: float, unit: str) -> str:
     return " " * label_w + "|" + left + " " * gap + right
 
 
-def _legend(kinds, chunks: int, pairs: bool, comm: bool = False) -> list[str]:
+def _legend(kinds, chunks: int, pairs: bool, comm: bool = False, transfers: bool = False) -> list[str]:
     parts = [palette.KIND_LABELS[k] for k in kinds]
     if pairs:
         parts.append("P3/5 F&B pair (forward mb/backward mb)")
-    if comm:
-        parts.append("under a row, all-to-all: = hidden # exposed")
+    if comm or transfers:
+        what = "communication" if transfers else "all-to-all"
+        parts.append(f"under a row, {what}: = hidden # exposed")
     if chunks > 1:
         parts.append("lowercase: chunk >= 1")
     parts.append(". idle; digits: micro-batch")

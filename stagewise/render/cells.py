@@ -46,7 +46,7 @@ def chunk_of_stage(schedule: Schedule) -> list[int]:
 
 
 def origin(timeline: Timeline) -> float:
-    return min((s[0] for s in timeline.starts if s), default=0.0)
+    return timeline.origin
 
 
 def cells(timeline: Timeline) -> list[Cell]:
@@ -74,6 +74,7 @@ class CommCell(NamedTuple):
     end: float
     action: Action
     exposed: float  #: the last ``exposed`` seconds of it the rank waits for
+    kind: str = "a2a"  #: "a2a", or a lowered transfer's kind (its ``action`` is then the CommAction)
 
 
 def comm_cells(timeline: Timeline) -> list[CommCell]:
@@ -81,12 +82,30 @@ def comm_cells(timeline: Timeline) -> list[CommCell]:
     if timeline.comm is None:
         return []
     t0 = origin(timeline)
-    return [CommCell(r, c.start - t0, c.end - t0, c.action, c.exposed)
+    return [CommCell(r, c.start - t0, c.end - t0, c.action, c.exposed, c.kind)
             for r, lane in enumerate(timeline.comm) for c in lane]
 
 
+def comm_label(c: CommCell) -> str:
+    """What a lane cell is, in words: "all-to-all of 0F0", or a lowered transfer ("the all-gather of stage 0
+    over fsdp", ``lowering.comms.describe``)."""
+    if c.kind == "a2a":
+        return f"all-to-all of {c.action}"
+    from ..lowering.comms import describe
+
+    return describe(c.action, c.rank)
+
+
+def comm_colours(c: CommCell) -> tuple[str, str]:
+    """(hidden, exposed) colours of a lane cell: the all-to-all's, or lowered communication's."""
+    from . import palette
+
+    return (palette.A2A_HIDDEN, palette.A2A) if c.kind == "a2a" else (palette.COMM_HIDDEN, palette.COMM)
+
+
 def exposed_spans(timeline: Timeline) -> list[tuple[int, float, float]]:
-    """(rank, start, end) of the all-to-all each op exposes, drawn at the op's end (its compute is done)."""
+    """(rank, start, end) of the all-to-all each op exposes, drawn at the op's end (its compute is done); a
+    lowered transfer's exposed time is idle time, not part of an op, and is not drawn here."""
     if timeline.comm is None:
         return []
     t0 = origin(timeline)
@@ -94,6 +113,8 @@ def exposed_spans(timeline: Timeline) -> list[tuple[int, float, float]]:
     for r, lane in enumerate(timeline.comm):
         per_op: dict[int, float] = {}
         for c in lane:
+            if c.kind != "a2a":
+                continue
             per_op[c.op] = per_op.get(c.op, 0.0) + c.exposed
         for k, x in per_op.items():
             if x > 0:
@@ -127,6 +148,7 @@ class Summary:
     a2a: float = 0.0  #: all-to-all of all ranks
     a2a_exposed: float = 0.0  #: exposed all-to-all of the rank that exposes most
     a2a_hidden: float = 0.0  #: share of all all-to-all hidden behind compute
+    transfers: bool = False  #: whether the lane holds lowered communication (gathers, reductions, sends)
 
     @property
     def comm(self) -> bool:
@@ -185,6 +207,7 @@ def summary(timeline: Timeline) -> Summary:
         a2a=sum(mt.a2a),
         a2a_exposed=max(mt.exposed_a2a, default=0.0),
         a2a_hidden=sum(mt.hidden_a2a) / sum(mt.a2a) if sum(mt.a2a) else 0.0,
+        transfers=bool(mt.comm),
     )
 
 

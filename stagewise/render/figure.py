@@ -16,7 +16,7 @@ from typing import Sequence
 
 from ..timeline import Timeline
 from . import palette, raster
-from .cells import BOTTOM, TOP, Summary, cells, comm_cells, exposed_spans, memory_envelope, memory_steps, summary
+from .cells import BOTTOM, TOP, Summary, cells, comm_cells, comm_colours, exposed_spans, memory_envelope, memory_steps, summary
 
 WIDTH_IN = 12.0  #: figure width (inches)
 DPI = 150
@@ -185,12 +185,13 @@ def _draw_comm(ax, timeline: Timeline, *, vector: bool, dense: bool) -> None:
     verts, fills = [], []
     for c in comm_cells(timeline):
         cut = c.end - c.exposed
+        pale, dark = comm_colours(c)
         if cut > c.start:
             verts.append(box(c.rank, c.start, cut, a, b))
-            fills.append(palette.A2A_HIDDEN)
+            fills.append(pale)
         if c.exposed > 0:
             verts.append(box(c.rank, cut, c.end, a, b))
-            fills.append(palette.A2A)
+            fills.append(dark)
     lane = PolyCollection(verts, facecolors=fills, linewidths=0.0)
     lane.set_rasterized(vector and dense)
     ax.add_collection(lane)
@@ -277,6 +278,9 @@ def _legend(fig, sums: Sequence[Summary]) -> None:
         handles += [Patch(facecolor=palette.A2A_HIDDEN, label="all-to-all: hidden"),
                     Patch(facecolor=palette.A2A, label="exposed"),
                     Patch(facecolor=palette.IDLE, edgecolor=palette.INK, hatch="////", label="exposed, in its op")]
+    if any(s.transfers for s in sums):
+        handles += [Patch(facecolor=palette.COMM_HIDDEN, label="communication: hidden"),
+                    Patch(facecolor=palette.COMM, label="exposed")]
     handles.append(Patch(facecolor=palette.IDLE, edgecolor=palette.GRID, label="idle"))
     rows = -(-len(handles) // 9)
     ncol = -(-len(handles) // rows)

@@ -30,6 +30,8 @@ TABLE_RULE_LIGHT = "#EEF0F2"
 MEMORY = "#7B5EA7"  #: live-activation strips (purple: no kind uses it)
 A2A = "#D55E00"  #: expert-parallel all-to-all lane (Okabe-Ito vermillion: no kind uses it)
 A2A_HIDDEN = "#ECB78C"  #: the all-to-all that ran while the rank computed (A2A tinted)
+COMM = "#006D5B"  #: lowered communication lane (gathers, reductions, sends): a deep bluish green
+COMM_HIDDEN = "#9CCFC4"  #: the part of it that ran while the rank computed (COMM tinted)
 #: one colour per rank for memory curves (Okabe-Ito order, then repeated)
 RANK_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 
@@ -43,6 +45,7 @@ CAUSES = {
     "slow stage": ("#D55E00", "cross"),   # vermillion cross-hatch
     "link": ("#56B4E9", "dots"),          # sky-blue dots
     "order": ("#666666", "horizontal"),   # grey lines
+    "collective": ("#009E73", "vertical"),  # bluish-green upright lines
 }
 #: the page's own colours (text, lines, panels, states), set as CSS variables from the API
 PAGE = {

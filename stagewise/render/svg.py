@@ -18,7 +18,7 @@ from ..timeline import Timeline
 import base64
 
 from . import palette, raster
-from .cells import (TOP, WHOLE, Summary, cells, comm_cells, exposed_spans, memory_envelope, memory_steps, summary,
+from .cells import (TOP, WHOLE, Summary, cells, comm_cells, comm_colours, comm_label, exposed_spans, memory_envelope, memory_steps, summary,
                     tick_label, ticks, tooltip)
 
 ROW = 22  #: row height (px)
@@ -174,13 +174,14 @@ def _comm(out: list[str], timeline: Timeline, frame: Frame, y0: float, step: flo
     for c in comm_cells(timeline):
         y = y0 + c.rank * step + ROW + 1
         hidden = c.end - c.start - c.exposed
-        tip = f"<title>all-to-all of {c.action} {c.start:.6g}..{c.end:.6g} {unit}; exposed {c.exposed:.6g}</title>"
+        tip = f"<title>{comm_label(c)} {c.start:.6g}..{c.end:.6g} {unit}; exposed {c.exposed:.6g}</title>"
+        pale, dark = comm_colours(c)
         if hidden > 0:
             out.append(f'<rect class="hid" x="{frame.x(c.start):.2f}" y="{y:.1f}" width="{hidden * scale:.2f}" '
-                       f'height="{LANE}" fill="{palette.A2A_HIDDEN}">{tip}</rect>')
+                       f'height="{LANE}" fill="{pale}">{tip}</rect>')
         if c.exposed > 0:
             out.append(f'<rect class="exp" x="{frame.x(c.end - c.exposed):.2f}" y="{y:.1f}" '
-                       f'width="{c.exposed * scale:.2f}" height="{LANE}" fill="{palette.A2A}">{tip}</rect>')
+                       f'width="{c.exposed * scale:.2f}" height="{LANE}" fill="{dark}">{tip}</rect>')
     for r, a, b in exposed_spans(timeline):
         out.append(f'<rect class="exposed" x="{frame.x(a):.2f}" y="{y0 + r * step:.1f}" width="{(b - a) * scale:.2f}" '
                    f'height="{ROW}" fill="url(#a2a-hatch)"/>')
@@ -269,6 +270,9 @@ def _legend(out: list[str], sums: Sequence[Summary], y: float, width: float) -> 
         items.append((f'fill="{palette.A2A_HIDDEN}"', "all-to-all lane: hidden behind compute"))
         items.append((f'fill="{palette.A2A}"', "exposed"))
         items.append((f'fill="url(#a2a-hatch)" stroke="{palette.MUTED}"', "exposed all-to-all inside its op"))
+    if any(s.transfers for s in sums):
+        items.append((f'fill="{palette.COMM_HIDDEN}"', "communication: hidden behind compute"))
+        items.append((f'fill="{palette.COMM}"', "exposed"))
     items.append((f'fill="{palette.IDLE}" stroke="{palette.GRID}"', "idle"))
     items.append(("", "numbers: micro-batch"))
     x = LEFT

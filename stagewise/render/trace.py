@@ -56,7 +56,8 @@ def chrome_trace(timeline: Timeline) -> dict:
         events.append(ev)
     for c in comm_cells(timeline):
         a = c.action
-        events.append({"name": f"a2a {a}", "cat": "a2a", "ph": "X", "pid": PID, "tid": a2a_track(timeline, c.rank),
+        events.append({"name": f"a2a {a}" if c.kind == "a2a" else str(a), "cat": c.kind, "ph": "X", "pid": PID,
+                       "tid": a2a_track(timeline, c.rank),
                        "ts": _num(c.start * k), "dur": _num((c.end - c.start) * k),
                        "args": {"stage": a.stage, "mb": a.mb, "kind": a.kind, "exposed": _num(c.exposed * k)}})
     events += _flows(timeline, cs, k)

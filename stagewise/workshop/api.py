@@ -34,12 +34,13 @@ from ..validate import ScheduleError
 #: page control -> the CLI option that means the same (messages name the CLI option)
 OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v": "--chunks", "tf": "--tf",
            "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "a2a": "--a2a", "latency": "--latency",
-           "skew": "skew", "per": "per", "free_at_i": "--free-at-i", "cap": "--cap"}
+           "skew": "skew", "per": "per", "free_at_i": "--free-at-i", "cap": "--cap", "fsdp": "--fsdp",
+           "bandwidth": "--intra-bandwidth"}
 #: the durations that take one number or one per stage (``1,1,1,2``), as the CLI's options do
 PER_STAGE = ("tf", "tb", "ti", "tw", "tfb", "a2a")
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
 #: a page is for exploring: keep one request about a second at worst
-LIMITS = {"p": 64, "m": 256, "v": 8}
+LIMITS = {"p": 64, "m": 256, "v": 8, "fsdp": 8}
 #: most values in a per-stage list: every stage of the largest view (DualPipe keeps two copies)
 MOST_STAGES = 2 * LIMITS["p"] * LIMITS["v"]
 #: one duration, or one per stage
@@ -75,6 +76,11 @@ class Settings:
     per: str = "rank"
     free_at_i: float = 0.0  #: share of an activation freed at I (the rest at W)
     cap: float | None = None  #: most activation per rank (chunk-units; rank shares with per="rank")
+    #: sharded data parallel: each stage's weights all-gathered before its first forward and its gradients
+    #: reduce-scattered after its last backward, over ``fsdp`` ranks (communication as actions: lowering)
+    fsdp: int = 1
+    #: of those collectives: one rank's share of the weights per t_f (None: free); lower it to see a bubble
+    bandwidth: float | None = None
 
     def to_query(self) -> dict[str, str]:
         """The non-default settings as strings (the page's URL state)."""
@@ -128,7 +134,7 @@ def parse_settings(data: Mapping) -> Settings:
             if raw not in ("rank", "stage"):
                 raise SettingError(f"per must be 'rank' or 'stage'; got {raw!r}", "per")
             kw[name] = raw
-        elif name in ("p", "m", "v"):
+        elif name in ("p", "m", "v", "fsdp"):
             kw[name] = _whole(name, raw)
         elif name in PER_STAGE:
             kw[name] = _times(name, raw)
@@ -222,7 +228,20 @@ def costs_for(s: Settings, schedule: Schedule) -> Costs:
                  latency=s.latency, free_at_i=s.free_at_i, cap=cap)
     timed = scaled(base, stage_weights(schedule, s.skew, s.per), activation=False)
     # a chunk holding 1/v of a rank's layers also keeps 1/v of its activations (the skew is compute only)
-    return scaled(timed, stage_weights(schedule, 1.0, s.per), durations=False)
+    costs = scaled(timed, stage_weights(schedule, 1.0, s.per), durations=False)
+    if s.bandwidth is not None and not s.bandwidth > 0:
+        raise SettingError(f"--intra-bandwidth must be > 0; got {s.bandwidth:g}", "bandwidth")
+    if s.fsdp > 1:
+        from dataclasses import replace
+
+        from ..lowering import Communication, LoweringOptions, Network, Sizes
+        from ..parallelism import Parallelism
+
+        # a stage's weights: its share of a rank's (1/v of them per chunk with per="rank")
+        net = Network(intra_bandwidth=s.bandwidth, inter_bandwidth=s.bandwidth)
+        opts = LoweringOptions(sizes=Sizes(params=stage_weights(schedule, 1.0, s.per)), network=net, step_end=False)
+        costs = replace(costs, comm=Communication(parallelism=Parallelism(fsdp=s.fsdp), options=opts))
+    return costs
 
 
 def schedules_of(s: Settings) -> tuple[Schedule, ...]:
@@ -394,10 +413,17 @@ def lanes(tl: Timeline) -> list[dict]:
     the rank spent idle). A lane is a ``key``, its ``label`` and ``rows`` (per rank); the page draws any number."""
     if tl.comm is None:
         return []
+    from ..lowering.comms import describe
+
     rows: list[list] = [[] for _ in range(tl.ranks)]
+    comm: list[list] = [[] for _ in range(tl.ranks)]
     for c in comm_cells(tl):
-        rows[c.rank].append([_t(c.start), _t(c.end), _t(c.exposed), f"all-to-all of {c.action}"])
-    return [{"key": "a2a", "label": "all-to-all", "rows": rows}]
+        if c.kind == "a2a":
+            rows[c.rank].append([_t(c.start), _t(c.end), _t(c.exposed), f"all-to-all of {c.action}"])
+        else:  # a lowered transfer: the rank's gathers, reductions, sends and receives
+            comm[c.rank].append([_t(c.start), _t(c.end), _t(c.exposed), describe(c.action, c.rank)])
+    return ([{"key": "a2a", "label": "all-to-all", "rows": rows}] if any(rows) else []) + \
+        ([{"key": "comm", "label": "communication", "rows": comm}] if any(comm) else [])
 
 
 def style() -> dict:
@@ -407,7 +433,7 @@ def style() -> dict:
               for name, (c, pattern) in palette.CAUSES.items()}
     return {"memory": palette.MEMORY, "grid": palette.GRID, "ink": palette.INK, "kinds": palette.KIND_COLOURS,
             "labels": palette.KIND_LABELS, "causes": causes, "page": palette.PAGE,
-            "lanes": {"a2a": [palette.A2A_HIDDEN, palette.A2A]}}
+            "lanes": {"a2a": [palette.A2A_HIDDEN, palette.A2A], "comm": [palette.COMM_HIDDEN, palette.COMM]}}
 
 
 def _t(x: float) -> float:

@@ -8,7 +8,7 @@ dp, the expert layout and device order, sharding, recomputation) with the shared
 says the result: each framework's command (``commands``), what moves the winner (``sensitivity``), why it wins
 (``cluster_why``), the plan written down (``cluster_plan``, ``markdown``).
 
-May import: the core, `stagewise.schedules`, `stagewise.plan.errors`, `stagewise.plan.search`.
+May import: the core, `stagewise.schedules`, `stagewise.lowering`, `stagewise.plan.errors`, `stagewise.plan.search`.
 
 Example:
     >>> from stagewise.plan.cluster import Hardware, Job, TransformerSpec, cluster_search

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...lowering.options import GATHER, REDUCE  # the words of when reductions start and gathers are issued
 from ...schedules import FAMILIES
 from ...parallelism import Parallelism
 from ..errors import PlanError
@@ -46,12 +47,6 @@ from ..errors import PlanError
 #: sharded), FSDP (ZeRO-3: weights, gradients and optimizer state sharded over the dp group), HSDP (sharded
 #: over a shard group, replicated across groups)
 SHARDING = ("ddp", "zero1", "fsdp", "hsdp")
-#: when a stage's gradient reduction may start: as the last backward passes each layer (buckets), after the
-#: stage's last backward, or after the rank's pipeline work has drained
-REDUCE = ("layer", "stage", "drain")
-#: when sharded weights are all-gathered: ahead of each layer's or each stage's first forward of the next
-#: step (prefetched one unit ahead), or after the optimizer step (exposed)
-GATHER = ("layer", "stage", "end")
 
 
 @dataclass(frozen=True, kw_only=True)

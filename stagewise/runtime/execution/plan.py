@@ -4,7 +4,9 @@ A schedule says only what each rank computes, in order (F, B, I, W, F&B). Runnin
 what it receives before its clock starts and what it sends after, and per stage, where its work in the
 step begins and ends: the first forward (where a sharded stage must be gathered: FSDP's unshard) and the
 last action that adds weight gradients (where its gradients are complete: data parallel's reduction,
-FSDP's reduce-scatter). ``lower(schedule, rank)`` derives all of it from the programs, like torch's
+FSDP's reduce-scatter). ``lower(schedule, rank)`` derives all of it from the programs, the stage points by
+the core lowering's own rules (``lowering.lower.stage_points``, where the simulator's UNSHARD, REDUCE_GRAD and
+RESHARD come from, so the two cannot drift apart), like torch's
 passes that turn a compute-only schedule into one with sends, receives, unshard/reshard and reduce-grad
 actions; the executor, the messages, data parallelism and the parallel wrappers read the result and
 never the programs again. No torch here.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ...actions import Action, actions_of
+from ...lowering.lower import stage_points
 from ...schedule import Schedule
 from ..messages.p2p import MessagePlan, Route, message_plan, route_in, route_out
 
@@ -75,20 +78,10 @@ def lower(schedule: Schedule, rank: int) -> RankPlan:
     messages = message_plan(schedule)
     program = schedule.programs[rank]
     first, last = messages.first, messages.last
-    last_bw: dict[int, int] = {}
-    first_fw: dict[int, int] = {}
-    last_use: dict[int, int] = {}
-    split = set()
-    for k, op in enumerate(program):
-        for a in actions_of(op):
-            last_use[a.stage] = k
-            if a.kind == "F":
-                first_fw.setdefault(a.stage, k)
-            if a.kind in ("B", "W"):
-                last_bw[a.stage] = k
-            if a.kind == "I":
-                split.add((a.stage, a.mb))
-    done, gather, free = _at(last_bw), _at(_gathers(first_fw)), _at(last_use)
+    points = stage_points(program)  # the lowering's rules (stagewise/lowering/lower.py), not a copy of them
+    first_fw, last_bw, last_use = points.first_forward, points.last_backward, points.last_use
+    split = {(a.stage, a.mb) for op in program for a in actions_of(op) if a.kind == "I"}
+    done, gather, free = _at(last_bw), _at(points.gathers), _at(last_use)
     steps = []
     for k, op in enumerate(program):
         acts = tuple(actions_of(op))
@@ -98,13 +91,6 @@ def lower(schedule: Schedule, rank: int) -> RankPlan:
     return RankPlan(rank=rank, schedule=schedule, messages=messages, steps=tuple(steps),
                     stages=tuple(schedule.stages_of_rank(rank)), split=frozenset(split), first_forward=first_fw,
                     last_backward=last_bw)
-
-
-def _gathers(first_fw: dict[int, int]) -> dict[int, int]:
-    """stage -> the step its gather starts at: one stage ahead, i.e. at the first forward of the stage whose
-    first forward comes before its own (the first stage of the program: at the step's first op)."""
-    order = sorted(first_fw, key=first_fw.get)
-    return {s: (first_fw[order[j - 1]] if j else 0) for j, s in enumerate(order)}
 
 
 def _at(points: dict[int, int]) -> dict[int, tuple[int, ...]]:

@@ -4,7 +4,8 @@
 // teach.js (with lessons.js) add the modes (all loaded before this one, which starts the page).
 "use strict";
 
-const FIELDS = ["p", "m", "v", "tf", "tb", "ti", "tw", "tfb", "a2a", "latency", "skew", "per", "free_at_i", "cap"];
+const FIELDS = ["p", "m", "v", "tf", "tb", "ti", "tw", "tfb", "a2a", "latency", "skew", "per", "free_at_i", "cap", "fsdp",
+  "bandwidth"];
 const MODES = ["view", "play", "why", "build", "teach"];
 const ZOOMS = [1, 2, 4, 8];
 const PLACES = ["mode", "t", "gap", "zoom", "lesson"]; // the page's own state in the address, besides the settings

@@ -24,23 +24,33 @@ const C = new Proxy({}, { get: (_, name) => info.style.page[name] });
 
 // ---- summary and legend ------------------------------------------------------------
 
+// the time the busiest rank waited on a lane's transfers (each lane row: [start, end, waited, text])
+const exposedOn = (r, key) => {
+  const lane = (r.lanes || []).find((ln) => ln.key === key);
+  return lane ? Math.max(...lane.rows.map((row) => row.reduce((sum, c) => sum + c[2], 0))) : null;
+};
+
 function summaryHtml(results, perStage) {
   const unit = perStage ? "one stage" : "one rank's share of the model";
+  const laneKeys = [...new Set(results.flatMap((r) => (r.lanes || []).map((ln) => ln.key)))];
   const head = "<tr><th>schedule</th><th>p</th><th>m</th><th>v</th><th>makespan</th>" +
     '<th title="idle share: 1 - busy / (ranks x makespan)">bubble</th>' +
     '<th title="the papers\' formula for these settings; \u2014 where none applies">closed form</th>' +
     `<th title="live activations at the peak, in micro-batches of ${unit}">peak activations per rank</th>` +
     (results.some((r) => r.memory_cap) ? '<th title="highest peak against the cap per rank (--cap)">peak vs cap</th>' : "") +
-    (results.some((r) => r.lanes && r.lanes.length) ? '<th title="all-to-all the ranks waited for, the busiest rank">exposed a2a</th>' : "") +
+    laneKeys.map((k) => (k === "a2a" ? '<th title="all-to-all the ranks waited for, the busiest rank">exposed a2a</th>'
+      : '<th title="communication (gathers, reductions, sends) the busiest rank waited for">exposed comm</th>')).join("") +
     '<th title="copies of the model\'s parameters held (DualPipe keeps two)">params</th><th>files</th></tr>';
-  const lanes = results.some((r) => r.lanes && r.lanes.length);
   const rows = results.map((r, i) => {
     const formula = r.formula_bubble_fraction === null
       ? '<td class="na" title="no closed form for this family or these costs (uneven stages, latency)">\u2014</td>'
       : `<td class="formula">${pct(r.formula_bubble_fraction)}</td>`;
     const files = r.edited ? '<td><a href="#" data-dl="edited">CSV</a></td>'
       : `<td><a href="#" data-dl="csv" data-i="${i}">CSV</a> <a href="#" data-dl="trace" data-i="${i}">trace</a></td>`;
-    const a2a = lanes ? `<td class="a2a">${r.exposed_a2a ? num(+Math.max(...r.exposed_a2a).toFixed(4)) : "\u2014"}</td>` : "";
+    const a2a = laneKeys.map((k) => {  // one column per kind of lane drawn: what the busiest rank waited for
+      const x = k === "a2a" ? (r.exposed_a2a ? Math.max(...r.exposed_a2a) : null) : exposedOn(r, k);
+      return `<td class="${k}">${x === null ? "\u2014" : num(+x.toFixed(4))}</td>`;
+    }).join("");
     if (r.stuck) { // a deadlock: nothing to measure
       return `<tr data-schedule="${esc(r.schedule)}" class="stuck"><td class="name">${esc(r.schedule)}</td>` +
         `<td>${r.ranks}</td><td>${r.microbatches}</td><td>${r.chunks}</td><td class="makespan">\u2014</td>` +

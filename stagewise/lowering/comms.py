@@ -1,0 +1,95 @@
+"""Communication actions: one posted transfer or collective of a rank, and their text (torch's).
+
+torch.distributed.pipelining writes them ``{stage}{KIND}{mb}``: ``1SEND_F0`` (stage 1 sends micro-batch
+0's activation on), ``2RECV_F0`` (stage 2 receives it), ``1SEND_B0`` / ``0RECV_B0`` for the gradient,
+``0UNSHARD``, ``0RESHARD`` and ``0REDUCE_GRAD`` for a stage (no micro-batch). stagewise adds what torch's
+runtime does outside its programs: ``ALL_TO_ALL`` (an MoE action's dispatch and combine, inside it),
+``TIE_GRAD`` (the all-reduce of a tied weight's gradients between the ranks holding its copies) and
+``STEP_END`` (the gradient-norm and loss all-reduces of every rank). Those three are never written to
+torch's CSV (its loader refuses them).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
+UNSHARD, RESHARD, REDUCE_GRAD = "UNSHARD", "RESHARD", "REDUCE_GRAD"
+ALL_TO_ALL, TIE_GRAD, STEP_END = "ALL_TO_ALL", "TIE_GRAD", "STEP_END"
+#: what torch's compute+comms CSV carries
+TORCH_KINDS = (SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD)
+KINDS = TORCH_KINDS + (ALL_TO_ALL, TIE_GRAD, STEP_END)
+SENDS, RECVS = (SEND_F, SEND_B), (RECV_F, RECV_B)
+P2P = SENDS + RECVS
+#: collectives: every member of the group enters them, in one order
+COLLECTIVES = (UNSHARD, REDUCE_GRAD, ALL_TO_ALL, TIE_GRAD, STEP_END)
+
+#: what each kind is, in words (explain, the pictures' legend)
+WORDS = {SEND_F: "activation send", RECV_F: "activation receive", SEND_B: "gradient send",
+         RECV_B: "gradient receive", UNSHARD: "all-gather", RESHARD: "reshard", REDUCE_GRAD: "gradient reduction",
+         ALL_TO_ALL: "all-to-all", TIE_GRAD: "tied-weight all-reduce", STEP_END: "step-end all-reduce"}
+
+_COMM_RE = re.compile(r"([0-9]+)(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")([0-9]*)")  # ASCII digits
+
+
+class CommAction(NamedTuple):
+    """One communication action of a rank. ``peer``: the other pipeline rank of a send or receive (-1 for a
+    collective); ``group``: what it runs over (``pp`` for a send or receive; ``fsdp``, ``dp``, ``hsdp``, ``ep``,
+    ``tie``, ``world``); ``nbytes``: the bytes this rank moves; ``stream``: the resource it occupies
+    (``p2p``, or the group's name: collectives over one group run one after another); ``op``: what it is
+    (``all-gather``, ``reduce-scatter``, ``all-reduce``, ``reduce-scatter+all-reduce``, ``all-to-all``, ``""``
+    for a send or receive); ``during``: posted when the op before it starts, not when it ends (Megatron's
+    bucketed gradient reduction overlaps its stage's last backward), and done no earlier than that op."""
+
+    kind: str
+    stage: int
+    mb: int | None = None
+    peer: int = -1
+    group: str = ""
+    nbytes: float = 0.0
+    stream: str = ""
+    op: str = ""
+    during: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{'' if self.mb is None else self.mb}"
+
+    @property
+    def key(self) -> tuple:
+        """What pairs a send with its receive: (direction, the stage the data goes into, mb)."""
+        if self.kind == SEND_F:
+            return ("F", self.stage + 1, self.mb)
+        if self.kind == RECV_F:
+            return ("F", self.stage, self.mb)
+        if self.kind == SEND_B:
+            return ("B", self.stage - 1, self.mb)
+        return ("B", self.stage, self.mb)
+
+
+def parse_comm(text: str) -> CommAction | None:
+    """``1SEND_F0`` -> CommAction (peer, group and bytes filled in by the reader); None when not one."""
+    m = _COMM_RE.fullmatch(text.strip())
+    if not m:
+        return None
+    kind, mb = m[2], m[3]
+    if (kind in P2P or kind == ALL_TO_ALL) != bool(mb):
+        return None
+    return CommAction(kind, int(m[1]), int(mb) if mb else None)
+
+
+def describe(c: CommAction, rank: int) -> str:
+    """A transfer in words, without op codes: 'the reduce-scatter of stage 3 over fsdp'."""
+    if c.kind in P2P:
+        what = "activation" if c.kind in (SEND_F, RECV_F) else "gradient"
+        return f"micro-batch {c.mb}'s {what} of stage {c.stage} {'to' if c.kind in SENDS else 'from'} rank {c.peer}"
+    if c.kind == TIE_GRAD:
+        return f"the tied-weight all-reduce of stage {c.stage} with rank {c.peer}"
+    if c.kind == STEP_END:
+        return "the step-end all-reduce (gradient norm and loss) over every rank"
+    if c.kind == ALL_TO_ALL:
+        return f"micro-batch {c.mb}'s all-to-all of stage {c.stage} over ep"
+    if c.kind == RESHARD:
+        return f"the reshard of stage {c.stage}"
+    op = c.op or WORDS[c.kind]
+    return f"the {op} of stage {c.stage} over {c.group}"

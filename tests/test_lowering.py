@@ -1,0 +1,313 @@
+"""The lowering: communication as actions (stagewise/lowering), checked through its public functions."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from stagewise.costs import Costs
+from stagewise.lowering import FRAMEWORKS, LoweringOptions, Network, Sizes, lower
+from stagewise.lowering.check import check
+from stagewise.lowering.comms import CommAction, parse_comm
+from stagewise.lowering.play import simulate_lowered
+from stagewise.parallelism import Parallelism
+from stagewise.schedule import make
+from stagewise.schedules import FAMILIES, generate
+from stagewise.simulate import simulate
+from stagewise.timeline import metrics
+from stagewise.validate import ScheduleError
+
+LAYOUTS = [dict(), dict(fsdp=2), dict(dp=2), dict(dp=2, zero=1), dict(dp=2, fsdp=2), dict(ep=2),
+           dict(fsdp=2, reshard_after_forward=True)]
+
+
+def families(p, m):
+    for name, fam in FAMILIES.items():
+        try:
+            yield generate(name, p, m)
+        except Exception:  # noqa: BLE001 - a family that refuses these p, m
+            continue
+
+
+def test_lower_1f1b_fsdp_is_torchs_shape():
+    low = lower(generate("1f1b", 2, 2), Parallelism(pp=2, fsdp=2))
+    assert low.text(0) == "0UNSHARD 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 0REDUCE_GRAD 0RESHARD 0STEP_END"
+    assert low.text(1) == "1UNSHARD 1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 1REDUCE_GRAD 1RESHARD 1STEP_END"
+
+
+def test_receives_follow_the_senders_order():
+    """Interleaved: rank 1 takes its messages from rank 0 in rank 0's send order, even where it uses them later."""
+    low = check(lower(generate("interleaved-1f1b", 2, 4, 2), Parallelism(pp=2)))
+    sent = [a.key for a in low.programs[0] if type(a) is CommAction and a.kind.startswith("SEND")]
+    got = [a.key for a in low.programs[1] if type(a) is CommAction and a.kind.startswith("RECV")]
+    assert sent == got
+
+
+def test_overlap_rules_place_the_reduction():
+    s = generate("1f1b", 2, 4)
+    par = Parallelism(pp=2, dp=2, zero=1)
+    ds = lower(s, par, LoweringOptions(overlap=FRAMEWORKS["deepspeed"])).text(0).split()
+    mg = lower(s, par, LoweringOptions(overlap=FRAMEWORKS["megatron"])).programs[0]
+    assert ds[-4:] == ["0REDUCE_GRAD", "0UNSHARD", "0STEP_END"][-3:] or ds[-3:] == ["0REDUCE_GRAD", "0UNSHARD",
+                                                                                      "0STEP_END"]
+    assert [a for a in mg if type(a) is CommAction and a.kind == "REDUCE_GRAD"][0].during
+    assert str(mg[0]) == "0UNSHARD"  # megatron: the updated weights gathered ahead of the first forward
+
+
+def test_ties_and_experts():
+    low = lower(generate("1f1b", 4, 4), Parallelism(pp=4, ep=2), LoweringOptions(sizes=Sizes(tie=8, a2a=2)))
+    kinds = [a.kind for a in low.programs[0] if type(a) is CommAction]
+    assert "TIE_GRAD" in kinds and kinds.count("ALL_TO_ALL") == 8
+    assert [a.kind for a in low.programs[1] if type(a) is CommAction].count("TIE_GRAD") == 0
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 4), st.integers(0, 6), st.sampled_from(range(len(LAYOUTS))),
+       st.floats(0, 2, allow_nan=False))
+def test_free_communication_changes_nothing(p, extra, layout, latency):
+    """Every family, every layout: with every collective free the lowered play has engine.play's times."""
+    m = p + extra
+    for sched in families(p, m):
+        low = check(lower(sched, Parallelism(pp=p, **LAYOUTS[layout]), LoweringOptions(sizes=Sizes(tie=1.0))))
+        costs = Costs(latency=latency)
+        a, b = simulate(sched, costs), simulate_lowered(low, costs)
+        assert (a.starts, a.ends) == (b.starts, b.ends), sched.name
+        assert metrics(a).makespan == metrics(b).makespan
+
+
+def test_collectives_cost_and_are_exposed_or_hidden():
+    s = generate("1f1b", 4, 8)
+    net = Network(intra_bandwidth=4.0, inter_bandwidth=1.0, gpus_per_node=8)
+    par = Parallelism(pp=4, fsdp=2)
+    end = lambda rule: metrics(simulate_lowered(lower(s, par, LoweringOptions(  # noqa: E731
+        overlap=rule, sizes=Sizes(params=8.0), network=net, step_end=False))))
+    m = end(FRAMEWORKS["torchtitan"])
+    assert m.makespan > metrics(simulate(s)).makespan
+    rs = m.comm["REDUCE_GRAD"]
+    assert list(rs["time"]) == [pytest.approx(1 / 2 * 8 / 4)] * 4  # a ring reduce-scatter of 8 bytes over 2 at 4 B/t
+    assert sum(rs["exposed"]) < sum(rs["time"])  # the early ranks' reductions hide behind the drain
+    drain = end(FRAMEWORKS["deepspeed"])
+    assert drain.makespan >= m.makespan
+
+
+def test_contended_links_queue_sends():
+    s = generate("gpipe", 2, 4)
+    free = metrics(simulate(s, Costs(latency=0.0)))
+    low = lower(s, Parallelism(pp=2), LoweringOptions(sizes=Sizes(boundary=4.0)))
+    slow = metrics(simulate_lowered(low, Costs(bandwidth=2.0)))  # 2 t_f per message, back to back
+    assert slow.makespan > free.makespan
+    assert slow.comm["RECV_F"]["exposed"][1] > 0
+
+
+def _swap_recvs(low, rank):
+    prog = list(low.programs[rank])
+    ks = [k for k, a in enumerate(prog) if type(a) is CommAction and a.kind == "RECV_F"]
+    prog[ks[0]], prog[ks[1]] = prog[ks[1]], prog[ks[0]]
+    from dataclasses import replace
+
+    return replace(low, programs=tuple(tuple(p) if r != rank else tuple(prog) for r, p in enumerate(low.programs)))
+
+
+def test_validator_names_a_receive_out_of_order():
+    low = _swap_recvs(lower(generate("gpipe", 2, 2), Parallelism(pp=2)), 1)
+    with pytest.raises(ScheduleError, match="deadlock: receive order: rank 1 position 0 .1RECV_F1. is receive 0"):
+        check(low)
+
+
+def test_validator_names_a_use_before_gather_and_a_cycle():
+    from dataclasses import replace
+
+    low = lower(generate("1f1b", 2, 2), Parallelism(pp=2, fsdp=2))
+    no_gather = replace(low, programs=(low.programs[0][1:], low.programs[1]))
+    with pytest.raises(ScheduleError, match=r"rank 0 position 0 \(0F0\): uses stage 0 while it is not gathered"):
+        check(no_gather)
+    # two ranks whose first ops wait for each other: a cycle of receives
+    cyc = make("bad", [["0F0", "0B0"], ["1F0", "1B0"]], [0, 1], 1)
+    from stagewise.actions import parse
+
+    cyc = make("bad", [[parse("0B0"), parse("0F0")], [parse("1F0"), parse("1B0")]], [0, 1], 1)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        check(lower(cyc, Parallelism(pp=2)))
+
+
+def test_collective_order_mismatch_is_a_deadlock():
+    from dataclasses import replace
+
+    low = lower(generate("1f1b", 2, 2), Parallelism(pp=2, dp=2), LoweringOptions(sizes=Sizes(tie=4)))
+    prog = list(low.programs[1])
+    prog[-1], prog[-2] = prog[-2], prog[-1]  # rank 1: step end before the tie
+    bad = replace(low, programs=(low.programs[0], tuple(prog)))
+    with pytest.raises(ScheduleError, match=r"deadlock: wait cycle: rank 0 position 9 \(0TIE_GRAD\) waits for rank 1; "
+                       r"rank 1 position 9 \(1STEP_END\) waits for rank 0; back to rank 0"):
+        check(bad)
+
+
+def test_comm_text_round_trips():
+    for text in ("1SEND_F0", "2RECV_B13", "0UNSHARD", "3REDUCE_GRAD", "0RESHARD", "4ALL_TO_ALL2", "0TIE_GRAD"):
+        assert str(parse_comm(text)) == text
+    assert parse_comm("1SEND_F") is None and parse_comm("0UNSHARD3") is None
+
+
+# ---- torch's compute+comms CSV
+
+
+def test_compute_comms_csv_round_trips_and_plays():
+    from stagewise.lowering.torch_comms import dumps, loads
+
+    par = Parallelism(pp=2, fsdp=2)
+    for name, v in (("1f1b", None), ("interleaved-1f1b", 2), ("zb-v", None)):
+        low = lower(generate(name, 2, 4, v), par)
+        text = dumps(low)
+        back = check(loads(text, parallelism=par))
+        assert dumps(back) == text
+        assert simulate_lowered(back).starts == simulate(low.schedule).starts
+
+
+def test_compute_comms_csv_refuses_bad_cells():
+    from stagewise.lowering.torch_comms import loads
+
+    with pytest.raises(ScheduleError, match=r"row 1 \(rank 0\) column 2: not an action: '0SEND_X0'"):
+        loads("0F0,0SEND_X0\n1F0\n")
+    with pytest.raises(ScheduleError, match="no stage 2 to exchange with"):
+        loads("0F0,0B0\n1F0,1SEND_F0,1B0\n")
+
+
+def _torch_lowered(sched):
+    """torch's own passes (_add_unshard_reshard, _add_reduce_grad, _add_send_recv) on stagewise's programs."""
+    S = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from stagewise import torch_csv
+
+    rows = torch_csv.dumps(sched).strip().split("\n")
+    acts = {r: [S._Action.from_str(x) for x in row.split(",") if x] for r, row in enumerate(rows)}
+    acts = {r: S._add_reduce_grad(S._add_unshard_reshard(a), sched.microbatches) for r, a in acts.items()}
+    return S, S._add_send_recv(acts, stage_to_rank=lambda s: sched.placement[s], num_stages=sched.stages)
+
+
+@pytest.mark.parametrize("name,v", [("1f1b", None), ("interleaved-1f1b", 2), ("gpipe", None)])
+def test_torch_lowered_schedules_play_in_stagewise(name, v):
+    """torch's lowering, read as stagewise's: valid, and with free transfers the compute times are unchanged."""
+    from stagewise.lowering.torch_comms import dumps, loads
+
+    sched = generate(name, 4, 8, v)
+    S, lowered = _torch_lowered(sched)
+    text = "".join(",".join(str(a) for a in lowered[r]) + "\n" for r in sorted(lowered))
+    low = check(loads(text, parallelism=Parallelism(pp=4, fsdp=2)))
+    assert dumps(low) == text
+    assert simulate_lowered(low).starts == simulate(sched).starts
+
+
+@pytest.mark.parametrize("name,v", [("1f1b", None), ("interleaved-1f1b", 2), ("zb-h1", None)])
+def test_stagewise_lowering_passes_torchs_dry_run(name, v):
+    """stagewise's lowered programs, read by torch's parser, pass torch's own comms simulator (no hang)."""
+    S = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from stagewise.lowering.torch_comms import dumps
+
+    sched = generate(name, 4, 8, v)
+    rows = dumps(lower(sched, Parallelism(pp=4))).strip().split("\n")
+    acts = {r: [S._Action.from_str(x) for x in row.split(",")] for r, row in enumerate(rows)}
+    S._simulate_comms_compute(acts, lambda s: sched.placement[s], sched.stages)
+
+
+# ---- explain names the transfer a gap waits on
+
+
+def _lowered_timeline(name="1f1b", p=2, m=4, **par):
+    from stagewise.lowering import Communication
+
+    comm = Communication(parallelism=Parallelism(**par), options=LoweringOptions(
+        sizes=Sizes(params=8.0), network=Network(intra_bandwidth=1.0)))
+    return simulate(generate(name, p, m), Costs(comm=comm))
+
+
+def test_explain_names_the_gather_and_the_reduction():
+    import re
+
+    from stagewise import causes
+    from stagewise.explain import explain, idle_by_cause
+
+    tl = _lowered_timeline(fsdp=2)
+    gaps = explain(tl)
+    first = gaps[0]
+    assert first.cause == "collective" and first.before == (0, 0)
+    assert first.text == ("rank 0 idle 0..4 (4): 0F0 waits for the all-gather of stage 0 over fsdp on rank 0, in "
+                          "flight from 0 to 4: collective")
+    last = [g for g in gaps if g.rank == 1][-1]
+    assert last.cause == "collective" and last.before is None and "step-end all-reduce" in last.text
+    assert abs(sum(idle_by_cause(gaps).values()) - sum(metrics(tl).idle)) < 1e-9
+    for g in gaps:
+        assert not re.search(r"\d+[FBIW]\d+", causes.plain(g, tl))
+
+
+def test_explain_cli_prints_the_collective(capsys):
+    from cli_helpers import run
+
+    rc, out, _ = run(capsys, "explain", "1f1b", "-p", "2", "-m", "4", "--fsdp", "2", "--param-bytes", "8",
+                     "--intra-bandwidth", "1", "--json")
+    import json
+
+    gaps = json.loads(out)["gaps"]
+    assert rc == 0 and gaps[0]["cause"] == "collective" and gaps[0]["comm"] == {
+        "action": "0UNSHARD", "rank": 0, "start": 0.0, "end": 4.0}
+    assert gaps[0]["label"] == "a collective in flight"
+
+
+def test_hsdp_reduces_over_fsdp_then_dp_and_nodes_set_the_link():
+    s = generate("1f1b", 2, 4)
+    net = Network(intra_bandwidth=4.0, inter_bandwidth=1.0, gpus_per_node=4)
+    low = lower(s, Parallelism(pp=2, dp=2, fsdp=2), LoweringOptions(sizes=Sizes(params=8.0), network=net))
+    (rg,) = [a for a in low.programs[0] if type(a) is CommAction and a.kind == "REDUCE_GRAD"]
+    assert rg.group == "hsdp" and rg.op == "reduce-scatter+all-reduce"
+    # fsdp pairs ranks 0 and 2 (one node of 4), dp pairs 0 and 4 (two nodes): 1/2 x 8 / 4, then 2 x 1/2 x 4 / 1
+    assert low.duration(0, rg) == pytest.approx(1.0 + 4.0)
+
+
+def test_expert_bytes_give_the_all_to_all_time_the_cost_model_takes():
+    """ep with dispatch bytes: each F and B pays the all-to-all Network prices, exactly as --a2a would."""
+    s = generate("dualpipe-v", 4, 8)
+    low = lower(s, Parallelism(pp=4, ep=4), LoweringOptions(sizes=Sizes(a2a=2.0), network=Network(inter_bandwidth=4.0)))
+    assert not low.inside(low.global_ranks(0, "ep"))  # ranks 0, 4, 8, 12: two nodes of 8
+    assert sum(type(a) is CommAction and a.kind == "ALL_TO_ALL" for a in low.programs[0]) == 2 * 2 * 8
+    by_bytes = simulate_lowered(low)
+    by_time = simulate(s, Costs(a2a=1.0))  # dispatch + combine: 2 x 2 bytes at 4 per t_f
+    assert by_bytes.starts == by_time.starts and metrics(by_bytes).a2a == metrics(by_time).a2a
+
+
+@pytest.mark.parametrize("name,v", [("1f1b", None), ("interleaved-1f1b", 2)])
+def test_torchs_runtime_loads_a_compute_comms_csv_as_written(tmp_path, name, v):
+    """_PipelineScheduleRuntime._load_csv(FILE, "compute_comms") reads `export --comms`'s file action for action."""
+    pytest.importorskip("torch")
+    from unittest import mock
+
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    from stagewise.lowering.torch_comms import dump
+
+    sched = generate(name, 2, 4, v)
+    path = tmp_path / "c.csv"
+    dump(lower(sched, Parallelism(pp=2, fsdp=2)), path)
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, 2, None, sched.stages
+    runtime = _PipelineScheduleRuntime([stage] * sched.chunks, 4)
+    runtime._load_csv(str(path), format="compute_comms")
+    rows = path.read_text().strip().split("\n")
+    assert [",".join(map(str, runtime.pipeline_order_with_comms[r])) for r in range(2)] == rows
+
+
+def test_the_planners_framework_rules_are_the_lowerings():
+    """plan/cluster/overlap.py costs a cluster plan under the rules the lowering places transfers by."""
+    from stagewise.plan.cluster.overlap import FRAMEWORKS as PLANNED
+
+    for name, rule in FRAMEWORKS.items():
+        f = PLANNED[name]
+        assert (f.reduce, f.gather, f.fsdp_reduce, f.fsdp_gather, f.blocking_p2p) == \
+            (rule.reduce, rule.gather, rule.fsdp_reduce, rule.fsdp_gather, rule.blocking_p2p), name
+
+
+def test_deepspeeds_blocking_sends_hold_the_sender():
+    s = generate("1f1b", 4, 8)
+    costs = Costs(latency=0.5)
+    plain = lower(s, Parallelism(pp=4))
+    blocking = lower(s, Parallelism(pp=4), LoweringOptions(overlap=FRAMEWORKS["deepspeed"]))
+    a, b = simulate_lowered(plain, costs), simulate_lowered(blocking, costs)
+    assert a.starts == simulate(s, costs).starts
+    assert metrics(b).makespan > metrics(a).makespan
+    assert simulate_lowered(blocking).starts == simulate(s).starts  # free links: nothing to wait for
