@@ -36,3 +36,15 @@ def test_a_missed_claim_says_why_it_may_have_missed():
 
 def test_the_examples_in_the_docstrings_run():
     assert doctest.testmod(demo).failed == 0
+
+
+def test_with_predicted_steps_the_second_claim_is_the_predicted_order():
+    """Fed the ops' measured costs, the simulator may predict ZB-H1 longer (a split backward costing more than a
+    fused one on a CPU): the claim is then that it measured longer too."""
+    runs = [result("1f1b", 0.21, 0.20, (1, 0.3, 0.3)), result("zb-h1", 0.09, 0.08, (1, 0.33, 0.33))]
+    held = demo.verdict(runs, cores=2, ranks=2, load=0.2, predicted={"1f1b": 10.0, "zb-h1": 11.0})
+    assert held[1] == ("zb-h1's step against 1f1b's, in the predicted order: held (measured 1.10x: 330.0 ms against "
+                       "300.0 ms, the median of steps 2..3; predicted 1.10x from the ops' measured costs, zb-h1 "
+                       "longer here)") and len(held) == 2
+    missed = demo.verdict(runs, cores=2, ranks=2, load=0.2, predicted={"1f1b": 10.0, "zb-h1": 9.0})
+    assert ": missed (measured 1.10x" in missed[1] and missed[2].startswith("why a claim missed")

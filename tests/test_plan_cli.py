@@ -121,3 +121,22 @@ def test_plan_auto_adds_auto_rows_never_slower_than_their_config(prof, tmp_path,
         same = [r for r in ranking if r["family"] != "auto" and r["v"] == 1 and r["counts"] == a["counts"]
                 and all(r[k] == a[k] for k in ("p", "dp", "m", "micro_batch_size", "recompute"))]
         assert same and a["step_time"] <= min(r["step_time"] for r in same) + 1e-12
+
+
+def test_plan_failure_rate_shows_the_work_lost_and_suggests_an_interval(prof, tmp_path, capsys):
+    from stagewise.plan.failures import daly, young
+
+    code, out, _ = plan(capsys, "--profile", prof, "-N", 4, "-G", 16, "-o", tmp_path / "x.csv", "--schedules",
+                        "1f1b", "--failure-rate", "0.01", "--checkpoint-interval", "60", "--write-bandwidth",
+                        "100MB/s", "--restart-time", "30", "--json")
+    assert code == 0
+    res = json.loads(out)
+    f = res["failures"]
+    assert f["mtbf_s"] == 86400 / (0.01 * 4) and f["interval_s"] == 60
+    assert f["write_s"] == f["checkpoint_bytes"] / (res["best"]["p"] * 100e6)  # the p ranks write in parallel
+    assert f["lost_per_failure_s"] == (60 + f["write_s"]) / 2 + 30
+    assert f["daly_s"] == daly(f["write_s"], f["mtbf_s"]) < young(f["write_s"], f["mtbf_s"]) == f["young_s"]
+    assert f"--save-every {f['interval_steps']} --save-on-signal --max-restarts" in res["train"]
+    code, out, _ = plan(capsys, "--profile", prof, "-N", 4, "-G", 16, "-o", tmp_path / "x.csv", "--schedules",
+                        "1f1b", "--failure-rate", "0.01")
+    assert "a failure loses" in out and "suggested interval" in out and "(Daly; Young" in out

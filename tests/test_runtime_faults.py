@@ -58,6 +58,15 @@ def test_fault_text_parses_and_bad_text_names_the_rule():
             parse_fault(text)
 
 
+def test_a_fault_fires_once_per_run_not_in_a_restarted_torchrun_worker(monkeypatch):
+    from stagewise.runtime.resilience.faults import injector_for
+
+    assert parse_fault("lose:rank=3:action=1F0:step=3").how == "lose" and parse_fault("term:rank=0:action=0F0")
+    assert injector_for("lose:rank=3:action=1F0:step=3", 3).fault.rank == 3
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun's --max-restarts started this worker again
+    assert injector_for("lose:rank=3:action=1F0:step=3", 3) is None
+
+
 def test_a_fault_must_name_an_action_of_its_rank_before_any_rank_starts():
     with pytest.raises(RunError, match=r"rank 0 of 1f1b \(p=2, 2 ranks\) does not run 1F0"):
         train(dataclasses.replace(BASE, fault="exit:rank=0:action=1F0"))

@@ -24,7 +24,8 @@ FLAGS = {
     "steps": "--steps", "batch": "--batch", "lr": "--lr", "optimizer": "--optimizer", "clip": "--clip",
     "timeout": "--timeout", "threads": "--threads", "save": "--save", "save_every": "--save-every",
     "resume": "--resume", "overwrite": "--overwrite", "skip_nonfinite": "--skip-nonfinite",
-    "nonfinite": "--skip-nonfinite",
+    "nonfinite": "--skip-nonfinite", "save_on_signal": "--save-on-signal", "max_restarts": "--max-restarts",
+    "elastic": "--elastic",
     # the built-in GPT (GPTConfig)
     "layers_n": "--layers", "d_model": "--d-model", "heads": "--heads", "seq": "--seq", "vocab": "--vocab",
     "dtype": "--dtype", "data": "--data", "seed": "--seed",

@@ -29,7 +29,7 @@ def _description() -> str:
 
 
 def register(sub) -> None:
-    from . import plan_auto, plan_cluster, plan_profile
+    from . import plan_auto, plan_cluster, plan_failures, plan_profile
 
     plan_profile.register(sub)
     p = sub.add_parser(
@@ -74,6 +74,7 @@ def register(sub) -> None:
                    help="verified runs alternate in this many rounds, default 2")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (with --model: as -o plan.json writes it)")
     plan_cluster.add_options(p)
+    plan_failures.add_options(p)
     p.set_defaults(func=cmd_plan)
     plan_auto.register(sub)
 
@@ -145,7 +146,14 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
         torch_csv.dump(best.schedule, out.csv)
     except OSError as e:
         raise UsageError(f"-o {out.csv}: cannot write: {e.strerror}") from None
+    from . import plan_failures
+
+    faults = plan_failures.cost(args, prof, best)
     command = train_command(best, prof, out.csv if csv_ok else None, args.global_batch)
+    if faults is not None:  # the suggested interval, as the run's options (before the command's comment)
+        run, sep, note = command.partition("   #")
+        command = f"{run} --save ckpt --save-every {faults.interval_steps} --save-on-signal --max-restarts 3" + \
+            (sep + note if sep else "")
     verified = None
     if args.verify is not None:
         from ..runtime.profiling.verify import verify
@@ -154,6 +162,8 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
                           log=None if args.json else print)
     result = {"searched": len(cands), "seconds": elapsed, "best": best.to_dict(), "why": why(cands),
               "csv": out.csv, "train": command, "ranking": [c.to_dict() for c in cands], "verify": verified}
+    if faults is not None:
+        result["failures"] = faults.to_dict()
     plan = local_plan(argv=out.argv, profile=prof, cluster=cluster, result=result, top=args.top)
     out.write(plan, local_markdown(plan, table(cands, prof.symbols, args.top)))
     if args.json:
@@ -168,6 +178,8 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
     if out.plan:
         print(f"wrote {out.plan} (the plan: inputs, assumptions, results and the command; stagewise "
               f"{plan['stagewise']})")
+    for line in plan_failures.lines(faults):
+        print(line)
     print(f"run it: {command}")
     if verified:
         from ..runtime.profiling.verify import verify_table

@@ -99,6 +99,8 @@ def run(args) -> int:
     from ..plan.cluster import cluster_why
     from .planning import ProgressBar, destinations
 
+    if getattr(args, "failure_rate", None) is not None:
+        raise UsageError("--failure-rate costs a plan from a measured --profile; with --model it is not costed yet")
     job = _job(args)
     out = destinations(args)  # before the search: a bad destination costs nothing
     schedules: dict = {}

@@ -132,6 +132,8 @@ def cmd_train(args) -> int:
         raise UsageError("stagewise train needs torch: pip install 'stagewise[torch]'") from None
     from ..runtime import RankFailure, train
     from ..runtime.launching.launch import Stopped
+    from ..runtime.resilience.preempt import Preempted
+    from .flags import say
     from ..runtime.launching.groups import is_torchrun
 
     if args.trace:
@@ -144,13 +146,17 @@ def cmd_train(args) -> int:
         speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
+    except Preempted as e:  # --save-on-signal: every rank saved the step it finished
+        sys.stderr.write(f"stagewise train: stopped by SIGTERM after step {e.step}: saved {e.folder}; resume "
+                         f"with --resume {args.save}\n")
+        return e.code
     except Stopped as e:  # SIGTERM/SIGHUP: every rank is stopped; the conventional status
         sys.stderr.write(f"stagewise train: stopped by {e.name}; every rank stopped\n")
         return e.code
     except RankFailure as e:
         if e.user:
             raise UsageError(str(e)) from None
-        sys.stderr.write(f"stagewise train: error: {e}\n")
+        sys.stderr.write(f"stagewise train: error: {say(str(e))}\n")  # a restart's reason names options
         if e.flight:
             sys.stderr.write(e.flight + "\n")
         return 1

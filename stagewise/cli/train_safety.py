@@ -7,6 +7,7 @@ The test-only fault (``stagewise.runtime.resilience.faults``) comes from the
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 
@@ -29,6 +30,15 @@ def add_args(p) -> None:
     g.add_argument("--resume", metavar="DIR", default=None,
                    help="continue from a checkpoint: a --save DIR (its newest complete step) or one step folder; "
                    "any schedule, -p, -v, --dp, --fsdp or --tp; --steps counts from the start")
+    g.add_argument("--save-on-signal", metavar="GRACE", type=_grace, nargs="?", const=30.0, default=None,
+                   help="on SIGTERM (a preemption notice) finish the step, write a checkpoint into --save within GRACE "
+                   "seconds (default 30), exit 143; a second SIGTERM stops at once")
+    g.add_argument("--max-restarts", metavar="N", type=_count, default=0,
+                   help="when a rank dies, errs or hangs past --timeout, restart every rank from the last complete "
+                   "checkpoint of --save, up to N times (default 0)")
+    g.add_argument("--elastic", metavar="MIN:MAX", type=_range, default=None,
+                   help="with --max-restarts: a restart on fewer ranks (>= MIN) re-plans the layout (fewer dp "
+                   "replicas first, else fewer stages), keeps the global batch, and reshards the checkpoint into it")
     g.add_argument("--skip-nonfinite", action="store_true",
                    help="on a nan/inf loss skip that step's update on every rank and go on (default: stop)")
 
@@ -36,7 +46,8 @@ def add_args(p) -> None:
 def apply(cfg, args):
     """``cfg`` with the options above (and the test fault from the environment)."""
     return dataclasses.replace(cfg, save=args.save, save_every=args.save_every, resume=args.resume,
-                               overwrite=args.overwrite,
+                               overwrite=args.overwrite, save_on_signal=args.save_on_signal,
+                               max_restarts=args.max_restarts, elastic=args.elastic,
                                skip_nonfinite=args.skip_nonfinite, fault=os.environ.get(FAULT_ENV) or None)
 
 
@@ -54,7 +65,34 @@ def lines(res) -> list[str]:
         out.append(f"resumed from {ck['resumed_from']} after step {ck['resumed_step']}{rng}")
     for folder, seconds in zip(ck.get("saved", []), ck.get("save_s", [])):
         out.append(f"saved {folder} ({seconds * 1e3:.0f} ms)")
+    for r in res.restarts or ():
+        out.append(f"restart {r['attempt']} after step {r['failed_after_step']}: resumed at step {r['resumed_step']} "
+                   f"({r['lost_steps']} lost) on {r['new_layout']['text']}" + (
+                       f", {r['time_lost_s']:.2f} s lost" if r.get("time_lost_s") is not None else ""))
     for s in res.skipped_steps or ():
         at = f" at {s['where']}" if s["where"] else ""
         out.append(f"skipped the update of step {s['step']}: loss {s['loss']}{at}")
     return out
+
+
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the grace must be a number of seconds > 0; got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0; got {text!r}")
+    return int(text)
+
+
+def _range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    if not (sep and low.isdigit() and high.isdigit()) or not 1 <= int(low) <= int(high):
+        raise argparse.ArgumentTypeError(f"must be MIN:MAX ranks, 1 <= MIN <= MAX (e.g. 2:4); got {text!r}")
+    return int(low), int(high)

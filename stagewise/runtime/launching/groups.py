@@ -29,6 +29,21 @@ STARTUP_ENV = "STAGEWISE_STARTUP_S"
 _state = {"step_timeout": None, "meetings": 0}  #: the timeout ``settle`` restores; pipelines met so far
 
 
+def torchrun_attempt_store(timeout: timedelta):
+    """Under torchrun's restarts (``--max-restarts``): a client of torchrun's agent store whose keys are this
+    attempt's own (``stagewise/attempt-N``), else None (``env://`` then). The agent's store outlives a failed
+    attempt, and ``env://`` reuses its keys as they are: a restarted rank can read a dead peer's address and
+    find it refused (gloo's "connectFullMesh failed ... Connection refused", two restarts in three here)."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                          False, timeout=timeout)
+    return dist.PrefixStore(f"stagewise/attempt-{attempt}", store)
+
+
 def startup_s(timeout_s: float = 0.0) -> float:
     """Seconds the ranks may take to meet: ``STAGEWISE_STARTUP_S`` (default 300), at least ``timeout_s``."""
     from ..run.config import RunError

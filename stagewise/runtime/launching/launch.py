@@ -44,6 +44,7 @@ from typing import Callable, NoReturn, Sequence
 
 from ...errors import StagewiseError
 from ..resilience import flight
+from ..resilience.preempt import Preempted
 from .groups import Rendezvous
 
 
@@ -55,6 +56,8 @@ class RankFailure(RuntimeError):
         self.user = user
         self.ranks = ranks  #: the failed ranks
         self.flight = flight  #: the flight recorders' last events (flight.dump), to print after the message
+        self.exit_codes: dict[int, int | None] = {}  #: every rank's exit status once stopped (local launch)
+        self.last_event: dict[int, float] = {}  #: rank -> time.time() of its flight recorder's last event
 
 
 class Stopped(SystemExit):
@@ -66,13 +69,15 @@ class Stopped(SystemExit):
         self.name = signal.Signals(signum).name
 
 
-def spawn(jobs: Sequence, world: int, target: Callable, *, timeout: float, report: Callable | None = None) -> list:
+def spawn(jobs: Sequence, world: int, target: Callable, *, timeout: float, report: Callable | None = None,
+          grace: float | None = None) -> list:
     """Start ``world`` ranks running ``target``, stream their progress, and stop them all at the first failure.
 
     ``target(rank, world, port, jobs, q, timeout, box, lifeline)`` is a module-level function (the rank's main:
     it joins the rendezvous on ``port``, runs ``jobs`` and reports on ``q``; ``box`` holds the flight recorders).
     Returns rank 0's results. The ranks end with this process however it ends (module docstring); SIGTERM or
-    SIGHUP raises ``Stopped`` once every rank is stopped.
+    SIGHUP raises ``Stopped`` once every rank is stopped. With ``grace`` (``--save-on-signal``) the first SIGTERM
+    is forwarded to the ranks instead, which save and report ``preempted``: ``Preempted`` is raised (preempt.py).
     """
     ctx = _mp_context()
     q = ctx.Queue()
@@ -81,7 +86,7 @@ def spawn(jobs: Sequence, world: int, target: Callable, *, timeout: float, repor
     lifeline, held = ctx.Pipe(duplex=False)  # each rank gets the read end; the write end never leaves here
     procs = [ctx.Process(target=target, args=(r, world, meeting.port, list(jobs), q, timeout, box, lifeline),
                          daemon=True, name=f"stagewise-rank{r}") for r in range(world)]
-    with _stop_on_signals():
+    with _stop_on_signals(procs if grace is not None else None) as signals:
         try:
             for p in procs:
                 p.start()
@@ -89,12 +94,17 @@ def spawn(jobs: Sequence, world: int, target: Callable, *, timeout: float, repor
             _reap(procs)
             return results
         except RankFailure as e:
-            _stop(procs)  # the survivors' records are final once they are gone
+            _stop(procs, kill=grace is not None)  # the survivors' records are final once they are gone
+            e.exit_codes = {r: p.exitcode for r, p in enumerate(procs)}
             if not e.user:
-                e.flight = flight.dump({r: flight.read(flight.rank_file(box, r)) for r in range(world)}, e.ranks)
+                records = {r: flight.read(flight.rank_file(box, r)) for r in range(world)}
+                e.flight = flight.dump(records, e.ranks)
+                e.last_event = {r: es[-1].time for r, es in records.items() if es}
+            if signals.noticed:  # ranks the notice's grace ended: the run was stopped, not broken
+                raise Stopped(signals.noticed) from e
             raise
         finally:
-            _stop(procs)
+            _stop(procs, kill=grace is not None)
             held.close()
             lifeline.close()
             meeting.close()
@@ -106,9 +116,15 @@ class _stop_on_signals:
 
     A second signal while stopping is ignored (the stop is bounded: ``_stop`` kills after 5 s). Outside the
     main thread Python cannot set handlers; the ranks then still end with this process (their lifeline).
+    Given the ``forward_to`` processes (``--save-on-signal``), the first SIGTERM is sent on to them, which save
+    and report; a second one stops them at once.
     """
 
     SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+    def __init__(self, forward_to=None):
+        self.forward_to = forward_to
+        self.noticed = 0  # the signal forwarded (0: none)
 
     def __enter__(self):
         self.old = {}
@@ -117,6 +133,12 @@ class _stop_on_signals:
         return self
 
     def _raise(self, signum, frame):
+        if self.forward_to is not None and signum == signal.SIGTERM and not self.noticed:
+            self.noticed = signum
+            for p in self.forward_to:
+                if p.pid is not None and p.exitcode is None:
+                    os.kill(p.pid, signum)
+            return
         for s in self.SIGNALS:
             signal.signal(s, lambda *_: None)
         raise Stopped(signum)
@@ -176,6 +198,8 @@ def _watch(procs, q, report, box: str | None = None) -> list:
                 report(*rest)
             elif kind == "done":
                 done[rank] = rest[0]
+            elif kind == "preempted":  # (steps done, the checkpoint's folder): every rank saved
+                done[rank] = Preempted(*rest)
             elif kind == "error":
                 errors[rank] = rest
         else:  # the queue is drained: a rank that has exited sent all it ever will
@@ -191,6 +215,8 @@ def _watch(procs, q, report, box: str | None = None) -> list:
             deadline = deadline or time.monotonic() + 0.5
             if time.monotonic() >= deadline:
                 raise _failure(errors, len(procs), box)
+    if isinstance(done[0], Preempted):
+        raise done[0]
     return _merge([done[r] for r in range(len(procs))])
 
 
@@ -251,10 +277,12 @@ def _signal_name(code: int) -> str:
         return ""
 
 
-def _stop(procs) -> None:
+def _stop(procs, kill: bool = False) -> None:
+    """End every rank: SIGTERM, SIGKILL after 5 s (``kill``: at once; a rank that saves on SIGTERM would
+    take the signal for a notice)."""
     for p in procs:
         if p.is_alive():
-            p.terminate()
+            p.kill() if kill else p.terminate()
     for p in procs:
         p.join(timeout=5)
         if p.is_alive():

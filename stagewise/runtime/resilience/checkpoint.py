@@ -60,21 +60,26 @@ class Checkpoints:
 
     def restore(self) -> int:
         """Load ``cfg.resume`` into this rank's parameters and optimizer; the number of steps already done."""
+        started, t0 = time.time(), time.perf_counter()
         found = files.find(self.cfg.resume)
         folder, m = found.folder, found.manifest
         self._check_compatible(folder, m)
         self.run_id = m["run"]["id"]
+        reshard = 0.0  # DCP's read of the shards into this layout; the rest is the load (manifest, hashes, RNG)
         if m["format"] == manifests.LAYERS_FORMAT:
             checkpoint_layers.restore(folder, m, self.pipe, self.optimizer)
         else:
             self._verify_share(folder, m)
+            t1 = time.perf_counter()
             load(folder, m, self.pipe, self.optimizer)
+            reshard = time.perf_counter() - t1
         rng = m["layout"] == self.layout_key and self.world == m["world"]
         if rng:
             data = files.read_verified(folder, files.rng_file(self.rank), m)
             set_rng_state(torch.load(io.BytesIO(data), weights_only=True), self.device)
         self.info.update(resumed_from=str(folder), resumed_step=m["step"], rng_restored=rng,
-                         skipped=list(found.skipped))
+                         skipped=list(found.skipped), restore_started_at=started,
+                         restore_s={"load": time.perf_counter() - t0 - reshard, "reshard": reshard})
         return m["step"]
 
     def _check_compatible(self, folder, m: dict) -> None:

@@ -7,7 +7,13 @@ command-line option. The text is ``HOW:rank=R:action=OP[:step=K]``:
 - ``exit``: the rank dies at once (``os._exit(3)``: no message, no clean-up), as in a crash;
 - ``raise``: the rank raises ``InjectedFault``;
 - ``hang``: the rank stops making progress (sleeps an hour); its peers time out after ``--timeout``;
-- ``nan``: the loss of the op's micro-batch becomes NaN (OP must be the F of a lane's last stage).
+- ``nan``: the loss of the op's micro-batch becomes NaN (OP must be the F of a lane's last stage);
+- ``lose``: the rank dies as with ``exit`` (``os._exit(4)``) and its slot is gone for good: a restarted local
+  run (``--max-restarts``) gets one rank fewer, so an ``--elastic`` run shrinks (restart.py);
+- ``term``: a preemption notice: the rank sends itself SIGTERM (``--save-on-signal``: preempt.py).
+
+A fault fires once per run, not again in a restarted attempt: the local restart loop drops it, and under
+torchrun a restarted worker (``TORCHELASTIC_RESTART_COUNT`` > 0) has none.
 
 The fault fires when rank R starts the op containing action OP (``1F3``) in
 step K (1-based, as printed: ``step 2/4``; default 1), before the op's receives.
@@ -23,10 +29,11 @@ from dataclasses import dataclass
 from ...actions import Action, ParseError, actions_of, parse
 from ..run.config import RunError
 
-HOWS = ("exit", "raise", "hang", "nan")
+HOWS = ("exit", "raise", "hang", "nan", "lose", "term")
 EXIT_CODE = 3
+LOST_CODE = 4  #: the exit status of a ``lose`` fault: the launcher takes that rank's slot away
 ENV = "STAGEWISE_FAULT"
-_FORM = "HOW:rank=R:action=OP[:step=K], HOW one of exit, raise, hang, nan (e.g. exit:rank=1:action=1F3:step=2)"
+_FORM = "HOW:rank=R:action=OP[:step=K], HOW one of " + ", ".join(HOWS) + " (e.g. exit:rank=1:action=1F3:step=2)"
 
 
 class InjectedFault(RuntimeError):
@@ -94,8 +101,13 @@ class Injector:
         self.poison = False
         if step != f.step or f.action not in actions_of(op):
             return
-        if f.how == "exit":
-            os._exit(EXIT_CODE)
+        if f.how in ("exit", "lose"):
+            os._exit(EXIT_CODE if f.how == "exit" else LOST_CODE)
+        if f.how == "term":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by preempt.Notice at the next bytecode
+            return
         if f.how == "raise":
             raise InjectedFault(f"injected on purpose at {f.action} (step {step})")
         if f.how == "hang":
@@ -114,7 +126,7 @@ class Injector:
 
 def injector_for(text: str | None, rank: int) -> Injector | None:
     """The injector of ``rank`` for the fault ``text`` (None when it targets another rank or there is none)."""
-    if not text:
+    if not text or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:  # once per run
         return None
     fault = parse_fault(text)
     return Injector(fault) if fault.rank == rank else None

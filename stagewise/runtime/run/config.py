@@ -124,6 +124,9 @@ class RunConfig:
     resume: str | None = None  #: continue from this checkpoint (a --save folder: its newest complete one)
     overwrite: bool = False  #: let ``save`` replace another run's checkpoints (deleted at the first save)
     skip_nonfinite: bool = False  #: a nan/inf loss skips that step's update on every rank instead of stopping
+    save_on_signal: float | None = None  #: SIGTERM: finish the step, save within this many seconds, exit 143
+    max_restarts: int = 0  #: a failed rank restarts every rank from the last complete checkpoint, this often
+    elastic: tuple[int, int] | None = None  #: (MIN, MAX) ranks: a restart on fewer re-plans the layout
     fault: str | None = None  #: tests only: a rank fails on purpose, e.g. "exit:rank=1:action=1F3" (faults.py)
 
     # ---- the layout's degrees, read from ``parallelism`` (one home)
@@ -252,10 +255,32 @@ class RunConfig:
         unpipelined reference may resume a checkpoint (any layout's), not save one."""
         if self.save_every is not None:
             check_count("`save_every`", self.save_every, 1)
+        self._check_restarts()
         if not self.pipelined and self.save:
             raise RunError("`save` needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
                            "keeps no checkpoints (it resumes them: `resume`)")
 
+    def _check_restarts(self) -> None:
+        """`save_on_signal`, `max_restarts`, `elastic` (run/restart.py, resilience/preempt.py)."""
+        if self.save_on_signal is not None:
+            check_positive_number("`save_on_signal`", self.save_on_signal)
+            if not self.save:
+                raise RunError("`save_on_signal` writes a checkpoint when a stop notice comes: it needs `save`")
+        check_count("`max_restarts`", self.max_restarts, 0)
+        if self.elastic is None:
+            return
+        try:
+            low, high = self.elastic
+        except (TypeError, ValueError):
+            raise RunError(f"`elastic` must be MIN:MAX ranks; got {self.elastic!r}") from None
+        check_count("`elastic` MIN", low, 1)
+        check_count("`elastic` MAX", high, low)
+        if not low <= self.world <= high:
+            raise RunError(f"`elastic` {low}:{high}: the run starts on {self.world} ranks, outside MIN:MAX; give a "
+                           f"range that holds {self.world}")
+        if self.max_restarts < 1:
+            raise RunError(f"`elastic` {low}:{high} re-plans the layout when a restart finds fewer ranks: give "
+                           "`max_restarts` >= 1")
 
 _DEGREES = {"ranks": "pp", **{f.name: f.name for f in fields(Parallelism) if f.name != "pp"}}
 _fields_init = RunConfig.__init__

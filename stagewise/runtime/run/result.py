@@ -55,6 +55,9 @@ class RunResult:
     skipped_steps: tuple[dict, ...] | None = None  #: steps whose update --skip-nonfinite skipped
     layers_built: tuple[tuple[int, ...], ...] | None = None  #: per rank, the model layers it built (its own only)
     read_bytes: tuple[int, ...] | None = None  #: per rank, bytes of weights read from a model folder (HF)
+    #: a --max-restarts run's transitions, one per restart: the step, what was lost, the old and new layout and
+    #: the time from the death to the first step after it (restart.py)
+    restarts: tuple[dict, ...] | None = None
     grads: Copies | None = None  #: collect="grads": after step 1
     params: Copies | None = None  #: collect="params": at the end
 
@@ -101,6 +104,8 @@ class RunResult:
             out["layers_built_per_rank"] = [list(b) for b in self.layers_built]
         if self.read_bytes is not None:
             out["read_bytes_per_rank"] = list(self.read_bytes)
+        if self.restarts is not None:
+            out["restarts"] = list(self.restarts)
         return out
 
     def with_copies(self, grads: Copies | None, params: Copies | None) -> "RunResult":

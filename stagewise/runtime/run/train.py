@@ -13,6 +13,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from datetime import timedelta
 from typing import Callable, Sequence
@@ -23,6 +24,7 @@ from ..launching import launch
 from ..launching.launch import RankFailure, _is_echo, describe, die_with_launcher, fail_to_launcher, is_user_error
 from ..launching.launch import parent_death_signal
 from ..resilience import flight
+from ..resilience.preempt import Preempted
 from .config import RunConfig, RunError
 from .result import RunResult
 
@@ -56,6 +58,19 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
         return [run_reference(cfgs[0], _job_report(report, 0))]
     if groups.is_torchrun():
         return _as_torchrun_rank(cfgs, report)
+    if any(c.max_restarts for c in cfgs):
+        if len(cfgs) != 1:
+            raise RunError("`max_restarts` restarts one run; give it to a config run alone")
+        from . import restart
+
+        cfgs[0].check()
+        return [restart.run(cfgs[0], lambda c, rep: _launch([c], rep, preflight)[0], report,
+                            lambda line: sys.stderr.write(f"stagewise: {line}\n"))]
+    return _launch(cfgs, report, preflight)
+
+
+def _launch(cfgs: Sequence[RunConfig], report, preflight: bool) -> list[RunResult]:
+    """One local launch of pipelined configs on the same ranks."""
     from .worker import preflight as check
 
     worlds = {check(c).ranks * (c.world // c.ranks) if preflight else c.world for c in cfgs}
@@ -70,7 +85,8 @@ def train_many(cfgs: Sequence[RunConfig], report: Callable | None = None, *, pre
 
     for c in cfgs:  # a model config from a script on stdin would kill every rank without a message
         check_importable(type(c.model), f"the model config {type(c.model).__name__}")
-    return launch.spawn(cfgs, world, _rank_main, timeout=max(c.timeout for c in cfgs), report=report)
+    grace = max((c.save_on_signal for c in cfgs if c.save_on_signal is not None), default=None)
+    return launch.spawn(cfgs, world, _rank_main, timeout=max(c.timeout for c in cfgs), report=report, grace=grace)
 
 
 def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeout: float,
@@ -85,6 +101,9 @@ def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeo
         results = _run_jobs(rank, world, "gloo", cfgs, lambda *a: q.put(("step", rank, *a)),  # rank 0 reports
                             flight_path=path)
         q.put(("done", rank, results))
+        groups.close_groups()
+    except Preempted as e:  # every rank saved after a stop notice
+        q.put(("preempted", rank, e.step, e.folder))
         groups.close_groups()
     except BaseException as e:  # noqa: BLE001 - every failure goes to the launcher
         fail_to_launcher(q, rank, e)
@@ -117,11 +136,18 @@ def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
 
     rank, world = groups.torchrun_env()
     parent_death_signal(signal.SIGKILL)  # torchrun forwards SIGTERM itself; a SIGKILLed torchrun would orphan us
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:  # torchrun's --max-restarts restarted us
+        from .restart import torchrun_attempt
+
+        cfgs = [torchrun_attempt(c, world) for c in cfgs]
     for c in cfgs:
         check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
     backend = groups.default_backend()
     _set_threads(cfgs[0], int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    groups.init_group(backend, init_method="env://", timeout=timedelta(seconds=max(c.timeout for c in cfgs)))
+    timeout = timedelta(seconds=max(c.timeout for c in cfgs))
+    store = groups.torchrun_attempt_store(timedelta(seconds=groups.startup_s(timeout.total_seconds())))
+    groups.init_group(backend, timeout=timeout, **({"store": store, "rank": rank, "world_size": world} if store
+                                                   else {"init_method": "env://"}))
     box = tempfile.mkdtemp(prefix="stagewise-flight-")
     path = flight.rank_file(box, rank)
     try:

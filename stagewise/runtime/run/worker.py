@@ -27,6 +27,7 @@ from ..pipeline import Pipeline, gather_full
 from ..execution.recompute import recompute_stages
 from ..resilience import flight
 from ..resilience.checkpoint import Checkpoints
+from ..resilience.preempt import Notice, Preempted
 from ..parallel.memory import held_bytes, predicted_bytes
 from .result import Memory, RunResult
 from ..stages.stage import partition
@@ -186,6 +187,14 @@ class RankTrainer:
         if self.checkpoints.due(k + 1):
             self.checkpoints.save(k + 1)
 
+    def save_now(self, done: int) -> str:
+        """The checkpoint after ``done`` steps (written now unless ``after_step`` just did): its folder."""
+        saved = self.checkpoints.info.get("saved", [])
+        folder = str(checkpoint_files.step_dir(self.cfg.save, done))
+        if not saved or saved[-1] != folder:
+            self.checkpoints.save(done)
+        return folder
+
     def result(self) -> RunResult:
         """Losses, step times; on rank 0 also the timelines, measured vs predicted bubble and memory."""
         measured = predicted = None
@@ -253,11 +262,19 @@ class RankTrainer:
 
 
 def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> RunResult:
-    """Train ``cfg`` on this rank; rank 0's result holds the losses, step times and timelines."""
-    trainer = RankTrainer(env, cfg)
-    for k in range(trainer.first_step, cfg.steps):
-        loss, seconds = trainer.step(k)
-        if report and env.rank == 0:
-            report(k, loss, seconds)
-        trainer.after_step(k)
-    return trainer.result()
+    """Train ``cfg`` on this rank; rank 0's result holds the losses, step times and timelines. With
+    ``save_on_signal``, a stop notice to any rank saves after the step in flight and raises ``Preempted``."""
+    notice = Notice(cfg.save_on_signal, env.device) if cfg.save_on_signal is not None else None
+    try:
+        trainer = RankTrainer(env, cfg)
+        for k in range(trainer.first_step, cfg.steps):
+            loss, seconds = trainer.step(k)
+            if report and env.rank == 0:
+                report(k, loss, seconds)
+            trainer.after_step(k)
+            if notice is not None and k + 1 < cfg.steps and notice.agreed():
+                raise Preempted(k + 1, trainer.save_now(k + 1))
+        return trainer.result()
+    finally:
+        if notice is not None:
+            notice.close()

@@ -1,0 +1,103 @@
+"""`train --max-restarts N --elastic MIN:MAX`: a rank's death restarts every rank from the last complete
+checkpoint; with a slot gone the layout is re-planned for the ranks left, the global batch kept, and the loss
+curve goes on as a run resumed there at that layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import fails, run
+from conftest import ELASTIC_RUN, elastic_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytest.importorskip("torch")
+
+
+def test_pp2_dp2_losing_a_slot_at_step_3_finishes_at_pp2_with_the_same_global_batch(capsys, tmp_path, monkeypatch,
+                                                                                    uninterrupted_elastic_run):
+    from stagewise import Parallelism
+    from stagewise.runtime import train
+    from stagewise.runtime.run import restart
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STAGEWISE_FAULT", "lose:rank=3:action=1F0:step=3")  # rank 3 dies; its slot stays gone
+    rc, out, err = run(capsys, "train", *ELASTIC_RUN, "--steps", "5", "--save", "ck", "--save-every", "2",
+                       "--max-restarts", "1", "--elastic", "2:4", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    [r] = res["restarts"]
+    assert "restart 1: rank 3 at 1F0 (step 3): exited with code 4" in err and "slot of rank 3 gone" in err
+    assert (r["failed_after_step"], r["resumed_step"], r["lost_steps"], r["slots_lost"]) == (2, 2, 0, [3])
+    assert r["old_layout"]["text"] == "pp 2 x dp 2, m 2" and r["new_layout"]["text"] == "pp 2, m 4"
+    assert (res["ranks"], res["dp"], res["microbatches"]) == (2, 1, 4)  # m x dp = 4: the global batch of 8 kept
+    assert all(r[k] >= 0 for k in ("detection_s", "restart_s", "replan_s", "load_s", "reshard_s", "downtime_s"))
+    full = uninterrupted_elastic_run.losses
+    assert res["losses"][:2] == list(full[:2])  # before the restart: the uninterrupted run's
+    monkeypatch.delenv("STAGEWISE_FAULT")
+    there = train(elastic_config(parallelism=Parallelism(pp=2), microbatches=4, steps=5,
+                                 resume=str(tmp_path / "ck/step-00000002")))
+    assert res["losses"][2:] == list(there.losses)  # from it: a run resumed there at the new layout
+    assert max(abs(a - b) for a, b in zip(res["losses"], full)) < 1e-5  # the curve goes on
+
+    # a restart resumes only a complete checkpoint that this launch wrote
+    cfg = elastic_config(save=str(tmp_path / "ck"))
+    assert restart._resume_point(cfg, {}).endswith("step-00000005")
+    (tmp_path / "ck/step-00000005/manifest.json").unlink()  # half-written
+    assert restart._resume_point(cfg, {}).endswith("step-00000004")
+    assert restart._resume_point(cfg, restart._complete(cfg.save)) is None  # all there before: another run's
+
+
+def test_a_run_that_cannot_go_on_with_the_ranks_left_stops_naming_why(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STAGEWISE_FAULT", "lose:rank=1:action=1F0:step=2")
+    two = ["--schedule", "1f1b", "-p", "2", "-m", "2", "--layers", "2", "--d-model", "32", "--seq", "16", "--no-memory",
+           "--steps", "3", "--max-restarts", "1"]
+    rc, out, err = run(capsys, "train", *two)
+    assert rc == 1 and ("cannot restart: 1 rank slot gone: 1 rank left, and the layout pp 2 needs 2; give --elastic "
+                        "MIN:MAX to re-plan for the ranks left") in err, err
+
+
+def test_restart_options_are_checked_before_any_rank_starts(capsys):
+    assert "--elastic 2:4 re-plans" in fails(capsys, "train", *ELASTIC_RUN, "--elastic", "2:4")
+    assert "outside MIN:MAX" in fails(capsys, "train", *ELASTIC_RUN, "--max-restarts", "1", "--elastic", "1:2")
+    assert "MIN:MAX ranks" in fails(capsys, "train", *ELASTIC_RUN, "--elastic", "3")
+    assert "whole number >= 0" in fails(capsys, "train", *ELASTIC_RUN, "--max-restarts", "-1")
+
+
+def test_pp2_fsdp2_losing_a_slot_keeps_fsdp_and_goes_on_one_stage(capsys, tmp_path, monkeypatch,
+                                                                  uninterrupted_elastic_run):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STAGEWISE_FAULT", "lose:rank=2:action=0F0:step=2")
+    fsdp = [a if a != "--dp" else "--fsdp" for a in ELASTIC_RUN]
+    rc, out, err = run(capsys, "train", *fsdp, "--steps", "3", "--save", "ck", "--max-restarts", "1", "--elastic",
+                       "2:4", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    [r] = res["restarts"]
+    assert r["new_layout"]["text"] == "pp 1 x fsdp 2, m 2" and "2 -> 1 stages" in r["replan"]
+    assert r["resumed_from"] is None and "from step 0 (no checkpoint of this run yet)" in err  # none saved yet
+    assert len(res["losses"]) == 3  # the same sequences: the uninterrupted curve, to DCP's and FSDP's rounding
+    assert max(abs(a - b) for a, b in zip(res["losses"], uninterrupted_elastic_run.losses)) < 1e-5
+
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun not installed")
+def test_under_torchrun_max_restarts_each_worker_resumes_the_last_complete_checkpoint(tmp_path,
+                                                                                   uninterrupted_elastic_run):
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "-m", "stagewise",
+                           "train", "--schedule", "1f1b",
+                           "-m", "4", "--layers", "2", "--d-model", "32", "--seq", "16", "--no-memory", "--steps", "4",
+                           "--save", "ck", "--save-every", "2", "--json"], capture_output=True, text=True, timeout=170,
+                          cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                             "STAGEWISE_FAULT": "exit:rank=1:action=1F0:step=3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)  # the restarted attempt's: from the checkpoint after step 2 on
+    assert res["checkpoint"]["resumed_from"].endswith("ck/step-00000002")
+    assert max(abs(a - b) for a, b in zip(res["losses"], uninterrupted_elastic_run.losses[2:4])) < 1e-5
