@@ -31,6 +31,25 @@ def test_where_names_a_wait_and_a_phase():
     assert flight.where([]) == "" and flight.read("/no/such/file") == []
 
 
+def test_collectives_are_kept_under_their_lowered_names_and_paired_issued_to_done():
+    rec = flight.Recorder()
+    rec.step(0)
+    rec.reset_comms()
+    rec.start(parse("1F0"))
+    rec.comm("1UNSHARD")
+    rec.done("1UNSHARD", 0.0)
+    rec.end(parse("1F0"))
+    rec.event(flight.SYNC, "gradients and loss")
+    rec.comm("1REDUCE_GRAD")
+    rec.comm("1STEP_END")  # never done: not on the measured lane
+    rec.done("1REDUCE_GRAD", 1e-9)
+    assert [e.text for e in rec.entries() if e.kind == flight.COMM] == ["1UNSHARD", "1REDUCE_GRAD", "1STEP_END"]
+    assert flight.where(rec.entries()) == "in the step-end collectives of step 1"  # a collective keeps the phase
+    got = flight.intervals(rec.comms, rec.comms[0][0])
+    assert [(op, text) for op, text, *_ in got] == [(0, "1UNSHARD"), (0, "1REDUCE_GRAD")]
+    assert all(0 <= start <= end and 0 <= exposed <= end - start for *_, start, end, exposed in got)
+
+
 def test_dump_lists_the_failed_rank_first():
     a, b = flight.Recorder(), flight.Recorder()
     for rec, op in ((a, "0F0"), (b, "1F0")):
