@@ -236,3 +236,38 @@ def resume_each(cfgs) -> list:
         except RunError as e:
             out.append(str(e))
     return _every_rank(out)
+
+
+def flight_collectives(cases, rows: int = 8) -> dict:
+    """Rank function: for each (layout, family, m, v), one step of a Pipeline with a flight recorder (the own
+    MoE model under ``ep``, api_helpers' tied model otherwise) and a measured timeline; every rank's (pipeline
+    rank, collectives as (the op they were issued at or after, their text)), gathered, and the measured
+    timeline's communication lanes and the timeline (on rank 0): {case: ([(pipe, [(k, text)]) per rank], lanes,
+    timeline)}."""
+    import api_helpers
+    import stagewise
+    from stagewise.runtime.resilience import flight
+
+    out = {}
+    for layout, name, m, v in cases:
+        rec = flight.Recorder(capacity=4096)
+        if "ep" in layout:
+            pipe = stagewise.Pipeline(name, own_moe_layers(), own_moe_loss(), microbatches=m, chunks=v, flight=rec,
+                                      **layout)
+            x, y = own_moe_batch(rows)
+        else:
+            pipe = stagewise.Pipeline(name, api_helpers.layers(), api_helpers.loss_fn, microbatches=m, chunks=v,
+                                      flight=rec, **layout)
+            x, y = api_helpers.batch(0, rows=rows)
+        rec.step(0)
+        tl = pipe.step(x, y, timeline=True).timeline  # on rank 0
+        k, mine = -1, []
+        for e in rec.entries():
+            if e.kind == flight.START:
+                k += 1
+            elif e.kind == flight.COMM:
+                mine.append((k, e.text))
+        lanes = None if tl is None else [[(c.op, str(c.action), c.start, c.end, c.exposed) for c in lane]
+                                         for lane in tl.comm]
+        out[(tuple(layout.items()), name, m, v)] = (_every_rank((pipe.topo.pipe, mine)), lanes, tl)
+    return out

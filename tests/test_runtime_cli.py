@@ -72,8 +72,11 @@ def test_text_output_a_csv_schedule_and_a_trace(capsys, tmp_path, reference_loss
     assert lines[1].startswith(f"step 2/2  loss {reference_losses[1]:.4f}")
     assert "bubble: measured" in out and "rank 1 |" in out and f"wrote {trace}" in out
     events = json.loads(trace.read_text())["traceEvents"]
-    spans = [e for e in events if e.get("ph") == "X"]
+    spans = [e for e in events if e.get("ph") == "X" and e["cat"] in "FBIW"]
     assert {e["tid"] for e in spans} == {0, 1} and len(spans) == 2 * 4 * 4  # 4 stages x 4 mbs x (F, B)
+    # the measured step's collectives on each rank's communication lane, as a simulated lowered step draws them
+    ends = [e for e in events if e.get("ph") == "X" and e["cat"] == "STEP_END"]
+    assert sorted(e["name"] for e in ends) == ["0STEP_END", "1STEP_END"] and {e["tid"] for e in ends} & {0, 1} == set()
 
 
 @pytest.mark.parametrize("argv, needle", [

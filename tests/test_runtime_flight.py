@@ -31,6 +31,25 @@ def test_where_names_a_wait_and_a_phase():
     assert flight.where([]) == "" and flight.read("/no/such/file") == []
 
 
+def test_collectives_are_kept_under_their_lowered_names_and_paired_issued_to_done():
+    rec = flight.Recorder()
+    rec.step(0)
+    rec.reset_comms()
+    rec.start(parse("1F0"))
+    rec.comm("1UNSHARD")
+    rec.done("1UNSHARD", 0.0)
+    rec.end(parse("1F0"))
+    rec.event(flight.SYNC, "gradients and loss")
+    rec.comm("1REDUCE_GRAD")
+    rec.comm("1STEP_END")  # never done: not on the measured lane
+    rec.done("1REDUCE_GRAD", 1e-9)
+    assert [e.text for e in rec.entries() if e.kind == flight.COMM] == ["1UNSHARD", "1REDUCE_GRAD", "1STEP_END"]
+    assert flight.where(rec.entries()) == "in the step-end collectives of step 1"  # a collective keeps the phase
+    got = flight.intervals(rec.comms, rec.comms[0][0])
+    assert [(op, text) for op, text, *_ in got] == [(0, "1UNSHARD"), (0, "1REDUCE_GRAD")]
+    assert all(0 <= start <= end and 0 <= exposed <= end - start for *_, start, end, exposed in got)
+
+
 def test_dump_lists_the_failed_rank_first():
     a, b = flight.Recorder(), flight.Recorder()
     for rec, op in ((a, "0F0"), (b, "1F0")):
@@ -39,3 +58,63 @@ def test_dump_lists_the_failed_rank_first():
     text = flight.dump({0: a.entries(), 1: b.entries()}, failed=(1,))
     assert text.splitlines()[0] == "flight recorder, rank 1 (failed): last 2 events"
     assert "flight recorder, rank 0: last 2 events" in text
+
+
+# one launch of 4 ranks: pp 2 x dp 2 over every family, pp 2 x fsdp 2 and pp 2 x ep 2 over four
+FAMILIES = [("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("zb-v", 4, None), ("dualpipe-v", 4, None)]
+MORE = [("gpipe", 4, None), ("zb-h1", 4, None), ("zb-h2", 4, None), ("looped-bfs", 4, 2), ("v-half", 4, None),
+        ("v-min", 4, None), ("dualpipe", 4, None)]
+CASES = [({"dp": 2}, *f) for f in FAMILIES + MORE] + [(layout, *f) for layout in ({"fsdp": 2}, {"ep": 2})
+                                                      for f in FAMILIES]
+
+
+def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_program_has_them():
+    """The flight recorder against the lowering (stagewise.lowering): every rank's gathers, reductions,
+    reshards, all-to-alls, tied-weight sum and step end, each at the op the lowered program puts it at (a
+    gather before its op, the rest after theirs) and in that order; the measured timeline carries them on
+    each rank's communication lane."""
+    import pytest
+
+    pytest.importorskip("torch")
+    import stagewise
+    from runtime_helpers import flight_collectives
+    from stagewise.lowering import lower
+    from stagewise.lowering.comms import P2P, CommAction
+    from stagewise.lowering.options import LoweringOptions, Sizes
+    from stagewise.parallelism import Parallelism
+    from stagewise.render.svg import timeline_svg
+    from stagewise.runtime.stages.stage import stage_ranges
+    from stagewise.schedules import generate
+
+    got = stagewise.launch(flight_collectives, 4, CASES, threads=1, timeout=120)
+    kinds = set()
+    for layout, name, m, v in CASES:
+        sched = generate(name, 2, m, v)
+        if "ep" in layout:  # the own MoE model: embedding, 3 MoE blocks, head; no tied weight
+            a2a = [float(any(1 <= i <= 3 for i in r)) for r in stage_ranges(sched, 5)]
+            sizes = Sizes(a2a=a2a)
+        else:  # api_helpers' model ties its embedding and head
+            sizes = Sizes(tie=1.0)
+        low = lower(sched, Parallelism(pp=2, **layout), LoweringOptions(sizes=sizes))
+        ranks, lanes, measured = got[(tuple(layout.items()), name, m, v)]
+        for g, (pipe, seen) in enumerate(ranks):
+            want, k = [], -1
+            for j, a in enumerate(low.programs[pipe]):
+                if type(a) is not CommAction:
+                    k += 1
+                elif a.kind not in P2P:  # a gather is issued at the start of the op it comes before
+                    nxt = any(type(b) is not CommAction for b in low.programs[pipe][j:])
+                    want.append((k + 1 if a.kind == "UNSHARD" and nxt else k, str(a)))
+            assert seen == want, (layout, name, g)
+            kinds |= {a.kind for a in low.programs[pipe] if type(a) is CommAction}
+            if g == pipe:  # replica 0: the measured timeline's lane holds what completes (not a reshard, not
+                # the all-to-alls inside the ops), issued to done
+                lane = lanes[pipe]
+                assert [(k, t) for k, t, *_ in lane] == [(k, t) for k, t in want
+                                                         if "RESHARD" not in t and "ALL_TO_ALL" not in t]
+                assert all(0 <= start <= end and 0 <= exposed <= end - start + 1e-9
+                           for *_, start, end, exposed in lane), lane
+        drawn = timeline_svg(measured)  # the same lanes and words as a simulated lowered timeline's
+        over = {"dp": "over dp", "fsdp": "over fsdp", "ep": "over ep"}[next(iter(layout))]
+        assert f"the {'reduce-scatter' if 'fsdp' in layout else 'all-reduce'} of stage 0 {over}" in drawn, name
+    assert kinds >= {"UNSHARD", "RESHARD", "REDUCE_GRAD", "ALL_TO_ALL", "TIE_GRAD", "STEP_END"}

@@ -18,9 +18,13 @@ The rules, each in one place here (the runtime's ``RankPlan`` follows the same o
   after the rank's last op (``drain``); ZeRO-1's gather ahead of the first forward (``layer``/``stage``) or
   after the reductions (``end``).
 - **expert parallel** (``ep`` > 1 with MoE stages): an ``ALL_TO_ALL`` (dispatch + combine) inside each F, B
-  and I, written after it (an F&B pair has one per half).
+  and I of a stage with dispatch bytes (every stage when none are given), written after it (an F&B pair has
+  one per half); the ep ranks took different rows, so without FSDP each stage's ``REDUCE_GRAD`` sums its dense
+  gradients over ep (over dp x ep with dp: group ``dp+ep``), where dp's would be.
 - **tied weights** (``sizes.tie`` > 0): the ranks of a lane's first and last stage all-reduce the tied
-  gradients (``TIE_GRAD``) after their reductions; then every rank's ``STEP_END`` (norm and loss).
+  gradients (``TIE_GRAD``) after their reductions, and so do the ranks holding DualPipe's two copies of a
+  stage (one all-reduce per set of ranks, as the runtime sums them); then every rank's ``STEP_END`` (norm and
+  loss).
 
 A rank's collectives over dp, fsdp and ep are with its replicas, which run the same program; only the tie
 and the step end join different pipeline ranks (``Lowered.members``).
@@ -85,6 +89,9 @@ class Lowered:
         g = rank * par.tp
         stride = {"ep": par.pp * par.tp, "fsdp": par.ep * par.pp * par.tp,
                   "dp": par.fsdp * par.ep * par.pp * par.tp}
+        if "+" in group:  # over two dimensions (dp+ep: an expert-parallel stage's dense gradients)
+            outer, inner = group.split("+")
+            return sorted({o - g + i for o in self.global_ranks(rank, outer) for i in self.global_ranks(rank, inner)})
         if group in stride:
             return [g + k * stride[group] for k in range(par.size(group))]
         if group == "world":
@@ -168,7 +175,10 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
     raf = fsdp and par.reshard_after_forward
     zero_gather = dp and not fsdp and par.zero
     moe = (par.ep > 1) and (opts.moe if opts.moe is not None else any(sizes["a2a"]))
-    group = "hsdp" if fsdp and dp else "fsdp" if fsdp else "dp"
+    # the stages that exchange tokens: those with dispatch bytes, every stage when none are given
+    a2a_stage = (lambda s: sizes["a2a"][s] > 0) if any(sizes["a2a"]) else (lambda s: True)
+    ep = par.ep > 1 and not fsdp  # the ep ranks took different rows: their dense gradients are summed
+    group = "hsdp" if fsdp and dp else "fsdp" if fsdp else "dp+ep" if dp and ep else "ep" if ep else "dp"
     stream = "fsdp" if fsdp else "dp"
     reduce_op = ("reduce-scatter+all-reduce" if fsdp and dp else "reduce-scatter" if fsdp or par.zero
                  else "all-reduce")
@@ -188,7 +198,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
     def reduce(s, during=False):
         return CommAction(REDUCE_GRAD, s, None, -1, group, sizes["grads"][s], stream, reduce_op, during)
 
-    reduces = dp or fsdp
+    reduces = dp or fsdp or ep
     out: list = []
     received = {key: 0 for key in orders if key[1] == r}  # (src, r) -> messages posted so far
     index = {key: {m: j for j, m in enumerate(sent)} for key, sent in orders.items() if key[1] == r}
@@ -218,7 +228,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
                 out.append(unshard(s))
         out.append(op)
         for a in acts:
-            if moe and a.kind != "W":
+            if moe and a.kind != "W" and a2a_stage(a.stage):
                 out.append(CommAction(ALL_TO_ALL, a.stage, a.mb, -1, "ep", 2 * sizes["a2a"][a.stage], "ep",
                                       "all-to-all"))
         for a in acts:
@@ -242,7 +252,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
     if zero_gather and ov.gather == "end":
         for s in sorted(last_bw):
             out.append(unshard(s))
-    out += _ties(schedule, opts.sizes.tie, r)
+    out += _ties(schedule, opts.sizes.tie, sizes["grads"], r)
     if opts.step_end and (par.world > 1):
         out.append(CommAction(STEP_END, min(schedule.stages_of_rank(r), default=0), None, -1, "world",
                               opts.sizes.step_end, "world", "all-reduce"))
@@ -278,16 +288,24 @@ def stage_points(program) -> StagePoints:
     return StagePoints(first_forward=first_fw, last_backward=last_bw, last_use=last_use, gathers=gathers)
 
 
-def _ties(schedule: Schedule, nbytes: float, r: int) -> list[CommAction]:
-    """The tied weight's all-reduce of each lane whose first and last stage are on two ranks, on those ranks."""
-    if nbytes <= 0:
-        return []
-    out = []
-    for lane in schedule.lanes:
-        a, b = lane.stage_lo, lane.stage_hi - 1
-        ra, rb = schedule.placement[a], schedule.placement[b]
-        if ra == rb or r not in (ra, rb):
+def _ties(schedule: Schedule, nbytes: float, grads, r: int) -> list[CommAction]:
+    """The all-reduces of the gradients of parameters held on several ranks, on ``r``: a tied weight (``nbytes``
+    > 0: every lane's first and last stage hold a copy) and DualPipe's two copies of each stage (one per
+    lane). One per set of ranks, as the runtime sums them (replicas.py: one flat all-reduce per rank set),
+    named after ``r``'s first stage in it, in the model's layer order."""
+    place, lanes = schedule.placement, schedule.lanes
+    held = [[lane.stage_lo + j for lane in lanes] for j in range(schedule.stages_per_copy)]  # copies of layer j
+    if nbytes > 0:
+        ends = [s for lane in lanes for s in (lane.stage_lo, lane.stage_hi - 1)]
+        held[0] = sorted(set(held[0]) | set(ends))  # the tie counts with the first layer
+    sets: dict[tuple, list] = {}  # rank set -> [r's first stage, bytes]
+    for j, stages in enumerate(held):
+        ranks = tuple(sorted({place[s] for s in stages}))
+        if len(ranks) < 2 or r not in ranks:
             continue
-        s, peer = (a, rb) if r == ra else (b, ra)
-        out.append(CommAction(TIE_GRAD, s, None, peer, "tie", nbytes, "tie", "all-reduce"))
-    return out
+        mine = min(s for s in stages if place[s] == r)
+        extra = (nbytes if j == 0 and nbytes > 0 else 0.0) + (grads[mine] if len(lanes) > 1 else 0.0)
+        got = sets.setdefault(ranks, [mine, 0.0])
+        got[0], got[1] = min(got[0], mine), got[1] + extra
+    return [CommAction(TIE_GRAD, s, None, next(q for q in ranks if q != r), "tie", b, "tie", "all-reduce")
+            for ranks, (s, b) in sets.items()]

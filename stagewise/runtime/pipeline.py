@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -39,7 +40,7 @@ from .parallel.grid import Grid
 from ..parallelism import Parallelism, ParallelismError
 from .parallel.tp import TensorParallel, is_dtensor
 from .execution.executor import Executor, RankContext, StepOutcome
-from .resilience.flight import NO_FLIGHT, SYNC
+from .resilience.flight import NO_FLIGHT, SYNC, intervals
 from .resilience.nonfinite import NonFiniteLoss, locate_nonfinite
 from .stages.layers import as_layers, build_own_stages, split_counts
 from .stages.names import Names, gather_stage_map
@@ -53,15 +54,18 @@ from .launching.groups import meet
 class RankSum:
     """A sum over every rank in flight (one all_reduce started, not waited for); ``value()`` waits once."""
 
-    def __init__(self, values: list[float], device):
+    def __init__(self, values: list[float], device, flight=NO_FLIGHT, name: str = ""):
         self.t = torch.tensor(values, dtype=torch.float64, device=device)
+        self.flight, self.name = flight, name  # the step end's collective: recorded when done
         self.work = dist.all_reduce(self.t, async_op=True)
         self._value: list[float] | None = None
 
     def value(self) -> list[float]:
         if self._value is None:
+            t0 = time.perf_counter()
             self.work.wait()
             self._value = self.t.tolist()
+            self.flight.done(self.name, time.perf_counter() - t0)
         return self._value
 
 
@@ -191,10 +195,13 @@ class Pipeline:
         if topo.size("fsdp") > 1:
             shard = grid.sub_mesh(("dp", "fsdp") if topo.dp > 1 else "fsdp")  # HSDP: replicate over dp
             self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward
-                                   or grid.parallelism.reshard_after_forward)
+                                   or grid.parallelism.reshard_after_forward, flight=self.flight)
         self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors
         self.dp = self.ep.reduction(grid, self.stages, timeout) if self.ep is not None else \
             DataParallel(grid, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
+        self.replicas.flight = self.flight
+        if self.dp is not None:
+            self.dp.flight = self.flight
         self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
@@ -226,7 +233,9 @@ class Pipeline:
         self.steps_done += 1
         if timeline:
             dist.barrier()  # ranks start together, so their op times line up
+        self.flight.reset_comms()
         self.clock.start()
+        self._host0 = time.perf_counter()  # the collectives' times are host times from here (the clock's origin)
         t0 = self.clock.mark()
         try:
             if self.sharded is not None:
@@ -241,7 +250,9 @@ class Pipeline:
         except BaseException as e:
             self._broken = f"{type(e).__name__}: {e}"  # messages in flight and saved activations are lost
             raise
-        total = RankSum([done.loss if self._counts_loss else 0.0], self.device)
+        end = f"{min(self.stages, default=0)}STEP_END"
+        self.flight.comm(end)
+        total = RankSum([done.loss if self._counts_loss else 0.0], self.device, self.flight, end)
         skipped = None if self.nonfinite == "ignore" else self._check_finite(total.value()[0], done, earlier)
         for p, g in earlier:
             p.grad = g if p.grad is None else p.grad.add_(g)
@@ -389,7 +400,8 @@ class Pipeline:
                            recompute=None if forward_only else Recompute(self.recompute, self.device),
                            meter=None if forward_only else self.meter, after=self._after(forward_only),
                            before=self.sharded.before if self.sharded is not None else None, flight=self.flight,
-                           overlap=None if forward_only else self._overlap)
+                           overlap=None if forward_only else self._overlap,
+                           exchanging=self.ep.exchanging if self.ep is not None else frozenset())
 
     def _after(self, forward_only: bool) -> Callable | None:
         """What runs after each op: tensor parallel's partial-gradient sums, then FSDP's reduce-scatter (or
@@ -480,9 +492,13 @@ class Pipeline:
         tl = None
         if timeline:
             gathered = [None] * dist.get_world_size() if self.topo.rank == 0 else None
-            dist.gather_object(marks[:-1], gathered, dst=0)
+            mine = (marks[:-1], intervals(self.flight.comms, self._host0))
+            dist.gather_object(mine, gathered, dst=0)
             if self.topo.rank == 0:
-                tl = measured_timeline(self.schedule, gathered[:self.topo.p])  # replica 0
+                per = gathered[:self.topo.p]  # replica 0
+                tl = measured_timeline(self.schedule, [m for m, _ in per],
+                                       [c for _, c in per] if self.flight is not NO_FLIGHT else None,
+                                       self.parallelism)
         return StepResult(total=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
                           timeline=tl)
 

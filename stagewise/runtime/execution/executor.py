@@ -55,6 +55,7 @@ class RankContext:
     autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
     overlap: Callable | None = None  #: runs each F&B pair (overlap.py); None: its forward, then its backward
+    exchanging: frozenset = frozenset()  #: stages whose F, B and I all-to-all over ep inside them (ep.py)
 
 
 @dataclass(kw_only=True)
@@ -125,6 +126,9 @@ class Executor:
                     losses.append(mb_loss)
                     out.mb_losses[a] = mb_loss
             out.marks.append((start, clock.mark()))
+            for a in step.actions:  # the all-to-alls ran inside the op; named after it, as the lowering has them
+                if a.stage in self.ctx.exchanging and a.kind != "W":
+                    self.ctx.flight.comm(f"{a.stage}ALL_TO_ALL{a.mb}")
             self.ctx.flight.end(step.op)
             if after is not None:
                 after(step)

@@ -4,17 +4,23 @@ Each rank marks the start and end of every op (wall clock on CPU, CUDA events
 on GPU) relative to its own origin taken right after a step-start barrier, so
 ranks line up to within the barrier's release skew. Rank 0 gathers the marks
 into a ``Timeline(source="measured", unit="s")`` of the same schedule the
-simulator plays: the renderers and metrics read it unchanged.
+simulator plays: the renderers and metrics read it unchanged. With a flight recorder each rank's collectives
+(gathers, reductions, the tied-weight sum, the step end) come along as its communication lane.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from statistics import fmean
 from typing import Sequence
 
 from ...actions import Pair
 from ...costs import Costs
+from ...lowering.comms import CommAction, parse_comm
+from ...lowering.lower import lower
+from ...parallelism import Parallelism
+from ...overlap import Comm
 from ...schedule import Schedule
 from ...simulate import simulate
 from ...timeline import Timeline, metrics
@@ -58,15 +64,44 @@ class CudaClock:
         return ev
 
 
-def measured_timeline(schedule: Schedule, per_rank: Sequence[Sequence[tuple[float, float]]]) -> Timeline:
-    """A Timeline from each rank's (start, end) seconds, aligned with its program."""
+def measured_timeline(schedule: Schedule, per_rank: Sequence[Sequence[tuple[float, float]]],
+                      comms: Sequence[Sequence[tuple]] | None = None,
+                      parallelism: Parallelism | None = None) -> Timeline:
+    """A Timeline from each rank's (start, end) seconds, aligned with its program; ``comms``: each rank's
+    collectives as (op, lowered name, start, end, seconds waited) (``flight.intervals``), drawn on its
+    communication lane like a simulated lowered timeline's (issued to done: their time in flight; exposed: what
+    the rank waited for them), each the lowered program's action of that name under ``parallelism`` (its
+    group and op: what the pictures and explain say)."""
+    lanes = None
+    if comms is not None:
+        lowered = lower(schedule, replace(parallelism, pp=schedule.ranks)) if parallelism is not None else None
+        lanes = tuple(tuple(Comm(op, a, start, end, exposed, a.kind)
+                            for op, a, start, end, exposed in _named(rank, lowered, r))
+                      for r, rank in enumerate(comms))
+        lanes = lanes if any(lanes) else None  # nothing communicated: no lanes, as simulated
     return Timeline(
         schedule=schedule,
         starts=tuple(tuple(s for s, _ in rows) for rows in per_rank),
         ends=tuple(tuple(e for _, e in rows) for rows in per_rank),
         source="measured",
         unit="s",
+        comm=lanes,
     )
+
+
+def _named(comms, lowered, rank: int):
+    """(op, CommAction, start, end, exposed): each name as the lowered program's action (in its order), or as
+    parsed where the lowering has none."""
+    queue: dict[str, list] = {}
+    if lowered is not None:
+        for a in lowered.programs[rank]:
+            if type(a) is CommAction:
+                queue.setdefault(str(a), []).append(a)
+    for op, text, start, end, exposed in comms:
+        same = queue.get(text)
+        a = same.pop(0) if same else parse_comm(text)
+        if a is not None:
+            yield op, a, start, end, exposed
 
 
 def mean_costs(timelines: Sequence[Timeline]) -> Costs:

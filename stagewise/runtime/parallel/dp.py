@@ -12,11 +12,13 @@ copies are sharded alike). A stage's gradients are complete after its last B or
 W on its rank; the executor reports each op as it ends, and the stage's
 all_reduce starts right then (async, one flat buffer per dtype), so it runs
 while the rank works through the rest of its program. ``finish`` waits for all
-of them before the step-end collectives (tied weights, clipping).
+of them before the step-end collectives (tied weights, clipping). Each stage's reduction is written to the
+flight recorder as it starts (``1REDUCE_GRAD``, the lowering's name).
 """
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import torch
@@ -24,11 +26,14 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ...schedule import Schedule
+from ..resilience.flight import NO_FLIGHT
 from .tp import local
 
 
 class DataParallel:
     """Sums each stage's gradients over its dp copies. Mutable: the step's reductions in flight."""
+
+    flight = NO_FLIGHT  #: the rank's flight.Recorder (the pipeline sets it)
 
     def __init__(self, grid, schedule: Schedule, stages: dict[int, torch.nn.Module], timeout_s: float):
         """``grid`` (grid.Grid) gives the dp group (made once there: ``pipe.group("dp")`` is the same). A stage's
@@ -50,6 +55,7 @@ class DataParallel:
         return [([p for p in self.stages[s].parameters() if p.requires_grad], self.groups[s])]
 
     def _start(self, s: int) -> None:
+        self.flight.comm(f"{s}REDUCE_GRAD")
         for params, group in self.buckets(s):
             for p in params:
                 if p.grad is None:  # a parameter this stage did not use: its copies sum zeros
@@ -58,13 +64,18 @@ class DataParallel:
                 same = [p for p in params if p.dtype == dtype]  # tensor parallel's: each rank's own shard summed
                 flat = _flatten_dense_tensors([local(p.grad) for p in same])
                 work = dist.all_reduce(flat, group=group, async_op=True)
-                self.pending.append((work, flat, same))
+                self.pending.append((work, flat, same, s))
         self.started.append(s)
 
     def finish(self) -> None:
         """Wait for every reduction of the step; each gradient becomes the sum over the replicas."""
-        for work, flat, params in self.pending:
+        waited: dict[int, float] = {}
+        for j, (work, flat, params, s) in enumerate(self.pending):
+            t0 = time.perf_counter()
             work.wait(self.timeout)
+            waited[s] = waited.get(s, 0.0) + time.perf_counter() - t0
+            if j + 1 == len(self.pending) or self.pending[j + 1][3] != s:  # the stage's last bucket
+                self.flight.done(f"{s}REDUCE_GRAD", waited[s])
             grads = [local(p.grad) for p in params]
             for t, g in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 t.copy_(g)

@@ -178,6 +178,10 @@ class ExpertParallel:
                            "or a Hugging Face mixture of experts' stacked experts)")
         for block in self.blocks:
             shard(block, self.group, self.rank, self.size)
+        #: the stages whose F, B and I exchange tokens over the group (the lowering's ALL_TO_ALL stages)
+        self.exchanging = frozenset(s for s, st in stages.items()
+                                    if any(isinstance(getattr(m, "exchange", None), ExpertExchange)
+                                           for m in st.modules()))
         #: the parameters sharded over the group (the routed experts): summed over dp only, normed over ep
         self.sharded = {id(p) for b in self.blocks for p in b.experts.parameters()} | \
             {id(p) for m in self.stacked for p in (m.gate_up_proj, m.down_proj)}

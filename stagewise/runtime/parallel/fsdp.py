@@ -20,21 +20,28 @@ RESHARD and REDUCE_GRAD actions:
 
 Gradients are summed, not averaged (``set_gradient_divide_factor(1)`` with sum-only collectives, which
 gloo also runs): the pipeline's loss is already divided by the number of data shards.
+
+Each gather, reduction and reshard is written to the flight recorder as it is issued, under the lowering's
+names (``1UNSHARD``, ``1REDUCE_GRAD``, ``1RESHARD``: stagewise/lowering/comms.py).
 """
 
 from __future__ import annotations
 
+import time
+
 from torch import nn
+
+from ..resilience.flight import NO_FLIGHT
 
 
 class Sharded:
     """This rank's stages under FSDP2 over ``mesh`` (1-D ``fsdp``, or 2-D ``(dp, fsdp)``: HSDP).
     Mutable: which stages are gathered, the gathers in flight."""
 
-    def __init__(self, stages: dict, mesh, *, reshard_after_forward: bool = False):
+    def __init__(self, stages: dict, mesh, *, reshard_after_forward: bool = False, flight=NO_FLIGHT):
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        self.stages, self.raf = stages, reshard_after_forward
+        self.stages, self.raf, self.flight = stages, reshard_after_forward, flight
         self.units: dict[int, list] = {}  # stage -> its FSDP modules (layers, then the stage itself)
         for s, st in stages.items():
             for layer in st.layers:
@@ -71,30 +78,40 @@ class Sharded:
             if self.raf:
                 self.gathered.discard(a.stage)
             self._gather(a.stage)
-            for handle in self.pending.pop(a.stage, ()):
-                handle.wait()
+            self._wait(a.stage)
 
     def after(self, step, training: bool = True) -> None:
         """After an op: reduce-scatter and reshard each stage the plan frees here (reshard only when evaluating)."""
         for s in step.free:
             if training:
+                self.flight.comm(f"{s}REDUCE_GRAD")
+                t0 = time.perf_counter()
                 self._reduce(s)
+                self.flight.done(f"{s}REDUCE_GRAD", time.perf_counter() - t0)
             else:
                 for m in self.units[s]:
                     m.reshard()
+            self.flight.comm(f"{s}RESHARD")
             self.gathered.discard(s)
 
     def finish(self) -> None:
         """After the program: no gather is left in flight (a stage the program never ran)."""
-        for handles in self.pending.values():
-            for handle in handles:
-                handle.wait()
-        self.pending.clear()
+        for s in list(self.pending):
+            self._wait(s)
 
     # ---- internals
 
+    def _wait(self, s: int) -> None:
+        handles = self.pending.pop(s, None)
+        if handles is not None:
+            t0 = time.perf_counter()
+            for handle in handles:
+                handle.wait()
+            self.flight.done(f"{s}UNSHARD", time.perf_counter() - t0)
+
     def _gather(self, s: int) -> None:
         if s not in self.gathered:
+            self.flight.comm(f"{s}UNSHARD")
             self.pending[s] = [m.unshard(async_op=True) for m in self.units[s]]
             self.gathered.add(s)
 

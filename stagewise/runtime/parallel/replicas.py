@@ -12,17 +12,21 @@ global norm sums over one pipeline (the replicas' gradients are equal by then).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ..resilience.flight import NO_FLIGHT
 from ..stages.stage import StageMap, Stage
 from .tp import is_dtensor, local
 
 
 class Replicas:
     """Sums replica gradients. Mutable: owns the process groups it created."""
+
+    flight = NO_FLIGHT  #: the rank's flight.Recorder (the pipeline sets it): each sum as ``0TIE_GRAD``
 
     def __init__(self, lay: StageMap, stages: dict[int, Stage], placement: tuple[int, ...], rank: int, device,
                  grid):
@@ -42,10 +46,13 @@ class Replicas:
         with their sharded DTensors: those stay the parameters between steps)."""
         lay, stages, rank = self.lay, self.stages, self.rank
         self.local = []  # (rank set, local copies) per replica held here
+        self.tie_stage: dict[tuple, int] = {}  # rank set -> this rank's first stage holding a copy (its TIE_GRAD)
         for rep in lay.replicas:
-            copies = [stages[h.stage].param(h) for h in rep.holders if h.stage in stages]
-            if copies:
-                self.local.append((rep.ranks, copies))
+            here = [h for h in rep.holders if h.stage in stages]
+            if here:
+                self.local.append((rep.ranks, [stages[h.stage].param(h) for h in here]))
+                s = min(h.stage for h in here)
+                self.tie_stage[rep.ranks] = min(s, self.tie_stage.get(rep.ranks, s))
         # each logical parameter's gradient counts once in the global norm: on its lowest rank's first copy
         self.owned = []
         for holders in lay.params.values():
@@ -80,9 +87,12 @@ class Replicas:
             sums.setdefault(ranks, []).append((copies, total))
         for ranks, items in sums.items():
             if len(ranks) > 1:
+                self.flight.comm(f"{self.tie_stage[ranks]}TIE_GRAD")
+                t0 = time.perf_counter()
                 shards = [local(t) for _, t in items]
                 flat = _flatten_dense_tensors(shards)
                 dist.all_reduce(flat, group=self.groups[ranks])
+                self.flight.done(f"{self.tie_stage[ranks]}TIE_GRAD", time.perf_counter() - t0)
                 for t, g in zip(shards, _unflatten_dense_tensors(flat, shards)):
                     t.copy_(g)
             for copies, total in items:

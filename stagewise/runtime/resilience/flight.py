@@ -2,8 +2,9 @@
 
 A ring buffer of fixed-size records (wall time, step, event, text) of the last
 ``capacity`` events of one rank: each op started and finished, each receive
-posted, waited for and received, each send, the step-end flush and
-collectives, checkpoint saves. Under the local launcher the buffer is a shared
+posted, waited for and received, each send, each collective as the lowering names it
+(``COMM``: ``1UNSHARD``, ``0REDUCE_GRAD``, ``1ALL_TO_ALL3``, ``0TIE_GRAD``, ``0STEP_END``; lowering/comms.py),
+the step-end flush and collectives, checkpoint saves. Under the local launcher the buffer is a shared
 file mapping in the launcher's temporary folder: a rank that dies (``os._exit``,
 a signal) or that the launcher terminates still leaves its last events there,
 so the launcher can say which action the failed rank was at and print every
@@ -24,8 +25,8 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 # event kinds
-STEP, START, END, POST, WAIT, GOT, SEND, FLUSH, SYNC, SYNCED, SAVE, SAVED = range(12)
-WORDS = ("step", "start", "end", "post", "wait", "got", "send", "flush", "sync", "synced", "save", "saved")
+STEP, START, END, POST, WAIT, GOT, SEND, FLUSH, SYNC, SYNCED, SAVE, SAVED, COMM = range(13)
+WORDS = ("step", "start", "end", "post", "wait", "got", "send", "flush", "sync", "synced", "save", "saved", "comm")
 
 _HEAD = struct.Struct("<4sIQ")  # magic, capacity, events written so far
 _REC = struct.Struct("<diB51s")  # time, step (1-based), kind, text: 64 bytes
@@ -37,7 +38,7 @@ class Entry(NamedTuple):
 
     time: float  #: time.time() when it happened
     step: int  #: 1-based step (0 before the first)
-    kind: int  #: one of STEP..SAVED
+    kind: int  #: one of STEP..COMM
     text: str  #: the op (``1F3``) or the message (``activation mb 3, stage 0->1 (rank 0)``)
 
 
@@ -59,6 +60,10 @@ class Recorder:
         self.capacity = _HEAD.unpack_from(self.buf, 0)[1]
         self.count = _HEAD.unpack_from(self.buf, 0)[2]  # a second recorder on one file continues its ring
         self.step_no = 0
+        #: this step's collectives: (perf_counter, text, None, op) when issued, (.., .., seconds waited, op) when
+        #: done; op: the position of the op last started (-1: before the first)
+        self.comms: list[tuple] = []
+        self.op_no = -1
 
     def event(self, kind: int, text: str) -> None:
         slot = _HEAD.size + (self.count % self.capacity) * _REC.size
@@ -73,11 +78,26 @@ class Recorder:
 
     def start(self, op) -> None:
         self.event(START, str(op))
+        self.op_no += 1
         if self.on_start is not None:
             self.on_start(self.step_no, op)
 
     def end(self, op) -> None:
         self.event(END, str(op))
+
+    def comm(self, text: str) -> None:
+        """A collective issued: its lowered name (``1REDUCE_GRAD``), in the order the rank issues them."""
+        self.event(COMM, text)
+        self.comms.append((time.perf_counter(), text, None, self.op_no))
+
+    def done(self, text: str, waited: float) -> None:
+        """Collective ``text`` is complete; the rank waited ``waited`` seconds for it (the measured trace's
+        communication lanes: ``comms``; not in the ring)."""
+        self.comms.append((time.perf_counter(), text, waited, self.op_no))
+
+    def reset_comms(self) -> None:
+        """A step begins: ``comms`` holds only its collectives (and ``op_no`` counts its ops)."""
+        self.comms, self.op_no = [], -1
 
     def entries(self) -> list[Entry]:
         return _entries(self.buf)
@@ -98,6 +118,17 @@ class _Null:
         pass
 
     def end(self, op) -> None:
+        pass
+
+    comms = ()
+
+    def comm(self, text: str) -> None:
+        pass
+
+    def done(self, text: str, waited: float) -> None:
+        pass
+
+    def reset_comms(self) -> None:
         pass
 
 
@@ -122,7 +153,7 @@ def where(entries: list[Entry], waits: bool = True) -> str:
     inside that op), or a step's phase: ``in the step-end collectives of step 2``. '' before any event."""
     if not entries:
         return ""
-    last = entries[-1]
+    last = next((e for e in reversed(entries) if e.kind != COMM), entries[-1])  # a collective: its phase's
     op = next((e for e in reversed(entries) if e.kind in (START, END)), None)
     if op is not None and op.kind == START:
         out = f"at {op.text} (step {op.step})"
@@ -135,6 +166,20 @@ def where(entries: list[Entry], waits: bool = True) -> str:
 
 _PHASES = {STEP: "at the start", FLUSH: "waiting for the last sends", SYNC: "in the step-end collectives",
            SAVE: "saving the checkpoint", WAIT: "waiting"}
+
+
+def intervals(comms, origin: float) -> list[tuple]:
+    """``Recorder.comms`` as (op, text, start, end, exposed) per collective that completed, seconds from
+    ``origin`` (a perf_counter), in the order they were issued."""
+    out, open_ = [], {}
+    for t, text, waited, op in comms:
+        if waited is None:
+            open_[text] = (len(out), t, op)
+            out.append(None)
+        elif text in open_:
+            j, t0, at = open_.pop(text)
+            out[j] = (at, text, t0 - origin, t - origin, min(waited, t - t0))
+    return [c for c in out if c is not None]
 
 
 def dump(per_rank: dict[int, list[Entry]], failed: tuple[int, ...], last: int = 12, others: int = 6) -> str:
