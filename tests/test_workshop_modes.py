@@ -335,6 +335,7 @@ def test_every_cause_is_said_in_plain_words_with_its_own_hatch_in_the_legend(ser
         assert f"{cause} ({want['label']})" in words(browser, "#why-detail .why-exact")  # the exact terms next
         assert legend_entry(browser, cause) == f"{cause} {want['label']}"
         # the first cause's label sits on the chart's own label row, over the ranks, naming the right rank
+        wait_for(browser, lambda d: d.execute_script("return !!document.querySelector('#layers .first-cause')"))
         label = browser.execute_script("const t = document.querySelector('#layers .first-cause'); "
                                        "return [Number(t.getAttribute('y')), geo[0].y, Number(t.dataset.rank), t.textContent]")
         first = want["blocker"] or want["origin"]
