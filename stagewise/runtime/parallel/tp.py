@@ -75,14 +75,6 @@ def check_plan(plan, own: bool = False) -> None:
     """
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    if own:
-        bad = next(((pat, st) for pat, st in plan.items() if isinstance(st, str) and st not in STYLE_NAMES), None)
-        if bad is not None:
-            raise RunError(f"`tp` needs the model's own tensor-parallel plan (transformers' base_model_tp_plan), "
-                           f"and it gives {bad[0]!r} the style {bad[1]!r}, which stagewise's tensor parallel does "
-                           f"not run (it runs {', '.join(STYLE_NAMES)}); use `tp` 1 with this model (its experts "
-                           f"shard over `ep`), or give `tp_plan` or `parallelize` of your own")
-
     if not isinstance(plan, Mapping):
         raise RunError(f"`tp_plan` must be a dict of module-name patterns to styles; got {type(plan).__name__}")
     if not plan:
@@ -92,6 +84,11 @@ def check_plan(plan, own: bool = False) -> None:
         if not isinstance(pattern, str) or not pattern or any(not c for c in pattern.split(".")):
             raise RunError(f"`tp_plan` key {pattern!r} is not a module-name pattern (dotted names, * for one part)")
         if isinstance(style, str) and style not in STYLE_NAMES:
+            if own:
+                raise RunError(f"`tp` needs the model's own tensor-parallel plan (transformers' base_model_tp_plan), "
+                               f"and it gives {pattern!r} the style {style!r}, which stagewise's tensor parallel does "
+                               f"not run (it runs {', '.join(STYLE_NAMES)}); use `tp` 1 with this model (its experts "
+                               f"shard over `ep`), or give `tp_plan` or `parallelize` of your own")
             raise RunError(f"`tp_plan` {pattern!r}: style {style!r} is not one of {', '.join(STYLE_NAMES)} "
                            "(or pass a torch ParallelStyle)")
         if not (isinstance(style, (str, ParallelStyle)) or callable(style)):
