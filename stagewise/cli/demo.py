@@ -158,16 +158,9 @@ def predicted_steps(results) -> dict[str, float]:
     """Each run's step as the simulator predicts it, fed that run's measured mean cost of each action kind
     per stage (what ``predicted_bubble_fraction`` is computed from): the order of two schedules on this machine,
     where ZB-H1's split backward (I, then W) may cost more than one fused B."""
-    from ..runtime.execution.timing import mean_costs
-    from ..simulate import simulate
-    from ..timeline import metrics
+    from ..runtime.execution.timing import predicted
 
-    out = {}
-    for r in results:
-        timed = r.timelines[1:] or r.timelines
-        if timed:
-            out[r.schedule] = metrics(simulate(timed[0].schedule, mean_costs(timed))).makespan
-    return out
+    return {r.schedule: predicted(r.timelines[1:] or r.timelines).makespan for r in results if r.timelines}
 
 
 def verdict(results, *, cores: int, ranks: int, load: float, predicted: dict | None = None) -> list[str]:

@@ -129,8 +129,12 @@ def mean_costs(timelines: Sequence[Timeline]) -> Costs:
     return Costs(t_f=t_f, t_b=t_b, t_i=t_i, t_w=t_w, t_fb=t_fb)
 
 
+def predicted(timelines: Sequence[Timeline]):
+    """The simulator's metrics of the measured steps' schedule, fed their mean cost of each action kind."""
+    return metrics(simulate(timelines[0].schedule, mean_costs(timelines)))
+
+
 def bubbles(timelines: Sequence[Timeline]) -> tuple[float, float]:
     """(measured, predicted) bubble fraction: mean over the timelines, and the simulator fed their mean costs."""
     measured = fmean(metrics(tl).bubble_fraction for tl in timelines)
-    predicted = metrics(simulate(timelines[0].schedule, mean_costs(timelines))).bubble_fraction
-    return measured, predicted
+    return measured, predicted(timelines).bubble_fraction
