@@ -16,13 +16,13 @@ import sys
 from .common import USER_ERRORS, Parser
 from .flags import say
 
-#: subcommand modules, in --help order
-MODULES = ["core", "demo", "explain", "draw", "workshop", "train", "plan"]
-#: each module's subcommands (tests/test_cli_core.py holds it to what ``register`` adds): a command builds only its
-#: own module's parser, so `stagewise simulate` never imports the planner to describe `plan`'s options
+#: subcommand modules in --help order, each with its subcommands (tests/test_cli_core.py holds it to what
+#: ``register`` adds): a command builds only its own module's parser, so `stagewise simulate` never imports the
+#: planner to describe `plan`'s options
 COMMANDS = {"core": ("list", "simulate", "compare", "export", "validate"), "demo": ("demo",),
             "explain": ("explain",), "draw": ("draw", "report"), "workshop": ("workshop",), "train": ("train",),
             "plan": ("profile", "plan", "auto")}
+MODULES = list(COMMANDS)  #: the subcommand modules, in --help order
 
 
 def _modules_for(argv: list[str] | None) -> list[str]:
