@@ -24,6 +24,9 @@ const C = new Proxy({}, { get: (_, name) => info.style.page[name] });
 
 // ---- summary and legend ------------------------------------------------------------
 
+// the kinds of lane (a2a, comm) any result draws, in first-seen order
+const laneKeys = (results) => [...new Set(results.flatMap((r) => (r.lanes || []).map((ln) => ln.key)))];
+
 // the time the busiest rank waited on a lane's transfers (each lane row: [start, end, waited, text])
 const exposedOn = (r, key) => {
   const lane = (r.lanes || []).find((ln) => ln.key === key);
@@ -32,13 +35,13 @@ const exposedOn = (r, key) => {
 
 function summaryHtml(results, perStage) {
   const unit = perStage ? "one stage" : "one rank's share of the model";
-  const laneKeys = [...new Set(results.flatMap((r) => (r.lanes || []).map((ln) => ln.key)))];
+  const kinds = laneKeys(results);
   const head = "<tr><th>schedule</th><th>p</th><th>m</th><th>v</th><th>makespan</th>" +
     '<th title="idle share: 1 - busy / (ranks x makespan)">bubble</th>' +
     '<th title="the papers\' formula for these settings; \u2014 where none applies">closed form</th>' +
     `<th title="live activations at the peak, in micro-batches of ${unit}">peak activations per rank</th>` +
     (results.some((r) => r.memory_cap) ? '<th title="highest peak against the cap per rank (--cap)">peak vs cap</th>' : "") +
-    laneKeys.map((k) => (k === "a2a" ? '<th title="all-to-all the ranks waited for, the busiest rank">exposed a2a</th>'
+    kinds.map((k) => (k === "a2a" ? '<th title="all-to-all the ranks waited for, the busiest rank">exposed a2a</th>'
       : '<th title="communication (gathers, reductions, sends) the busiest rank waited for">exposed comm</th>')).join("") +
     '<th title="copies of the model\'s parameters held (DualPipe keeps two)">params</th><th>files</th></tr>';
   const rows = results.map((r, i) => {
@@ -47,7 +50,7 @@ function summaryHtml(results, perStage) {
       : `<td class="formula">${pct(r.formula_bubble_fraction)}</td>`;
     const files = r.edited ? '<td><a href="#" data-dl="edited">CSV</a></td>'
       : `<td><a href="#" data-dl="csv" data-i="${i}">CSV</a> <a href="#" data-dl="trace" data-i="${i}">trace</a></td>`;
-    const a2a = laneKeys.map((k) => {  // one column per kind of lane drawn: what the busiest rank waited for
+    const a2a = kinds.map((k) => {  // one column per kind of lane drawn: what the busiest rank waited for
       const x = k === "a2a" ? (r.exposed_a2a ? Math.max(...r.exposed_a2a) : null) : exposedOn(r, k);
       return `<td class="${k}">${x === null ? "\u2014" : num(+x.toFixed(4))}</td>`;
     }).join("");
@@ -109,7 +112,7 @@ function legendHtml(results, extra = "") {
     `<span>${most.colours[k].map(swatch).join("")}${esc(info.style.labels[k])}</span>`);
   if (most.chunks > 1) items.push(`<span class="note">lighter: chunk 1${most.chunks > 2 ? "+" : ""} of a rank</span>`);
   if (kinds.has("F&B")) items.push(`<span>${swatch(most.colours.F[0])}over${swatch(most.colours.B[0])} F&amp;B pair</span>`);
-  for (const key of new Set(results.flatMap((r) => (r.lanes || []).map((ln) => ln.key)))) {
+  for (const key of laneKeys(results)) {
     const [hid, exp] = info.style.lanes[key];
     const label = results.flatMap((r) => r.lanes || []).find((ln) => ln.key === key).label;
     items.push(`<span>${swatch(hid)}${esc(label)} behind compute ${swatch(exp)}the rank waits for it</span>`);
