@@ -27,6 +27,8 @@ def collectives(stage_bytes: float, tie_bytes: float, act_bytes: float, repeats:
     import torch
     import torch.distributed as dist
 
+    from stagewise.runtime.profiling.link import ping_pong
+
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 renames the *_tensor collectives
     out = {}
     n = max(1, int(stage_bytes // 4))
@@ -46,18 +48,8 @@ def collectives(stage_bytes: float, tie_bytes: float, act_bytes: float, repeats:
     out["all-reduce"] = timed(lambda: dist.all_reduce(whole))
     tie = torch.zeros(max(1, int(tie_bytes // 4)))
     out["tie all-reduce"] = timed(lambda: dist.all_reduce(tie))
-    act = torch.zeros(max(1, int(act_bytes // 4)))
-    rank = dist.get_rank()
-
-    def send():
-        if rank == 0:
-            dist.send(act, 1)
-            dist.recv(act, 1)
-        else:
-            dist.recv(act, 0)
-            dist.send(act, 0)
-
-    out["send"] = timed(send) / 2  # one way of a round trip
+    # one activation's one-way time: the link profiler's own ping-pong (warm-up, median)
+    out["send"] = ping_pong([int(act_bytes)], repeats)[0][1]
     return out
 
 

@@ -18,7 +18,7 @@ def measure_link(sizes: Sequence[int] = (1 << 10, 1 << 16, 1 << 20, 1 << 22), re
     from ..launching.local import launch
 
     try:
-        samples = launch(_ping_pong, 2, tuple(sizes), repeats, timeout=120)
+        samples = launch(ping_pong, 2, tuple(sizes), repeats, timeout=120)
     except RankFailure as e:
         raise RuntimeError(f"link measurement failed: {e}") from None
     latency, bandwidth = fit_link(samples)
@@ -38,8 +38,9 @@ def fit_link(samples) -> tuple[float, float]:
     return latency, bandwidth
 
 
-def _ping_pong(sizes, repeats: int) -> list[tuple[float, float]]:
-    """Ping-pong between ranks 0 and 1: (bytes, one-way seconds) medians."""
+def ping_pong(sizes, repeats: int) -> list[tuple[float, float]]:
+    """Ping-pong between ranks 0 and 1 of the current process group: (bytes, one-way seconds) medians,
+    after two warm-up round trips per size. Called inside a launched rank (``launch(ping_pong, 2, ...)``)."""
     import torch
     import torch.distributed as dist
 
