@@ -47,6 +47,9 @@ def cmd_demo(args) -> int:
     from .core import compare_entries
 
     load = _load()  # before the demo's own work: what other programs keep running (a 1-minute average)
+    from ..runtime.launching.launch import start_early
+
+    start_early()  # the ranks' imports (torch) overlap the pictures drawn first
     out = Path(args.output)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -126,6 +126,12 @@ def _check_sizes(args) -> None:
 
 
 def cmd_train(args) -> int:
+    from ..runtime.launching.groups import is_torchrun
+
+    if not is_torchrun():
+        from ..runtime.launching.launch import start_early
+
+        start_early()  # the ranks' imports overlap this process's own
     try:
         import torch  # noqa: F401 - the runtime needs it; say so before anything else
     except ImportError:
@@ -134,7 +140,6 @@ def cmd_train(args) -> int:
     from ..runtime.launching.launch import Stopped
     from ..runtime.resilience.preempt import Preempted
     from .flags import say
-    from ..runtime.launching.groups import is_torchrun
 
     if args.trace:
         check_timeline_output("--trace", args.trace)

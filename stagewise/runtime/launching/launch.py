@@ -165,6 +165,16 @@ def _mp_context():
 _FORKSERVER_ENDS: list = []  #: the exit hook is registered (once per process)
 
 
+def start_early() -> None:
+    """Start the forkserver now, so that its imports (torch, the rank's worker: seconds) run while the caller
+    imports its own instead of after them. A no-op where ranks are spawned (no forkserver) or it is running."""
+    ctx = _mp_context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def _end_forkserver() -> None:
     """At exit, end the forkserver at once: left to notice by itself, it tears torch down for seconds after
     the command has returned (a process that outlives it). It holds nothing to save: its ranks are done."""
@@ -371,4 +381,4 @@ def _library_modules() -> list:
     return mods + ([torch] if torch is not None else [])
 
 
-__all__ = ["spawn", "RankFailure", "Stopped", "fail_to_launcher", "die_with_launcher", "describe"]
+__all__ = ["spawn", "start_early", "RankFailure", "Stopped", "fail_to_launcher", "die_with_launcher", "describe"]
