@@ -70,8 +70,8 @@ def check_plan(plan, own: bool = False) -> None:
     """The plan's shape: string patterns to a style name or a torch ``ParallelStyle`` (``RunError`` naming it).
 
     ``own``: the plan is the model's own (transformers' ``base_model_tp_plan``), not the user's ``tp_plan``; a
-    style stagewise does not run (Mixtral's experts are ``packed_colwise``) is then said as the model's, with
-    what to do instead, before any rank starts (``stagewise train --hf`` calls it).
+    style stagewise does not run (transformers 5.24's Mixtral experts, ``packed_colwise``) is then said as the
+    model's, with what to do instead, before any rank starts (``stagewise train --hf`` calls it).
     """
     from torch.distributed.tensor.parallel import ParallelStyle
 
