@@ -188,3 +188,32 @@ def test_the_stagewise_line_of_a_sharded_plan_names_the_runtimes_flags(tmp_path,
         if "--dp 1 " not in line or sharding == "fsdp":
             assert flag in line, line
         _train_takes(line)
+
+
+def test_failure_rate_costs_a_cluster_plan_and_its_stagewise_run_saves_at_the_interval(tmp_path, capsys):
+    """`plan --model --failure-rate`: the checkpoint is the model's bf16 weights, fp32 master weights and Adam's
+    moments (14 bytes per parameter), written by every GPU of a sharded layout; the MTBF is over --gpus; the
+    stagewise command saves every Daly interval in its own row's steps."""
+    from stagewise.plan.cluster import TransformerSpec
+    from stagewise.plan.failures import daly
+
+    rc, out, err = run(capsys, *BASE, "--sharding", "fsdp", "--failure-rate", "0.02", "--write-bandwidth", "500MB/s",
+                       "--restart-time", "90", "-o", str(tmp_path / "p.csv"), "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    f = data["failures"]
+    assert f["checkpoint_bytes"] == TransformerSpec.load("llama3-8b").params() * 14
+    assert f["write_s"] == f["checkpoint_bytes"] / (64 * 500e6) and f["mtbf_s"] == 86400 / (0.02 * 64)
+    assert f["interval_s"] == f["daly_s"] == daly(f["write_s"], f["mtbf_s"])
+    assert f["lost_per_failure_s"] == (f["interval_s"] + f["write_s"]) / 2 + 90
+    mine = data["frameworks"]["stagewise"]
+    steps = max(1, round(f["interval_s"] / mine["layout"]["step_time"]))
+    assert f"--save ckpt --save-every {steps} --save-on-signal --max-restarts 3" in mine["command"]
+    _train_takes(mine["command"])
+    rc, out, err = run(capsys, *BASE, "--failure-rate", "0.02", "-o", str(tmp_path / "q.csv"))
+    assert rc == 0 and "under faults: a checkpoint of" in out and "(Daly; Young" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("stagewise:"))
+    assert "--save-on-signal" in line
+    _train_takes(line)
+    assert "--checkpoint-interval needs --failure-rate" in fails(capsys, *BASE, "--checkpoint-interval", "60", "-o",
+                                                                  str(tmp_path / "r.csv"))

@@ -150,10 +150,8 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
 
     faults = plan_failures.cost(args, prof, best)
     command = train_command(best, prof, out.csv if csv_ok else None, args.global_batch)
-    if faults is not None:  # the suggested interval, as the run's options (before the command's comment)
-        run, sep, note = command.partition("   #")
-        command = f"{run} --save ckpt --save-every {faults.interval_steps} --save-on-signal --max-restarts 3" + \
-            (sep + note if sep else "")
+    if faults is not None:  # the suggested interval, as the run's options
+        command = plan_failures.saving(command, faults)
     verified = None
     if args.verify is not None:
         from ..runtime.profiling.verify import verify

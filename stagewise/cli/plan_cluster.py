@@ -99,8 +99,6 @@ def run(args) -> int:
     from ..plan.cluster import cluster_why
     from .planning import ProgressBar, destinations
 
-    if getattr(args, "failure_rate", None) is not None:
-        raise UsageError("--failure-rate costs a plan from a measured --profile; with --model it is not costed yet")
     job = _job(args)
     out = destinations(args)  # before the search: a bad destination costs nothing
     schedules: dict = {}
@@ -119,7 +117,10 @@ def run(args) -> int:
     rec = recommend(res.ranking[:max(args.top, 1)], reserve)  # the rows the search ranked exactly
     why = cluster_why(res.ranking, rec.tied, rec, reserve)
     sens = sensitivity(job, rec.row, schedules)
-    return _report(args, job, res, elapsed, out, why, rec, sens)
+    from . import plan_failures
+
+    faults = plan_failures.cluster_cost(args, job, rec.row)
+    return _report(args, job, res, elapsed, out, why, rec, sens, faults)
 
 
 def _job(args):
@@ -200,7 +201,7 @@ def _names(text: str, option: str) -> tuple[str, ...]:
     return names
 
 
-def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict]) -> int:
+def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict], faults) -> int:
     from .. import torch_csv
     from ..plan.search import recommend
     from ..plan.cluster import commands
@@ -217,8 +218,15 @@ def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict]) -> in
     reserve = job.memory_reserve.bytes(job.hardware.memory)
     picks = {name: recommend([c for c in res.ranking if c.framework == name], reserve).row for name in res.best}
     cmds = commands(picks, job, csv_path, best)
+    if faults is not None and cmds.get("stagewise", (None, None))[1]:  # its run saves at the suggested interval
+        from . import plan_failures
+
+        c, cmd, note = cmds["stagewise"]
+        cmds["stagewise"] = (c, plan_failures.saving(cmd, faults, c.step_time), note)
     plan = cluster_plan(argv=out.argv, job=job, res=res, commands=cmds, why=why, rec=rec, sensitivity=sens,
                         top=args.top, seconds=elapsed, csv=out.csv)
+    if faults is not None:
+        plan["failures"] = faults.to_dict()
     table = cluster_table(res.ranking[:args.top], rec.tied, best)
     out.write(plan, markdown(plan, table))
     if args.json:
@@ -231,6 +239,10 @@ def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict]) -> in
         print("what moves the winner's step most: " + "; ".join(
             f"{s['input']} {s['change']} {s['delta']:+.1%}" if s["delta"] is not None else
             f"{s['input']} {s['change']}: does not fit" for s in sens))
+    from . import plan_failures
+
+    for line in plan_failures.lines(faults):
+        print(line)
     print()
     for name, (c, cmd, note) in cmds.items():
         print(_framework_line(name, c, cmd, note, res.ranking))

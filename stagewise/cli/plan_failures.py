@@ -28,18 +28,45 @@ def cost(args, profile, best):
         if args.checkpoint_interval is not None:
             raise UsageError("--checkpoint-interval needs --failure-rate")
         return None
+    state = sum(layer.param_bytes for layer in profile.layers) * max(1.0, args.state_factor - 1)
+    return _cost(args, state, best.schedule.ranks, args.devices, best.step_time)
+
+
+def cluster_cost(args, job, best):
+    """The ``FailureCost`` of a cluster plan's recommended row (None without --failure-rate). The checkpoint
+    holds the bf16 weights and the fp32 master weights and Adam's two moments (``CHECKPOINT_BYTES_PER_PARAM``);
+    sharded state (zero1, fsdp, hsdp) is written by every GPU, its own share, and replicated state by one
+    replica's t x p GPUs (DCP writes a replicated tensor once)."""
+    if args.failure_rate is None:
+        if args.checkpoint_interval is not None:
+            raise UsageError("--checkpoint-interval needs --failure-rate")
+        return None
+    from ..plan.cluster import CHECKPOINT_BYTES_PER_PARAM
+
+    writers = job.gpus if best.sharding != "ddp" else job.gpus // best.config.dp
+    return _cost(args, job.spec.params() * CHECKPOINT_BYTES_PER_PARAM, writers, job.gpus, best.step_time)
+
+
+def _cost(args, state: float, writers: int, devices: int, step_time: float):
     from ..plan.errors import PlanError
     from ..plan.failures import failure_cost
     from ..plan.search import parse_bytes
 
-    state = sum(layer.param_bytes for layer in profile.layers) * max(1.0, args.state_factor - 1)
     try:
-        return failure_cost(checkpoint_bytes=state, writers=best.schedule.ranks,
+        return failure_cost(checkpoint_bytes=state, writers=writers,
                             write_bandwidth=parse_bytes(args.write_bandwidth.removesuffix("/s"), "--write-bandwidth"),
-                            rate=args.failure_rate, devices=args.devices, step_time=best.step_time,
+                            rate=args.failure_rate, devices=devices, step_time=step_time,
                             restart=args.restart_time, interval=args.checkpoint_interval)
     except PlanError as e:
         raise UsageError(str(e)) from None
+
+
+def saving(command: str, c, step_time: float | None = None) -> str:
+    """``command`` with the options that save every ``c.interval_s`` of work (before the command's comment), in
+    steps of ``step_time`` (None: the costed layout's, ``c.interval_steps``)."""
+    steps = c.interval_steps if step_time is None else max(1, round(c.interval_s / step_time))
+    run, sep, note = command.partition("   #")
+    return f"{run} --save ckpt --save-every {steps} --save-on-signal --max-restarts 3" + (sep + note if sep else "")
 
 
 def lines(c) -> list[str]:

@@ -22,7 +22,7 @@ from .activations import RECOMPUTE_MODULES, kept_bytes
 from .analytic import (DEFAULT_MODULES, RECOMPUTE, Compute, ExpertParallel, TensorParallel, analytic_profile,
                        block_activation_bytes, boundary_bytes, expert_a2a_time, score_bytes, tp_allreduce_time)
 from .candidate import ClusterCandidate, MemoryParts
-from .data_parallel import (exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost,
+from .data_parallel import (CHECKPOINT_BYTES_PER_PARAM, exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost,
                             state_factor)
 from .datafile import SpecError, shipped
 from .explain import cluster_why
@@ -40,7 +40,7 @@ from .steady import extend, short_m
 from .transformer import MLA, MoE, TransformerSpec
 from .written import cluster_plan, markdown
 
-__all__ = ["ClusterCandidate", "ClusterSearcher", "Compute", "DEEPSPEED", "DEFAULT_MODULES", "ExpertParallel",
+__all__ = ["CHECKPOINT_BYTES_PER_PARAM", "ClusterCandidate", "ClusterSearcher", "Compute", "DEEPSPEED", "DEFAULT_MODULES", "ExpertParallel",
            "FRAMEWORKS", "Fp8", "Framework", "Hardware", "Job", "MEGATRON", "MLA", "MemoryParts", "MoE", "PLACEMENTS",
            "PRECISIONS", "RECOMPUTE", "RECOMPUTE_MODULES", "Reserve", "Result", "SHARDING", "STAGEWISE", "SpecError",
            "StageGrid", "TORCHTITAN", "TensorParallel", "TransformerSpec", "VERSIONS", "analytic_profile",

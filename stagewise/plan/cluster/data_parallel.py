@@ -36,6 +36,9 @@ from ...timeline import Timeline
 from ..search import Link
 
 GRAD_BYTES_PER_PARAM_BYTE = 2  #: fp32 gradients of bf16 weights
+#: what a checkpoint holds per parameter: bf16 weights 2, fp32 master weights 4, Adam's two moments 8 (the
+#: state above less the gradients, which are not saved)
+CHECKPOINT_BYTES_PER_PARAM = 14
 
 
 def reduce_scatter_time(nbytes: float, dp: int, link: Link) -> float:
