@@ -55,6 +55,9 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     comm = costs.a2a_f is not None
 
     done = [-1.0] * (2 * n_keys)  # [0, n): F done; [n, 2n): input gradient done (B or I)
+    # per stage, where its inputs' keys start (-1: none, the lane's first / last stage)
+    f_in = [-1 if s == first[s] else (s - 1) * m for s in range(S)]
+    g_in = [-1 if s == last[s] else n_keys + (s + 1) * m for s in range(S)]
     programs = schedule.programs
     R = len(programs)
     starts = [[0.0] * len(p) for p in programs]
@@ -68,9 +71,9 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
         """(time a's inputs are ready, -1) or (-1, key it waits on)."""
         kind, s, mb = a
         if kind == "F":
-            if s == first[s]:
+            if f_in[s] < 0:
                 return 0.0, -1
-            k = (s - 1) * m + mb
+            k = f_in[s] + mb
             d = done[k]
             return (d + fwd_link[s], -1) if d >= 0 else (-1.0, k)
         if kind == "W":
@@ -81,8 +84,8 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
         d = done[k]
         if d < 0:
             return -1.0, k
-        if s != last[s]:
-            k = n_keys + (s + 1) * m + mb
+        if g_in[s] >= 0:
+            k = g_in[s] + mb
             g = done[k]
             if g < 0:
                 return -1.0, k
@@ -90,6 +93,15 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
             if g > d:
                 d = g
         return d, -1
+
+    def finish(kind: str, s: int, mb: int, t: float) -> None:
+        """Record that (kind, s, mb) ended at ``t`` and wake the ranks waiting on it."""
+        k = s * m + mb if kind == "F" else n_keys + s * m + mb
+        done[k] = t
+        if waiting:
+            woken = waiting.pop(k, None)
+            if woken:
+                queue.extend(woken)
 
     while queue:
         r = queue.popleft()
@@ -117,22 +129,55 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
                 else:
                     d = dur["F"][fa.stage] + dur[ba.kind][ba.stage]
                 t = start + d
-                finished = (fa, ba)
+                st[i] = start
+                en[i] = t
+                i += 1
+                finish(*fa, t)
+                if ba.kind != "W":
+                    finish(*ba, t)
+                continue
+            # a single op, ``ready_time`` and ``finish`` written out: this loop is the simulator's hot path
+            kind, s, mb = op
+            if kind == "F":
+                base = f_in[s]
+                if base < 0:
+                    rt = 0.0
+                else:
+                    rt = done[base + mb]
+                    if rt < 0:
+                        waiting.setdefault(base + mb, []).append(r)
+                        break
+                    rt += fwd_link[s]
+                k = s * m + mb
             else:
-                rt, k = ready_time(op)
-                if k >= 0:
-                    waiting.setdefault(k, []).append(r)
-                    break
-                start = t if t > rt else rt
-                t = start + dur[op.kind][op.stage]
-                finished = (op,)
+                k = s * m + mb
+                if kind == "W":
+                    rt = done[n_keys + k]
+                    if rt < 0:
+                        waiting.setdefault(n_keys + k, []).append(r)
+                        break
+                    k = -1
+                else:
+                    rt = done[k]
+                    if rt < 0:
+                        waiting.setdefault(k, []).append(r)
+                        break
+                    base = g_in[s]
+                    if base >= 0:
+                        g = done[base + mb]
+                        if g < 0:
+                            waiting.setdefault(base + mb, []).append(r)
+                            break
+                        g += bwd_link[s]
+                        if g > rt:
+                            rt = g
+                    k += n_keys
+            start = t if t > rt else rt
+            t = start + dur[kind][s]
             st[i] = start
             en[i] = t
             i += 1
-            for kind, s, mb in finished:
-                if kind == "W":
-                    continue
-                k = s * m + mb if kind == "F" else n_keys + s * m + mb
+            if k >= 0:
                 done[k] = t
                 if waiting:
                     woken = waiting.pop(k, None)

@@ -50,18 +50,39 @@ def check_structure(schedule: Schedule) -> None:
     kind_base = {k: i * S * m for k, i in _KIND_INDEX.items()}
     for r, prog in enumerate(schedule.programs):
         for pos, op in enumerate(prog):
-            for kind, s, mb in (op.forward, op.backward) if type(op) is Pair else (op,):
-                # fast path: every check is one comparison; messages only on failure
-                if not (0 <= s < S and lo_of[s] <= mb < hi_of[s] and placement[s] == r):
-                    _raise_bad_index(schedule, r, pos, op, Action(kind, s, mb), lane_mb)
-                k = kind_base[kind] + s * m + mb
-                if seen[k]:
-                    raise ScheduleError(f"rank {r} position {pos} ({op}): duplicate action {Action(kind, s, mb)}; "
-                                        "each (stage, micro-batch, kind) runs once")
-                seen[k] = 1
             if type(op) is Pair:
                 _check_pair(op, r, pos)
+                actions = op
+            else:
+                kind, s, mb = op
+                # fast path, the common op: every check is one comparison; messages only on failure
+                base = kind_base.get(kind)
+                if base is not None and 0 <= s < S and lo_of[s] <= mb < hi_of[s] and placement[s] == r:
+                    k = base + s * m + mb
+                    if not seen[k]:
+                        seen[k] = 1
+                        continue
+                actions = (op,)
+            for a in actions:
+                _check_action(schedule, r, pos, op, a, lane_mb, seen, kind_base)
     _check_complete(schedule, seen)
+
+
+def _check_action(schedule: Schedule, r: int, pos: int, op, a: Action, lane_mb, seen: bytearray,
+                  kind_base: dict) -> None:
+    """Mark ``a`` (of ``op`` at ``pos`` on rank ``r``) as seen, or raise what is wrong with it."""
+    kind, s, mb = a
+    if kind not in kind_base:
+        raise ScheduleError(f"rank {r} position {pos} ({op}): unknown kind {kind!r}; one of {', '.join(kind_base)}")
+    S, m = schedule.stages, schedule.microbatches
+    lo, hi = lane_mb[s] if 0 <= s < S else (0, 0)
+    if not (0 <= s < S and lo <= mb < hi and schedule.placement[s] == r):
+        _raise_bad_index(schedule, r, pos, op, Action(kind, s, mb), lane_mb)
+    k = kind_base[kind] + s * m + mb
+    if seen[k]:
+        raise ScheduleError(f"rank {r} position {pos} ({op}): duplicate action {Action(kind, s, mb)}; "
+                            "each (stage, micro-batch, kind) runs once")
+    seen[k] = 1
 
 
 def _raise_bad_index(schedule: Schedule, r: int, pos: int, op, a: Action, lane_mb) -> None:

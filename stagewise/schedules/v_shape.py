@@ -69,13 +69,17 @@ class _PrefixMax:
     a rank whose W's are in the grid, in O(log slots) per move instead of a scan (the same value)."""
 
     def __init__(self, weights: dict[int, int]):
-        self.n = 1 << max(1, max(weights, default=0).bit_length() + 1)
-        self.sum = [0] * (2 * self.n)
-        self.best = [0] * (2 * self.n)  # the largest prefix sum within the node, the empty prefix (0) included
+        self.n = n = 1 << max(1, max(weights, default=0).bit_length() + 1)
+        total = self.sum = [0] * (2 * n)
+        best = self.best = [0] * (2 * n)  # the largest prefix sum within the node, the empty prefix (0) included
         for i, w in weights.items():
-            self.sum[self.n + i], self.best[self.n + i] = w, max(0, w)
-        for k in range(self.n - 1, 0, -1):
-            self._pull(k)
+            total[n + i], best[n + i] = w, max(0, w)
+        for k in range(n - 1, 0, -1):  # ``_pull`` written out: the trees are built once per rank and squeeze
+            left = 2 * k
+            sl = total[left]
+            total[k] = sl + total[left + 1]
+            x, y = best[left], sl + best[left + 1]
+            best[k] = x if x > y else y
 
     def _pull(self, k: int) -> None:
         left, right = 2 * k, 2 * k + 1
@@ -86,12 +90,17 @@ class _PrefixMax:
         if i >= self.n:  # a slot past the end: rebuild larger
             self.__init__({**{k: x for k in range(self.n) if (x := self.sum[self.n + k])}, i: w})
             return
+        total, best = self.sum, self.best
         k = i + self.n
-        self.sum[k], self.best[k] = w, max(0, w)
-        k //= 2
-        while k:
-            self._pull(k)
-            k //= 2
+        total[k], best[k] = w, w if w > 0 else 0
+        k >>= 1
+        while k:  # ``_pull`` up to the root, written out (every move of a squeeze makes two of these)
+            left = 2 * k
+            sl = total[left]
+            total[k] = sl + total[left + 1]
+            x, y = best[left], sl + best[left + 1]
+            best[k] = x if x > y else y
+            k >>= 1
 
     @property
     def peak(self) -> int:
@@ -234,27 +243,48 @@ class _Grid:
     def _resume(self, r: int) -> int:
         """The W-less scan of rank r, resumed after the last slot no move has touched."""
         keys, states, slots = self._keys[r], self._states[r], self.slots[r]
-        state = states[-1] if states else (0, 0, 0, 0)
-        for slot in keys[len(states):]:
-            state = self._step(slots[slot], slot, *state, False)
-            states.append(state)
-        return state[1]
+        live, peak, owed, prev = states[-1] if states else (0, 0, 0, 0)
+        for slot in keys[len(states):]:  # ``_step(..., with_w=False)`` written out: the W-less squeeze's hot loop
+            if owed:
+                paid = slot - prev - 1
+                if paid > owed:
+                    paid = owed
+                live -= paid
+                owed -= paid
+            kind = slots[slot].kind
+            if kind == "F":
+                live += 1
+                if live > peak:
+                    peak = live
+            elif kind == "W":
+                live -= 1
+            else:
+                owed += 1
+            prev = slot
+            states.append((live, peak, owed, prev))
+        return peak
 
     def earliest(self, a: Action) -> int:
         """The first slot after a's dependencies: the chain of its micro-batch and its own previous one."""
         kind, s, mb = a
-        deps = []
+        at = self.at
+        deps = []  # plain tuples: equal to, and hashed as, the Actions that key ``at``
         if kind == "F" and s > 0:
-            deps.append(Action("F", s - 1, mb))
+            deps.append(("F", s - 1, mb))
         if kind == "I":
-            deps.append(Action("F", s, mb))
+            deps.append(("F", s, mb))
             if s < 2 * self.p - 1:
-                deps.append(Action("I", s + 1, mb))
+                deps.append(("I", s + 1, mb))
         if kind == "W":
-            deps.append(Action("I", s, mb))
+            deps.append(("I", s, mb))
         if mb > 0:
-            deps.append(Action(kind, s, mb - 1))
-        return max((self.at[d] + 1 for d in deps if d in self.at), default=0)
+            deps.append((kind, s, mb - 1))
+        best = 0
+        for d in deps:
+            t = at.get(d)
+            if t is not None and t >= best:
+                best = t + 1
+        return best
 
     def squeeze(self, *, with_w: bool) -> None:
         """Move each warm-up (only ``with_w``) and cool-down action to the earliest free slot that keeps the peak.
@@ -266,11 +296,12 @@ class _Grid:
         limit = max(self.peak(r, with_w) for r in range(self.p))
         order = sorted(self.at.items(), key=lambda x: (x[1], self.rank_of(x[0].stage), x[0].stage))
         phase = 0
+        warm_end, cool_start = Action("I", 0, 0), Action("F", 0, self.m - 1)
         for a, slot in order:
-            if phase == 0 and a == Action("I", 0, 0):
+            if phase == 0 and a == warm_end:
                 phase = 1
             if phase == 1:
-                if a == Action("F", 0, self.m - 1):
+                if a == cool_start:
                     phase = 2
                 continue
             if phase == 0 and not with_w:

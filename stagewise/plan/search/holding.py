@@ -56,6 +56,8 @@ def holding(schedule: Schedule) -> Holding:
 
 def _live_vectors(program, stages: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     """Live activation counts per stage at each local peak (a forward not followed by one)."""
+    if len(stages) == 1:
+        return _live_one(program)
     index = {s: k for k, s in enumerate(stages)}
     live = [0] * len(stages)
     peaks: set[tuple[int, ...]] = set()
@@ -86,6 +88,27 @@ def _live_vectors(program, stages: tuple[int, ...]) -> tuple[tuple[int, ...], ..
         if not any(_dominates(u, v) for u in kept):
             kept.append(v)
     return tuple(sorted(kept))
+
+
+def _live_one(program) -> tuple[tuple[int, ...], ...]:
+    """``_live_vectors`` of a rank holding one stage: its one undominated peak is the largest count."""
+    live = peak = 0
+    for op in program:
+        if type(op) is Pair:
+            live += 1
+            if live > peak:
+                peak = live
+            if op.backward.kind == "B":
+                live -= 1
+            continue
+        kind = op.kind
+        if kind == "F":
+            live += 1
+            if live > peak:
+                peak = live
+        elif kind != "I":
+            live -= 1
+    return ((peak,),) if peak else ()
 
 
 def _dominates(u: tuple[int, ...], v: tuple[int, ...]) -> bool:
