@@ -51,9 +51,12 @@ def fails(cfg: RunConfig) -> tuple[RankFailure, float]:
 def test_fault_text_parses_and_bad_text_names_the_rule():
     assert parse_fault("exit:rank=1:action=1F3:step=2") == Fault(how="exit", rank=1, action=Action("F", 1, 3), step=2)
     assert parse_fault("nan:action=3F0:rank=1").step == 1
+    assert parse_fault("lose:rank=3:action=1F0:step=3:back=5").back == 5  # the slot returns after step 5
     for text, needle in [("boom:rank=1:action=1F0", "'boom' is not one of exit, raise, hang, nan"),
                          ("exit:rank=1", "needs rank= and action="), ("exit:rank=x:action=1F0", "invalid literal"),
-                         ("exit:rank=1:action=1Q0", "not an action"), ("exit:rank=1:action=1F0:when=2", "bad field")]:
+                         ("exit:rank=1:action=1Q0", "not an action"), ("exit:rank=1:action=1F0:when=2", "bad field"),
+                         ("exit:rank=1:action=1F0:back=2", "needs HOW lose"),
+                         ("lose:rank=1:action=1F0:step=3:back=2", "J >= step")]:
         with pytest.raises(RunError, match=needle):
             parse_fault(text)
 

@@ -53,6 +53,33 @@ def test_pp2_dp2_losing_a_slot_at_step_3_finishes_at_pp2_with_the_same_global_ba
     assert restart._resume_point(cfg, restart._complete(cfg.save)) is None  # all there before: another run's
 
 
+def test_a_lost_slot_that_comes_back_grows_the_run_back_at_its_next_checkpoint(capsys, tmp_path, monkeypatch,
+                                                                               uninterrupted_elastic_run):
+    from stagewise import Parallelism
+    from stagewise.runtime import train
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("STAGEWISE_FAULT", "lose:rank=3:action=1F0:step=3:back=3")  # gone at step 3, back after it
+    rc, out, err = run(capsys, "train", *ELASTIC_RUN, "--steps", "7", "--save", "ck", "--save-every", "2",
+                       "--max-restarts", "1", "--elastic", "2:4", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    shrink, grow = res["restarts"]  # a grow is no failure: one restart allowed, two transitions
+    assert (shrink["event"], shrink["new_layout"]["text"]) == ("failure", "pp 2, m 4")
+    assert (grow["event"], grow["after_step"], grow["slots_back"], grow["resumed_step"], grow["lost_steps"]) == \
+        ("grow", 4, 1, 4, 0)  # back after step 3; the next checkpoint is step 4's
+    assert (grow["old_layout"]["text"], grow["new_layout"]["text"]) == ("pp 2, m 4", "pp 2 x dp 2, m 2")
+    assert grow["replan"] == "the layout as configured" and grow["downtime_s"] >= 0
+    assert "grow 2: 1 rank slot back; stopped at the checkpoint after step 4; restarting from ck/step-00000004" in err
+    assert (res["ranks"], res["dp"], res["microbatches"], len(res["losses"])) == (2, 2, 2, 7)
+    full = uninterrupted_elastic_run.losses
+    assert res["losses"][:2] == list(full[:2])
+    monkeypatch.delenv("STAGEWISE_FAULT")
+    grown = train(elastic_config(steps=7, resume=str(tmp_path / "ck/step-00000004")))
+    assert res["losses"][4:] == list(grown.losses)  # from the grow: a run resumed there at the layout as configured
+    assert max(abs(a - b) for a, b in zip(res["losses"], full)) < 1e-5  # the curve goes on through both
+
+
 def test_a_run_that_cannot_go_on_with_the_ranks_left_stops_naming_why(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("STAGEWISE_FAULT", "lose:rank=1:action=1F0:step=2")

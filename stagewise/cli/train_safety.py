@@ -66,9 +66,14 @@ def lines(res) -> list[str]:
     for folder, seconds in zip(ck.get("saved", []), ck.get("save_s", [])):
         out.append(f"saved {folder} ({seconds * 1e3:.0f} ms)")
     for r in res.restarts or ():
+        cost = f", {r['time_lost_s']:.2f} s lost" if r.get("time_lost_s") is not None else ""
+        if r["event"] == "grow":
+            slots = f"{r['slots_back']} slot{'s' if r['slots_back'] != 1 else ''}"
+            out.append(f"grow {r['attempt']} after step {r['after_step']}: {slots} back, resumed at step "
+                       f"{r['resumed_step']} on {r['new_layout']['text']}{cost}")
+            continue
         out.append(f"restart {r['attempt']} after step {r['failed_after_step']}: resumed at step {r['resumed_step']} "
-                   f"({r['lost_steps']} lost) on {r['new_layout']['text']}" + (
-                       f", {r['time_lost_s']:.2f} s lost" if r.get("time_lost_s") is not None else ""))
+                   f"({r['lost_steps']} lost) on {r['new_layout']['text']}{cost}")
     for s in res.skipped_steps or ():
         at = f" at {s['where']}" if s["where"] else ""
         out.append(f"skipped the update of step {s['step']}: loss {s['loss']}{at}")

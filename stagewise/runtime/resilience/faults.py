@@ -9,7 +9,8 @@ command-line option. The text is ``HOW:rank=R:action=OP[:step=K]``:
 - ``hang``: the rank stops making progress (sleeps an hour); its peers time out after ``--timeout``;
 - ``nan``: the loss of the op's micro-batch becomes NaN (OP must be the F of a lane's last stage);
 - ``lose``: the rank dies as with ``exit`` (``os._exit(4)``) and its slot is gone for good: a restarted local
-  run (``--max-restarts``) gets one rank fewer, so an ``--elastic`` run shrinks (restart.py);
+  run (``--max-restarts``) gets one rank fewer, so an ``--elastic`` run shrinks (restart.py); with
+  ``:back=J`` the slot returns once step J has run, and the run grows back at its next checkpoint;
 - ``term``: a preemption notice: the rank sends itself SIGTERM (``--save-on-signal``: preempt.py).
 
 A fault fires once per run, not again in a restarted attempt: the local restart loop drops it, and under
@@ -33,7 +34,8 @@ HOWS = ("exit", "raise", "hang", "nan", "lose", "term")
 EXIT_CODE = 3
 LOST_CODE = 4  #: the exit status of a ``lose`` fault: the launcher takes that rank's slot away
 ENV = "STAGEWISE_FAULT"
-_FORM = "HOW:rank=R:action=OP[:step=K], HOW one of " + ", ".join(HOWS) + " (e.g. exit:rank=1:action=1F3:step=2)"
+_FORM = ("HOW:rank=R:action=OP[:step=K][:back=J], HOW one of " + ", ".join(HOWS) +
+         " (e.g. exit:rank=1:action=1F3:step=2; back=J only with lose)")
 
 
 class InjectedFault(RuntimeError):
@@ -48,6 +50,7 @@ class Fault:
     rank: int
     action: Action
     step: int = 1
+    back: int | None = None  #: ``lose`` only: the slot returns once this step (1-based) has run
 
 
 def parse_fault(text: str) -> Fault:
@@ -58,7 +61,7 @@ def parse_fault(text: str) -> Fault:
     kv = {}
     for f in fields:
         key, sep, value = f.partition("=")
-        if not sep or key not in ("rank", "action", "step") or key in kv:
+        if not sep or key not in ("rank", "action", "step", "back") or key in kv:
             raise RunError(f"fault {text!r}: bad field {f!r}; expected {_FORM}")
         kv[key] = value
     if "rank" not in kv or "action" not in kv:
@@ -66,11 +69,16 @@ def parse_fault(text: str) -> Fault:
     try:
         action = parse(kv["action"])
         rank, step = int(kv["rank"]), int(kv.get("step", 1))
+        back = int(kv["back"]) if "back" in kv else None
     except (ParseError, ValueError) as e:
         raise RunError(f"fault {text!r}: {e}") from None
     if type(action) is not Action or rank < 0 or step < 1:
         raise RunError(f"fault {text!r}: needs one action like 1F3, rank >= 0 and step >= 1")
-    return Fault(how=how, rank=rank, action=action, step=step)
+    if back is not None and (how != "lose" or back < step):
+        raise RunError(f"fault {text!r}: back=J (the step after which a lost slot returns) needs HOW lose and "
+                       f"J >= step ({step})")
+    return Fault(how=how, rank=rank, action=action, step=step, back=back)
+
 
 
 def check_fault(fault: Fault, schedule, replicas: int = 1) -> None:

@@ -127,6 +127,9 @@ class RunConfig:
     save_on_signal: float | None = None  #: SIGTERM: finish the step, save within this many seconds, exit 143
     max_restarts: int = 0  #: a failed rank restarts every rank from the last complete checkpoint, this often
     elastic: tuple[int, int] | None = None  #: (MIN, MAX) ranks: a restart on fewer re-plans the layout
+    #: the restart loop's: rank slots come back once this many steps are done, so the ranks stop after the first
+    #: checkpoint saved then and the run goes on at the larger layout from it (run/restart.py); None: never
+    grow_after: int | None = None
     fault: str | None = None  #: tests only: a rank fails on purpose, e.g. "exit:rank=1:action=1F3" (faults.py)
 
     # ---- the layout's degrees, read from ``parallelism`` (one home)
@@ -267,6 +270,10 @@ class RunConfig:
             if not self.save:
                 raise RunError("`save_on_signal` writes a checkpoint when a stop notice comes: it needs `save`")
         check_count("`max_restarts`", self.max_restarts, 0)
+        if self.grow_after is not None:
+            check_count("`grow_after`", self.grow_after, 1)
+            if not self.save:
+                raise RunError("`grow_after` stops the ranks at a checkpoint to grow back: it needs `save`")
         if self.elastic is None:
             return
         try:

@@ -15,6 +15,14 @@ and recorded in the result (``RunResult.restarts``): the step, the old and new l
 lost, and the time from the death to the first step after it, split into detection, restart, re-plan, and
 the checkpoint's load (manifest and hashes) and reshard (DCP's read into the new layout).
 
+Slots that return (locally, a ``lose`` fault's ``back=J``: the slot is back once step J has run) grow the run
+back at its next checkpoint: the attempt on fewer ranks runs with ``grow_after`` J, its ranks stop after the
+first checkpoint written once J steps are done, and the run goes on from that checkpoint at the layout as
+configured (or, with some still missing, the one re-planned for the slots there are), recorded as a ``grow``
+transition. A grow is not a failure: it does not count against ``max_restarts``. Under torchrun a node that
+joins makes torchrun restart the workers (with ``--save-on-signal`` they save first), and ``torchrun_attempt``
+takes the newest checkpoint at the configured layout.
+
 The injected fault fires once per run: a restarted attempt runs without it. The data position continues
 exactly: step k reads the same sequences (``ModelConfig.batch(k, batch)``) whatever the layout.
 
@@ -34,20 +42,23 @@ from .config import RunError
 
 def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Callable | None = None):
     """Run ``cfg`` (``launch_once(cfg, report)`` -> RunResult, one launch), restarting it after a rank's failure
-    up to ``cfg.max_restarts`` times. Returns the last attempt's result with every step's loss and time (those
-    before its checkpoint from the attempts that ran them) and ``restarts``: one record per transition."""
+    up to ``cfg.max_restarts`` times, and growing it back at a checkpoint when lost slots return. Returns the
+    last attempt's result with every step's loss and time (those before its checkpoint from the attempts that
+    ran them) and ``restarts``: one record per transition."""
     from ..launching.launch import RankFailure
 
     seen = _complete(cfg.save)  # checkpoints there before this launch: never ours to resume
-    slots = cfg.world  # the ranks this run may use; a slot taken away stays away
+    slots = cfg.world  # the ranks this run may use now
+    back: list[tuple[int, int]] = []  # (steps done when they return, how many): lost slots that come back
     current, records, steps = cfg, [], {}  # steps: step k (0-based) -> (loss, seconds), the latest attempt's
     while True:
-        attempt = len(records)
         marks: dict = {"first_step": None}
 
         def tracked(job, k, loss, seconds, _marks=marks):
             if _marks["first_step"] is None:
                 _marks["first_step"] = time.time()
+                if records and "downtime_s" not in records[-1]:  # the transition before: down until now
+                    records[-1]["downtime_s"] = max(0.0, _marks["first_step"] - records[-1]["died_at"])
             steps[k] = (loss, seconds)
             if report:
                 report(job, k, loss, seconds)
@@ -55,39 +66,68 @@ def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Call
         try:
             res = launch_once(current, tracked)
         except RankFailure as e:
-            if e.user or attempt >= cfg.max_restarts:
+            if e.user or sum(r["event"] == "failure" for r in records) >= cfg.max_restarts:
                 raise
-            detected = time.time()
-            lost_slots = [r for r, c in e.exit_codes.items() if c == LOST_CODE]  # a slot that stays gone
-            slots -= len(lost_slots)
+            failed, (rec, slots_lost) = e, _failure(e, steps)  # ``e`` is unbound after this block
+            slots -= len(slots_lost)
+            back += _returning(current.fault, len(slots_lost))
+        else:
             done = max(steps, default=-1) + 1
-            t0 = time.time()
-            try:
-                nxt, why = _next_layout(cfg, current, slots)
-            except RunError as stop:  # no layout fits the ranks left: the failure stands, and why it ends here
-                raise RankFailure(f"{e}; cannot restart: {stop}", ranks=e.ranks, flight=e.flight) from e
-            replanned = time.time() - t0
-            found = _resume_point(cfg, seen)
-            nxt = dataclasses.replace(nxt, resume=found, fault=None)  # the fault fired: once per run
-            resumed = _step_of(found)
-            lost_work = sum(steps.pop(k)[1] for k in sorted(steps) if k >= resumed)
-            died = min((e.last_event[r] for r in e.ranks if r in e.last_event), default=detected)
-            rec = {"attempt": attempt + 1, "failed_after_step": done, "error": str(e), "ranks_failed": list(e.ranks),
-                   "slots_lost": lost_slots, "resumed_from": found, "resumed_step": resumed,
-                   "lost_steps": done - resumed, "lost_work_s": lost_work, "old_layout": layout_of(current),
-                   "new_layout": layout_of(nxt), "replan": why, "detection_s": max(0.0, detected - died),
-                   "replan_s": replanned, "died_at": died, "restarted_at": time.time()}
-            records.append(rec)
-            if notify:
-                notify(_say(rec))
-            current = nxt
-            continue
-        return _finished(res, steps, records, marks)
+            if current.grow_after is None or done >= cfg.steps:
+                return _finished(res, steps, records, marks)
+            came = sum(n for k, n in back if k <= done)  # the ranks stopped at a checkpoint: slots are back
+            back = [(k, n) for k, n in back if k > done]
+            slots += came
+            rec = {"event": "grow", "after_step": done, "slots_back": came, "died_at": time.time(),
+                   "detection_s": 0.0}
+        t0 = time.time()
+        try:
+            nxt, why = _next_layout(cfg, current if rec["event"] == "failure" else cfg, slots)
+        except RunError as stop:
+            if rec["event"] == "grow":  # the ranks back do not make a layout: go on as it was
+                nxt, why = current, f"kept: {stop}"
+            else:  # no layout fits the ranks left: the failure stands, and why it ends here
+                raise RankFailure(f"{failed}; cannot restart: {stop}", ranks=failed.ranks,
+                                  flight=failed.flight) from failed
+        found = _resume_point(cfg, seen)
+        resumed = _step_of(found)
+        grow = min((k for k, _ in back), default=None) if cfg.save and slots < cfg.world else None
+        nxt = dataclasses.replace(nxt, resume=found, fault=None, grow_after=grow)  # the fault fired: once per run
+        done = max(steps, default=-1) + 1
+        lost_work = sum(steps.pop(k)[1] for k in sorted(steps) if k >= resumed)
+        rec.update(attempt=len(records) + 1, resumed_from=found, resumed_step=resumed, lost_steps=done - resumed,
+                   lost_work_s=lost_work, old_layout=layout_of(current), new_layout=layout_of(nxt),
+                   replan="the layout as configured" if rec["event"] == "grow" and nxt.world == cfg.world and
+                   why == "same layout" else why, replan_s=time.time() - t0, restarted_at=time.time())
+        records.append(rec)
+        if notify:
+            notify(_say(rec))
+        current = nxt
+
+
+def _failure(e, steps: dict) -> tuple[dict, list[int]]:
+    """The record of a rank's failure so far, and the ranks whose slot it took away for good."""
+    detected = time.time()
+    lost_slots = [r for r, c in e.exit_codes.items() if c == LOST_CODE]  # a slot that stays gone
+    died = min((e.last_event[r] for r in e.ranks if r in e.last_event), default=detected)
+    return {"event": "failure", "failed_after_step": max(steps, default=-1) + 1, "error": str(e),
+            "ranks_failed": list(e.ranks), "slots_lost": lost_slots, "detection_s": max(0.0, detected - died),
+            "died_at": died}, lost_slots
+
+
+def _returning(fault: str | None, lost: int) -> list[tuple[int, int]]:
+    """The lost slots that come back, as (steps done then, how many): a local ``lose`` fault's ``back=J``."""
+    if not fault or not lost:
+        return []
+    from ..resilience.faults import parse_fault
+
+    j = parse_fault(fault).back
+    return [] if j is None else [(j, lost)]
 
 
 def _finished(res, steps: dict, records: list, marks: dict):
     """The last attempt's result with the steps of every attempt, and the transitions completed with what only
-    that attempt measured (its restore's load and reshard, its first step)."""
+    that attempt measured (its restore's load and reshard)."""
     if not records:
         return res
     ck = res.checkpoint or {}
@@ -95,14 +135,12 @@ def _finished(res, steps: dict, records: list, marks: dict):
     before = [steps[k] for k in sorted(steps) if k < first]
     last = records[-1]
     restore = ck.get("restore_s") or {}
-    end = marks["first_step"]
     last.update(load_s=restore.get("load"), reshard_s=restore.get("reshard"),
                 restart_s=(None if ck.get("restore_started_at") is None else
-                           max(0.0, ck["restore_started_at"] - last["restarted_at"])),
-                downtime_s=None if end is None else max(0.0, end - last["died_at"]))
-    for r in records:  # the wall time the failure cost: down, and the lost steps to run again
-        r["time_lost_s"] = None if r.get("downtime_s") is None else r["downtime_s"] + r["lost_work_s"]
-    for r in records:
+                           max(0.0, ck["restore_started_at"] - last["restarted_at"])))
+    for r in records:  # the wall time the transition cost: down, and the lost steps to run again
+        r.setdefault("downtime_s", None)
+        r["time_lost_s"] = None if r["downtime_s"] is None else r["downtime_s"] + r["lost_work_s"]
         r.pop("restarted_at", None)
         r.pop("died_at", None)
     return dataclasses.replace(res, losses=tuple(l for l, _ in before) + tuple(res.losses),
@@ -111,15 +149,18 @@ def _finished(res, steps: dict, records: list, marks: dict):
 
 
 def _say(rec: dict) -> str:
-    """One line per transition: what failed, what was lost, where it goes on."""
-    lost, done = rec["lost_steps"], rec["failed_after_step"]
+    """One line per transition: what failed (or came back), what was lost, where it goes on."""
     where = (f"from {rec['resumed_from']} (step {rec['resumed_step']})" if rec["resumed_from"] else
              "from step 0 (no checkpoint of this run yet)")
+    layout = (f"; re-planned {rec['old_layout']['text']} -> {rec['new_layout']['text']} ({rec['replan']})"
+              if rec["new_layout"] != rec["old_layout"] else "")
+    if rec["event"] == "grow":
+        return (f"grow {rec['attempt']}: {_n(rec['slots_back'], 'rank slot')} back; stopped at the checkpoint "
+                f"after step {rec['after_step']}; restarting {where}{layout}")
+    lost, done = rec["lost_steps"], rec["failed_after_step"]
     steps = (f"lost {lost} finished step{'s' if lost != 1 else ''}" +
              (f" ({rec['resumed_step'] + 1}-{done})" if lost > 1 else f" ({done})" if lost == 1 else "") +
              f" and step {done + 1} in flight")
-    layout = (f"; re-planned {rec['old_layout']['text']} -> {rec['new_layout']['text']} ({rec['replan']})"
-              if rec["new_layout"] != rec["old_layout"] else "")
     slots = f"; slot{'s' if len(rec['slots_lost']) > 1 else ''} of rank {', '.join(map(str, rec['slots_lost']))} " \
             "gone" if rec["slots_lost"] else ""
     return (f"restart {rec['attempt']}: {rec['error'].splitlines()[0]}{slots}; {steps}; restarting {where}"

@@ -274,7 +274,16 @@ def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> RunResu
             trainer.after_step(k)
             if notice is not None and k + 1 < cfg.steps and notice.agreed():
                 raise Preempted(k + 1, trainer.save_now(k + 1))
+            if _grows(cfg, trainer, k + 1):
+                break  # every rank alike: slots came back and this step's checkpoint is written
         return trainer.result()
     finally:
         if notice is not None:
             notice.close()
+
+
+def _grows(cfg: RunConfig, trainer: RankTrainer, done: int) -> bool:
+    """Whether the ranks stop after ``done`` steps to grow back (``grow_after``): the first checkpoint written
+    once the slots have come back, with steps left to run at the larger layout."""
+    return (cfg.grow_after is not None and done >= cfg.grow_after and done < cfg.steps
+            and trainer.checkpoints.due(done))
