@@ -128,3 +128,50 @@ def test_under_torchrun_max_restarts_each_worker_resumes_the_last_complete_check
     res = json.loads(proc.stdout)  # the restarted attempt's: from the checkpoint after step 2 on
     assert res["checkpoint"]["resumed_from"].endswith("ck/step-00000002")
     assert max(abs(a - b) for a, b in zip(res["losses"], uninterrupted_elastic_run.losses[2:4])) < 1e-5
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun not installed")
+def test_under_torchrun_a_node_gone_re_plans_for_the_ranks_the_rendezvous_brings(tmp_path, uninterrupted_elastic_run):
+    """Two torchrun agents (a node each, 2 ranks each) meet in one c10d rendezvous (--nnodes 1:2); every rank
+    stalls in step 3 (a hang fault on rank 0) until the test kills agent B's whole node; A's workers fail,
+    torchrun restarts them on the 2 ranks left, and each re-plans pp 2 x dp 2 -> pp 2 and resumes step 2."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STAGEWISE_FAULT": "hang:rank=0:action=0F0:step=3"}
+    agents = []
+    for host in ("true", "false"):  # A hosts the rendezvous' store, so B's death leaves it
+        cmd = [torchrun, "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "shrink",
+               "--rdzv-conf", f"is_host={host},last_call_timeout=2,join_timeout=120", "-m", "stagewise", "train",
+               *ELASTIC_RUN, "--steps", "5", "--save", "ck", "--save-every", "2", "--max-restarts", "1",
+               "--elastic", "2:4", "--timeout", "8", "--json"]
+        agents.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, start_new_session=True))
+        time.sleep(1)
+    a, b = agents
+    try:
+        deadline = time.monotonic() + 150
+        while not (tmp_path / "ck/step-00000002/manifest.json").exists():  # steps 1 and 2 done, 3 stalled
+            assert time.monotonic() < deadline and a.poll() is None, "no checkpoint of step 2"
+            time.sleep(0.1)
+        os.killpg(b.pid, signal.SIGKILL)  # node B is gone for good
+        out, err = a.communicate(timeout=150)
+    finally:
+        for p in agents:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert a.returncode == 0, err[-3000:]
+    res = json.loads(out)
+    [r] = res["restarts"]
+    assert (r["event"], r["resumed_step"], r["world"]) == ("torchrun restart", 2, 2)
+    assert (r["old_layout"]["text"], r["new_layout"]["text"]) == ("pp 2 x dp 2, m 2", "pp 2, m 4")
+    assert "torchrun restart 1 on 2 ranks: resuming from ck/step-00000002 (step 2); re-planned" in err
+    assert (res["ranks"], res["dp"], res["microbatches"]) == (2, 1, 4)  # m x dp = 4: the global batch kept
+    full = uninterrupted_elastic_run.losses  # steps 3..5: the uninterrupted curve, to DCP's rounding
+    assert max(abs(x - y) for x, y in zip(res["losses"], full[2:5])) < 1e-5 and len(res["losses"]) == 3

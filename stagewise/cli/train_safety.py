@@ -67,6 +67,10 @@ def lines(res) -> list[str]:
         out.append(f"saved {folder} ({seconds * 1e3:.0f} ms)")
     for r in res.restarts or ():
         cost = f", {r['time_lost_s']:.2f} s lost" if r.get("time_lost_s") is not None else ""
+        if r["event"] == "torchrun restart":
+            out.append(f"torchrun restart {r['attempt']}: resumed at step {r['resumed_step']} on "
+                       f"{r['new_layout']['text']}")
+            continue
         if r["event"] == "grow":
             slots = f"{r['slots_back']} slot{'s' if r['slots_back'] != 1 else ''}"
             out.append(f"grow {r['attempt']} after step {r['after_step']}: {slots} back, resumed at step "

@@ -275,14 +275,17 @@ def _step_of(found: str | None) -> int:
     return int(files.find(found).manifest["step"])
 
 
-def torchrun_attempt(cfg, world: int):
-    """A worker that torchrun restarted (``--max-restarts``): resume from the newest complete checkpoint written
-    since torchrun's agent (this process's parent, alive across its restarts) started, else as configured; with
-    ``elastic``, re-planned when torchrun's rendezvous brought another number of ranks."""
+def torchrun_attempt(cfg, world: int, attempt: int = 1):
+    """A worker that torchrun restarted (``--max-restarts``; ``attempt``: its TORCHELASTIC_RESTART_COUNT): resume
+    from the newest complete checkpoint written since torchrun's agent (this process's parent, alive across its
+    restarts) started, else as configured; with ``elastic``, re-planned when torchrun's rendezvous brought
+    another number of ranks (a node gone: fewer; back: the layout as configured). (config, the transition's
+    record: what this attempt knows of it, the checkpoint and the two layouts)."""
     import os
 
     from ..resilience import checkpoint_files as files
 
+    start = cfg
     if cfg.save and Path(cfg.save).is_dir():
         try:
             born = os.stat(f"/proc/{os.getppid()}").st_ctime  # the agent's start: what is older is not ours
@@ -292,6 +295,19 @@ def torchrun_attempt(cfg, world: int):
                 and born is not None and (d / files.MANIFEST).stat().st_mtime >= born]
         if mine:
             cfg = dataclasses.replace(cfg, resume=str(max(mine)))
+    why = "same layout"
     if cfg.elastic is not None and world != cfg.world:
-        cfg, _ = _next_layout(cfg, cfg, world)
-    return dataclasses.replace(cfg, fault=None)
+        cfg, why = _next_layout(cfg, cfg, world)
+    rec = {"event": "torchrun restart", "attempt": attempt, "world": world, "resumed_from": cfg.resume,
+           "resumed_step": _step_of(cfg.resume), "old_layout": layout_of(start), "new_layout": layout_of(cfg),
+           "replan": why}
+    return dataclasses.replace(cfg, fault=None), rec
+
+
+def say_torchrun(rec: dict) -> str:
+    """The line a torchrun-restarted rank 0 prints: where it resumed, and on which layout."""
+    where = (f"from {rec['resumed_from']} (step {rec['resumed_step']})" if rec["resumed_from"] else
+             "from step 0 (no checkpoint of this run yet)")
+    layout = (f"; re-planned {rec['old_layout']['text']} -> {rec['new_layout']['text']} ({rec['replan']})"
+              if rec["new_layout"] != rec["old_layout"] else "")
+    return f"torchrun restart {rec['attempt']} on {_n(rec['world'], 'rank')}: resuming {where}{layout}"

@@ -136,10 +136,14 @@ def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
 
     rank, world = groups.torchrun_env()
     parent_death_signal(signal.SIGKILL)  # torchrun forwards SIGTERM itself; a SIGKILLed torchrun would orphan us
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:  # torchrun's --max-restarts restarted us
-        from .restart import torchrun_attempt
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    records = None
+    if attempt > 0:  # torchrun's --max-restarts restarted us
+        from .restart import say_torchrun, torchrun_attempt
 
-        cfgs = [torchrun_attempt(c, world) for c in cfgs]
+        cfgs, records = zip(*(torchrun_attempt(c, world, attempt) for c in cfgs))
+        if rank == 0:
+            print(f"stagewise: {say_torchrun(records[0])}", file=sys.stderr, flush=True)
     for c in cfgs:
         check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
     backend = groups.default_backend()
@@ -151,7 +155,9 @@ def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
     box = tempfile.mkdtemp(prefix="stagewise-flight-")
     path = flight.rank_file(box, rank)
     try:
-        return _run_jobs(rank, world, backend, cfgs, report, f"WORLD_SIZE={world}", str(path))
+        results = _run_jobs(rank, world, backend, cfgs, report, f"WORLD_SIZE={world}", str(path))
+        return results if records is None else [dataclasses.replace(r, restarts=(rec,))
+                                                for r, rec in zip(results, records)]
     except Exception as e:  # one line naming this rank and its op, then its last events; torchrun stops the others
         user = is_user_error(e)
         records = {} if user else {rank: flight.read(path)}
