@@ -163,3 +163,21 @@ def test_each_command_builds_only_its_own_module_and_the_table_matches_the_parse
             "print(sorted(m for m in sys.modules if m.startswith(('stagewise.plan', 'torch', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_simulate_without_communication_options_imports_no_lowering():
+    """The start-up of `stagewise simulate` stays with the core: the lowering (and torch's CSV reader) load only
+    for the options that need them; the parser's --framework names are the lowering's."""
+    import subprocess
+    import sys
+
+    from stagewise.cli.comm import FRAMEWORK_NAMES
+    from stagewise.lowering import FRAMEWORKS
+
+    assert FRAMEWORK_NAMES == tuple(FRAMEWORKS)
+    code = ("import sys; sys.argv = ['stagewise', 'simulate', '1f1b', '-p', '2', '-m', '2']\n"
+            "from stagewise.cli import main\nmain()\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('stagewise.lowering', 'stagewise.torch_csv', "
+            "'torch', 'matplotlib', 'stagewise.plan', 'stagewise.runtime'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.splitlines()[-1] == "[]", out

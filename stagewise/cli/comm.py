@@ -27,10 +27,13 @@ def add_comm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter-latency", type=finite_float, default=0.0, help="one collective step across nodes")
 
 
+#: ``lowering.FRAMEWORKS``'s names, written here so that building a parser does not import the lowering
+#: (a third of ``stagewise simulate``'s start-up); tests/test_cli_core.py holds the two equal
+FRAMEWORK_NAMES = ("megatron", "torchtitan", "deepspeed", "stagewise")
+
+
 def add_layout_args(p: argparse.ArgumentParser):
     """The degrees, the overlap rule and the sizes (what ``export --comms`` takes too)."""
-    from ..lowering import FRAMEWORKS
-
     g = p.add_argument_group("communication as actions (any of these lowers the schedule: sends, receives, "
                              "gathers, reductions, ties and step-end collectives on their own resources)")
     for f in Parallelism.options():
@@ -42,7 +45,7 @@ def add_layout_args(p: argparse.ArgumentParser):
             g.add_argument(f.metadata["flag"], type=int, choices=(0, 1), default=None, help=f.metadata["help"])
         else:
             g.add_argument(f.metadata["flag"], type=positive_int, default=None, help=f.metadata["help"])
-    g.add_argument("--framework", choices=tuple(FRAMEWORKS), default=None,
+    g.add_argument("--framework", choices=FRAMEWORK_NAMES, default=None,
                    help="whose overlap rule places the reductions and gathers (default stagewise)")
     g.add_argument("--param-bytes", type=per_stage_value, default=None, metavar="B[,B..]",
                    help="bytes of one stage's parameters (per tensor-parallel rank, unsharded)")
@@ -67,8 +70,6 @@ def communication(args: argparse.Namespace, *, force: bool = False, moe: bool | 
     """The ``lowering.Communication`` the options describe; None when none is given (unless ``force``)."""
     from dataclasses import replace
 
-    from ..lowering import FRAMEWORKS, Communication, LoweringOptions, Network, Sizes
-
     degrees = {n: getattr(args, n, None) for n in _DEGREES}
     given = [n for n, x in degrees.items() if x is True or (type(x) is int and x > 1)] + [
         n for n in ("param_bytes", "grad_bytes", "tie_bytes", "moe_bytes", "framework", "intra_bandwidth",
@@ -76,6 +77,8 @@ def communication(args: argparse.Namespace, *, force: bool = False, moe: bool | 
     low = getattr(args, "lowered", None)
     if not given and not getattr(args, "comms", False) and not force and low is None:
         return None
+    from ..lowering import FRAMEWORKS, Communication, LoweringOptions, Network, Sizes  # only when lowering
+
     par = Parallelism(ep=getattr(args, "ep", None) or 1,
                       **{n: (bool(x) if n == "reshard_after_forward" else x) for n, x in degrees.items()
                          if x is not None})

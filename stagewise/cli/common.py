@@ -142,10 +142,11 @@ def _base_costs(args: argparse.Namespace) -> Costs:
 
 def schedule_from(args: argparse.Namespace):
     """The schedule named by NAME -p -m -v, or read from --csv."""
-    from .. import torch_csv
     from ..schedules import generate
 
     if getattr(args, "csv", None):
+        from .. import torch_csv
+
         if args.name:
             raise UsageError(f"give either NAME ({args.name}) or --csv, not both")
         from .. import limits

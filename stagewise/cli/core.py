@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .. import torch_csv
 from ..report import comm_line, result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
@@ -138,6 +137,8 @@ def cmd_export(args) -> int:
             print(f"wrote {args.csv} ({sched.ranks} ranks, {cells} actions with communication in torch's "
                   "compute+comms format; stagewise's own all-to-all, tie and step-end actions are not in it)")
             return 0
+        from .. import torch_csv
+
         torch_csv.dump(sched, args.csv)
     except OSError as e:
         raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror}") from None

@@ -14,7 +14,6 @@ a terminal and ``NO_COLOR`` is unset.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from bisect import bisect_right
 
@@ -34,6 +33,8 @@ def use_colour(stream=None) -> bool:
 
 def draw_text(timeline: Timeline, *, width: int | None = None, color: bool | None = None) -> str:
     """The timeline as lines no wider than ``width`` (default: the terminal's)."""
+    import shutil  # here: its archive imports are a tenth of the CLI's start-up
+
     width = width or shutil.get_terminal_size().columns
     color = use_colour() if color is None else color
     sm = summary(timeline)
