@@ -79,3 +79,33 @@ def test_the_closed_form_memory_of_identical_blocks_is_the_partitioners(family, 
         for r in range(h.ranks):
             exact = _rank_memory(sums, h, r, [_span(n, k) for k in _stages_order(h, r)])
             assert fast.rank(r, n) == pytest.approx(exact)
+
+
+def test_busiest_floor_is_the_best_whole_block_split():
+    """The schedule-free bound on the busiest rank is the least any split of whole blocks reaches, the end
+    layers anywhere (brute force over small splits), for one model copy and DualPipe's two."""
+    import itertools
+    import random
+
+    from stagewise.plan.search import busiest_floor
+
+    def brute(time, ranks, copies):
+        t, blocks = time[1], copies * (len(time) - 2)
+        best = float("inf")
+        for where in itertools.product(range(ranks), repeat=2 * copies):
+            ends = [0.0] * ranks
+            for x, r in zip([time[0]] * copies + [time[-1]] * copies, where):
+                ends[r] += x
+            for n in itertools.product(range(blocks + 1), repeat=ranks):
+                if sum(n) == blocks:
+                    best = min(best, max(e + k * t for e, k in zip(ends, n)))
+        return best / copies
+
+    rng = random.Random(1)
+    for _ in range(150):
+        ranks, copies = rng.randint(1, 4), rng.choice([1, 2])
+        t = rng.choice([1.0, 0.7, 1.3])
+        time = [rng.choice([0.0, 0.2, 1.5, 2.6]), *[t] * rng.randint(1, 6), rng.choice([0.1, 0.9, 3.1])]
+        assert busiest_floor(time, ranks, copies) == pytest.approx(brute(time, ranks, copies), rel=1e-8)
+        assert busiest_floor(time, ranks, copies) <= brute(time, ranks, copies)
+    assert busiest_floor([0.1, 1.0, 2.0, 0.1], 2) == 0.0  # blocks that differ: no bound beyond the average

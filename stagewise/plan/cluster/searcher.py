@@ -20,9 +20,9 @@ from ...costs import Costs
 from ...layout import format_layout
 from ...schedules import FAMILIES
 from ...simulate import simulate
-from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, blocking_p2p, evaluate, is_block_model,
-                      layer_costs, peak_activation_bytes, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes,
-                      stage_costs, step_sync_time, timing)
+from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, blocking_p2p, busiest_floor, evaluate,
+                      is_block_model, layer_costs, peak_activation_bytes, rank_fixed_bytes, rank_optimizer_time,
+                      rank_transient_bytes, stage_costs, step_sync_time, timing)
 from .candidate import ClusterCandidate, MemoryParts
 from .data_parallel import exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost
 from .job import Job
@@ -89,11 +89,19 @@ class ClusterSearcher(Searcher):
         the weights."""
         k = self.profile.size_index(c.mbs)
         layers = self.profile.layers
-        work = sum(x.t_f[k] * (2 if c.recompute else 1) + x.t_b[k] for x in layers)
+        time = tuple(x.t_f[k] * (2 if c.recompute else 1) + x.t_b[k] for x in layers)
         opt = sum(x.t_opt for x in layers) / c.p / self._opt_share(c.dp)
         hw = self.job.hardware
-        return (c.m * work / c.p + fill_floor(c.family, c.p, layers, k) + opt
-                + hw.step_fixed + hw.step_per_action * actions_floor(c))
+        pipeline = max(c.m * sum(time) / c.p + fill_floor(c.family, c.p, layers, k), c.m * self._busiest(c, time))
+        return pipeline + opt + hw.step_fixed + hw.step_per_action * actions_floor(c)
+
+    def _busiest(self, c: Config, time: tuple[float, ...]) -> float:
+        """``block_split.busiest_floor`` of ``c`` (cached per layer times, p and parameter copies)."""
+        fam = FAMILIES.get(c.family)
+        key = ("busiest", time, c.p, fam.param_copies if fam else 0)
+        if key not in self._partitions:
+            self._partitions[key] = busiest_floor(time, c.p, key[3]) if fam else 0.0
+        return self._partitions[key]
 
     def memory_floor(self, c: Config) -> float:
         """A lower bound on the fullest GPU's bytes without the schedule, where the family says how much it
@@ -136,7 +144,9 @@ class ClusterSearcher(Searcher):
         opt = max(rank_optimizer_time(prof, counts, h)) / self._opt_share(c.dp)
         end = step_sync_time(prof, counts, h, cl, c.p, c.dp) + opt
         split = FAMILIES[c.family].split_backward if c.family in FAMILIES else True
-        fill = 0.0 if self.long_step(c) else pipeline_bound(sched, resolved, split)  # the stand-in is shorter
+        fill = pipeline_bound(sched, resolved, split, c.m)  # a long step's stand-in scaled to m (``_play``)
+        if self.long_step(c):
+            fill *= 1 - _ROUNDING
         over = self.job.hardware.step_overhead(max(len(prog) for prog in sched.programs) * _steps(self.long_step(c), c.m))
         bound = max(c.m * part.bottleneck, fill) + end + over
         return Prepared(config=c, counts=counts, memory=memory, activations=acts,
@@ -243,6 +253,10 @@ class ClusterSearcher(Searcher):
         span1, bubble1 = timing(simulate(short, costs, check=False))
         ranks = sched.ranks
         makespan, busy = extend((span1, (1 - bubble1) * ranks * span1), (span, (1 - bubble) * ranks * span), mc, c.m)
+        # no schedule of m beats its pipeline bound: the extension is kept above it (less the rounding of two
+        # sums of one value), so ``prepare``'s bound, the same one, stays a bound
+        split = FAMILIES[c.family].split_backward
+        makespan = max(makespan, pipeline_bound(sched, costs.resolve(sched.stages), split, c.m) * (1 - _ROUNDING))
         return tl, makespan, 1 - busy / (ranks * makespan)
 
     def _traffic(self, tl, layer_bytes, h, pre: Prepared, fw: Framework) -> tuple[float, float]:
@@ -264,6 +278,10 @@ class ClusterSearcher(Searcher):
         g = self.gather_scale
         return exposed, exposed_gather(tl, layer_bytes, h.stage_piece, unit,
                                        lambda nbytes: reduce_scatter_time(nbytes * g, group, shard_link))
+
+
+#: relative slack of a long step's pipeline bound: the extension of an exact family equals it up to rounding
+_ROUNDING = 1e-9
 
 
 def _steps(long, m: int) -> float:
@@ -298,21 +316,23 @@ def fill_floor(family: str, p: int, layers, k: int) -> float:
     return chain / p * (f + b)
 
 
-def pipeline_bound(sched, sc, split_backward: bool) -> float:
+def pipeline_bound(sched, sc, split_backward: bool, m: int | None = None) -> float:
     """A lower bound on the makespan, per rank: its earliest start + its work + its latest drain.
 
     A rank's first op is a forward, which waits for the forwards of the stages before it in its lane
     (one micro-batch's chain); its last op, without a split backward, is a backward, after which the
     backwards of the stages before it must run. Links only add to both, so the bound holds for any order.
+    ``m`` (default the schedule's) scales the lanes' micro-batches: a long step's stand-in bounds the step.
     """
     if sc.fb is not None:  # an overlapped pair may cost less than its halves: no per-op sum is safe
         return 0.0
+    scale = 1 if m is None else m / sched.microbatches
     before_f, before_b = [0.0] * sched.stages, [0.0] * sched.stages
     share = [0] * sched.stages
     for lane in sched.lanes:
         f = b = 0.0
         for st in lane.stages:
-            before_f[st], before_b[st], share[st] = f, b, lane.mb_hi - lane.mb_lo
+            before_f[st], before_b[st], share[st] = f, b, (lane.mb_hi - lane.mb_lo) * scale
             f, b = f + sc.f[st], b + sc.b[st]
     best = 0.0
     for r in range(sched.ranks):

@@ -14,7 +14,7 @@ Example:
 
 from .bands import (LOCAL_MEMORY_BAND, RESOLUTION, RULE, Recommendation, interval, memory_cell, profile_band,
                     recommend, tie, tied_with_first)
-from .block_split import block_split, is_block_model
+from .block_split import block_split, busiest_floor, is_block_model
 from .cluster import Cluster, fmt_bytes, parse_bytes
 from .explain import fmt_seconds, table, train_command, why
 from .holding import Holding, holding
@@ -29,8 +29,9 @@ from .written import FORMAT, VERSION, local_markdown, local_plan
 
 __all__ = ["Candidate", "Cluster", "Config", "FORMAT", "Holding", "KEY", "LOCAL_MEMORY_BAND", "LayerCosts",
            "LayerProfile", "Link", "MAX_SPREAD", "Partition", "PartitionError", "Profile", "ProfileError", "RESOLUTION", "RULE",
-           "Recommendation", "Searcher", "Space", "VERSION", "best_split", "block_split", "blocking_p2p", "evaluate",
-           "fit_overhead", "fit_slowdown", "fmt_bytes", "fmt_seconds", "holding", "interval", "is_block_model",
+           "Recommendation", "Searcher", "Space", "VERSION", "best_split", "block_split", "blocking_p2p",
+           "busiest_floor", "evaluate", "fit_overhead", "fit_slowdown", "fmt_bytes", "fmt_seconds", "holding",
+           "interval", "is_block_model",
            "layer_costs", "local_markdown", "local_plan", "memory_cell", "parse_bytes", "partition",
            "peak_activation_bytes", "profile_band", "rank", "rank_fixed_bytes", "rank_optimizer_time",
            "rank_transient_bytes", "recommend", "runs_of", "search", "stage_costs", "step_overhead",

@@ -14,6 +14,7 @@ blocks when they are heavier.
 from __future__ import annotations
 
 import heapq
+import math
 
 from .holding import Holding
 from .partition import LayerCosts, _rank_memory, _Sums, runs_of
@@ -181,3 +182,52 @@ def _span(n: list[int], k: int) -> tuple[int, int]:
     S = len(n)
     lo = sum(n[:k]) + (1 if k > 0 else 0)
     return lo, lo + n[k] + (k == 0) + (k == S - 1)
+
+
+def busiest_floor(time, ranks: int, copies: int = 1) -> float:
+    """A lower bound on the busiest rank's work per micro-batch under any split of the layers ``time`` (a
+    first layer, identical blocks, a last layer) over ``ranks``, each of ``copies`` model copies taking
+    1/copies of the micro-batches (DualPipe's two): blocks are whole, so the average share is not always
+    reachable; the first and last layers may land anywhere. 0.0 where the blocks differ."""
+    blocks = time[1:-1]
+    if not blocks or blocks[0] <= 0 or any(x != blocks[0] for x in blocks):
+        return 0.0
+    t, need = blocks[0], copies * len(blocks)
+    ends = [time[0]] * copies + [time[-1]] * copies
+    level = min(_level(groups, ranks, t, need) for groups in _groupings(ends) if len(groups) <= ranks)
+    return level / copies * (1 - _EPS)  # the slack keeps a split that reaches the level within rounding
+
+
+def _groupings(items: list[float]) -> set[tuple[float, ...]]:
+    """The sums of each way to put ``items`` on ranks (a set partition), as sorted tuples."""
+    if not items:
+        return {()}
+    first, rest = items[0], items[1:]
+    out = set()
+    for g in _groupings(rest):
+        out.add(tuple(sorted((first,) + g)))  # alone on a rank
+        for i in range(len(g)):  # with the others on one of theirs
+            out.add(tuple(sorted(g[:i] + (g[i] + first,) + g[i + 1:])))
+    return out
+
+
+def _level(groups: tuple[float, ...], ranks: int, t: float, need: int) -> float:
+    """The least level (work per micro-batch of one copy) at which ``ranks`` hold ``need`` blocks of ``t``
+    with the ends ``groups`` on ranks of their own: the busiest rank's work is at least this."""
+    top = max(groups, default=0.0)
+
+    def holds(level: float) -> bool:
+        if level < top * (1 - _EPS):
+            return False
+        free = (ranks - len(groups)) * int(level / t + _EPS)
+        return free + sum(int((level - g) / t + _EPS) for g in groups) >= need
+
+    best = float("inf")
+    for base in {0.0, *groups}:  # the least level is a base plus whole blocks
+        lo, hi = max(0, math.ceil((top - base) / t - _EPS)), need
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(base + mid * t) else (mid + 1, hi)
+        if holds(base + lo * t):
+            best = min(best, base + lo * t)
+    return best
