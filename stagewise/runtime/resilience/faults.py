@@ -80,7 +80,6 @@ def parse_fault(text: str) -> Fault:
     return Fault(how=how, rank=rank, action=action, step=step, back=back)
 
 
-
 def check_fault(fault: Fault, schedule, replicas: int = 1) -> None:
     """The fault's action must be in its rank's program (a NaN needs the F of a lane's last stage).
 

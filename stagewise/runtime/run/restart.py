@@ -74,7 +74,7 @@ def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Call
         else:
             done = max(steps, default=-1) + 1
             if current.grow_after is None or done >= cfg.steps:
-                return _finished(res, steps, records, marks)
+                return _finished(res, steps, records)
             came = sum(n for k, n in back if k <= done)  # the ranks stopped at a checkpoint: slots are back
             back = [(k, n) for k, n in back if k > done]
             slots += came
@@ -125,7 +125,7 @@ def _returning(fault: str | None, lost: int) -> list[tuple[int, int]]:
     return [] if j is None else [(j, lost)]
 
 
-def _finished(res, steps: dict, records: list, marks: dict):
+def _finished(res, steps: dict, records: list):
     """The last attempt's result with the steps of every attempt, and the transitions completed with what only
     that attempt measured (its restore's load and reshard)."""
     if not records:
@@ -148,12 +148,18 @@ def _finished(res, steps: dict, records: list, marks: dict):
                                restarts=tuple(records))
 
 
-def _say(rec: dict) -> str:
-    """One line per transition: what failed (or came back), what was lost, where it goes on."""
+def _where(rec: dict) -> tuple[str, str]:
+    """Where a transition goes on (the checkpoint it resumes), and its re-plan if the layout changed."""
     where = (f"from {rec['resumed_from']} (step {rec['resumed_step']})" if rec["resumed_from"] else
              "from step 0 (no checkpoint of this run yet)")
     layout = (f"; re-planned {rec['old_layout']['text']} -> {rec['new_layout']['text']} ({rec['replan']})"
               if rec["new_layout"] != rec["old_layout"] else "")
+    return where, layout
+
+
+def _say(rec: dict) -> str:
+    """One line per transition: what failed (or came back), what was lost, where it goes on."""
+    where, layout = _where(rec)
     if rec["event"] == "grow":
         return (f"grow {rec['attempt']}: {_n(rec['slots_back'], 'rank slot')} back; stopped at the checkpoint "
                 f"after step {rec['after_step']}; restarting {where}{layout}")
@@ -306,8 +312,5 @@ def torchrun_attempt(cfg, world: int, attempt: int = 1):
 
 def say_torchrun(rec: dict) -> str:
     """The line a torchrun-restarted rank 0 prints: where it resumed, and on which layout."""
-    where = (f"from {rec['resumed_from']} (step {rec['resumed_step']})" if rec["resumed_from"] else
-             "from step 0 (no checkpoint of this run yet)")
-    layout = (f"; re-planned {rec['old_layout']['text']} -> {rec['new_layout']['text']} ({rec['replan']})"
-              if rec["new_layout"] != rec["old_layout"] else "")
+    where, layout = _where(rec)
     return f"torchrun restart {rec['attempt']} on {_n(rec['world'], 'rank')}: resuming {where}{layout}"
