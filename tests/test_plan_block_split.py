@@ -96,9 +96,9 @@ def test_busiest_floor_is_the_best_whole_block_split():
             ends = [0.0] * ranks
             for x, r in zip([time[0]] * copies + [time[-1]] * copies, where):
                 ends[r] += x
-            for n in itertools.product(range(blocks + 1), repeat=ranks):
-                if sum(n) == blocks:
-                    best = min(best, max(e + k * t for e, k in zip(ends, n)))
+            for bars in itertools.combinations(range(blocks + ranks - 1), ranks - 1):  # every n summing to blocks
+                n = [b - a - 1 for a, b in zip((-1, *bars), (*bars, blocks + ranks - 1))]
+                best = min(best, max(e + k * t for e, k in zip(ends, n)))
         return best / copies
 
     rng = random.Random(1)
