@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 from functools import lru_cache
 
-from ..actions import Action
+from ..actions import Action, new
 from ..schedule import Schedule, make
 
 CYCLE = 6  #: slots of one building block on a rank: F, F, I, I, W, W
@@ -87,7 +87,7 @@ def _grid(p: int, m: int, offsets) -> _Grid:
         down, up = r, 2 * p - 1 - r
         for (kind, stage), first in zip((("F", down), ("F", up), ("I", up), ("I", down)), offsets(p, r)):
             for mb in range(m):
-                grid.put(r, Action(kind, stage, mb), first + CYCLE * mb)
+                grid.put(r, new(Action, (kind, stage, mb)), first + CYCLE * mb)
     grid.place_ws()
     grid.squeeze(with_w=True)  # the warm-up and the cool-down, W's included
     grid.drop_ws()
@@ -159,8 +159,8 @@ def _splice(cuts: tuple[_Cut, ...], more: int) -> list[list[Action]]:
     each time) spliced in at the cut, and every later action ``more`` micro-batches on."""
     programs = []
     for before, after in cuts:
-        periods = [Action(a.kind, a.stage, a.mb + k) for k in range(more) for a in after[:CYCLE]]
-        programs.append([*before, *periods, *(Action(a.kind, a.stage, a.mb + more) for a in after)])
+        periods = [new(Action, (a.kind, a.stage, a.mb + k)) for k in range(more) for a in after[:CYCLE]]
+        programs.append([*before, *periods, *(new(Action, (a.kind, a.stage, a.mb + more)) for a in after)])
     return programs
 
 
@@ -300,7 +300,7 @@ class _Grid:
                 elif a is None:
                     stage = up if owed[up] else down if owed[down] else None
                     if stage is not None:
-                        self.put(r, Action("W", stage, owed[stage].pop(0)), slot)
+                        self.put(r, new(Action, ("W", stage, owed[stage].pop(0))), slot)
                 slot += 1
 
     def drop_ws(self) -> None:

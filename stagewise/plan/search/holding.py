@@ -9,6 +9,7 @@ schedule is read off its programs here, so no family gets its own code path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import ge
 
 from ...actions import Pair
 from ...schedule import Schedule
@@ -87,7 +88,7 @@ def _live_vectors(program, stages: tuple[int, ...]) -> tuple[tuple[int, ...], ..
     ordered = sorted(peaks, key=sum, reverse=True)
     kept: list[tuple[int, ...]] = []
     for v in ordered:  # a vector can only be dominated by one with a larger or equal sum
-        if not any(_dominates(u, v) for u in kept):
+        if not any(all(map(ge, u, v)) for u in kept):  # u dominates v: every count at least v's
             kept.append(v)
     return tuple(sorted(kept))
 
@@ -159,7 +160,3 @@ def _live_two(program, stages: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
             kept.append(v)
             best = v[1]
     return tuple(sorted(kept))
-
-
-def _dominates(u: tuple[int, ...], v: tuple[int, ...]) -> bool:
-    return all(a >= b for a, b in zip(u, v))
