@@ -79,6 +79,7 @@ def test_the_closed_form_memory_of_identical_blocks_is_the_partitioners(family, 
         for r in range(h.ranks):
             exact = _rank_memory(sums, h, r, [_span(n, k) for k in _stages_order(h, r)])
             assert fast.rank(r, n) == pytest.approx(exact)
+            assert fast.rank(r, n) == fast._rank(r, n)  # the hot path's folded sums: the same floats
 
 
 def test_busiest_floor_is_the_best_whole_block_split():
