@@ -170,6 +170,13 @@ def test_an_hf_run_and_a_gpt_run_are_one_run_path(capsys, files, tmp_path, monke
                        str(tmp_path / "h"))
     assert rc == 0, err
     hf = json.loads(out)
+    # its ranks came from a forkserver that had imported transformers once for all of them
+    from multiprocessing import forkserver
+
+    from stagewise.cli.train_hf import RANK_IMPORTS
+    from stagewise.hf.run import RANK_IMPORTS as HF_RANK_IMPORTS
+
+    assert RANK_IMPORTS == HF_RANK_IMPORTS and set(RANK_IMPORTS) <= set(forkserver._forkserver._preload_modules)
     assert set(hf) - set(gpt) == {"read_bytes_per_rank"} and set(gpt) <= set(hf)
     assert len(hf["predicted_peak_activation_bytes"]) == 2 and all(b > 0 for b in hf["peak_activation_bytes"])
     manifests = [json.loads((tmp_path / k / "step-00000002" / "manifest.json").read_text()) for k in ("g", "h")]
