@@ -8,7 +8,7 @@ Actions are NamedTuples because schedules hold hundreds of thousands of them.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Union
+from typing import Iterable, NamedTuple, Union
 from .errors import StagewiseError
 
 F, B, I, W = "F", "B", "I", "W"
@@ -28,6 +28,20 @@ class Action(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.mb}"
+
+
+#: ``new(Action, (kind, stage, mb))`` is ``Action(kind, stage, mb)`` without the NamedTuple's generated
+#: ``__new__``: 2-3x faster, for the generators' hot loops (one cluster plan builds millions of actions)
+new = tuple.__new__
+
+
+def run(kind: str, stage: int, mbs: Iterable[int]) -> list[Action]:
+    """``[Action(kind, stage, mb) for mb in mbs]``, made with ``new``.
+
+    >>> run("F", 2, range(2))
+    [Action(kind='F', stage=2, mb=0), Action(kind='F', stage=2, mb=1)]
+    """
+    return [new(Action, (kind, stage, mb)) for mb in mbs]
 
 
 class Pair(NamedTuple):

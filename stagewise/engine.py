@@ -64,7 +64,10 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     ends = [[0.0] * len(p) for p in programs]
     pos = [0] * R
     clock = [0.0] * R
-    waiting: dict[int, list[int]] = {}
+    # the rank parked on each key (-1: none); a key has one waiter from another rank in a valid schedule
+    # (its consumers are fixed ranks), a second one (a deadlock in the making) waits in ``extra``
+    waiter = [-1] * (2 * n_keys)
+    extra: dict[int, list[int]] = {}
     queue = deque(range(R))
 
     def ready_time(a: Action) -> tuple[float, int]:
@@ -98,10 +101,12 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
         """Record that (kind, s, mb) ended at ``t`` and wake the ranks waiting on it."""
         k = s * m + mb if kind == "F" else n_keys + s * m + mb
         done[k] = t
-        if waiting:
-            woken = waiting.pop(k, None)
-            if woken:
-                queue.extend(woken)
+        w = waiter[k]
+        if w >= 0:
+            waiter[k] = -1
+            queue.append(w)
+            if extra:
+                queue.extend(extra.pop(k, ()))
 
     while queue:
         r = queue.popleft()
@@ -113,13 +118,11 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
             op = prog[i]
             if type(op) is Pair:
                 fa, ba = op
-                rf, kf = ready_time(fa)
-                if kf >= 0:
-                    waiting.setdefault(kf, []).append(r)
+                rf, kw = ready_time(fa)
+                if kw >= 0:
                     break
-                rb, kb = ready_time(ba)
-                if kb >= 0:
-                    waiting.setdefault(kb, []).append(r)
+                rb, kw = ready_time(ba)
+                if kw >= 0:
                     break
                 start = max(t, rf, rb)
                 if fb is not None:
@@ -145,7 +148,7 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
                 else:
                     rt = done[base + mb]
                     if rt < 0:
-                        waiting.setdefault(base + mb, []).append(r)
+                        kw = base + mb
                         break
                     rt += fwd_link[s]
                 k = s * m + mb
@@ -154,19 +157,19 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
                 if kind == "W":
                     rt = done[n_keys + k]
                     if rt < 0:
-                        waiting.setdefault(n_keys + k, []).append(r)
+                        kw = n_keys + k
                         break
                     k = -1
                 else:
                     rt = done[k]
                     if rt < 0:
-                        waiting.setdefault(k, []).append(r)
+                        kw = k
                         break
                     base = g_in[s]
                     if base >= 0:
                         g = done[base + mb]
                         if g < 0:
-                            waiting.setdefault(base + mb, []).append(r)
+                            kw = base + mb
                             break
                         g += bwd_link[s]
                         if g > rt:
@@ -179,12 +182,23 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
             i += 1
             if k >= 0:
                 done[k] = t
-                if waiting:
-                    woken = waiting.pop(k, None)
-                    if woken:
-                        queue.extend(woken)
+                w = waiter[k]
+                if w >= 0:
+                    waiter[k] = -1
+                    queue.append(w)
+                    if extra:
+                        queue.extend(extra.pop(k, ()))
+        if i < n:  # blocked on key ``kw``: parked until it is done
+            if waiter[kw] < 0:
+                waiter[kw] = r
+            else:
+                extra.setdefault(kw, []).append(r)
         pos[r], clock[r] = i, t
     if any(pos[r] < len(programs[r]) for r in range(R)):
+        waiting: dict[int, list[int]] = {}
+        for k, w in enumerate(waiter):
+            if w >= 0:
+                waiting[k] = [w, *extra.get(k, ())]
         raise Stuck(_blocked(schedule, pos, waiting, n_keys))
     return starts, ends
 

@@ -1,7 +1,8 @@
 """`stagewise train --hf` as a user meets it: a folder or a config.json, the JSON result, the saved folder, errors.
 
 An --hf run is the runtime's one run path (RunConfig -> RankTrainer -> RunResult): the same JSON as the built-in
-GPT's, the same checkpoints (resumable under another schedule and p), each with an HF folder from_pretrained loads.
+GPT's, the same checkpoints (resumable under another schedule and p), each with an HF folder from_pretrained loads,
+and the same restarts when a rank is lost (re-planned for the ranks left).
 """
 
 import json
@@ -14,6 +15,7 @@ import torch
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
 from cli_helpers import fails, run  # noqa: E402
+from conftest import ELASTIC_LAYOUT, LOSE_RANK_3, SHRINK, shrunk  # noqa: E402
 from hf_helpers import CONFIGS, hf_model, save_tiny, write_config  # noqa: E402
 
 from stagewise.hf.data import TextData  # noqa: E402
@@ -132,6 +134,30 @@ def test_save_every_then_resume_continues_the_same_run_under_another_layout(caps
     assert abs(json.loads(out)["losses"][0] - straight[3]) <= 1e-5 * straight[3]
 
 
+def test_pp2_dp2_losing_a_slot_at_step_3_restarts_at_pp2_as_a_run_resumed_there(capsys, files, tmp_path,
+                                                                                monkeypatch):
+    """test_runtime_restart.py's first test with an HF Llama: rank 3 dies at step 3 and its slot stays gone; the
+    run restarts from step 2 at pp 2, m 4, and its losses are a run's resumed there, bit for bit."""
+    root, folder, text = files
+    monkeypatch.chdir(tmp_path)
+    hf = ["train", "--hf", str(folder), "--data", str(text), "--steps", "3"]
+    rc, out, err = run(capsys, *hf, *ELASTIC_LAYOUT, "--json")
+    assert rc == 0, err
+    full = json.loads(out)["losses"]
+    monkeypatch.setenv("STAGEWISE_FAULT", LOSE_RANK_3)
+    rc, out, err = run(capsys, *hf, *ELASTIC_LAYOUT, *SHRINK)
+    assert rc == 0, err
+    res = shrunk(out, err)
+    assert res["checkpoint"]["exported"] == ["ck/step-00000003/hf"]  # the restarted attempt's, at pp 2
+    assert res["losses"][:2] == full[:2]  # before the restart: the uninterrupted run's
+    monkeypatch.delenv("STAGEWISE_FAULT")
+    rc, out, err = run(capsys, *hf, "--schedule", "1f1b", "-p", "2", "-m", "4", "--seq", "16", "--no-memory",
+                       "--resume", "ck/step-00000002", "--json")
+    assert rc == 0, err
+    assert res["losses"][2:] == json.loads(out)["losses"]  # from it: a run resumed there at the new layout
+    assert max(abs(a - b) for a, b in zip(res["losses"], full)) < 1e-5  # the curve goes on
+
+
 def test_an_hf_run_and_a_gpt_run_are_one_run_path(capsys, files, tmp_path, monkeypatch):
     """A newcomer's walk: train --hf and plain train give one result type (the same JSON, memory measured
     against the simulator's prediction), one checkpoint format, and the same flight recorder on a fault."""
@@ -144,6 +170,13 @@ def test_an_hf_run_and_a_gpt_run_are_one_run_path(capsys, files, tmp_path, monke
                        str(tmp_path / "h"))
     assert rc == 0, err
     hf = json.loads(out)
+    # its ranks came from a forkserver that had imported transformers once for all of them
+    from multiprocessing import forkserver
+
+    from stagewise.cli.train_hf import RANK_IMPORTS
+    from stagewise.hf.run import RANK_IMPORTS as HF_RANK_IMPORTS
+
+    assert RANK_IMPORTS == HF_RANK_IMPORTS and set(RANK_IMPORTS) <= set(forkserver._forkserver._preload_modules)
     assert set(hf) - set(gpt) == {"read_bytes_per_rank"} and set(gpt) <= set(hf)
     assert len(hf["predicted_peak_activation_bytes"]) == 2 and all(b > 0 for b in hf["peak_activation_bytes"])
     manifests = [json.loads((tmp_path / k / "step-00000002" / "manifest.json").read_text()) for k in ("g", "h")]

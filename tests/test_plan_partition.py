@@ -144,3 +144,20 @@ def test_transformer_shape_fast_path_equals_brute_force(blocks, t, e, hd, fam):
         return
     assert _waterfill(lc, h) is not None
     assert partition(lc, h, None).bottleneck == pytest.approx(brute(lc, h, None))
+
+
+@pytest.mark.parametrize("fam", ["zb-v", "v-half", "dualpipe", "dualpipe-v", "interleaved-1f1b"])
+def test_two_stage_peaks_equal_the_general_scan(fam):
+    """A rank of two stages takes the two-counter scan and staircase: the same undominated peaks as the
+    general scan (forced by a third stage the rank never runs, its count always 0)."""
+    from stagewise.plan.search.holding import _live_two, _live_vectors
+
+    for p, m in itertools.product((2, 4, 6), (1, 3, 8, 13)):
+        try:
+            sched = generate(fam, p, m, 2)
+        except ValueError:
+            continue
+        for r in range(p):
+            stages = tuple(sched.stages_of_rank(r))
+            general = {v[:2] for v in _live_vectors(sched.programs[r], stages + (-1,))}
+            assert _live_two(sched.programs[r], stages) == tuple(sorted(general))

@@ -1,9 +1,12 @@
-"""The V-Half / V-Min grid's peak: the run-length count equals the slot-by-slot definition."""
+"""The V-Half / V-Min grid: its peak (the run-length count equals the slot-by-slot definition), and long
+steps spliced from a shorter one equal to the full build."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from stagewise.actions import Action
+from stagewise.schedules import v_shape
 from stagewise.schedules.v_shape import _Grid
 
 
@@ -59,3 +62,29 @@ def test_the_squeezes_incremental_peak_equals_the_definition(cells, moves, with_
         assert grid.peak(0, with_w) == peak_slot_by_slot(grid.slots[0], with_w)
     grid._track(None)
     assert grid.peak(0, with_w) == peak_slot_by_slot(grid.slots[0], with_w)
+
+
+V_FAMILIES = [("v-half", v_shape.v_half, v_shape.half_offsets), ("v-min", v_shape.v_min, v_shape.min_offsets)]
+#: even and odd, multiples of 3 (V-Min's gap) and not, and two larger ones
+SPLICE_RANKS = [*range(1, 13), 16, 24]
+
+
+@pytest.mark.parametrize("name, generate, offsets", V_FAMILIES, ids=[f[0] for f in V_FAMILIES])
+def test_long_steps_spliced_from_a_shorter_one_equal_the_full_build(name, generate, offsets):
+    """Past ``steady_from`` the generator builds the step at ``steady_from`` and splices steady periods in:
+    the programs are the slot-by-slot build's, from one micro-batch to several periods past it."""
+    for p in SPLICE_RANKS:
+        m0 = v_shape.steady_from(p, offsets)
+        assert v_shape._periodic_at(p, offsets, v_shape._cut(p, offsets)) is not None, p  # no fallback
+        for m in range(1, m0 + 5):
+            assert generate(p, m) == v_shape._full(name, p, m, offsets), (p, m)
+
+
+@pytest.mark.parametrize("name, generate, offsets", V_FAMILIES, ids=[f[0] for f in V_FAMILIES])
+def test_a_splice_whose_period_does_not_repeat_falls_back_to_the_full_build(name, generate, offsets,
+                                                                            monkeypatch):
+    p = 6
+    m0 = v_shape.steady_from(p, offsets)
+    assert v_shape._periodic_at(p, offsets, 0) is None  # slot 0: the warm-up, no period
+    monkeypatch.setattr(v_shape, "_cut", lambda p, offsets: 0)
+    assert generate(p, m0 + 3) == v_shape._full(name, p, m0 + 3, offsets)

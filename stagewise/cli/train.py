@@ -131,7 +131,7 @@ def cmd_train(args) -> int:
     if not is_torchrun():
         from ..runtime.launching.launch import start_early
 
-        start_early()  # the ranks' imports overlap this process's own
+        start_early(train_hf.RANK_IMPORTS if args.hf else ())  # the ranks' imports overlap this process's own
     try:
         import torch  # noqa: F401 - the runtime needs it; say so before anything else
     except ImportError:

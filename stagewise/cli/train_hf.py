@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from .common import UsageError
 
+#: ``stagewise.hf.run.RANK_IMPORTS``, written here so that the forkserver starts importing them before this
+#: process imports torch (held equal by tests/test_hf_cli.py)
+RANK_IMPORTS = ("stagewise.hf.run", "transformers.loss.loss_utils", "transformers.masking_utils",
+                "transformers.modeling_utils")
+
 
 def add_args(p) -> None:
     g = p.add_argument_group("Hugging Face model (pip install 'stagewise[hf]')")

@@ -18,6 +18,12 @@ from pathlib import Path
 from .data import TextData
 from .model import HFModel, load
 
+#: what every rank of an HF run imports, whatever the model (transformers' modeling_utils: over 2 s of CPU;
+#: a model's own modeling module is a tenth of that): the local launcher's forkserver imports them once
+#: instead of each rank (``cli/train_hf.RANK_IMPORTS``, which starts it early, is held equal by a test)
+RANK_IMPORTS = ("stagewise.hf.run", "transformers.loss.loss_utils", "transformers.masking_utils",
+                "transformers.modeling_utils")
+
 
 @dataclass(frozen=True, kw_only=True)
 class HFRun:
@@ -43,6 +49,10 @@ class HFRun:
         if key not in _MODELS:
             _MODELS[key] = load(self.source, dtype=self.dtype, seed=self.seed)
         return _MODELS[key]
+
+    def rank_imports(self) -> tuple[str, ...]:
+        """What every rank imports for any HF model (``RANK_IMPORTS``)."""
+        return RANK_IMPORTS
 
     def text(self) -> TextData | None:
         return None if self.data is None else TextData(path=self.data, seq=self.seq, tokenizer=self.tokenizer,

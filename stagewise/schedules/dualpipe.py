@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
-from ..actions import Action, Pair
+from ..actions import Action, Pair, new
 from ..schedule import Lane, Schedule, make
 
 
@@ -81,11 +81,11 @@ class _Chunk:
 
     def forward(self) -> Action:
         self.f += 1
-        return Action("F", self.stage, self.f - 1)
+        return new(Action, ("F", self.stage, self.f - 1))
 
     def backward(self, kind: str = "B") -> Action:
         self.b += 1
-        return Action(kind, self.stage, self.b - 1)
+        return new(Action, (kind, self.stage, self.b - 1))
 
 
 def eight_steps(half_rank: int, half_ranks: int, chunks: int, phase0: tuple[int, int],
@@ -105,7 +105,7 @@ def eight_steps(half_rank: int, half_ranks: int, chunks: int, phase0: tuple[int,
 
     def split_backward(chunk: _Chunk) -> Action:
         i = chunk.backward("I")
-        pending_w.append(Action("W", i.stage, i.mb))
+        pending_w.append(new(Action, ("W", i.stage, i.mb)))
         return i
 
     # Step 1: nF0

@@ -3,7 +3,7 @@
 Every rank keeps all m micro-batches' activations at the turn.
 """
 
-from ..actions import Action
+from ..actions import run
 from ..schedule import Schedule, make
 
 
@@ -11,7 +11,7 @@ def gpipe(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
     programs = []
     for r in range(ranks):
         # fill: m forwards; drain: m backwards in the same order
-        prog = [Action("F", r, mb) for mb in range(microbatches)]
-        prog += [Action("B", r, mb) for mb in range(microbatches)]
+        prog = run("F", r, range(microbatches))
+        prog += run("B", r, range(microbatches))
         programs.append(prog)
     return make("gpipe", programs, range(ranks), microbatches)

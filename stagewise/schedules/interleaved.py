@@ -16,7 +16,7 @@ the point-to-point messages.
 
 from __future__ import annotations
 
-from ..actions import Action
+from ..actions import Action, new
 from ..schedule import Schedule, make
 
 
@@ -55,8 +55,8 @@ def interleaved_1f1b(ranks: int, microbatches: int, chunks: int = 2) -> Schedule
     total = m * v  # stage-visits per rank
     programs = []
     for r in range(p):
-        forwards = [Action("F", c * p + r, mb) for mb, c in table]
-        backwards = [Action("B", (v - 1 - c) * p + r, mb) for mb, c in table]
+        forwards = [new(Action, ("F", c * p + r, mb)) for mb, c in table]
+        backwards = [new(Action, ("B", (v - 1 - c) * p + r, mb)) for mb, c in table]
         warmup = num_warmup_microbatches(p, r, v, group, total)
         steady = total - warmup
         prog = forwards[:warmup]  # warmup

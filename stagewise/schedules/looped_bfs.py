@@ -9,7 +9,7 @@ Every rank keeps all v * m activations at the turn.
 
 from __future__ import annotations
 
-from ..actions import Action
+from ..actions import Action, new
 from ..schedule import Schedule, make
 
 
@@ -18,7 +18,7 @@ def looped_bfs(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     programs = []
     for r in range(p):
         stages = range(r, p * v, p)
-        prog = [Action("F", s, mb) for s in stages for mb in range(m)]  # forward loops
-        prog += [Action("B", s, mb) for s in reversed(stages) for mb in reversed(range(m))]  # backward loops
+        prog = [new(Action, ("F", s, mb)) for s in stages for mb in range(m)]  # forward loops
+        prog += [new(Action, ("B", s, mb)) for s in reversed(stages) for mb in reversed(range(m))]  # backward loops
         programs.append(prog)
     return make("looped-bfs", programs, [s % p for s in range(p * v)], m)

@@ -16,13 +16,23 @@ cool-down, moving each action to the earliest free slot after its
 dependencies that keeps the rank's peak. The W's are then placed again into
 the slots the squeeze freed. The program is each rank's slots in order; the
 simulator times it with real costs.
+
+A long step is not squeezed slot by slot: past a few micro-batches more than p
+(``steady_from``: p+4 or p+5 for V-Half, about 2p/3 + 4 for V-Min) the warm-up
+and the cool-down no longer touch, and between them each rank repeats one period
+of six actions, a micro-batch on each time. The step is built at ``steady_from``
+and the periods it lacks are spliced into each rank's program one period after
+the warm-up, every later action that many micro-batches on. The splice checks
+its own premise (two periods that repeat at the cut) and builds the step in full
+where it fails; a test holds the spliced programs equal to the full build.
 """
 
 from __future__ import annotations
 
 import bisect
+from functools import lru_cache
 
-from ..actions import Action
+from ..actions import Action, new
 from ..schedule import Schedule, make
 
 CYCLE = 6  #: slots of one building block on a rank: F, F, I, I, W, W
@@ -48,20 +58,110 @@ def min_offsets(p: int, r: int) -> tuple[int, int, int, int]:
     return r, 2 * p - r - 1, 2 * p + gap + r, 4 * p + gap - r - 1
 
 
+#: the first slot the cool-down's squeezes change, counted from ``cool_start`` (measured: see "long steps")
+_COOL_FIRST = {half_offsets: -1, min_offsets: 6}
+
+
 def _v_schedule(name: str, p: int, m: int, offsets) -> Schedule:
+    """The schedule at ``m``: built in full up to ``steady_from``, spliced from the one built there beyond."""
+    m0 = steady_from(p, offsets)
+    if m > m0:
+        cuts = _periodic_at(p, offsets, _cut(p, offsets))
+        if cuts is not None:
+            return make(name, _splice(cuts, m - m0), _placement(p), m)
+    return _full(name, p, m, offsets)
+
+
+def _full(name: str, p: int, m: int, offsets) -> Schedule:
+    """The schedule built slot by slot at ``m`` (what ``_v_schedule`` returns, at any length)."""
+    return make(name, _grid(p, m, offsets).programs(), _placement(p), m)
+
+
+def _placement(p: int) -> list[int]:
+    return [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
+
+
+def _grid(p: int, m: int, offsets) -> _Grid:
     grid = _Grid(p, m)
     for r in range(p):
         down, up = r, 2 * p - 1 - r
         for (kind, stage), first in zip((("F", down), ("F", up), ("I", up), ("I", down)), offsets(p, r)):
             for mb in range(m):
-                grid.put(r, Action(kind, stage, mb), first + CYCLE * mb)
+                grid.put(r, new(Action, (kind, stage, mb)), first + CYCLE * mb)
     grid.place_ws()
     grid.squeeze(with_w=True)  # the warm-up and the cool-down, W's included
     grid.drop_ws()
     grid.squeeze(with_w=False)  # the cool-down again, now that the W's are out of the way
     grid.place_ws()
-    placement = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
-    return make(name, grid.programs(), placement, m)
+    return grid
+
+
+# --- long steps: the steady state spliced in ----------------------------------------------------
+#
+# The squeeze moves only actions before ``warm_end`` (I of stage 0, mb 0, at slot ``offsets(p, 0)[3]``) and
+# from ``cool_start`` (F of stage 0, mb m-1, at slot CYCLE x (m-1)) on; between them each slot keeps the
+# block's action and the W's fill the rest, one period of CYCLE slots per micro-batch. Once the cool-down
+# starts after the warm-up ends (CYCLE x (m-1) > warm_end; before that the squeeze never reaches its
+# cool-down phase), the two no longer see each other:
+# - the limit: the peak before the squeeze is the largest of the warm-up's, the repeating middle's and the
+#   cool-down's, each the same at every such m (the middle repeats; the cool-down is the same pattern later);
+# - the warm-up: squeezed first, in slot order, into earlier slots, after earlier dependencies, against
+#   that limit: nothing in it depends on m;
+# - the cool-down: its moves look back only to their own previous micro-batch and their dependencies, in the
+#   middle, where the grid and the scans' states (live, owed W's) repeat every period, so they are the
+#   moves at any shorter such m, CYCLE slots and one micro-batch later per period more;
+# - the W's: placed by a left-to-right scan whose owed queues repeat in the middle as well.
+# Measured on the grids (p up to 64): from 4 slots after ``warm_end`` on, each slot holds the one CYCLE
+# before, a micro-batch on, up to where the cool-down first changes a slot: 1 before ``cool_start`` (V-Half)
+# or 6 after it (V-Min), ``_COOL_FIRST``. ``_cut`` lies past the first, and ``steady_from`` is the fewest
+# micro-batches that keep the two periods from ``_cut`` (which ``_periodic_at`` checks) before the second.
+# The splice itself is exact a little earlier (from the first separated m + 1, p up to 24), with no checked
+# period there. tests/test_schedules_v_shape.py holds the spliced programs equal to the full build.
+
+
+def _cut(p: int, offsets) -> int:
+    """The slot the periods are spliced in at: one period after the warm-up ends."""
+    return offsets(p, 0)[3] + CYCLE
+
+
+def steady_from(p: int, offsets) -> int:
+    """The micro-batch count a longer step is spliced from: the fewest whose cool-down changes no slot of the
+    two periods from ``_cut`` (V-Half: p+5 for even p, p+4 for odd; V-Min: (4p+gap-1)//6 + 4, gap 2 where
+    3 divides p, else 0)."""
+    last = _cut(p, offsets) + 2 * CYCLE - 1  # the last slot ``_periodic_at`` reads
+    return (last - _COOL_FIRST[offsets]) // CYCLE + 2  # the fewest m with CYCLE x (m-1) + first > last
+
+
+_Cut = tuple[tuple[Action, ...], tuple[Action, ...]]  #: a rank's program: the actions before the cut, from it on
+
+
+@lru_cache(maxsize=16)  # the planner asks for several m at one p: the build at ``steady_from`` serves them all
+def _periodic_at(p: int, offsets, cut: int) -> tuple[_Cut, ...] | None:
+    """Each rank's program at ``steady_from`` cut at slot ``cut`` (the actions before, those from it on), or
+    None where the grid is not one repeating period there (the window from ``cut`` and the one after it,
+    each of the rank's six (kind, stage) once): the caller then builds the step in full."""
+    grid = _grid(p, steady_from(p, offsets), offsets)
+    cuts = []
+    for slots in grid.slots:
+        window = [slots.get(t) for t in range(cut, cut + 2 * CYCLE)]
+        if None in window or len({(a.kind, a.stage) for a in window[:CYCLE]}) != CYCLE:
+            return None
+        if any(b != (a.kind, a.stage, a.mb + 1) for a, b in zip(window, window[CYCLE:])):
+            return None
+        order = sorted(slots)
+        at = bisect.bisect_left(order, cut)
+        cuts.append((tuple(slots[t] for t in order[:at]), tuple(slots[t] for t in order[at:])))
+    return tuple(cuts)
+
+
+def _splice(cuts: tuple[_Cut, ...], more: int) -> list[list[Action]]:
+    """Each rank's program with ``more`` periods (the first CYCLE actions from the cut, one micro-batch on
+    each time) spliced in at the cut, and every later action ``more`` micro-batches on."""
+    programs = []
+    for before, after in cuts:
+        periods = [new(Action, (a.kind, a.stage, a.mb + k)) for k in range(more) for a in after[:CYCLE]]
+        programs.append([*before, *periods, *(new(Action, (a.kind, a.stage, a.mb + more)) for a in after)])
+    return programs
 
 
 class _PrefixMax:
@@ -200,7 +300,7 @@ class _Grid:
                 elif a is None:
                     stage = up if owed[up] else down if owed[down] else None
                     if stage is not None:
-                        self.put(r, Action("W", stage, owed[stage].pop(0)), slot)
+                        self.put(r, new(Action, ("W", stage, owed[stage].pop(0))), slot)
                 slot += 1
 
     def drop_ws(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from itertools import chain
 
-from ..actions import Action
+from ..actions import Action, run
 from ..schedule import Schedule, make
 
 
@@ -33,8 +33,8 @@ def zb_v(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
 
 def _program(p: int, r: int, n: int) -> list[Action]:
     down, up = r, 2 * p - 1 - r  # chunk 0 and chunk 1 of rank r
-    F0, I0, W0 = ([Action(k, down, mb) for mb in range(n)] for k in "FIW")
-    F1, I1, W1 = ([Action(k, up, mb) for mb in range(n)] for k in "FIW")
+    F0, I0, W0 = (run(k, down, range(n)) for k in "FIW")
+    F1, I1, W1 = (run(k, up, range(n)) for k in "FIW")
     # warmup: fill the way down, turn at the bottom of the V, then F I W on the way up
     warmup_down = 2 * (p - r) - 1
     warmup_turn = r

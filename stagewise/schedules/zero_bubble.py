@@ -17,7 +17,7 @@ the W's put off that way fill the bubbles at the end.
 
 from __future__ import annotations
 
-from ..actions import Action
+from ..actions import Action, run
 from ..schedule import Schedule, make
 
 
@@ -36,9 +36,9 @@ def zb_h2(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
 def _program(stage: int, m: int, *, warmup: int, delay: int) -> list[Action]:
     """F x warmup, (I [W] F) while forwards remain, (I [W]) for the rest, then the W's owed."""
     warmup = min(warmup, m)
-    fwd = [Action("F", stage, mb) for mb in range(m)]
-    inp = [Action("I", stage, mb) for mb in range(m)]
-    wgt = [Action("W", stage, mb) for mb in range(m)]
+    fwd = run("F", stage, range(m))
+    inp = run("I", stage, range(m))
+    wgt = run("W", stage, range(m))
     prog = fwd[:warmup]  # warmup
     w = 0  # W's done so far; the i-th I (1-based) is followed by a W once i > delay
     for i in range(m):  # steady (I W F) while forwards remain, then cooldown (I W)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from operator import mul
 
 from .holding import Holding
 from .partition import LayerCosts, _rank_memory, _Sums, runs_of
@@ -112,8 +113,7 @@ def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) 
         return most
 
     for _ in range(blocks - sum(n)):
-        order = sorted(range(S), key=lambda k: (max(load[r] + share * t for r, share in held[k]), grown(k), k))
-        for k in order:
+        for k in _by_load_then_growth(S, held, load, t, grown):
             n[k] += 1
             if fits(k):
                 for r, share in held[k]:
@@ -123,6 +123,22 @@ def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) 
         else:
             return None
     return tuple(n[k] + (k == 0) + (k == S - 1) for k in range(S))
+
+
+def _by_load_then_growth(S: int, held, load, t: float, grown):
+    """The pieces in the order of (their busiest holder's load with one more block, ``grown``, index), with
+    ``grown`` computed only within a run of equal loads the caller reaches (it stops at the first that fits)."""
+    keyed = sorted((max(load[r] + share * t for r, share in held[k]), k) for k in range(S))
+    i = 0
+    while i < S:
+        j = i + 1
+        while j < S and keyed[j][0] == keyed[i][0]:
+            j += 1
+        group = [k for _, k in keyed[i:j]]
+        if len(group) > 1:
+            group.sort(key=lambda k: (grown(k), k))
+        yield from group
+        i = j
 
 
 def _place(r, pieces, n, ends, share, t, limit, memory) -> int | None:
@@ -147,6 +163,13 @@ class _BlockMemory:
         self.ends = (lc.fixed[0], lc.fixed[-1], lc.act[0], lc.act[-1])
         self.inputs = (lc.input_bytes[0], lc.input_bytes[1], lc.input_bytes[-1]) if lc.input_bytes else None
         self.pieces = [[h.stage_piece[s] for s in h.rank_stages[r]] for r in range(h.ranks)]
+        fe, fh, ae, ah = self.ends
+        S = self.S
+        #: per rank, (piece, its end layers' fixed bytes, their activation bytes): the first two terms of
+        #: ``rank``'s sums, added as it adds them (the same floats)
+        self.consts = [[(k, (fe if k == 0 else 0.0) + (fh if k == S - 1 else 0.0),
+                         (ae if k == 0 else 0.0) + (ah if k == S - 1 else 0.0)) for k in pieces]
+                       for pieces in self.pieces]
 
     @classmethod
     def of(cls, lc: LayerCosts, h: Holding) -> "_BlockMemory | None":
@@ -157,6 +180,17 @@ class _BlockMemory:
         return cls(lc, h) if same and len(lc.time) > 2 else None
 
     def rank(self, r: int, n: list[int]) -> float:
+        if self.inputs is None:  # no recomputation: the greedy's hot path, ``_rank`` with the ends folded in
+            fb, ab = self.fb, self.ab
+            fixed, kept = 0.0, []
+            for k, cf, ca in self.consts[r]:
+                x = n[k]
+                fixed += cf + x * fb
+                kept.append(ca + x * ab)
+            return fixed + max([sum(map(mul, vec, kept)) for vec in self.h.live[r]], default=0.0)
+        return self._rank(r, n)
+
+    def _rank(self, r: int, n: list[int]) -> float:
         S, (fe, fh, ae, ah) = self.S, self.ends
         fixed, kept, full = 0.0, [], []
         for k in self.pieces[r]:

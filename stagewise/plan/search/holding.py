@@ -9,6 +9,7 @@ schedule is read off its programs here, so no family gets its own code path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import ge
 
 from ...actions import Pair
 from ...schedule import Schedule
@@ -58,6 +59,8 @@ def _live_vectors(program, stages: tuple[int, ...]) -> tuple[tuple[int, ...], ..
     """Live activation counts per stage at each local peak (a forward not followed by one)."""
     if len(stages) == 1:
         return _live_one(program)
+    if len(stages) == 2:
+        return _live_two(program, stages)
     index = {s: k for k, s in enumerate(stages)}
     live = [0] * len(stages)
     peaks: set[tuple[int, ...]] = set()
@@ -85,7 +88,7 @@ def _live_vectors(program, stages: tuple[int, ...]) -> tuple[tuple[int, ...], ..
     ordered = sorted(peaks, key=sum, reverse=True)
     kept: list[tuple[int, ...]] = []
     for v in ordered:  # a vector can only be dominated by one with a larger or equal sum
-        if not any(_dominates(u, v) for u in kept):
+        if not any(all(map(ge, u, v)) for u in kept):  # u dominates v: every count at least v's
             kept.append(v)
     return tuple(sorted(kept))
 
@@ -111,5 +114,49 @@ def _live_one(program) -> tuple[tuple[int, ...], ...]:
     return ((peak,),) if peak else ()
 
 
-def _dominates(u: tuple[int, ...], v: tuple[int, ...]) -> bool:
-    return all(a >= b for a, b in zip(u, v))
+def _live_two(program, stages: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """``_live_vectors`` of a rank holding two stages (the V-shapes, DualPipe, v = 2): the same scan on two
+    counters, and the undominated peaks as a staircase (by the first count, largest first, each kept if its
+    second count beats every one before it) instead of the pairwise check."""
+    first = stages[0]
+    a = b = 0
+    peaks: set[tuple[int, int]] = set()
+    rising = False
+    for op in program:
+        if type(op) is Pair:
+            if op.forward.stage == first:
+                a += 1
+            else:
+                b += 1
+            peaks.add((a, b))
+            rising = False
+            if op.backward.kind == "B":
+                if op.backward.stage == first:
+                    a -= 1
+                else:
+                    b -= 1
+            continue
+        kind, s, _ = op
+        if kind == "F":
+            if s == first:
+                a += 1
+            else:
+                b += 1
+            rising = True
+            continue
+        if rising:
+            peaks.add((a, b))
+            rising = False
+        if kind == "B" or kind == "W":
+            if s == first:
+                a -= 1
+            else:
+                b -= 1
+    if rising:
+        peaks.add((a, b))
+    kept, best = [], -1
+    for v in sorted(peaks, reverse=True):
+        if v[1] > best:
+            kept.append(v)
+            best = v[1]
+    return tuple(sorted(kept))

@@ -70,7 +70,7 @@ class Stopped(SystemExit):
 
 
 def spawn(jobs: Sequence, world: int, target: Callable, *, timeout: float, report: Callable | None = None,
-          grace: float | None = None) -> list:
+          grace: float | None = None, preload: Sequence[str] = ()) -> list:
     """Start ``world`` ranks running ``target``, stream their progress, and stop them all at the first failure.
 
     ``target(rank, world, port, jobs, q, timeout, box, lifeline)`` is a module-level function (the rank's main:
@@ -78,8 +78,9 @@ def spawn(jobs: Sequence, world: int, target: Callable, *, timeout: float, repor
     Returns rank 0's results. The ranks end with this process however it ends (module docstring); SIGTERM or
     SIGHUP raises ``Stopped`` once every rank is stopped. With ``grace`` (``--save-on-signal``) the first SIGTERM
     is forwarded to the ranks instead, which save and report ``preempted``: ``Preempted`` is raised (preempt.py).
+    ``preload`` names modules the ranks import, imported once by the forkserver (``_mp_context``).
     """
-    ctx = _mp_context()
+    ctx = _mp_context(preload)
     q = ctx.Queue()
     meeting = Rendezvous(world, timeout)  # held until the ranks are gone: no one else can take its port
     box = tempfile.mkdtemp(prefix="stagewise-flight-")  # the ranks' flight recorders, readable after a crash
@@ -149,13 +150,23 @@ class _stop_on_signals:
         return False
 
 
-def _mp_context():
-    """forkserver with torch preloaded: ranks start in milliseconds instead of each importing torch."""
+#: what every rank imports: torch._dynamo is what a torch.optim constructor imports first (over a second per
+#: rank otherwise)
+PRELOAD = ("stagewise.runtime.run.worker", "torch._dynamo")
+
+
+def _mp_context(preload: Sequence[str] = ()):
+    """forkserver with torch (and ``preload``: the job's own imports, such as transformers' modeling module
+    of an HF model) imported once: ranks start in milliseconds instead of each importing them. A running
+    forkserver that lacks some of ``preload`` is ended, and the next rank starts a new one with them all."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    # torch._dynamo is what a torch.optim constructor imports first (over a second per rank otherwise)
-    ctx.set_forkserver_preload(["stagewise.runtime.run.worker", "torch._dynamo"])
+    want = {*PRELOAD, *preload, *_PRELOADED}
+    if not want <= _PRELOADED:
+        _end_forkserver()  # between launches only: its ranks are gone
+        _PRELOADED.update(want)
+    ctx.set_forkserver_preload(sorted(_PRELOADED))
     if not _FORKSERVER_ENDS:
         atexit.register(_end_forkserver)
         _FORKSERVER_ENDS.append(True)
@@ -163,12 +174,14 @@ def _mp_context():
 
 
 _FORKSERVER_ENDS: list = []  #: the exit hook is registered (once per process)
+_PRELOADED: set = set()  #: the modules the forkserver (running or next) imports
 
 
-def start_early() -> None:
-    """Start the forkserver now, so that its imports (torch, the rank's worker: seconds) run while the caller
-    imports its own instead of after them. A no-op where ranks are spawned (no forkserver) or it is running."""
-    ctx = _mp_context()
+def start_early(preload: Sequence[str] = ()) -> None:
+    """Start the forkserver now, so that its imports (torch, the rank's worker, ``preload``: seconds) run while
+    the caller imports its own instead of after them. A no-op where ranks are spawned (no forkserver) or it is
+    running with them."""
+    ctx = _mp_context(preload)
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 

@@ -86,7 +86,14 @@ def _launch(cfgs: Sequence[RunConfig], report, preflight: bool) -> list[RunResul
     for c in cfgs:  # a model config from a script on stdin would kill every rank without a message
         check_importable(type(c.model), f"the model config {type(c.model).__name__}")
     grace = max((c.save_on_signal for c in cfgs if c.save_on_signal is not None), default=None)
-    return launch.spawn(cfgs, world, _rank_main, timeout=max(c.timeout for c in cfgs), report=report, grace=grace)
+    return launch.spawn(cfgs, world, _rank_main, timeout=max(c.timeout for c in cfgs), report=report, grace=grace,
+                        preload=rank_imports(cfgs))
+
+
+def rank_imports(cfgs: Sequence[RunConfig]) -> tuple[str, ...]:
+    """The modules the ranks of these configs import beyond the runtime's own (a model config's
+    ``rank_imports()``, such as an HF model's transformers modules): the forkserver imports them once."""
+    return tuple(sorted({m for c in cfgs for m in getattr(c.model, "rank_imports", tuple)()}))
 
 
 def _rank_main(rank: int, world: int, port: int, cfgs: list[RunConfig], q, timeout: float,
