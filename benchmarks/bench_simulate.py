@@ -85,6 +85,7 @@ def main() -> None:
 
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
         ax.plot([n for n, _ in rows], [t for _, t in rows], "o-", color="#0072B2")
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:.0f}k")  # 400k, not 400000 run into its neighbour
         ax.set_xlabel("actions (zb-v, p=64, m=64..1024)")
         ax.set_ylabel("seconds")
         ax.set_title("generate + simulate: linear in actions")
