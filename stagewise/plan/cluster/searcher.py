@@ -110,7 +110,7 @@ class ClusterSearcher(Searcher):
         fam = FAMILIES.get(c.family)
         if fam is None or not fam.holds_all:
             return 0.0
-        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
+        lc = self._layer_costs(c)
         kept = min(lc.input_bytes) * c.p * c.v if lc.input_bytes else sum(lc.act)  # a recomputed piece: its input
         return (sum(lc.fixed) + c.m * kept) / c.p
 
@@ -123,7 +123,7 @@ class ClusterSearcher(Searcher):
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl = self.profile, self.cluster
         counts = self._split(h, c)
-        lc = layer_costs(prof, c.mbs, c.recompute, cl.state_factor, cl)
+        lc = self._layer_costs(c)
         part = evaluate(lc, h, counts, cl.memory)
         replay = self.replay.get(c.mbs, 0.0)
         if max(part.rank_memory) + replay > cl.memory * (1 + 1e-9):  # too big: the partition's own memory says so
@@ -153,11 +153,20 @@ class ClusterSearcher(Searcher):
                         fits=max(memory) <= cl.memory * (1 + 1e-9), bound=max(bound, self.floor(c)), step_end=end,
                         optimizer=opt, costs=costs, free=counts == self._free_split(h, c), parts=parts)
 
+    def _layer_costs(self, c: Config) -> LayerCosts:
+        """``layer_costs`` at ``c``'s micro-batch size and recomputation (cached: the profile and the cluster
+        are this searcher's)."""
+        key = ("layer costs", c.mbs, c.recompute)
+        if key not in self._partitions:
+            self._partitions[key] = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor,
+                                                self.cluster)
+        return self._partitions[key]
+
     def _free_split(self, h, c: Config) -> tuple[int, ...] | None:
         """The block water-fill without a memory limit (cached per holding), where it applies."""
         key = ("free", h, c.mbs, c.recompute)
         if key not in self._partitions:
-            lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
+            lc = self._layer_costs(c)
             self._partitions[key] = block_split(lc, h, None) if is_block_model(lc) else None
         return self._partitions[key]
 
@@ -196,14 +205,16 @@ class ClusterSearcher(Searcher):
     def _split(self, h, c: Config) -> tuple[int, ...]:
         """The block water-fill (cached per holding): on the real layers where the blocks are identical, at the
         blocks' mean time for a mixture of experts whose blocks differ; else the exact partitioner."""
-        lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
+        lc = self._layer_costs(c)
         key = ("blocks", h, c.mbs, c.recompute)
         if key not in self._partitions:
             room = self.cluster.memory - self.replay.get(c.mbs, 0.0)  # leave room for the block being replayed
             counts = None
             if is_block_model(lc) or self.experts:
                 fill = lc if is_block_model(lc) else _alike(lc)
-                counts = block_split(fill, h, room) or block_split(fill, h, None)  # None fits: the fastest
+                # none fits: the fastest (the cached water-fill without a limit, on the real layers)
+                counts = block_split(fill, h, room) or (self._free_split(h, c) if fill is lc else
+                                                        block_split(fill, h, None))
             self._partitions[key] = counts
         counts = self._partitions[key]
         return counts if counts is not None else self._partition(h, c).counts
