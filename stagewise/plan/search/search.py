@@ -9,9 +9,9 @@ shares one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from itertools import chain, repeat
 from operator import sub
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from ...parallelism import Parallelism

@@ -162,10 +162,10 @@ def _mp_context(preload: Sequence[str] = ()):
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    want = {*PRELOAD, *preload, *_PRELOADED}
+    want = {*PRELOAD, *preload}
     if not want <= _PRELOADED:
         _end_forkserver()  # between launches only: its ranks are gone
-        _PRELOADED.update(want)
+        _PRELOADED.update(want)  # the next one imports these and everything before (a mixed process restarts once)
     ctx.set_forkserver_preload(sorted(_PRELOADED))
     if not _FORKSERVER_ENDS:
         atexit.register(_end_forkserver)
