@@ -126,6 +126,27 @@ def test_more_slow_clients_than_threads_still_leave_room_after_the_deadline(serv
             s.close()
 
 
+def test_a_request_sent_while_the_gate_waits_for_a_worker_is_served_not_expired(server):
+    """The gate blocks on a worker for longer than the first-byte deadline; what arrived meanwhile is served."""
+    early = socket.create_connection(("127.0.0.1", port(server)))  # waits in the gate, silent
+    slow = [socket.create_connection(("127.0.0.1", port(server))) for _ in range(8)]
+    try:
+        time.sleep(TIMEOUT / 2)  # every connection registered; half of early's deadline gone
+        for s in slow:
+            s.sendall(b"GET / HTTP/1.1\r\n")  # 4 take the workers, the gate waits ~TIMEOUT for a 5th
+        time.sleep(TIMEOUT / 4)
+        early.sendall(b"GET /api/families HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        early.settimeout(3 * TIMEOUT + 5)
+        answer = b""
+        while chunk := early.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
+    finally:
+        early.close()
+        for s in slow:
+            s.close()
+
+
 def test_two_host_headers_are_a_400(server):
     with socket.create_connection(("127.0.0.1", port(server)), timeout=5) as s:
         s.sendall(b"GET /api/families HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n")

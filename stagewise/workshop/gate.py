@@ -110,7 +110,12 @@ class Gate:
         for sock, (_, deadline) in list(self.waiting.items()):
             if deadline > now:
                 break
-            self._drop(sock)
+            # the gate may have spent the deadline waiting for a worker: a client that has sent its
+            # request meanwhile is served, not dropped
+            if _has_sent(sock):
+                self._dispatch(sock)
+            else:
+                self._drop(sock)
 
     def _dispatch(self, sock: socket.socket) -> None:
         address, _ = self.waiting.pop(sock)
@@ -136,3 +141,11 @@ class Gate:
         except (KeyError, ValueError):
             pass
         self.server.shutdown_request(sock)
+
+
+def _has_sent(sock: socket.socket) -> bool:
+    """Whether bytes wait on ``sock`` (a closed or failed one has none worth serving)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # BlockingIOError: nothing yet; anything else: the connection is gone
+        return False
