@@ -17,6 +17,7 @@ GPUs apart, on other nodes. Dense layouts are planned "across" (replica d's pipe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -88,14 +89,28 @@ def expert_layouts(experts: int, pool: int, t: int, eps=None, etps=None) -> list
 @lru_cache(maxsize=65536)
 def _nodes(node: int, p: int, pool: int, t: int, placement: str, stride: int, count: int) -> int:
     """Most nodes one set of pool positions ``o + i * stride`` (i < count) spans, over every pipeline rank and
-    every such set (the sets partition the pool: offsets o with ``(o // stride) % count == 0``)."""
+    every such set (the sets partition the pool: offsets o with ``(o // stride) % count == 0``).
+
+    Shifting a set's GPUs by a multiple of ``node`` keeps its node count, so only one period of ranks and of
+    offsets is looked at (``_periods``): O(node x stride x count) instead of O(GPUs) per layout."""
+    ranks, offsets = _periods(node, p, pool, t, placement, stride * count)
     worst = 1
-    for r in range(p):
-        for o in range(pool):
+    for r in range(ranks):
+        for o in range(offsets):
             if (o // stride) % count == 0:
                 nodes = {_gpu(placement, p, pool, t, r, o + i * stride) // node for i in range(count)}
                 worst = max(worst, len(nodes))
     return worst
+
+
+def _periods(node: int, p: int, pool: int, t: int, placement: str, span: int) -> tuple[int, int]:
+    """(ranks, offsets) after which the node pattern repeats: rank r + k starts its pool a multiple of ``node``
+    GPUs after rank r, and offset o + P maps every position P' GPUs on with P' a multiple of ``node`` while
+    the sets' pattern repeats every ``span`` positions."""
+    step, shift = (pool, 1) if placement == "within" else (t, p)  # GPU(r, q) = r*step + q + (q//t)*(shift-1)*t
+    ranks = min(p, node // math.gcd(step, node))
+    q_period = node if placement == "within" else t * (node // math.gcd(shift * t, node))
+    return ranks, min(pool, math.lcm(q_period, span))
 
 
 def _gpu(placement: str, p: int, pool: int, t: int, r: int, q: int) -> int:
@@ -113,5 +128,6 @@ def group_nodes(node: int, p: int, pool: int, t: int, group: int, placement: str
 
 @lru_cache(maxsize=65536)
 def _pipeline_crosses(node: int, p: int, pool: int, t: int, placement: str, a: int, b: int) -> bool:
+    _, positions = _periods(node, p, pool, t, placement, 1)  # one period of positions decides
     return any(_gpu(placement, p, pool, t, a, q) // node != _gpu(placement, p, pool, t, b, q) // node
-               for q in range(pool))
+               for q in range(positions))
