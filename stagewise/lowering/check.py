@@ -19,7 +19,7 @@ from ..actions import actions_of
 from ..engine import Stuck
 from ..validate import ScheduleError
 from .comms import COLLECTIVES, RECV_B, RECV_F, RECVS, RESHARD, SENDS, UNSHARD, CommAction
-from .lower import Lowered
+from .lower import Lowered, message_in
 
 
 def check(low: Lowered) -> Lowered:
@@ -82,18 +82,14 @@ def _check_inputs(low: Lowered) -> None:
                     if src not in made:
                         raise ScheduleError(f"{_where(low, r, k)}: sends before the op that computes it")
                 continue
-            for kind, s, mb in actions_of(a):
+            for act in actions_of(a):
+                kind, s, mb = act
                 made.add(("SEND_F" if kind == "F" else "SEND_B", s, mb))
-                need = None
-                if kind == "F" and s != first[s] and place[s - 1] != r:
-                    need = ("F", s, mb)
-                elif kind in ("B", "I") and s != last[s] and place[s + 1] != r:
-                    need = ("B", s, mb)
-                if need is not None and need not in posted:
-                    recv = f"{s}{RECV_F if need[0] == 'F' else RECV_B}{mb}"
-                    raise ScheduleError(f"{_where(low, r, k)}: needs {recv} from rank "
-                                        f"{place[s - 1] if need[0] == 'F' else place[s + 1]}, which is not "
-                                        "posted before it")
+                got = message_in(act, first, last)
+                if got is not None and place[got[1]] != r and got[0] not in posted:
+                    recv = f"{s}{RECV_F if kind == 'F' else RECV_B}{mb}"
+                    raise ScheduleError(f"{_where(low, r, k)}: needs {recv} from rank {place[got[1]]}, which is "
+                                        "not posted before it")
 
 
 def _check_collectives(low: Lowered) -> None:
@@ -189,9 +185,8 @@ def _waits_on(low: Lowered, r: int, a) -> int | None:
             return a.peer
         members = [x for x in low.members(r, a) if x != r]
         return members[0] if members else None
-    for kind, s, mb in actions_of(a):
-        if kind == "F" and s != first[s] and place[s - 1] != r:
-            return place[s - 1]
-        if kind in ("B", "I") and s != last[s] and place[s + 1] != r:
-            return place[s + 1]
+    for act in actions_of(a):
+        got = message_in(act, first, last)
+        if got is not None and place[got[1]] != r:
+            return place[got[1]]
     return None

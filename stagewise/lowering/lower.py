@@ -128,26 +128,29 @@ def lower(schedule: Schedule, parallelism: Parallelism | None = None,
     opts = options or LoweringOptions()
     S = schedule.stages
     sizes = opts.sizes.resolve(S)
-    orders = _send_orders(schedule)
+    orders = send_orders(schedule)
     programs = tuple(_rank(schedule, par, opts, sizes, orders, r) for r in range(schedule.ranks))
     return Lowered(schedule=schedule, parallelism=par, programs=programs, options=opts)
 
 
-def _send_orders(schedule: Schedule) -> dict[tuple[int, int], list[tuple]]:
-    """(sender, receiver) -> the keys of its messages in the sender's program order."""
+def send_orders(schedule: Schedule) -> dict[tuple[int, int], list[tuple]]:
+    """(sender rank, receiver rank) -> the keys (``message_out``) of what it sends there, in the sender's
+    program order: the order the receiver posts them in (NCCL's FIFO per pair)."""
     place, first, last = schedule.placement, schedule.first_stages, schedule.last_stages
     orders: dict[tuple[int, int], list[tuple]] = {}
     for r, prog in enumerate(schedule.programs):
         for op in prog:
             for a in actions_of(op):
-                out = _out(a, first, last)
+                out = message_out(a, first, last)
                 if out is not None and place[out[1]] != r:
                     orders.setdefault((r, place[out[1]]), []).append(out)
     return orders
 
 
-def _out(a: Action, first, last):
-    """The key of what ``a`` sends: ("F", stage it goes into, mb) or ("B", ...); None."""
+def message_out(a: Action, first, last) -> tuple | None:
+    """What ``a`` hands to another stage, as ("F", the stage it goes into, mb) (an F's output, past its lane's
+    last stage) or ("B", ...) (a B's or I's input gradient, before its lane's first stage); None.
+    ``first``/``last``: per stage, the first and last stage of its lane (``Schedule.first_stages``)."""
     kind, s, mb = a
     if kind == "F" and s != last[s]:
         return ("F", s + 1, mb)
@@ -156,7 +159,10 @@ def _out(a: Action, first, last):
     return None
 
 
-def _in(a: Action, first, last):
+def message_in(a: Action, first, last) -> tuple | None:
+    """What ``a`` needs from another stage, as (its key, as ``message_out`` names it; the stage that sends it):
+    an F an activation (past its lane's first stage), a B or I a gradient (before its lane's last stage,
+    which starts the backward from its own loss); None."""
     kind, s, mb = a
     if kind == "F" and s != first[s]:
         return ("F", s, mb), s - 1
@@ -209,7 +215,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
         for s in gathers.get(k, ()):
             out.append(unshard(s))
         for a in acts:
-            got = _in(a, first, last)
+            got = message_in(a, first, last)
             if got is None or place[got[1]] == r:
                 continue
             key, src_stage = got
@@ -232,7 +238,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
                 out.append(CommAction(ALL_TO_ALL, a.stage, a.mb, -1, "ep", 2 * sizes["a2a"][a.stage], "ep",
                                       "all-to-all"))
         for a in acts:
-            o = _out(a, first, last)
+            o = message_out(a, first, last)
             if o is not None and place[o[1]] != r:
                 out.append(CommAction(SEND_F if o[0] == "F" else SEND_B, a.stage, a.mb, place[o[1]], "pp",
                                       nb(a.stage if o[0] == "F" else a.stage - 1), "p2p"))

@@ -2,5 +2,5 @@
 programs, posts receives in the sender's order (deadlock-free by construction) and checks each message's
 structure, shapes and dtypes against the first of its step.
 
-May import: the core, `stagewise.runtime.resilience`, `stagewise.runtime.stages`, `torch`.
+May import: the core, `stagewise.lowering`, `stagewise.runtime.resilience`, `stagewise.runtime.stages`, `torch`.
 """

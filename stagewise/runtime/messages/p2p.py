@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ...actions import actions_of
+from ...lowering.lower import message_in, message_out, send_orders
 from ...schedule import Schedule
 from ..stages import pytree
 from ...errors import StagewiseError
@@ -86,42 +86,29 @@ class MessagePlan:
 
 
 def route_in(a, first, last) -> Route | None:
-    """What action ``a`` needs from another stage: F an activation (past its lane's first stage), B or I a
-    gradient (before its lane's last stage, which starts the backward from its own loss). ``first``/``last``:
-    per stage, the first and last stage of its lane."""
-    kind, s, mb = a
-    if kind == "F" and s != first[s]:
-        return Route(ACT, s, mb)
-    if kind in ("B", "I") and s != last[s]:
-        return Route(GRAD, s, mb)
-    return None
+    """What action ``a`` needs from another stage (the lowering's rule, ``lowering.lower.message_in``) as a
+    Route. ``first``/``last``: per stage, the first and last stage of its lane."""
+    got = message_in(a, first, last)
+    return None if got is None else _route(got[0])
 
 
 def route_out(a, first, last) -> Route | None:
-    """What action ``a`` hands on: F its output to the next stage, B or I the input gradient to the previous."""
-    kind, s, mb = a
-    if kind == "F" and s != last[s]:
-        return Route(ACT, s + 1, mb)
-    if kind in ("B", "I") and s != first[s]:
-        return Route(GRAD, s - 1, mb)
-    return None
+    """What action ``a`` hands on (``lowering.lower.message_out``): F its output, B or I its input gradient."""
+    key = message_out(a, first, last)
+    return None if key is None else _route(key)
+
+
+def _route(key: tuple) -> Route:
+    d, s, mb = key
+    return Route(ACT if d == "F" else GRAD, s, mb)
 
 
 def message_plan(schedule: Schedule) -> MessagePlan:
-    first, last = schedule.first_stages, schedule.last_stages
-    place = schedule.placement
-    order: dict[tuple[int, int], list[Route]] = defaultdict(list)
-    for r, prog in enumerate(schedule.programs):
-        for op in prog:
-            for a in actions_of(op):
-                route = route_out(a, first, last)
-                if route is not None and place[route.stage] != r:
-                    order[(r, place[route.stage])].append(route)
+    order = {pair: tuple(map(_route, keys)) for pair, keys in send_orders(schedule).items()}
     headed = {next(r for r in routes if (r.direction, r.stage) == key)
               for routes in order.values() for key in {(r.direction, r.stage) for r in routes}}
-    return MessagePlan(placement=place, stages=schedule.stages, microbatches=schedule.microbatches,
-                       order={k: tuple(v) for k, v in order.items()}, first=first, last=last,
-                       headed=frozenset(headed))
+    return MessagePlan(placement=schedule.placement, stages=schedule.stages, microbatches=schedule.microbatches,
+                       order=order, first=schedule.first_stages, last=schedule.last_stages, headed=frozenset(headed))
 
 
 class P2P:
