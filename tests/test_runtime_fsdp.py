@@ -1,5 +1,5 @@
 """FSDP2 driven by the plan's points (runtime/parallel/fsdp.py), on a group of one rank: gathered where the plan
-says, gradients accumulated across micro-batches and reduced into the shards only where the stage is freed."""
+says, gradients accumulated across micro-batches and reduced into the shards only where the plan reduces the stage."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_gathered_before_its_forward_reduced_into_the_shards_after_its_last_back
         stage(x).pow(2).mean().backward()
         plain(x).pow(2).mean().backward()
         assert all(p.grad is None for p in shards)  # accumulated in the gathered weights only
-        fsdp.after(step("B", k, free=(0,) if k == 1 else ()))
+        fsdp.after(step("B", k, **({"reduce": (0,), "free": (0,)} if k == 1 else {})))
     assert type(stage.layers[0].weight).__name__ == "DTensor"  # freed: its shards are the parameters again
     assert list(stage.parameters()) == shards
     for p, q in zip(shards, plain.parameters()):

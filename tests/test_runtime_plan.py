@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from stagewise.actions import actions_of
+from stagewise.parallelism import Parallelism
 from stagewise.runtime.execution.plan import lower
 from stagewise.runtime.messages.p2p import ACT, GRAD, Route
 from stagewise.schedules import FAMILIES, generate
@@ -67,7 +68,7 @@ def test_a_sharded_stage_is_gathered_one_stage_ahead_and_freed_after_its_last_ac
     (its last B or W: where its gradients are complete)."""
     sched = generate(name, p, 2 * p)
     for r in range(p):
-        plan = lower(sched, r)
+        plan = lower(sched, r, Parallelism(pp=p, fsdp=2))
         starts = {s: k for k, step in enumerate(plan.steps) for s in step.gather}
         frees = [(s, k) for k, step in enumerate(plan.steps) for s in step.free]
         assert sorted(starts) == sorted(s for s, _ in frees) == list(plan.stages)
@@ -77,35 +78,61 @@ def test_a_sharded_stage_is_gathered_one_stage_ahead_and_freed_after_its_last_ac
             assert starts[s] == plan.first_forward[before] < plan.first_forward[s]
         for s, k in frees:
             assert k == max(i for i, step in enumerate(plan.steps) for a in step.actions if a.stage == s)
-            assert k == plan.last_backward[s] and s in plan.steps[k].done
+            assert k == plan.last_backward[s] and s in plan.steps[k].done and s in plan.steps[k].reduce
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.sampled_from(sorted(FAMILIES)), st.integers(2, 4), st.integers(0, 4))
-def test_the_plan_gathers_reduces_and_frees_where_the_lowering_puts_them(name, p, extra):
-    """One set of rules: each op's gathers, reductions and frees are the lowered program's UNSHARD (before it),
-    REDUCE_GRAD and RESHARD (after it) under FSDP (stagewise.lowering)."""
+@given(st.sampled_from(sorted(FAMILIES)), st.integers(2, 4), st.integers(0, 4),
+       st.sampled_from([dict(fsdp=2), dict(fsdp=2, dp=2), dict(dp=2), dict(dp=2, zero=True), dict(fsdp=2, ep=2),
+                        dict(fsdp=2, reshard_after_forward=True)]),
+       st.sampled_from(["stagewise", "deepspeed", "megatron"]))
+def test_the_plan_gathers_reduces_and_frees_where_the_lowering_puts_them(name, p, extra, layout, framework):
+    """One set of rules: each op's gathers, reductions and frees are the lowered program's first UNSHARD over
+    fsdp (before it), REDUCE_GRAD and last RESHARD (after it), under each layout and framework's overlap rule
+    (stagewise.lowering; a drained reduction is the last op's)."""
     from stagewise.lowering import lower as lower_comms
     from stagewise.lowering.comms import CommAction
-    from stagewise.parallelism import Parallelism
+    from stagewise.lowering.options import FRAMEWORKS, LoweringOptions
 
     try:
         sched = generate(name, p, 2 * p + extra)
     except Exception:  # noqa: BLE001 - a family that refuses these p, m
         return
-    low = lower_comms(sched, Parallelism(pp=p, fsdp=2))
+    par = Parallelism(pp=p, **layout)
+    low = lower_comms(sched, par, LoweringOptions(overlap=FRAMEWORKS[framework]))
     for r in range(p):
-        plan, k, before = lower(sched, r), -1, []
+        plan, k, before = lower(sched, r, par, FRAMEWORKS[framework]), -1, []
         marks: dict[int, dict[str, list[int]]] = {}
+        gathered, freed = set(), {}
         for a in low.programs[r]:
             if type(a) is not CommAction:
                 k += 1
-                marks[k] = {"gather": before, "done": [], "free": []}
+                marks[k] = {"gather": before, "reduce": [], "free": []}
                 before = []
-            elif a.kind == "UNSHARD":
-                before.append(a.stage)
-            elif a.kind in ("REDUCE_GRAD", "RESHARD"):
-                marks[k]["done" if a.kind == "REDUCE_GRAD" else "free"].append(a.stage)
+            elif a.kind == "UNSHARD" and a.group == "fsdp" and k + 1 < len(plan.steps):
+                if a.stage not in gathered:
+                    before.append(a.stage)
+                gathered.add(a.stage)
+            elif a.kind == "REDUCE_GRAD":
+                marks[k]["reduce"].append(a.stage)
+            elif a.kind == "RESHARD":
+                freed[a.stage] = k
+        for s, k in freed.items():
+            marks[k]["free"].append(s)
+        assert sum(len(m["reduce"]) for m in marks.values()) == (len(plan.stages) if par.world > 1 else 0)
         for k, step in enumerate(plan.steps):
-            assert (sorted(marks[k]["gather"]), sorted(marks[k]["done"]), sorted(marks[k]["free"])) == \
-                (list(step.gather), list(step.done), list(step.free)), (name, r, k)
+            assert (sorted(marks[k]["gather"]), marks[k]["reduce"], sorted(marks[k]["free"])) == \
+                (list(step.gather), list(step.reduce), list(step.free)), (name, r, k)
+            assert all(type(c) is CommAction for c in step.comms)
+        assert list(plan.tail)[-1:] == [f"{min(plan.stages)}STEP_END"]
+
+
+def test_deepspeeds_rule_reduces_every_stage_after_the_drain_and_stagewises_after_each_last_backward():
+    sched = generate("interleaved-1f1b", 2, 4, 2)
+    par = Parallelism(pp=2, dp=2)
+    from stagewise.lowering.options import FRAMEWORKS
+
+    own, drained = lower(sched, 0, par), lower(sched, 0, par, FRAMEWORKS["deepspeed"])
+    assert [k for k, st in enumerate(own.steps) if st.reduce] == sorted(own.last_backward.values())
+    assert [k for k, st in enumerate(drained.steps) if st.reduce] == [len(drained.steps) - 1]
+    assert sorted(drained.steps[-1].reduce) == list(drained.stages)

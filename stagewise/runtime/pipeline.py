@@ -196,6 +196,9 @@ class Pipeline:
             shard = grid.sub_mesh(("dp", "fsdp") if topo.dp > 1 else "fsdp")  # HSDP: replicate over dp
             self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward
                                    or grid.parallelism.reshard_after_forward, flight=self.flight)
+        #: the layout the schedule is lowered under (plan.py): the grid's, resharding as the stages do
+        self._lowered_as = dataclasses.replace(grid.parallelism, reshard_after_forward=True) \
+            if self.sharded is not None and self.sharded.raf else grid.parallelism
         self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors
         self.dp = self.ep.reduction(grid, self.stages, timeout) if self.ep is not None else \
             DataParallel(grid, sched, self.stages, timeout) if topo.dp > 1 and self.sharded is None else None
@@ -392,7 +395,7 @@ class Pipeline:
     # ---- internals
 
     def _context(self, sched: Schedule, forward_only: bool) -> RankContext:
-        plan = lower(sched, self.topo.pipe)
+        plan = lower(sched, self.topo.pipe, self._lowered_as)
         p2p = P2P(plan.messages, self.topo.pipe, self.device, self.timeout, tags=dist.get_backend() == "gloo",
                   peers=self.topo.pipe_ranks, static=self._static, flight=self.flight)
         return RankContext(plan=plan, stages=self.stages, p2p=p2p,

@@ -45,9 +45,9 @@ class DataParallel:
         self.started: list[int] = []  #: stages whose reduction started this step, in order
 
     def after(self, step) -> None:
-        """Called by the executor after each op (a plan.Step): start the reduction of each stage whose weight
-        gradients are complete (the plan's ``done``: after the stage's last B or W)."""
-        for s in step.done:
+        """Called by the executor after each op (a plan.Step): start the reduction of each stage the lowered
+        program reduces there (``Step.reduce``: after the stage's last B or W, under stagewise's overlap rule)."""
+        for s in step.reduce:
             self._start(s)
 
     def buckets(self, s: int) -> list:

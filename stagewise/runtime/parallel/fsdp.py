@@ -13,8 +13,9 @@ RESHARD and REDUCE_GRAD actions:
   choice under pipeline parallel); ``reshard_after_forward=True`` frees each layer after each of its forwards
   and backwards, for an all-gather per layer per forward and backward (FSDP's own hooks, one layer at a
   time) and of the stage before each W. Either way the gradients stay whole until the stage's last backward.
-- **free** (``Step.free``): after the stage's last backward (its last W under split backward) its gradients
-  are reduce-scattered (all-reduced over ``dp`` too with HSDP) and it is resharded. Until then the
+- **reduce** and **free** (``Step.reduce``, ``Step.free``): after the stage's last backward (its last W under
+  split backward) its gradients are reduce-scattered (all-reduced over ``dp`` too with HSDP) and it is
+  resharded, where the lowered program has its REDUCE_GRAD and RESHARD. Until then the
   backward only accumulates into the gathered gradients (``set_requires_gradient_sync(False)``). W adds
   its gradients to the gathered parameters' ``.grad`` like autograd would, so FSDP reduces them alike.
 
@@ -81,14 +82,15 @@ class Sharded:
             self._wait(a.stage)
 
     def after(self, step, training: bool = True) -> None:
-        """After an op: reduce-scatter and reshard each stage the plan frees here (reshard only when evaluating)."""
+        """After an op: reduce-scatter each stage the lowered program reduces here, then release each it frees
+        here (evaluating, nothing is reduced and the release reshards)."""
+        for s in step.reduce if training else ():
+            self.flight.comm(f"{s}REDUCE_GRAD")
+            t0 = time.perf_counter()
+            self._reduce(s)
+            self.flight.done(f"{s}REDUCE_GRAD", time.perf_counter() - t0)
         for s in step.free:
-            if training:
-                self.flight.comm(f"{s}REDUCE_GRAD")
-                t0 = time.perf_counter()
-                self._reduce(s)
-                self.flight.done(f"{s}REDUCE_GRAD", time.perf_counter() - t0)
-            else:
+            if not training:
                 for m in self.units[s]:
                     m.reshard()
             self.flight.comm(f"{s}RESHARD")
