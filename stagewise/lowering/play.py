@@ -21,13 +21,12 @@ waited for it beyond everything else it needed; the rest of it was hidden behind
 from __future__ import annotations
 
 from collections import deque
-from itertools import accumulate
 
-from ..actions import Pair, actions_of
+from ..actions import Pair
 from ..costs import Costs, StageCosts
 from ..engine import Blocked, Stuck
 from ..overlap import Comm, comm_lanes, pair_parts, pair_time
-from .comms import ALL_TO_ALL, RECV_B, RECV_F, SEND_B, SEND_F, UNSHARD, CommAction
+from .comms import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
 from .lower import Lowered
 
 
@@ -81,11 +80,14 @@ class _Player:
     """One play of a lowered schedule. Mutable: what has finished, arrived and been posted so far, and which
     rank waits on what (a work list, as ``engine.play``'s).
 
-    Everything the loop looks up is an integer index into a flat list: a compute result's key as
-    ``engine.play``'s (F done at [0, n_keys), input gradient done at [n_keys, 2 n_keys)), a message's id the
-    key of the action it feeds (F at [0, n_keys), B after; a key outside the schedule's range gets an id past
-    them), a stream's id per rank and stream. A rank parked on a key waits in ``waiter`` (compute keys, then
-    message ids; a second rank on one key in ``extra``), on a cross-rank collective in ``coll_wait``."""
+    What the loop looks up is an integer index into a flat list: a compute result's key as ``engine.play``'s
+    (F done at [0, n_keys), input gradient done at [n_keys, 2 n_keys)); a message's id the key of the action
+    that takes it (F at [0, n_keys), B after; past 2 n_keys for a key out of the schedule's range, in a
+    hand-made program); a stream's id per rank and stream. Entries are decoded where they are played (each
+    is played once: a table of them would cost more than it saves); a collective's duration, stream and
+    members are cached per rank under what decides them. A rank parked on a key waits in ``waiter``
+    (compute keys, then message ids; a second rank on one key in ``extra``), on a cross-rank collective
+    in ``coll_wait``."""
 
     def __init__(self, low: Lowered, sc: StageCosts, costs: Costs):
         sched = low.schedule
@@ -120,7 +122,7 @@ class _Player:
         self.op_start = [0.0] * R
         self.played_colls: list[list[int]] = [[] for _ in range(R)]  # positions of the collectives played
         self.last_op = [_last_op(p) for p in programs]
-        self.index_of: list = [None] * R  # per rank, position -> index among its ops, made when first needed
+        self.ops_done = [0] * R  # how many of the rank's ops have run (``Played.waited``'s key of the next)
         self.pos, self.clock = [0] * R, [0.0] * R
         self.waiter = [-1] * (4 * self.n_keys)  # compute keys, then message ids
         self.extra: dict[int, list[int]] = {}
@@ -128,179 +130,203 @@ class _Player:
         self.queue = deque(range(R))
 
     def run(self) -> None:
-        """Advance ranks from the work list until none can go on; raises ``Stuck`` if some did not finish.
-        The loop is the lowered play's hot path: compute, sends and receives written out."""
-        programs, queue, done, waiter, extra = self.programs, self.queue, self.done, self.waiter, self.extra
-        arrive_at, arrive_sent, got, stream_free = self.arrive_at, self.arrive_sent, self.got, self.stream_free
+        """Advance ranks from the work list until none can go on; raises ``Stuck`` if some did not finish."""
+        queue, advance = self.queue, self.advance
+        while queue:
+            advance(queue.popleft())
+        if any(self.pos[r] < len(p) for r, p in enumerate(self.programs)):
+            raise Stuck(_blocked(self.low, self.pos))
+
+    def advance(self, r: int) -> None:
+        """Run rank ``r`` from where it stopped until it waits or is through; compute, sends, receives and
+        collectives written out (the lowered play's hot path)."""
+        queue, done, waiter, extra, out = self.queue, self.done, self.waiter, self.extra, self.out
+        arrive_at, arrive_sent = self.arrive_at, self.arrive_sent
         f_from, g_from, dur, message = self.f_from, self.g_from, self.dur, self.sc.message
         S, m, n_keys, n2 = self.S, self.m, self.n_keys, 2 * self.n_keys
-        bw, lat, blocking, out = self.bw, self.lat, self.blocking, self.out
-        Comm_, Pair_, SEND_F_, SEND_B_, RECV_F_, RECV_B_ = CommAction, Pair, SEND_F, SEND_B, RECV_F, RECV_B  # locals
-        while queue:
-            r = queue.popleft()
-            prog, st, en, ex = programs[r], out.starts[r], out.ends[r], out.exposed[r]
-            links, colls, g_end, g_pos = self.links[r], self.colls[r], self.gathered_end[r], self.gathered_pos[r]
-            i, t, op_start, comm_end = self.pos[r], self.clock[r], self.op_start[r], self.comm_end[r]
-            gathers, last_op, gotr = self.gathers[r], self.last_op[r], got[r]
-            n, kw = len(prog), -1  # kw: the key it parks on (-1: none it can be woken by, or parked already)
-            while i < n:
-                a = prog[i]
-                ta = type(a)
-                if ta is not Comm_:  # starts at max(rank free, inputs computed and sent, transfers arrived)
-                    base, comm, via = t, 0.0, -1
-                    for kind, s, mb in (a if ta is Pair_ else (a,)):
-                        k = s * m + mb  # its F's key, its F input's message id
-                        if kind == "F":
-                            dk, src = k, f_from[s]
-                            if src == r:
-                                x = done[k - m]
-                                if x < 0:
-                                    kw = k - m
-                                    break
-                                if x > base:
-                                    base = x
-                            elif src >= 0:
-                                g = gotr.get(k)
-                                if g is None:  # its receive is not before it: never posted
-                                    break
-                                x, y, where = g
-                                if y > base:
-                                    base = y
-                                if x > comm:
-                                    comm, via = x, where
-                        elif kind == "W":
-                            dk = -1
-                            x = done[n_keys + k]
-                            if x < 0:
-                                kw = n_keys + k
-                                break
-                            if x > base:
-                                base = x
-                        else:
-                            dk, src = n_keys + k, g_from[s]
-                            x = done[k]
-                            if x < 0:
-                                kw = k
-                                break
-                            if x > base:
-                                base = x
-                            if src == r:
-                                x = done[dk + m]
-                                if x < 0:
-                                    kw = dk + m
-                                    break
-                                if x > base:
-                                    base = x
-                            elif src >= 0:
-                                g = gotr.get(dk)
-                                if g is None:
-                                    break
-                                x, y, where = g
-                                if y > base:
-                                    base = y
-                                if x > comm:
-                                    comm, via = x, where
-                        if gathers and g_end[s] > comm:
-                            comm, via = g_end[s], g_pos[s]
-                    else:
-                        start = comm if comm > base else base
-                        if via >= 0 and comm > base:  # it waited for a transfer beyond everything else it needed
-                            ex[via] += comm - base
-                            out.waited[r][self.index(r)[i]] = via
-                        op_start = start
-                        t = start + (self.pair_time(a) if ta is Pair_ else dur[kind][s])
-                        st[i] = start
-                        en[i] = t
-                        i += 1
-                        for k in (self.done_keys(a) if ta is Pair_ else (dk,) if dk >= 0 else ()):
-                            done[k] = t
-                            w = waiter[k]
-                            if w >= 0:
-                                waiter[k] = -1
-                                queue.append(w)
-                                if extra:
-                                    queue.extend(extra.pop(k, ()))
-                        continue
-                    break
-                kind, s, mb, peer, group, nbytes, stream, op, during = a
-                if kind == SEND_F_ or kind == SEND_B_:  # on its link from when it is posted and the link is free
-                    back = kind == SEND_B_
-                    s2 = s - 1 if back else s + 1  # the stage it goes into
-                    if bw and nbytes > 0:
-                        occ, delay = nbytes / bw, lat
-                    else:  # no bytes: the cost model's message time of that boundary
-                        occ, delay = 0.0, message[s2 if back else s]
-                    post = op_start if during else t
-                    x = links.get(peer, 0.0)
-                    start = x if x > post else post
-                    x = start + occ
-                    links[peer] = x
-                    x += delay
-                    st[i] = start
-                    en[i] = x
-                    if blocking and x > t:  # the sender waits for it to arrive
-                        t = x
-                    if type(mb) is int and 0 <= s2 < S and 0 <= mb < m:
-                        mid = n_keys + s2 * m + mb if back else s2 * m + mb
-                    else:
-                        mid = self.odd_id(back, s2, mb)
-                    arrive_at[mid], arrive_sent[mid] = x, post
-                    k = n2 + mid
-                    w = waiter[k]
+        bw, lat, blocking = self.bw, self.lat, self.blocking
+        Comm_, Pair_, SENDS_, RECVS_, SEND_B_, RECV_B_ = CommAction, Pair, SENDS, RECVS, SEND_B, RECV_B  # locals
+        stages, mbs = range(S), range(m)  # a message key in both: its id is arithmetic
+        prog, st, en, ex = self.programs[r], out.starts[r], out.ends[r], out.exposed[r]
+        links, g_end, g_pos = self.links[r], self.gathered_end[r], self.gathered_pos[r]
+        i, t, op_start, comm_end = self.pos[r], self.clock[r], self.op_start[r], self.comm_end[r]
+        gathers, gotr, j = self.gathers[r], self.got[r], self.ops_done[r]
+        n, kw = len(prog), -1  # kw: the key it parks on (-1: none it can be woken by, or parked already)
+        for i in range(i, n):
+            a = prog[i]
+            ta = type(a)
+            if ta is not Comm_:  # a compute op: ``ready`` and ``pair`` written out (the loop's hot path)
+                if ta is Pair_:  # an F&B pair (DualPipe's)
+                    start, end = self.pair(r, i, j, a, t, gotr, gathers)
+                    if start is None:
+                        kw = end
+                        break
+                    op_start, t = start, end
+                    j += 1
+                    continue
+                kind, s, mb = a
+                k = s * m + mb  # its F's key, its F input's message id
+                base, comm, via = t, 0.0, -1
+                if kind == "F":
+                    dk, src = k, f_from[s]
+                    if src == r:
+                        x = done[k - m]
+                        if x < 0:
+                            kw = k - m
+                            break
+                        if x > base:
+                            base = x
+                    elif src >= 0:
+                        g = gotr.get(k)
+                        if g is None:  # its receive is not before it: never posted
+                            break
+                        x, y, where = g
+                        if y > base:
+                            base = y
+                        if x > comm:
+                            comm, via = x, where
+                elif kind == "W":
+                    dk = -1
+                    x = done[n_keys + k]
+                    if x < 0:
+                        kw = n_keys + k
+                        break
+                    if x > base:
+                        base = x
+                else:
+                    dk, src = n_keys + k, g_from[s]
+                    x = done[k]
+                    if x < 0:
+                        kw = k
+                        break
+                    if x > base:
+                        base = x
+                    if src == r:
+                        x = done[dk + m]
+                        if x < 0:
+                            kw = dk + m
+                            break
+                        if x > base:
+                            base = x
+                    elif src >= 0:
+                        g = gotr.get(dk)
+                        if g is None:
+                            break
+                        x, y, where = g
+                        if y > base:
+                            base = y
+                        if x > comm:
+                            comm, via = x, where
+                if gathers and g_end[s] > comm:
+                    comm, via = g_end[s], g_pos[s]
+                start = comm if comm > base else base
+                if via >= 0 and comm > base:  # it waited for a transfer beyond everything else it needed
+                    ex[via] += comm - base
+                    out.waited[r][j] = via
+                op_start = start
+                t = start + dur[kind][s]
+                st[i] = start
+                en[i] = t
+                j += 1
+                if dk >= 0:
+                    done[dk] = t
+                    w = waiter[dk]
                     if w >= 0:
-                        waiter[k] = -1
+                        waiter[dk] = -1
                         queue.append(w)
                         if extra:
-                            queue.extend(extra.pop(k, ()))
-                elif kind == RECV_F_ or kind == RECV_B_:
-                    if type(mb) is int and 0 <= s < S and 0 <= mb < m:
-                        mid = n_keys + s * m + mb if kind == RECV_B_ else s * m + mb
-                    else:
-                        mid = self.odd_id(kind == RECV_B_, s, mb)
-                    x = arrive_at[mid]
-                    if x < 0:
-                        kw = n2 + mid
-                        break
-                    y = arrive_sent[mid]
-                    gotr[mid] = (x, y, i)
-                    st[i] = y
-                    en[i] = x
-                else:  # a collective: on its stream from when it is posted and the stream is free
-                    key = (kind, group, op, nbytes, peer, stream)
-                    c = colls.get(key) or self.collective(r, a, key)
-                    d, sid, cross = c
-                    # posted when the rank reaches it, when its op starts (during), or once all it posted is done
-                    post = op_start if during else t if i <= last_op or t >= comm_end else comm_end
-                    x = stream_free[sid]
-                    start = x if x > post else post
-                    if cross is not None:  # over several pipeline ranks: when every member has posted it
-                        start = self.enter(r, cross, start)
-                        if start is None:
-                            break
-                    end = start + d
-                    if during:  # bucketed: done no earlier than its op, running in the op's last part
-                        if t > end:
-                            end = t
-                        start = end - d
-                    if d or during:
-                        stream_free[sid] = end
-                    st[i] = start
-                    en[i] = end
-                    if kind == UNSHARD and 0 <= s < S:  # (no op reads another stage's)
-                        g_end[s], g_pos[s], gathers = end, i, True
-                    if kind != ALL_TO_ALL and end > comm_end:
-                        comm_end = end
-                    self.played_colls[r].append(i)
-                i += 1
-            if i < n and kw >= 0:  # parked until key ``kw`` is done or arrives
-                if waiter[kw] < 0:
-                    waiter[kw] = r
+                            queue.extend(extra.pop(dk, ()))
+                continue
+            kind, s, mb, peer, group, nbytes, stream, op, during = a
+            if kind in SENDS_:  # on its link from when it is posted and the link is free
+                back = kind == SEND_B_
+                s2 = s - 1 if back else s + 1  # the stage it goes into
+                if bw and nbytes > 0:
+                    occ, delay = nbytes / bw, lat
+                else:  # no bytes: the cost model's message time of that boundary
+                    occ, delay = 0.0, message[s2 if back else s]  # (the boundary between s and s2)
+                post = op_start if during else t
+                x = links.get(peer, 0.0)
+                start = x if x > post else post
+                x = start + occ
+                links[peer] = x
+                x += delay
+                st[i] = start
+                en[i] = x
+                if blocking and x > t:  # the sender waits for it to arrive
+                    t = x
+                if mb in mbs and s2 in stages:
+                    mid = n_keys + s2 * m + mb if back else s2 * m + mb
                 else:
-                    extra.setdefault(kw, []).append(r)
-            self.pos[r], self.clock[r], self.op_start[r], self.comm_end[r] = i, t, op_start, comm_end
-            self.gathers[r] = gathers
-        if any(self.pos[r] < len(p) for r, p in enumerate(programs)):
-            raise Stuck(_blocked(self.low, self.pos))
+                    mid = self.odd_id(back, s2, mb)
+                arrive_at[mid], arrive_sent[mid] = x, post
+                k = n2 + mid
+                w = waiter[k]
+                if w >= 0:
+                    waiter[k] = -1
+                    queue.append(w)
+                    if extra:
+                        queue.extend(extra.pop(k, ()))
+            elif kind in RECVS_:
+                if mb in mbs and s in stages:
+                    mid = n_keys + s * m + mb if kind == RECV_B_ else s * m + mb
+                else:
+                    mid = self.odd_id(kind == RECV_B_, s, mb)
+                x = arrive_at[mid]
+                if x < 0:
+                    kw = n2 + mid
+                    break
+                y = arrive_sent[mid]
+                gotr[mid] = (x, y, i)
+                st[i] = y
+                en[i] = x
+            else:  # a collective: ``post``
+                c = self.post(r, i, a, t, op_start, comm_end)
+                if c < 0:
+                    break
+                comm_end = c
+                gathers = gathers or kind == UNSHARD
+        else:  # through its program
+            i = n
+        if i < n and kw >= 0:  # parked until key ``kw`` is done or arrives
+            if waiter[kw] < 0:
+                waiter[kw] = r
+            else:
+                extra.setdefault(kw, []).append(r)
+        self.pos[r], self.clock[r], self.op_start[r], self.comm_end[r] = i, t, op_start, comm_end
+        self.gathers[r], self.ops_done[r] = gathers, j
+
+    def post(self, r: int, i: int, a: CommAction, t: float, op_start: float, comm_end: float) -> float:
+        """Play collective ``a`` at position ``i`` of rank ``r`` (free at ``t``, its last op started at
+        ``op_start``, what it posted done at ``comm_end``): on its stream from when it is posted and the
+        stream is free. The rank's new ``comm_end``, or -1 when it waits for the other members."""
+        kind, s, mb, peer, group, nbytes, stream, op, during = a
+        key = (kind, group, op, nbytes, peer, stream)
+        d, sid, cross = self.colls[r].get(key) or self.collective(r, a, key)
+        if during:  # posted when its op starts
+            post = op_start
+        elif i > self.last_op[r] and comm_end > t:  # after the rank's last op: once all it posted is done
+            post = comm_end
+        else:
+            post = t
+        x = self.stream_free[sid]
+        start = x if x > post else post
+        if cross is not None:  # over several pipeline ranks: when every member has posted it
+            start = self.enter(r, cross, start)
+            if start is None:
+                return -1.0
+        end = start + d
+        if during:  # bucketed: done no earlier than its op, running in the op's last part
+            if t > end:
+                end = t
+            start = end - d
+        if d or during:
+            self.stream_free[sid] = end
+        self.out.starts[r][i], self.out.ends[r][i] = start, end
+        if kind == UNSHARD and 0 <= s < self.S:  # (no op reads another stage's)
+            self.gathered_end[r][s], self.gathered_pos[r][s] = end, i
+        self.played_colls[r].append(i)
+        return end if kind != ALL_TO_ALL and end > comm_end else comm_end
 
     def collective(self, r: int, a: CommAction, key: tuple) -> tuple:
         """(duration, stream id, (group, members) when over several pipeline ranks else None) of collective
@@ -350,16 +376,77 @@ class _Player:
             d = self.pair_dur[key] = op_time(op, self.sc)
         return d
 
-    def done_keys(self, op: Pair) -> list[int]:
+    def pair(self, r: int, i: int, j: int, op: Pair, t: float, gotr: dict, gathers: bool) -> tuple:
+        """Play F&B pair ``op``, rank ``r``'s op ``j`` at position ``i`` (free at ``t``): (start, end), or
+        (None, the key it waits on; -1: none it can be woken by)."""
+        base, comm, via = t, 0.0, -1
+        g_end, g_pos = self.gathered_end[r], self.gathered_pos[r]
+        for x in op:
+            got = self.ready(r, x, gotr)
+            if len(got) == 1:
+                return None, got[0]
+            b, c, v = got
+            if b > base:
+                base = b
+            if c > comm:
+                comm, via = c, v
+            if gathers and g_end[x.stage] > comm:
+                comm, via = g_end[x.stage], g_pos[x.stage]
+        start = comm if comm > base else base
+        if via >= 0 and comm > base:  # it waited for a transfer beyond everything else it needed
+            self.out.exposed[r][via] += comm - base
+            self.out.waited[r][j] = via
+        end = start + self.pair_time(op)
+        self.out.starts[r][i], self.out.ends[r][i] = start, end
         m, n_keys = self.m, self.n_keys
-        return [s * m + mb if kind == "F" else n_keys + s * m + mb for kind, s, mb in op if kind != "W"]
+        for kind, s, mb in op:
+            if kind != "W":
+                self.finish(s * m + mb if kind == "F" else n_keys + s * m + mb, end)
+        return start, end
 
-    def index(self, r: int) -> list[int]:
-        """Position in rank ``r``'s program -> index among its compute ops (``Played.waited``'s key)."""
-        if self.index_of[r] is None:
-            ops = list(accumulate(type(a) is not CommAction for a in self.programs[r]))
-            self.index_of[r] = [j - 1 for j in ops]
-        return self.index_of[r]
+    def ready(self, r: int, a, gotr: dict) -> tuple:
+        """(ready from compute, ready with transfers, position of the transfer that came last) of plain action
+        ``a`` on rank ``r``, or a 1-tuple of the key it waits on (-1: a receive not before it, never posted)."""
+        kind, s, mb = a
+        m, n_keys, done = self.m, self.n_keys, self.done
+        k = s * m + mb
+        if kind == "F":
+            src = self.f_from[s]
+            deps = ((k - m, k),) if src >= 0 else ()
+        elif kind == "W":
+            deps, src = ((n_keys + k, -1),), r
+        else:
+            src = self.g_from[s]
+            deps = ((k, -1),) + (((n_keys + k + m, n_keys + k),) if src >= 0 else ())
+        base = comm = 0.0
+        via = -1
+        for key, mid in deps:
+            if mid < 0 or src == r:  # computed here
+                d = done[key]
+                if d < 0:
+                    return (key,)
+                if d > base:
+                    base = d
+            else:
+                g = gotr.get(mid)
+                if g is None:
+                    return (-1,)
+                arrival, sent, where = g
+                if sent > base:
+                    base = sent
+                if arrival > comm:
+                    comm, via = arrival, where
+        return base, comm, via
+
+    def finish(self, k: int, t: float) -> None:
+        """Compute key ``k`` done at ``t``: wake the ranks waiting on it."""
+        self.done[k] = t
+        w = self.waiter[k]
+        if w >= 0:
+            self.waiter[k] = -1
+            self.queue.append(w)
+            if self.extra:
+                self.queue.extend(self.extra.pop(k, ()))
 
     def tail(self) -> None:
         """The step ends when every rank's compute and transfers are done: what runs past the last op is exposed."""
