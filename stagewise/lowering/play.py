@@ -219,10 +219,12 @@ class _Player:
                             comm, via = x, where
                 if gathers and g_end[s] > comm:
                     comm, via = g_end[s], g_pos[s]
-                start = comm if comm > base else base
-                if via >= 0 and comm > base:  # it waited for a transfer beyond everything else it needed
+                if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
+                    start = comm
                     ex[via] += comm - base
                     out.waited[r][j] = via
+                else:
+                    start = base
                 op_start = start
                 t = start + dur[kind][s]
                 st[i] = start
