@@ -239,7 +239,7 @@ class _Player:
                         if extra:
                             queue.extend(extra.pop(dk, ()))
                 continue
-            kind, s, mb, peer, group, nbytes, stream, op, during = a
+            kind, s, mb, peer, _, nbytes, _, _, during = a
             if kind in SENDS_:  # on its link from when it is posted and the link is free
                 back = kind == SEND_B_
                 s2 = s - 1 if back else s + 1  # the stage it goes into
@@ -302,7 +302,7 @@ class _Player:
         """Play collective ``a`` at position ``i`` of rank ``r`` (free at ``t``, its last op started at
         ``op_start``, what it posted done at ``comm_end``): on its stream from when it is posted and the
         stream is free. The rank's new ``comm_end``, or -1 when it waits for the other members."""
-        kind, s, mb, peer, group, nbytes, stream, op, during = a
+        kind, s, _, peer, group, nbytes, stream, op, during = a
         key = (kind, group, op, nbytes, peer, stream)
         d, sid, cross = self.colls[r].get(key) or self.collective(r, a, key)
         if during:  # posted when its op starts
