@@ -311,3 +311,31 @@ def test_deepspeeds_blocking_sends_hold_the_sender():
     assert a.starts == simulate(s, costs).starts
     assert metrics(b).makespan > metrics(a).makespan
     assert simulate_lowered(blocking).starts == simulate(s).starts  # free links: nothing to wait for
+
+
+_NET = Network(intra_bandwidth=4.0, inter_bandwidth=1.0, intra_latency=0.05, inter_latency=0.2, gpus_per_node=4)
+
+
+@pytest.mark.parametrize("name,v,par,framework,sizes,costs,pinned", [
+    ("1f1b", None, dict(dp=2, fsdp=2), "megatron", dict(params=8.0, tie=2.0), Costs(latency=0.1),
+     (69.0, 3763.2, 113.9, 37)),
+    ("interleaved-1f1b", 2, dict(dp=2), "megatron", dict(params=4.0, boundary=1.0, tie=1.0),
+     Costs(bandwidth=2.0, latency=0.1), (84.95, 10733.8, 89.9, 40)),
+    ("zb-v", None, dict(fsdp=2, reshard_after_forward=True), "torchtitan", dict(params=[2.0, 4.0] * 4),
+     Costs(latency=0.3), (158.7, 52440.0, 383.3, 192)),
+    ("dualpipe", None, dict(ep=2, dp=2), "deepspeed", dict(params=2.0, a2a=1.0), Costs(latency=0.2),
+     (89.5, 7443.6, 119.2, 10)),
+])
+def test_costed_lowered_plays_keep_their_times(name, v, par, framework, sizes, costs, pinned):
+    """Every transfer costed (HSDP with layer-bucketed reductions and a tie, contended links, per-layer
+    FSDP gathers, all-to-alls with DeepSpeed's blocking sends): the step's end, the sum of every action's
+    start, the exposed time and how many ops waited on a transfer, as the object-based player had them."""
+    from stagewise.lowering.play import a2a_costs, play_lowered
+
+    low = lower(generate(name, 4, 8, v), Parallelism(pp=4, **par),
+                LoweringOptions(overlap=FRAMEWORKS[framework], sizes=Sizes(**sizes), network=_NET))
+    c = a2a_costs(low, costs)
+    played = play_lowered(low, c.resolve(low.schedule.stages), c)
+    got = (max(map(max, played.ends)), sum(map(sum, played.starts)), sum(map(sum, played.exposed)),
+           sum(map(len, played.waited)))
+    assert got == pytest.approx(pinned, rel=1e-12)

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..actions import Pair, actions_of
+from ..actions import Pair
 from ..costs import Costs, StageCosts
 from ..engine import Blocked, Stuck
 from ..overlap import Comm, comm_lanes, pair_parts, pair_time
-from .comms import ALL_TO_ALL, RECVS, SENDS, UNSHARD, CommAction
+from .comms import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
 from .lower import Lowered
 
 
@@ -78,211 +78,397 @@ def play_lowered(low: Lowered, sc: StageCosts, costs: Costs) -> Played:
 
 class _Player:
     """One play of a lowered schedule. Mutable: what has finished, arrived and been posted so far, and which
-    rank waits on what (a work list, as ``engine.play``'s)."""
+    rank waits on what (a work list, as ``engine.play``'s).
+
+    What the loop looks up is an integer index into a flat list: a compute result's key as ``engine.play``'s
+    (F done at [0, n_keys), input gradient done at [n_keys, 2 n_keys)); a message's id the key of the action
+    that takes it (F at [0, n_keys), B after; past 2 n_keys for a key out of the schedule's range, in a
+    hand-made program); a stream's id per rank and stream. Entries are decoded where they are played (each
+    is played once: a table of them would cost more than it saves); a collective's duration, stream and
+    members are cached per rank under what decides them. A rank parked on a key waits in ``waiter``
+    (compute keys, then message ids; a second rank on one key in ``extra``), on a cross-rank collective
+    in ``coll_wait``."""
 
     def __init__(self, low: Lowered, sc: StageCosts, costs: Costs):
         sched = low.schedule
         self.low, self.sc = low, sc
-        self.m, self.place = sched.microbatches, sched.placement
-        self.first, self.last = sched.first_stages, sched.last_stages
-        self.n_keys = sched.stages * self.m
         programs = self.programs = low.programs
-        R = len(programs)
-        self.out = Played(low)
-        self.done = [-1.0] * (2 * self.n_keys)  # compute: F done, input gradient done
-        self.arrive: dict = {}  # message key -> (arrival, sent at)
-        self.got: list[dict] = [dict() for _ in range(R)]  # per rank: key -> (arrival, sent at, receive position)
-        self.link_free: dict = {}
-        self.stream_free: list[dict] = [dict() for _ in range(R)]
-        self.gathered: list[dict] = [dict() for _ in range(R)]  # stage -> (end of its latest gather, position)
-        self.entered: dict = {}  # cross-rank collective -> {rank: posted}
-        self.seq: list[dict] = [dict() for _ in range(R)]  # group -> collectives of it entered so far
-        self.last_op = [max((k for k, a in enumerate(p) if type(a) is not CommAction), default=-1) for p in programs]
-        self.comm_end = [0.0] * R  # latest end of the collectives the rank posted
-        self.op_start = [0.0] * R
-        self.index_of = [{k: j for j, k in enumerate(k for k, a in enumerate(p) if type(a) is not CommAction)}
-                         for p in programs]
-        self.pos, self.clock = [0] * R, [0.0] * R
-        self.waiting: dict = {}
-        self.queue = deque(range(R))
+        R, S, m = len(programs), sched.stages, sched.microbatches
+        self.S, self.m, self.n_keys = S, m, S * m
+        place, first, last = sched.placement, sched.first_stages, sched.last_stages
+        # per stage, the rank its input comes from (-1: none, the lane's first stage) and its gradient
+        self.f_from = [place[s - 1] if s != first[s] else -1 for s in range(S)]
+        self.g_from = [place[s + 1] if s != last[s] else -1 for s in range(S)]
+        self.dur = {k: [sc.duration(k, s) for s in range(S)] for k in "FBIW"}  # a plain op's (``op_time``)
+        self.pair_dur: dict = {}  # (forward stage, backward kind, backward stage) -> a pair's
         self.lat, self.bw = costs.latency, costs.bandwidth
         self.blocking = low.options.overlap.blocking_p2p
-
-    def wait(self, key, r: int) -> bool:
-        self.waiting.setdefault(key, []).append(r)
-        return False
-
-    def wake(self, key) -> None:
-        if self.waiting:
-            woken = self.waiting.pop(key, None)
-            if woken:
-                self.queue.extend(woken)
+        self.out = Played(low)
+        self.done = [-1.0] * (2 * self.n_keys)
+        self.arrive_at = [-1.0] * (2 * self.n_keys)  # per message: its arrival
+        self.arrive_sent = [-1.0] * (2 * self.n_keys)  # and when it was posted (its op's end)
+        self.odd: dict = {}  # message key out of range (a hand-made program) -> its id
+        self.got = [dict() for _ in range(R)]  # per rank: message id -> (arrival, sent at, receive position)
+        self.links: list[dict] = [dict() for _ in range(R)]  # per sender: receiver -> its link free at
+        self.streams: dict = {}  # (rank, stream) -> id into stream_free
+        self.stream_free: list[float] = []
+        self.colls: list[dict] = [dict() for _ in range(R)]  # per rank: what a collective's play needs, cached
+        self.gathered_end = [[-1.0] * S for _ in range(R)]  # per rank and stage: the latest gather's end
+        self.gathered_pos = [[-1] * S for _ in range(R)]  # and its position
+        self.gathers = [False] * R  # whether the rank gathered anything yet
+        self.entered: dict = {}  # cross-rank collective instance -> {rank: posted}
+        self.seq: list[dict] = [dict() for _ in range(R)]  # group -> collectives of it entered so far
+        self.comm_end = [0.0] * R  # latest end of the collectives the rank posted
+        self.op_start = [0.0] * R
+        self.played_colls: list[list[int]] = [[] for _ in range(R)]  # positions of the collectives played
+        self.last_op = [_last_op(p) for p in programs]
+        self.ops_done = [0] * R  # how many of the rank's ops have run (``Played.waited``'s key of the next)
+        self.pos, self.clock = [0] * R, [0.0] * R
+        self.waiter = [-1] * (4 * self.n_keys)  # compute keys, then message ids
+        self.extra: dict[int, list[int]] = {}
+        self.coll_wait: dict = {}
+        self.queue = deque(range(R))
 
     def run(self) -> None:
-        programs = self.programs
-        while self.queue:
-            r = self.queue.popleft()
-            prog = programs[r]
-            i, t = self.pos[r], self.clock[r]
-            while i < len(prog):
-                a = prog[i]
-                if type(a) is CommAction:
-                    if not self.comm(r, i, a, t):
-                        break
-                    if self.blocking and a.kind in SENDS:  # the sender waits for it to arrive
-                        t = max(t, self.out.ends[r][i])
-                else:
-                    end = self.compute(r, i, a, t)
-                    if end is None:
-                        break
-                    t = end
-                i += 1
-            self.pos[r], self.clock[r] = i, t
-        if any(self.pos[r] < len(p) for r, p in enumerate(programs)):
+        """Advance ranks from the work list until none can go on; raises ``Stuck`` if some did not finish."""
+        queue, advance = self.queue, self.advance
+        while queue:
+            advance(queue.popleft())
+        if any(self.pos[r] < len(p) for r, p in enumerate(self.programs)):
             raise Stuck(_blocked(self.low, self.pos))
 
-    def comm(self, r: int, i: int, a: CommAction, t: float) -> bool:
-        """Post communication action ``a`` (position ``i`` of rank ``r``, whose compute is free at ``t``); False
-        when it must wait for another rank first."""
-        kind = a.kind
-        post = t
-        if a.during:
-            post = self.op_start[r]
-        elif i > self.last_op[r] and kind not in SENDS and kind not in RECVS:
-            post = max(t, self.comm_end[r])  # after the rank's last op: once what it posted is done
-        if kind in SENDS:
-            self.send(r, i, a, post)
-            return True
-        if kind in RECVS:
-            return self.recv(r, i, a)
-        return self.collective(r, i, a, post, t)
+    def advance(self, r: int) -> None:
+        """Run rank ``r`` from where it stopped until it waits or is through; compute, sends, receives and
+        collectives written out (the lowered play's hot path)."""
+        queue, done, waiter, extra, out = self.queue, self.done, self.waiter, self.extra, self.out
+        arrive_at, arrive_sent = self.arrive_at, self.arrive_sent
+        f_from, g_from, dur, message = self.f_from, self.g_from, self.dur, self.sc.message
+        S, m, n_keys, n2 = self.S, self.m, self.n_keys, 2 * self.n_keys
+        bw, lat, blocking = self.bw, self.lat, self.blocking
+        Comm_, Pair_, SENDS_, RECVS_, SEND_B_, RECV_B_ = CommAction, Pair, SENDS, RECVS, SEND_B, RECV_B  # locals
+        stages, mbs = range(S), range(m)  # a message key in both: its id is arithmetic
+        prog, st, en, ex = self.programs[r], out.starts[r], out.ends[r], out.exposed[r]
+        links, g_end, g_pos = self.links[r], self.gathered_end[r], self.gathered_pos[r]
+        i, t, op_start, comm_end = self.pos[r], self.clock[r], self.op_start[r], self.comm_end[r]
+        gathers, gotr, j = self.gathers[r], self.got[r], self.ops_done[r]
+        n, kw = len(prog), -1  # kw: the key it parks on (-1: none it can be woken by, or parked already)
+        for i in range(i, n):
+            a = prog[i]
+            ta = type(a)
+            if ta is not Comm_:  # a compute op: ``ready`` and ``pair`` written out (the loop's hot path)
+                if ta is Pair_:  # an F&B pair (DualPipe's)
+                    start, end = self.pair(r, i, j, a, t, gotr, gathers)
+                    if start is None:
+                        kw = end
+                        break
+                    op_start, t = start, end
+                    j += 1
+                    continue
+                kind, s, mb = a
+                k = s * m + mb  # its F's key, its F input's message id
+                base, comm, via = t, 0.0, -1
+                if kind == "F":
+                    dk, src = k, f_from[s]
+                    if src == r:
+                        x = done[k - m]
+                        if x < 0:
+                            kw = k - m
+                            break
+                        if x > base:
+                            base = x
+                    elif src >= 0:
+                        g = gotr.get(k)
+                        if g is None:  # its receive is not before it: never posted
+                            break
+                        x, y, where = g
+                        if y > base:
+                            base = y
+                        if x > comm:
+                            comm, via = x, where
+                elif kind == "W":
+                    dk = -1
+                    x = done[n_keys + k]
+                    if x < 0:
+                        kw = n_keys + k
+                        break
+                    if x > base:
+                        base = x
+                else:
+                    dk, src = n_keys + k, g_from[s]
+                    x = done[k]
+                    if x < 0:
+                        kw = k
+                        break
+                    if x > base:
+                        base = x
+                    if src == r:
+                        x = done[dk + m]
+                        if x < 0:
+                            kw = dk + m
+                            break
+                        if x > base:
+                            base = x
+                    elif src >= 0:
+                        g = gotr.get(dk)
+                        if g is None:
+                            break
+                        x, y, where = g
+                        if y > base:
+                            base = y
+                        if x > comm:
+                            comm, via = x, where
+                if gathers and g_end[s] > comm:
+                    comm, via = g_end[s], g_pos[s]
+                if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
+                    start = comm
+                    ex[via] += comm - base
+                    out.waited[r][j] = via
+                else:
+                    start = base
+                op_start = start
+                t = start + dur[kind][s]
+                st[i] = start
+                en[i] = t
+                j += 1
+                if dk >= 0:
+                    done[dk] = t
+                    w = waiter[dk]
+                    if w >= 0:
+                        waiter[dk] = -1
+                        queue.append(w)
+                        if extra:
+                            queue.extend(extra.pop(dk, ()))
+                continue
+            kind, s, mb, peer, _, nbytes, _, _, during = a
+            if kind in SENDS_:  # on its link from when it is posted and the link is free
+                back = kind == SEND_B_
+                s2 = s - 1 if back else s + 1  # the stage it goes into
+                if bw and nbytes > 0:
+                    occ, delay = nbytes / bw, lat
+                else:  # no bytes: the cost model's message time of that boundary
+                    occ, delay = 0.0, message[s2 if back else s]  # (the boundary between s and s2)
+                post = op_start if during else t
+                x = links.get(peer, 0.0)
+                start = x if x > post else post
+                x = start + occ
+                links[peer] = x
+                x += delay
+                st[i] = start
+                en[i] = x
+                if blocking and x > t:  # the sender waits for it to arrive
+                    t = x
+                if mb in mbs and s2 in stages:
+                    mid = n_keys + s2 * m + mb if back else s2 * m + mb
+                else:
+                    mid = self.odd_id(back, s2, mb)
+                arrive_at[mid], arrive_sent[mid] = x, post
+                k = n2 + mid
+                w = waiter[k]
+                if w >= 0:
+                    waiter[k] = -1
+                    queue.append(w)
+                    if extra:
+                        queue.extend(extra.pop(k, ()))
+            elif kind in RECVS_:
+                if mb in mbs and s in stages:
+                    mid = n_keys + s * m + mb if kind == RECV_B_ else s * m + mb
+                else:
+                    mid = self.odd_id(kind == RECV_B_, s, mb)
+                x = arrive_at[mid]
+                if x < 0:
+                    kw = n2 + mid
+                    break
+                y = arrive_sent[mid]
+                gotr[mid] = (x, y, i)
+                st[i] = y
+                en[i] = x
+            else:  # a collective: ``post``
+                c = self.post(r, i, a, t, op_start, comm_end)
+                if c < 0:
+                    break
+                comm_end = c
+                gathers = gathers or kind == UNSHARD
+        else:  # through its program
+            i = n
+        if i < n and kw >= 0:  # parked until key ``kw`` is done or arrives
+            if waiter[kw] < 0:
+                waiter[kw] = r
+            else:
+                extra.setdefault(kw, []).append(r)
+        self.pos[r], self.clock[r], self.op_start[r], self.comm_end[r] = i, t, op_start, comm_end
+        self.gathers[r], self.ops_done[r] = gathers, j
 
-    def send(self, r: int, i: int, a: CommAction, post: float) -> None:
-        key = a.key
-        if self.bw and a.nbytes > 0:
-            occ, delay = a.nbytes / self.bw, self.lat
-        else:  # no bytes: the cost model's message time of that boundary
-            occ, delay = 0.0, self.sc.message[key[1] - 1 if key[0] == "F" else key[1]]
-        start = max(post, self.link_free.get((r, a.peer), 0.0))
-        self.link_free[(r, a.peer)] = start + occ
-        self.arrive[key] = (start + occ + delay, post)
-        self.out.starts[r][i], self.out.ends[r][i] = start, start + occ + delay
-        self.wake(("msg", key))
-
-    def recv(self, r: int, i: int, a: CommAction) -> bool:
-        key = a.key
-        got = self.arrive.get(key)
-        if got is None:
-            return self.wait(("msg", key), r)
-        self.got[r][key] = (got[0], got[1], i)
-        self.out.starts[r][i], self.out.ends[r][i] = got[1], got[0]
-        self.wake(("recv", r, key))
-        return True
-
-    def collective(self, r: int, i: int, a: CommAction, post: float, t: float) -> bool:
-        members = self.low.members(r, a)
-        dur = self.low.duration(r, a)
-        free = self.stream_free[r]
-        if len(members) > 1:  # starts when every member has posted it
-            j = self.seq[r].get(a.group, 0)
-            inst = (a.group, members, j)
-            posts = self.entered.setdefault(inst, {})
-            if r not in posts:
-                posts[r] = max(post, free.get(a.stream, 0.0))
-                self.wake(("coll", inst))
-            if len(posts) < len(members):
-                return self.wait(("coll", inst), r)
-            self.seq[r][a.group] = j + 1
-            start = max(posts.values())
+    def post(self, r: int, i: int, a: CommAction, t: float, op_start: float, comm_end: float) -> float:
+        """Play collective ``a`` at position ``i`` of rank ``r`` (free at ``t``, its last op started at
+        ``op_start``, what it posted done at ``comm_end``): on its stream from when it is posted and the
+        stream is free. The rank's new ``comm_end``, or -1 when it waits for the other members."""
+        kind, s, _, peer, group, nbytes, stream, op, during = a
+        key = (kind, group, op, nbytes, peer, stream)
+        d, sid, cross = self.colls[r].get(key) or self.collective(r, a, key)
+        if during:  # posted when its op starts
+            post = op_start
+        elif i > self.last_op[r] and comm_end > t:  # after the rank's last op: once all it posted is done
+            post = comm_end
         else:
-            start = max(post, free.get(a.stream, 0.0))
-        end = start + dur
-        if a.during:  # bucketed: done no earlier than its op, running in the op's last part
-            end = max(end, t)
-            start = end - dur
-        if dur or a.during:
-            free[a.stream] = end
+            post = t
+        x = self.stream_free[sid]
+        start = x if x > post else post
+        if cross is not None:  # over several pipeline ranks: when every member has posted it
+            start = self.enter(r, cross, start)
+            if start is None:
+                return -1.0
+        end = start + d
+        if during:  # bucketed: done no earlier than its op, running in the op's last part
+            if t > end:
+                end = t
+            start = end - d
+        if d or during:
+            self.stream_free[sid] = end
         self.out.starts[r][i], self.out.ends[r][i] = start, end
-        if a.kind == UNSHARD:
-            self.gathered[r][a.stage] = (end, i)
-        if a.kind != ALL_TO_ALL:
-            self.comm_end[r] = max(self.comm_end[r], end)
-        return True
+        if kind == UNSHARD and 0 <= s < self.S:  # (no op reads another stage's)
+            self.gathered_end[r][s], self.gathered_pos[r][s] = end, i
+        self.played_colls[r].append(i)
+        return end if kind != ALL_TO_ALL and end > comm_end else comm_end
 
-    def compute(self, r: int, i: int, op, t: float) -> float | None:
-        """Run compute op ``op`` at the earliest time it can: its end, or None when an input is not there yet."""
-        acts = actions_of(op)
+    def collective(self, r: int, a: CommAction, key: tuple) -> tuple:
+        """(duration, stream id, (group, members) when over several pipeline ranks else None) of collective
+        ``a`` of rank ``r``, kept under ``key`` (what ``Lowered.duration`` and ``members`` read of it)."""
+        members = self.low.members(r, a)
+        sid = self.streams.get((r, a.stream))
+        if sid is None:
+            sid = self.streams[(r, a.stream)] = len(self.stream_free)
+            self.stream_free.append(0.0)
+        c = self.colls[r][key] = (self.low.duration(r, a), sid, (a.group, members) if len(members) > 1 else None)
+        return c
+
+    def enter(self, r: int, cross: tuple, posted: float) -> float | None:
+        """Rank ``r`` posts its next collective over ``cross`` (group, members), free to start at ``posted``:
+        its start once every member has posted it, else None (``r`` waits for them)."""
+        group, members = cross
+        j = self.seq[r].get(group, 0)
+        inst = (group, members, j)
+        posts = self.entered.setdefault(inst, {})
+        if r not in posts:
+            posts[r] = posted
+            woken = self.coll_wait.pop(inst, None)
+            if woken:
+                self.queue.extend(woken)
+        if len(posts) < len(members):
+            self.coll_wait.setdefault(inst, []).append(r)
+            return None
+        self.seq[r][group] = j + 1
+        return max(posts.values())
+
+    def odd_id(self, back: bool, s, mb) -> int:
+        """The id of a message whose key is out of the schedule's range, given on first sight."""
+        key = (back, s, mb)
+        mid = self.odd.get(key)
+        if mid is None:
+            mid = self.odd[key] = len(self.arrive_at)
+            self.arrive_at.append(-1.0)
+            self.arrive_sent.append(-1.0)
+            self.waiter.append(-1)  # at 2 n_keys + mid: ids and waiters grow together
+        return mid
+
+    def pair_time(self, op: Pair) -> float:
+        fa, ba = op
+        key = (fa.stage, ba.kind, ba.stage)
+        d = self.pair_dur.get(key)
+        if d is None:
+            d = self.pair_dur[key] = op_time(op, self.sc)
+        return d
+
+    def pair(self, r: int, i: int, j: int, op: Pair, t: float, gotr: dict, gathers: bool) -> tuple:
+        """Play F&B pair ``op``, rank ``r``'s op ``j`` at position ``i`` (free at ``t``): (start, end), or
+        (None, the key it waits on; -1: none it can be woken by)."""
         base, comm, via = t, 0.0, -1
-        for x in acts:
-            got = self.inputs(r, x)
+        g_end, g_pos = self.gathered_end[r], self.gathered_pos[r]
+        for x in op:
+            got = self.ready(r, x, gotr)
             if len(got) == 1:
-                self.wait(got[0], r)
-                return None
+                return None, got[0]
             b, c, v = got
-            base = max(base, b)
+            if b > base:
+                base = b
             if c > comm:
                 comm, via = c, v
-            g = self.gathered[r].get(x.stage)
-            if g is not None and g[0] > comm:
-                comm, via = g
-        start = max(base, comm)
+            if gathers and g_end[x.stage] > comm:
+                comm, via = g_end[x.stage], g_pos[x.stage]
+        start = comm if comm > base else base
         if via >= 0 and comm > base:  # it waited for a transfer beyond everything else it needed
             self.out.exposed[r][via] += comm - base
-            self.out.waited[r][self.index_of[r][i]] = via
-        self.op_start[r] = start
-        end = start + op_time(op, self.sc)
+            self.out.waited[r][j] = via
+        end = start + self.pair_time(op)
         self.out.starts[r][i], self.out.ends[r][i] = start, end
         m, n_keys = self.m, self.n_keys
-        for kind, s, mb in acts:
+        for kind, s, mb in op:
             if kind != "W":
-                k = s * m + mb if kind == "F" else n_keys + s * m + mb
-                self.done[k] = end
-                self.wake(k)
-        return end
+                self.finish(s * m + mb if kind == "F" else n_keys + s * m + mb, end)
+        return start, end
 
-    def inputs(self, r: int, a) -> tuple:
-        """(ready from compute, ready with transfers, position of the transfer that came last), or a 1-tuple of
-        the key it waits on (a compute result, or ("recv", rank, message) for a receive not posted yet)."""
+    def ready(self, r: int, a, gotr: dict) -> tuple:
+        """(ready from compute, ready with transfers, position of the transfer that came last) of plain action
+        ``a`` on rank ``r``, or a 1-tuple of the key it waits on (-1: a receive not before it, never posted)."""
         kind, s, mb = a
-        m, n_keys, first, last = self.m, self.n_keys, self.first, self.last
+        m, n_keys, done = self.m, self.n_keys, self.done
+        k = s * m + mb
         if kind == "F":
-            deps = (((s - 1) * m + mb, ("F", s, mb), s - 1),) if s != first[s] else ()
+            src = self.f_from[s]
+            deps = ((k - m, k),) if src >= 0 else ()
         elif kind == "W":
-            deps = ((n_keys + s * m + mb, None, s),)
+            deps, src = ((n_keys + k, -1),), r
         else:
-            deps = ((s * m + mb, None, s),) + (
-                ((n_keys + (s + 1) * m + mb, ("B", s, mb), s + 1),) if s != last[s] else ())
+            src = self.g_from[s]
+            deps = ((k, -1),) + (((n_keys + k + m, n_keys + k),) if src >= 0 else ())
         base = comm = 0.0
         via = -1
-        for k, msg_key, src in deps:
-            if msg_key is None or self.place[src] == r:
-                d = self.done[k]
+        for key, mid in deps:
+            if mid < 0 or src == r:  # computed here
+                d = done[key]
                 if d < 0:
-                    return (k,)
-                base = max(base, d)
+                    return (key,)
+                if d > base:
+                    base = d
             else:
-                g = self.got[r].get(msg_key)
+                g = gotr.get(mid)
                 if g is None:
-                    return (("recv", r, msg_key),)
+                    return (-1,)
                 arrival, sent, where = g
-                base = max(base, sent)
+                if sent > base:
+                    base = sent
                 if arrival > comm:
                     comm, via = arrival, where
         return base, comm, via
 
+    def finish(self, k: int, t: float) -> None:
+        """Compute key ``k`` done at ``t``: wake the ranks waiting on it."""
+        self.done[k] = t
+        w = self.waiter[k]
+        if w >= 0:
+            self.waiter[k] = -1
+            self.queue.append(w)
+            if self.extra:
+                self.queue.extend(self.extra.pop(k, ()))
+
     def tail(self) -> None:
         """The step ends when every rank's compute and transfers are done: what runs past the last op is exposed."""
-        programs, starts, ends, exposed = self.programs, self.out.starts, self.out.ends, self.out.exposed
-        finish = max((ends[r][k] for r, p in enumerate(programs) for k in range(len(p))
-                      if type(p[k]) is not CommAction), default=0.0)
-        for r, prog in enumerate(programs):
+        # a rank's last op ends last: each starts once the one before it has ended, and lasts >= 0
+        finish = max((en[k] for en, k in zip(self.out.ends, self.last_op) if k >= 0), default=0.0)
+        for st, en, ex, colls in zip(self.out.starts, self.out.ends, self.out.exposed, self.played_colls):
             edge = finish
-            late = [k for k, a in enumerate(prog) if type(a) is CommAction and a.kind not in SENDS
-                    and a.kind not in RECVS and ends[r][k] > edge]
-            for k in sorted(late, key=lambda k: ends[r][k]):
+            late = [k for k in colls if en[k] > edge]
+            for k in sorted(late, key=en.__getitem__):
                 # at most its own length: waiting for the other members of a collective is their lateness
-                exposed[r][k] += min(ends[r][k] - edge, ends[r][k] - starts[r][k])
-                edge = ends[r][k]
+                ex[k] += min(en[k] - edge, en[k] - st[k])
+                edge = en[k]
+
+
+def _last_op(prog) -> int:
+    """Position of a program's last compute op (-1: none)."""
+    for k in range(len(prog) - 1, -1, -1):
+        if type(prog[k]) is not CommAction:
+            return k
+    return -1
 
 
 def _blocked(low: Lowered, pos: list[int]) -> list[Blocked]:
