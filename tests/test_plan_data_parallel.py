@@ -29,3 +29,35 @@ def test_breadth_first_hides_more():
     tl = simulate(generate("looped-bfs", 1, 2, 2), Costs(t_f=0.5, t_b=1))
     assert max(tl.ends[0]) == pytest.approx(6)
     assert exposed_reduction(tl, [[1.0] * 2, [1.0] * 2], (0, 1), 2, ONE) == pytest.approx(7.5 - 6)
+
+
+@pytest.mark.parametrize("name,p,v", [("1f1b", 3, 1), ("interleaved-1f1b", 2, 2), ("zb-v", 3, 2), ("dualpipe", 4, 2),
+                                      ("looped-bfs", 2, 2), ("zb-h1", 3, 1)])
+@pytest.mark.parametrize("rule", ["layer", "stage", "drain"])
+def test_the_reductions_read_each_stages_last_backward_as_a_scan_of_every_op_finds_it(name, p, v, rule):
+    """exposed_reduction stops at each rank's last backwards; the oracle reads the whole program."""
+    from stagewise.actions import Pair
+
+    sched = generate(name, p, 2 * p, v)
+    tl = simulate(sched, Costs(t_f=1.0, t_b=2.0, t_w=0.7, t_i=1.3))
+    layers = [[0.3 + 0.1 * s, 0.5] for s in range(sched.stages)]
+    stage_piece = tuple(range(sched.stages))
+    got = exposed_reduction(tl, layers, stage_piece, 2, ONE, rule=rule)
+    end, latest = max(en[-1] for en in tl.ends if en), 0.0
+    for r, prog in enumerate(sched.programs):
+        last = {}
+        for op, s0, s1 in zip(prog, tl.starts[r], tl.ends[r]):
+            back = op.backward if type(op) is Pair else op
+            if back.kind in ("B", "W"):
+                last[back.stage] = (s0, s1)
+        units = []
+        for s, (a, e) in last.items():
+            if rule == "layer":
+                units += [(a + (e - a) * (k + 1) / 2, b) for k, b in enumerate(reversed(layers[s]))]
+            else:
+                units.append((e if rule == "stage" else tl.ends[r][-1], sum(layers[s])))
+        busy = 0.0
+        for ready, nbytes in sorted(units):
+            busy = max(busy, ready) + reduce_scatter_time(2 * nbytes, 2, ONE)
+        latest = max(latest, busy)
+    assert got == max(latest, end) - end

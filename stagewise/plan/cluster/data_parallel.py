@@ -107,19 +107,26 @@ def exposed_reduction(tl: Timeline, piece_layer_bytes: list[list[float]], stage_
         if not prog:
             continue
         busy = 0.0
-        for ready, nbytes in sorted(_ready(prog, tl.starts[r], tl.ends[r], piece_layer_bytes, stage_piece, rule)):
+        units = _ready(prog, tl.starts[r], tl.ends[r], piece_layer_bytes, stage_piece, rule,
+                       len(tl.schedule.stages_of_rank(r)))
+        for ready, nbytes in sorted(units):
             busy = max(busy, ready) + cost(GRAD_BYTES_PER_PARAM_BYTE * nbytes)
         latest = max(latest, busy)
     return latest - end
 
 
-def _ready(prog, starts, ends, piece_layer_bytes, stage_piece, rule: str) -> list[tuple[float, float]]:
-    """(time a reduction may start, parameter bytes) of each unit of one rank's gradients."""
+def _ready(prog, starts, ends, piece_layer_bytes, stage_piece, rule: str,
+           n_stages: int) -> list[tuple[float, float]]:
+    """(time a reduction may start, parameter bytes) of each unit of one rank's gradients (``n_stages``: how
+    many stages the rank holds; the caller sorts the units)."""
     last: dict[int, tuple[float, float]] = {}  # stage -> (start, end) of its last backward op
-    for op, s0, s1 in zip(prog, starts, ends):
+    for k in range(len(prog) - 1, -1, -1):  # from the end: the last backwards come last, so this stops early
+        op = prog[k]
         back = op.backward if type(op) is Pair else op
-        if back.kind in ("B", "W"):
-            last[back.stage] = (s0, s1)
+        if back.kind in ("B", "W") and back.stage not in last:
+            last[back.stage] = (starts[k], ends[k])
+            if len(last) == n_stages:
+                break
     drained = ends[-1]
     out = []
     for stage, (a, e) in last.items():
@@ -142,10 +149,13 @@ def exposed_gather(tl: Timeline, piece_layer_bytes: list[list[float]], stage_pie
     worst = 0.0
     for r, prog in enumerate(tl.schedule.programs):
         first: dict[int, tuple[float, float]] = {}  # stage -> (start, end) of its first forward on this rank
+        n_stages = len(tl.schedule.stages_of_rank(r))
         for op, s0, s1 in zip(prog, tl.starts[r], tl.ends[r]):
             fwd = op.forward if type(op) is Pair else op
             if fwd.kind == "F" and fwd.stage not in first:
                 first[fwd.stage] = (s0 - t0, s1 - t0)
+                if len(first) == n_stages:  # the first forwards come first: the rest cannot add one
+                    break
         units = []
         for stage in sorted(first, key=first.get):
             layers = piece_layer_bytes[stage_piece[stage]]
