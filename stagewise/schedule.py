@@ -9,6 +9,7 @@ the model cut into ``ranks`` stages, and each fed half of the micro-batches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterator
 
 from .actions import Action, Op, Pair, actions_of
@@ -106,7 +107,16 @@ class Schedule:
                 yield from actions_of(op)
 
     def stages_of_rank(self, rank: int) -> list[int]:
-        return [s for s, r in enumerate(self.placement) if r == rank]
+        """The stages ``rank`` holds, ascending (a new list each call)."""
+        return list(self._rank_stages.get(rank, ()))
+
+    @cached_property
+    def _rank_stages(self) -> dict[int, tuple[int, ...]]:
+        # asked per rank per candidate by the planner: read the placement once (the value is immutable)
+        out: dict[int, list[int]] = {}
+        for s, r in enumerate(self.placement):
+            out.setdefault(r, []).append(s)
+        return {r: tuple(v) for r, v in out.items()}
 
     def param_share(self) -> list[float]:
         """Fraction of one whole model whose parameters each rank holds."""
