@@ -100,15 +100,15 @@ def rank_optimizer_time(profile: Profile, counts, h: Holding) -> list[float]:
 def step_sync_time(profile: Profile, counts, h: Holding, cluster: Cluster, p: int, dp: int) -> float:
     """Step-end collectives inside one pipeline: tied weights held on several ranks sum their
     gradients, and the loss is summed over the ranks (as the runtime does)."""
-    bounds = list(accumulate(counts))
-    rank_of_layer = []
-    for piece, hi in enumerate(bounds):
-        lo = bounds[piece - 1] if piece else 0
-        ranks = {h.stage_rank[s] for s in range(len(h.stage_piece)) if h.stage_piece[s] == piece}
-        rank_of_layer += [ranks] * (hi - lo)
     total = cluster.small_allreduce(p, cluster.link(p, dp, 0, p - 1))  # the loss
+    if not profile.tied:
+        return total
+    piece_of_layer = [piece for piece, n in enumerate(counts) for _ in range(n)]
+    ranks_of_piece: list[set] = [set() for _ in counts]
+    for s, piece in enumerate(h.stage_piece):
+        ranks_of_piece[piece].add(h.stage_rank[s])
     for layers, nbytes in profile.tied:
-        ranks = sorted(set().union(*(rank_of_layer[i] for i in layers)))
+        ranks = sorted(set().union(*(ranks_of_piece[piece_of_layer[i]] for i in layers)))
         if len(ranks) > 1:
             total += cluster.small_allreduce(len(ranks), cluster.link(p, dp, ranks[0], ranks[-1]), nbytes)
     return total
