@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import docs_helpers as docs
+from preloaded import Preloaded
 
 MARKS = {"run", "signatures"}
 RUNS = {"sh", "console", "python"}
@@ -42,25 +43,40 @@ def _env() -> dict:
     return {**env, "PATH": bin_dir + os.pathsep + env.get("PATH", ""), "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def _run(args, cwd: Path, what: str) -> subprocess.CompletedProcess:
+#: what the blocks' processes import that takes seconds: imported once by the preloaded server they fork from
+PRELOAD = ("torch", "torch._dynamo", "stagewise.cli", "stagewise.runtime.run.worker", "stagewise.hf.run",
+           "transformers.loss.loss_utils", "transformers.masking_utils", "transformers.modeling_utils")
+
+
+@pytest.fixture(scope="module")
+def preloaded(tmp_path_factory):
+    """The blocks' `stagewise` and `python FILE` commands, each a process forked from one interpreter that
+    imported ``PRELOAD`` (preloaded.py: what a fresh process would do differently is kept out or checked)."""
+    server = Preloaded(tmp_path_factory.mktemp("preloaded"), _env(), PRELOAD)
+    yield server
+    server.close()
+
+
+def _run(args, cwd: Path, what: str, server: Preloaded) -> subprocess.CompletedProcess:
+    env = {**server.env, "PATH": server.path(_env()["PATH"])}
     try:
-        return subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=HANG_S)
+        return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{what}: still running after {HANG_S} s")
 
 
-def _run_block(block: docs.Block, cwd: Path) -> None:
+def _run_block(block: docs.Block, cwd: Path, server: Preloaded) -> None:
     if block.lang == "python":
         script = cwd / f"block_{block.line}.py"
         script.write_text(block.text)
-        done = _run([sys.executable, script.name], cwd, block.where)
+        done = _run([str(server.bin / "run-python-file"), script.name], cwd, block.where, server)
         assert done.returncode == 0, f"{block.where}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     elif block.lang == "sh":
-        done = _run(["bash", "-euo", "pipefail", "-c", block.text], cwd, block.where)
+        done = _run(["bash", "-euo", "pipefail", "-c", block.text], cwd, block.where, server)
         assert done.returncode == 0, f"{block.where}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     else:
         for command, shown in docs.console(block.text):
-            done = _run(["bash", "-o", "pipefail", "-c", command + " 2>&1"], cwd, f"{block.where}: $ {command}")
+            done = _run(["bash", "-o", "pipefail", "-c", command + " 2>&1"], cwd, f"{block.where}: $ {command}", server)
             got = done.stdout.splitlines()
             want = docs.expected_rc(shown)
             assert done.returncode == want, \
@@ -99,11 +115,11 @@ RUNNABLE = [p for p in docs.PAGES if any("run" in b.marks for b in docs.blocks(p
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a hang bound for a whole page on a loaded machine; each block is sized in seconds
 @pytest.mark.parametrize("page", RUNNABLE, ids=_ids(RUNNABLE))
-def test_every_runnable_block_runs(page, tmp_path):
+def test_every_runnable_block_runs(page, tmp_path, preloaded):
     cwd = _scratch(tmp_path)
     for block in docs.blocks(page):
         if "run" in block.marks:
-            _run_block(block, cwd)
+            _run_block(block, cwd, preloaded)
 
 
 @pytest.mark.parametrize("page", docs.PAGES, ids=_ids(docs.PAGES))
