@@ -61,3 +61,36 @@ def test_the_reductions_read_each_stages_last_backward_as_a_scan_of_every_op_fin
             busy = max(busy, ready) + reduce_scatter_time(2 * nbytes, 2, ONE)
         latest = max(latest, busy)
     assert got == max(latest, end) - end
+
+
+@pytest.mark.parametrize("name,p,v", [("1f1b", 3, 1), ("interleaved-1f1b", 2, 2), ("zb-v", 3, 2), ("zb-h1", 3, 1),
+                                      ("looped-bfs", 2, 2)])
+@pytest.mark.parametrize("rule,mode", [("stage", "zero1"), ("stage", "ddp"), ("drain", "zero1"), ("drain", "ddp")])
+def test_the_planners_reduction_rules_are_the_lowerings_played(name, p, v, rule, mode):
+    """The planner's exposed reduction (after the stage's last backward, or after the drain) is what playing the
+    lowered program's REDUCE_GRADs on the same timeline leaves past the compute: one rule, two readings."""
+    from stagewise.lowering import lower
+    from stagewise.lowering.comms import REDUCE_GRAD
+    from stagewise.lowering.options import LoweringOptions, Network, Overlap, Sizes
+    from stagewise.lowering.play import simulate_lowered
+    from stagewise.parallelism import Parallelism
+
+    sched = generate(name, p, 2 * p, v)
+    costs = Costs(t_f=1.0, t_b=2.0, t_w=0.7, t_i=1.3)
+    tl = simulate(sched, costs)
+    layers = [[0.3 + 0.1 * s, 0.5] for s in range(sched.stages)]  # one piece per stage
+    link = Link(latency=0.05, bandwidth=2.0)
+    planned = exposed_reduction(tl, layers, tuple(range(sched.stages)), 4, link, rule=rule,
+                                all_reduce=mode == "ddp")
+    grads = [2 * sum(piece) for piece in layers]  # fp32 gradients of the bf16 bytes, as the planner reduces
+    low = lower(sched, Parallelism(pp=p, dp=4, zero=mode == "zero1"),
+                LoweringOptions(overlap=Overlap(reduce=rule), sizes=Sizes(params=grads, grads=grads), step_end=False,
+                                network=Network(gpus_per_node=1 << 20, intra_bandwidth=link.bandwidth,
+                                                intra_latency=link.latency)))
+    played = simulate_lowered(low, costs)
+    assert played.starts == tl.starts and played.ends == tl.ends  # the compute is the engine's
+    ends = played.meta["played"].ends
+    last = max(ends[r][k] for r, prog in enumerate(low.programs) for k, a in enumerate(prog)
+               if getattr(a, "kind", None) == REDUCE_GRAD)
+    compute = max(en[-1] for en in tl.ends if en)
+    assert planned == pytest.approx(max(last, compute) - compute, rel=1e-12, abs=1e-12)
