@@ -8,11 +8,15 @@ Run: .venv/bin/python benchmarks/bench_simulate.py [--repeats 5] [--plot docs/im
    (`_schedule_visualizer.get_schedule_ops(..., add_spacing=True)`). Ratio of medians.
 2. `stagewise simulate zb-v -p 64 -m 1024` (393,216 actions) as a whole process: target < 2 s.
 3. In-process generate + simulate time for growing m at p=64: time per action must stay flat.
+4. Start-up: `stagewise simulate 1f1b -p 2 -m 2` as a whole process against `python -c pass`, CPU time of
+   the child (user + system), medians, alternated; the difference is stagewise's start-up (target < 60 ms).
+   Run from this checkout's environment, an editable install's import finder is in both.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +40,19 @@ def wall(cmd: list[str], repeats: int) -> float:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def startup(repeats: int) -> tuple[float, float]:
+    """Median child CPU seconds of a tiny `stagewise simulate` and of a bare interpreter, runs alternated."""
+    cmds = (STAGEWISE + ["simulate", "1f1b", "-p", "2", "-m", "2"], [PY, "-c", "pass"])
+    spent: tuple[list, list] = ([], [])
+    for _ in range(repeats):
+        for cmd, out in zip(cmds, spent):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            out.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(spent[0]), statistics.median(spent[1])
 
 
 def scaling(repeats: int, p: int = 64) -> list[tuple[int, float]]:
@@ -72,6 +89,11 @@ def main() -> None:
 
     big = wall(STAGEWISE + ["simulate", "zb-v", "-p", "64", "-m", "1024", "--json"], args.repeats)
     print(f"zb-v p=64 m=1024 (393,216 actions), whole process: {big:.3f} s (target < 2 s)")
+
+    tiny, bare = startup(4 * args.repeats + 1)
+    print(f"start-up, child CPU, median of {4 * args.repeats + 1}: stagewise simulate 1f1b -p 2 -m 2 "
+          f"{tiny * 1e3:.0f} ms, python -c pass {bare * 1e3:.0f} ms: stagewise's own {(tiny - bare) * 1e3:.0f} ms "
+          "(target < 60 ms)")
 
     rows = scaling(args.repeats)
     print("in-process generate + simulate + metrics, zb-v p=64:")

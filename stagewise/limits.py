@@ -23,10 +23,12 @@ import os
 import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 from .errors import StagewiseError
+
+if TYPE_CHECKING:  # pathlib (and the urllib it imports) is a tenth of `stagewise simulate`'s start-up
+    from pathlib import Path
 
 
 class LimitError(StagewiseError):
@@ -164,6 +166,8 @@ def read_text(path: str | Path, option: str) -> str:
     at most one byte over the cap, and names ``option`` and the path in every
     message (``OSError`` and decoding errors become ``LimitError``).
     """
+    from pathlib import Path
+
     path = Path(path)
     try:
         with open(path, "rb", opener=_open_nonblocking) as fh:
@@ -221,6 +225,8 @@ def open_regular(path: str | Path, option: str) -> Iterator[BinaryIO]:
         ...     pass
         LimitError: `source` /dev/zero: not a regular file (a device)
     """
+    from pathlib import Path
+
     path = Path(path)
     try:
         fh = open(path, "rb", opener=_open_nonblocking)
