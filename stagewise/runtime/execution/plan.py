@@ -25,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ...actions import Action, actions_of
@@ -85,11 +85,7 @@ def lower(schedule: Schedule, rank: int, parallelism: Parallelism | None = None,
           overlap: Overlap | None = None) -> RankPlan:
     """``rank``'s program of ``schedule`` lowered under ``parallelism`` (default: the pipeline alone) and
     ``overlap`` (default: stagewise's own rule), grouped by compute op (see the module docstring)."""
-    par = parallelism or Parallelism(pp=schedule.ranks)
-    if par.pp != schedule.ranks:
-        from dataclasses import replace
-
-        par = replace(par, pp=schedule.ranks)
+    par = replace(parallelism or Parallelism(), pp=schedule.ranks)  # the schedule's ranks are the pipeline
     low = lower_comms(schedule, par, LoweringOptions(overlap=overlap or FRAMEWORKS["stagewise"]))
     messages = message_plan(schedule)
     program = schedule.programs[rank]
