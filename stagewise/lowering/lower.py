@@ -42,9 +42,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..actions import Action, actions_of
+from ..actions import Action, Pair, actions_of, new
 from ..parallelism import Parallelism
 from ..schedule import Schedule
+from ..schedules.registry import gc_paused
 from .comms import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END, TIE_GRAD, UNSHARD,
                     CommAction)
 from .options import LoweringOptions
@@ -128,8 +129,9 @@ def lower(schedule: Schedule, parallelism: Parallelism | None = None,
     opts = options or LoweringOptions()
     S = schedule.stages
     sizes = opts.sizes.resolve(S)
-    orders = send_orders(schedule)
-    programs = tuple(_rank(schedule, par, opts, sizes, orders, r) for r in range(schedule.ranks))
+    with gc_paused():  # hundreds of thousands of small tuples and no cycles (as ``generate``)
+        wiring = _wiring(schedule, sizes)
+        programs = tuple(_rank(schedule, par, opts, sizes, wiring, r) for r in range(schedule.ranks))
     return Lowered(schedule=schedule, parallelism=par, programs=programs, options=opts)
 
 
@@ -171,98 +173,159 @@ def message_in(a: Action, first, last) -> tuple | None:
     return None
 
 
-def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: dict, orders, r: int) -> tuple:
-    prog = schedule.programs[r]
+class _Wiring(NamedTuple):
+    """``message_in``/``message_out`` and ``send_orders`` worked out once per lowering, as per-stage tables."""
+
+    ahead: tuple  #: per stage, the rank of the next stage of its lane (-1 at the lane's last): F sends there
+    behind: tuple  #: per stage, the rank of the stage before it (-1 at the lane's first): B and I send there
+    nbytes: tuple  #: per stage, the bytes of its boundary activation (what its F sends on)
+    #: (sender, receiver) -> (the receiver's RECV of each message, in the sender's order; message key -> its
+    #: position there): ``send_orders`` as the actions the receiver posts
+    mail: dict
+
+
+def _wiring(schedule: Schedule, sizes: dict) -> _Wiring:
     place, first, last = schedule.placement, schedule.first_stages, schedule.last_stages
-    bound = sizes["boundary"]
-    nb = (lambda s: bound[s]) if bound is not None else (lambda s: 0.0)
-    ov = opts.overlap
-    fsdp, dp = par.fsdp > 1, par.dp > 1
+    S = schedule.stages
+    ahead = tuple(place[s + 1] if s != last[s] else -1 for s in range(S))
+    behind = tuple(place[s - 1] if s != first[s] else -1 for s in range(S))
+    nbytes = tuple(sizes["boundary"]) if sizes["boundary"] is not None else (0.0,) * S
+    mail: dict[tuple[int, int], tuple[list, dict]] = {}
+    for r, prog in enumerate(schedule.programs):
+        boxes: dict[int, tuple[list, dict]] = {}  # receiver -> r's part of ``mail``
+        for op in prog:
+            for kind, s, mb in ((op.forward, op.backward) if type(op) is Pair else (op,)):
+                if kind == "F":
+                    dst = ahead[s]
+                    if dst == -1 or dst == r:
+                        continue
+                    key, recv = ("F", s + 1, mb), (RECV_F, s + 1, mb, r, "pp", nbytes[s], "p2p", "", False)
+                elif kind == "B" or kind == "I":
+                    dst = behind[s]
+                    if dst == -1 or dst == r:
+                        continue
+                    key, recv = ("B", s - 1, mb), (RECV_B, s - 1, mb, r, "pp", nbytes[s - 1], "p2p", "", False)
+                else:
+                    continue
+                box = boxes.get(dst)
+                if box is None:
+                    box = boxes[dst] = ([], {})
+                box[1][key] = len(box[0])  # a key sent twice (an invalid schedule): its last position
+                box[0].append(new(CommAction, recv))
+        mail.update(((r, dst), box) for dst, box in boxes.items())
+    return _Wiring(ahead, behind, nbytes, mail)
+
+
+def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: dict, wiring: _Wiring,
+          r: int) -> tuple:
+    prog = schedule.programs[r]
+    ahead, behind, nbytes, mail = wiring
+    fsdp = par.fsdp > 1
     raf = fsdp and par.reshard_after_forward
-    zero_gather = dp and not fsdp and par.zero
     moe = (par.ep > 1) and (opts.moe if opts.moe is not None else any(sizes["a2a"]))
     # the stages that exchange tokens: those with dispatch bytes, every stage when none are given
-    a2a_stage = (lambda s: sizes["a2a"][s] > 0) if any(sizes["a2a"]) else (lambda s: True)
-    ep = par.ep > 1 and not fsdp  # the ep ranks took different rows: their dense gradients are summed
-    group = "hsdp" if fsdp and dp else "fsdp" if fsdp else "dp+ep" if dp and ep else "ep" if ep else "dp"
-    stream = "fsdp" if fsdp else "dp"
-    reduce_op = ("reduce-scatter+all-reduce" if fsdp and dp else "reduce-scatter" if fsdp or par.zero
-                 else "all-reduce")
-    reduce_rule = ov.fsdp_reduce if fsdp else ov.reduce
-    gather_group = "fsdp" if fsdp else "dp"
-
+    a2a = [2 * b if (b > 0 or not any(sizes["a2a"])) else None for b in sizes["a2a"]] if moe else None
+    made = _stage_actions(par, sizes, opts.overlap)
     points = stage_points(prog)
-    first_fw, last_bw, last_use = points.first_forward, points.last_backward, points.last_use
-    gathers: dict[int, list[int]] = {}
-    if (fsdp and not raf) or (zero_gather and ov.gather != "end"):
-        for s, k in points.gathers.items():
-            gathers.setdefault(k, []).append(s)
+    before, after, final = _fixed(par, opts.overlap, made, points)
+    feed_f, feed_b = _feeds(behind, mail, r), _feeds(ahead, mail, r)
+    to_f = [q if q != r else -1 for q in ahead]  # where an F's output goes (-1: nowhere, or to r itself)
+    to_b = [q if q != r else -1 for q in behind]
 
-    def unshard(s):
-        return CommAction(UNSHARD, s, None, -1, gather_group, sizes["params"][s], stream, "all-gather")
-
-    def reduce(s, during=False):
-        return CommAction(REDUCE_GRAD, s, None, -1, group, sizes["grads"][s], stream, reduce_op, during)
-
-    reduces = dp or fsdp or ep
     out: list = []
-    received = {key: 0 for key in orders if key[1] == r}  # (src, r) -> messages posted so far
-    index = {key: {m: j for j, m in enumerate(sent)} for key, sent in orders.items() if key[1] == r}
-    drained: list[int] = []
+    posted = [0] * schedule.ranks  # per sender, its messages to r posted so far
     for k, op in enumerate(prog):
-        acts = actions_of(op)
-        touched = (acts[0].stage,) if len(acts) == 1 else tuple(sorted({a.stage for a in acts}))
-        for s in gathers.get(k, ()):
-            out.append(unshard(s))
+        acts = (op.forward, op.backward) if type(op) is Pair else (op,)
+        if k in before:
+            out += before[k]
         for a in acts:
-            got = message_in(a, first, last)
-            if got is None or place[got[1]] == r:
+            kind, s, mb = a
+            feed = feed_f[s] if kind == "F" else feed_b[s] if kind == "B" or kind == "I" else None
+            if feed is None:
                 continue
-            key, src_stage = got
-            src = place[src_stage]
-            sent = orders[(src, r)]
-            want = index[(src, r)].get(key, -1)
-            if want < received[(src, r)]:
-                continue  # posted already (cannot happen for a valid schedule) or never sent
-            for j in range(received[(src, r)], want + 1):
-                d, s2, mb2 = sent[j]
-                out.append(CommAction(RECV_F if d == "F" else RECV_B, s2, mb2, src, "pp",
-                                      nb(s2 - 1 if d == "F" else s2), "p2p"))
-            received[(src, r)] = want + 1
-        if raf:
-            for s in touched:
-                out.append(unshard(s))
+            src, sent, where = feed
+            if where is None:
+                raise KeyError((src, r))  # the sender sends r nothing at all (an invalid schedule)
+            want = where.get(a if kind != "I" else ("B", s, mb), -1)  # an Action equals its fields' tuple
+            if want >= posted[src]:  # else posted already (cannot happen for a valid schedule) or never sent
+                out += sent[posted[src]:want + 1]
+                posted[src] = want + 1
+        if raf:  # FSDP's per-layer rhythm: gathered before every op, freed after it
+            touched = (op[1],) if len(acts) == 1 else tuple(sorted({a[1] for a in acts}))
+            out += [made["unshard"][s] for s in touched]
         out.append(op)
-        for a in acts:
-            if moe and a.kind != "W" and a2a_stage(a.stage):
-                out.append(CommAction(ALL_TO_ALL, a.stage, a.mb, -1, "ep", 2 * sizes["a2a"][a.stage], "ep",
-                                      "all-to-all"))
-        for a in acts:
-            o = message_out(a, first, last)
-            if o is not None and place[o[1]] != r:
-                out.append(CommAction(SEND_F if o[0] == "F" else SEND_B, a.stage, a.mb, place[o[1]], "pp",
-                                      nb(a.stage if o[0] == "F" else a.stage - 1), "p2p"))
-        done = [s for s in touched if last_bw.get(s) == k]
-        for s in done if reduces else ():
-            if reduce_rule == "drain":
-                drained.append(s)
-            else:
-                out.append(reduce(s, during=reduce_rule == "layer"))
-        for s in touched if fsdp else ():
-            if raf and last_use[s] != k:
-                out.append(CommAction(RESHARD, s, None, -1, "fsdp", 0.0, "fsdp"))
-            elif fsdp and last_use[s] == k:
-                out.append(CommAction(RESHARD, s, None, -1, "fsdp", 0.0, "fsdp"))
-    for s in drained:
-        out.append(reduce(s))
-    if zero_gather and ov.gather == "end":
-        for s in sorted(last_bw):
-            out.append(unshard(s))
+        for kind, s, mb in acts if a2a is not None else ():
+            if kind != "W" and a2a[s] is not None:
+                out.append(new(CommAction, (ALL_TO_ALL, s, mb, -1, "ep", a2a[s], "ep", "all-to-all", False)))
+        for kind, s, mb in acts:
+            if kind == "F":
+                if to_f[s] >= 0:
+                    out.append(new(CommAction, (SEND_F, s, mb, to_f[s], "pp", nbytes[s], "p2p", "", False)))
+            elif (kind == "B" or kind == "I") and to_b[s] >= 0:
+                out.append(new(CommAction, (SEND_B, s, mb, to_b[s], "pp", nbytes[s - 1], "p2p", "", False)))
+        if k in after:
+            out += after[k]
+        if raf:
+            out += [made["reshard"][s] for s in touched]
+    out += final
     out += _ties(schedule, opts.sizes.tie, sizes["grads"], r)
     if opts.step_end and (par.world > 1):
         out.append(CommAction(STEP_END, min(schedule.stages_of_rank(r), default=0), None, -1, "world",
                               opts.sizes.step_end, "world", "all-reduce"))
     return tuple(out)
+
+
+def _feeds(src_of, mail: dict, r: int) -> list:
+    """Per stage, what an op of it on ``r`` receives from the stage next to it (``src_of``: per stage that
+    stage's rank, -1 for none): (sender, the sender's RECVs to ``r``, message key -> position there), or
+    None (nothing to receive, or from ``r`` itself). (sender, None, None): it sends ``r`` nothing at all."""
+    return [None if q == -1 or q == r else (q, *mail.get((q, r), (None, None))) for q in src_of]
+
+
+def _fixed(par: Parallelism, ov, made: dict, points: StagePoints) -> tuple[dict, dict, list]:
+    """The collectives of a rank that sit at fixed places, from its ``StagePoints``: op position -> those
+    before it (gathers one stage ahead), op position -> those after its sends (the reductions of the stages
+    whose last backward it is, then the frees of the sharded stages it uses last), and those after its last
+    op (drained reductions, ZeRO-1's gathers at the end). Stages in stage order within one op."""
+    fsdp, dp = par.fsdp > 1, par.dp > 1
+    raf = fsdp and par.reshard_after_forward
+    zero_gather = dp and not fsdp and par.zero
+    reduces = dp or fsdp or (par.ep > 1 and not fsdp)
+    rule = ov.fsdp_reduce if fsdp else ov.reduce
+    before: dict[int, list] = {}
+    if (fsdp and not raf) or (zero_gather and ov.gather != "end"):
+        for s, k in points.gathers.items():
+            before.setdefault(k, []).append(made["unshard"][s])
+    after: dict[int, list] = {}
+    last_bw = sorted(points.last_backward.items())
+    for s, k in last_bw if reduces and rule != "drain" else ():
+        after.setdefault(k, []).append(made["reduce"][s] if rule != "layer" else made["reduce_during"][s])
+    for s, k in sorted(points.last_use.items()) if fsdp and not raf else ():
+        after.setdefault(k, []).append(made["reshard"][s])
+    final = []
+    if reduces and rule == "drain":  # in the order of the ops they follow
+        final += [made["reduce"][s] for s, k in sorted(last_bw, key=lambda sk: (sk[1], sk[0]))]
+    if zero_gather and ov.gather == "end":
+        final += [made["unshard"][s] for s, k in last_bw]
+    return before, after, final
+
+
+def _stage_actions(par: Parallelism, sizes: dict, ov) -> dict[str, list[CommAction]]:
+    """Per stage, its gather, free and reduction (after its op, or ``during`` it): the same value wherever a
+    program issues them."""
+    fsdp, dp = par.fsdp > 1, par.dp > 1
+    ep = par.ep > 1 and not fsdp  # the ep ranks took different rows: their dense gradients are summed
+    group = "hsdp" if fsdp and dp else "fsdp" if fsdp else "dp+ep" if dp and ep else "ep" if ep else "dp"
+    stream = "fsdp" if fsdp else "dp"
+    reduce_op = ("reduce-scatter+all-reduce" if fsdp and dp else "reduce-scatter" if fsdp or par.zero
+                 else "all-reduce")
+    gather_group = "fsdp" if fsdp else "dp"
+    return {"unshard": [CommAction(UNSHARD, s, None, -1, gather_group, b, stream, "all-gather")
+                        for s, b in enumerate(sizes["params"])],
+            "reshard": [CommAction(RESHARD, s, None, -1, "fsdp", 0.0, "fsdp") for s in range(len(sizes["params"]))],
+            **{name: [CommAction(REDUCE_GRAD, s, None, -1, group, b, stream, reduce_op, during)
+                      for s, b in enumerate(sizes["grads"])]
+               for name, during in (("reduce", False), ("reduce_during", True))}}
 
 
 class StagePoints(NamedTuple):
@@ -281,12 +344,13 @@ def stage_points(program) -> StagePoints:
     last_bw: dict[int, int] = {}
     last_use: dict[int, int] = {}
     for k, op in enumerate(program):
-        for a in actions_of(op):
-            last_use[a.stage] = k
-            if a.kind == "F":
-                first_fw.setdefault(a.stage, k)
-            if a.kind in ("B", "W"):
-                last_bw[a.stage] = k
+        for kind, s, _ in ((op.forward, op.backward) if type(op) is Pair else (op,)):
+            last_use[s] = k
+            if kind == "F":
+                if s not in first_fw:
+                    first_fw[s] = k
+            elif kind == "B" or kind == "W":
+                last_bw[s] = k
     # one stage ahead: at the first forward of the stage whose first forward comes before its own (the
     # program's first stage: at its first op)
     order = sorted(first_fw, key=first_fw.get)

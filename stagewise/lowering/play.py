@@ -21,11 +21,14 @@ waited for it beyond everything else it needed; the rest of it was hidden behind
 from __future__ import annotations
 
 from collections import deque
+from itertools import compress
+from operator import itemgetter
 
-from ..actions import Pair
+from ..actions import Pair, new
 from ..costs import Costs, StageCosts
 from ..engine import Blocked, Stuck
 from ..overlap import Comm, comm_lanes, pair_parts, pair_time
+from ..schedules.registry import gc_paused
 from .comms import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
 from .lower import Lowered
 
@@ -489,27 +492,26 @@ def lanes(low: Lowered, played: Played, sc: StageCosts, compute_starts, compute_
     out, anything = [], False
     for r, prog in enumerate(low.programs):
         lane = list(a2a[r]) if a2a is not None else []
-        op = -1
-        for k, a in enumerate(prog):
-            if type(a) is not CommAction:
-                op += 1
-                continue
-            if a.kind == ALL_TO_ALL:
-                continue
-            s, e = played.starts[r][k], played.ends[r][k]
-            if e > s or played.exposed[r][k] > 0:
-                lane.append(Comm(max(op, 0), a, s, e, played.exposed[r][k], a.kind))
+        st, en, ex = played.starts[r], played.ends[r], played.exposed[r]
+        comms = [(k, a) for k, a in enumerate(prog) if type(a) is CommAction]
+        # the j-th transfer at position k comes after k - j compute ops: it belongs to the last of them
+        lane += [new(Comm, (k - j - 1 if k > j else 0, a, st[k], en[k], ex[k], a.kind))
+                 for j, (k, a) in enumerate(comms) if a.kind != ALL_TO_ALL and (en[k] > st[k] or ex[k] > 0)]
         anything = anything or bool(lane)
-        out.append(tuple(sorted(lane, key=lambda c: (c.start, c.end))))
+        out.append(tuple(sorted(lane, key=_start_end)))
     return tuple(out) if anything else None
+
+
+_start_end = itemgetter(2, 3)  #: a ``Comm``'s (start, end)
 
 
 def compute_times(low: Lowered, played: Played):
     """The compute ops' (starts, ends) per rank, aligned with the schedule's programs."""
     starts, ends = [], []
     for r, prog in enumerate(low.programs):
-        starts.append([played.starts[r][k] for k, a in enumerate(prog) if type(a) is not CommAction])
-        ends.append([played.ends[r][k] for k, a in enumerate(prog) if type(a) is not CommAction])
+        ops = [type(a) is not CommAction for a in prog]
+        starts.append(list(compress(played.starts[r], ops)))
+        ends.append(list(compress(played.ends[r], ops)))
     return starts, ends
 
 
@@ -531,13 +533,15 @@ def simulate_lowered(low: Lowered, costs: Costs | None = None, *, check: bool = 
         played = play_lowered(low, sc, costs)
     except Stuck as stuck:
         raise ScheduleError(describe_stuck(low, stuck)) from None
-    starts, ends = compute_times(low, played)
+    with gc_paused():  # a tuple per transfer and no cycles
+        starts, ends = compute_times(low, played)
+        comm = lanes(low, played, sc, starts, ends)
     return Timeline(
         schedule=sched, starts=tuple(map(tuple, starts)), ends=tuple(map(tuple, ends)),
         activation=tuple(sc.activation), activation_bytes=tuple(sc.activation_bytes) if sc.activation_bytes else None,
         free_at_i=sc.free_at_i, cap=tuple(costs.cap.per_rank(sched.ranks)) if costs.cap is not None else None,
         cap_unit=costs.cap.unit if costs.cap is not None else "chunks",
-        comm=lanes(low, played, sc, starts, ends), meta={"costs": costs, "lowered": low, "played": played})
+        comm=comm, meta={"costs": costs, "lowered": low, "played": played})
 
 
 __all__ = ["simulate_lowered", "Played", "a2a_costs", "compute_times", "lanes", "op_time", "play_lowered"]
