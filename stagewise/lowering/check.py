@@ -19,7 +19,8 @@ from ..actions import actions_of
 from ..engine import Stuck
 from ..validate import ScheduleError
 from .comms import COLLECTIVES, RECV_B, RECV_F, RECVS, RESHARD, SENDS, UNSHARD, CommAction
-from .lower import Lowered, message_in
+from .lower import Lowered
+from .rules import message_in
 
 
 def check(low: Lowered) -> Lowered:

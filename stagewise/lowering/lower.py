@@ -1,6 +1,7 @@
 """``lower(schedule, parallelism, options)``: every rank's compute program with the communication it performs.
 
-The rules, each in one place here (the runtime's ``RankPlan`` follows the same ones, runtime/execution/plan.py):
+The rules, each in one place here and in rules.py (the runtime's ``RankPlan`` is these programs grouped by op,
+runtime/execution/plan.py):
 
 - **sends and receives**: an F sends its output on when the next stage of its lane is on another rank
   (``SEND_F``), a B or I sends its input gradient back (``SEND_B``); each send follows its op. A receive
@@ -42,13 +43,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..actions import Action, Pair, actions_of, new
+from ..actions import Pair, new
 from ..parallelism import Parallelism
 from ..schedule import Schedule
-from ..schedules.registry import gc_paused
+from ..collector import gc_paused
 from .comms import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END, TIE_GRAD, UNSHARD,
                     CommAction)
 from .options import LoweringOptions
+from .rules import StagePoints, stage_points
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,44 +135,6 @@ def lower(schedule: Schedule, parallelism: Parallelism | None = None,
         wiring = _wiring(schedule, sizes)
         programs = tuple(_rank(schedule, par, opts, sizes, wiring, r) for r in range(schedule.ranks))
     return Lowered(schedule=schedule, parallelism=par, programs=programs, options=opts)
-
-
-def send_orders(schedule: Schedule) -> dict[tuple[int, int], list[tuple]]:
-    """(sender rank, receiver rank) -> the keys (``message_out``) of what it sends there, in the sender's
-    program order: the order the receiver posts them in (NCCL's FIFO per pair)."""
-    place, first, last = schedule.placement, schedule.first_stages, schedule.last_stages
-    orders: dict[tuple[int, int], list[tuple]] = {}
-    for r, prog in enumerate(schedule.programs):
-        for op in prog:
-            for a in actions_of(op):
-                out = message_out(a, first, last)
-                if out is not None and place[out[1]] != r:
-                    orders.setdefault((r, place[out[1]]), []).append(out)
-    return orders
-
-
-def message_out(a: Action, first, last) -> tuple | None:
-    """What ``a`` hands to another stage, as ("F", the stage it goes into, mb) (an F's output, past its lane's
-    last stage) or ("B", ...) (a B's or I's input gradient, before its lane's first stage); None.
-    ``first``/``last``: per stage, the first and last stage of its lane (``Schedule.first_stages``)."""
-    kind, s, mb = a
-    if kind == "F" and s != last[s]:
-        return ("F", s + 1, mb)
-    if kind in ("B", "I") and s != first[s]:
-        return ("B", s - 1, mb)
-    return None
-
-
-def message_in(a: Action, first, last) -> tuple | None:
-    """What ``a`` needs from another stage, as (its key, as ``message_out`` names it; the stage that sends it):
-    an F an activation (past its lane's first stage), a B or I a gradient (before its lane's last stage,
-    which starts the backward from its own loss); None."""
-    kind, s, mb = a
-    if kind == "F" and s != first[s]:
-        return ("F", s, mb), s - 1
-    if kind in ("B", "I") and s != last[s]:
-        return ("B", s, mb), s + 1
-    return None
 
 
 class _Wiring(NamedTuple):
@@ -326,36 +290,6 @@ def _stage_actions(par: Parallelism, sizes: dict, ov) -> dict[str, list[CommActi
             **{name: [CommAction(REDUCE_GRAD, s, None, -1, group, b, stream, reduce_op, during)
                       for s, b in enumerate(sizes["grads"])]
                for name, during in (("reduce", False), ("reduce_during", True))}}
-
-
-class StagePoints(NamedTuple):
-    """Where a rank's work on each of its stages begins and ends in its program (op positions): the rules the
-    lowering places gathers, reductions and frees by, and the runtime's ``RankPlan`` reads."""
-
-    first_forward: dict  #: stage -> its first F
-    last_backward: dict  #: stage -> its last B or W (its weight gradients are complete after it)
-    last_use: dict  #: stage -> its last op of any kind (a sharded stage is freed after it)
-    gathers: dict  #: stage -> the op its gather is issued before: one stage ahead (see ``lower``)
-
-
-def stage_points(program) -> StagePoints:
-    """The ``StagePoints`` of one rank's program."""
-    first_fw: dict[int, int] = {}
-    last_bw: dict[int, int] = {}
-    last_use: dict[int, int] = {}
-    for k, op in enumerate(program):
-        for kind, s, _ in ((op.forward, op.backward) if type(op) is Pair else (op,)):
-            last_use[s] = k
-            if kind == "F":
-                if s not in first_fw:
-                    first_fw[s] = k
-            elif kind == "B" or kind == "W":
-                last_bw[s] = k
-    # one stage ahead: at the first forward of the stage whose first forward comes before its own (the
-    # program's first stage: at its first op)
-    order = sorted(first_fw, key=first_fw.get)
-    gathers = {s: (first_fw[order[j - 1]] if j else 0) for j, s in enumerate(order)}
-    return StagePoints(first_forward=first_fw, last_backward=last_bw, last_use=last_use, gathers=gathers)
 
 
 def _ties(schedule: Schedule, nbytes: float, grads, r: int) -> list[CommAction]:

@@ -28,7 +28,7 @@ from ..actions import Pair, new
 from ..costs import Costs, StageCosts
 from ..engine import Blocked, Stuck
 from ..overlap import Comm, comm_lanes, pair_parts, pair_time
-from ..schedules.registry import gc_paused
+from ..collector import gc_paused
 from .comms import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
 from .lower import Lowered
 

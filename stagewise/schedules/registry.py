@@ -7,13 +7,12 @@ instead of a failure from deep inside a generator.
 
 from __future__ import annotations
 
-import gc
 import importlib
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
 from .. import limits
+from ..collector import gc_paused
 from ..schedule import Schedule
 from . import forms
 from .forms import Uniform
@@ -145,15 +144,3 @@ def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None
         return fam.generator(ranks, microbatches, v)
 
 
-@contextmanager
-def gc_paused():
-    """Generators (and the planner, which keeps thousands of schedules) allocate hundreds of thousands of
-    small tuples and no cycles; the cyclic collector rescanning them as they pile up made generation
-    superlinear. Nested uses keep it off until the outermost ends."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

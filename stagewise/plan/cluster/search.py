@@ -23,7 +23,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ...schedules.registry import gc_paused
+from ...collector import gc_paused
 from ..errors import PlanError
 from ..search import Config
 from .candidate import ClusterCandidate

@@ -31,7 +31,7 @@ from typing import NamedTuple
 from ...actions import Action, actions_of
 from ...lowering.comms import RECVS, REDUCE_GRAD, RESHARD, UNSHARD, CommAction
 from ...lowering.lower import lower as lower_comms
-from ...lowering.lower import stage_points
+from ...lowering.rules import stage_points
 from ...lowering.options import FRAMEWORKS, LoweringOptions, Overlap
 from ...parallelism import Parallelism
 from ...schedule import Schedule

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ...lowering.lower import message_in, message_out, send_orders
+from ...lowering.rules import message_in, message_out, send_orders
 from ...schedule import Schedule
 from ..stages import pytree
 from ...errors import StagewiseError
