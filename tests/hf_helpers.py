@@ -157,6 +157,11 @@ def save_and_logits(folder: str, text: str, out: str, name: str, m: int, seq: in
     return {"logits": torch.cat([per_mb[k] for k in range(m)]), "ids": ids}
 
 
+def each(calls) -> list:
+    """Several rank functions in one launch: ``calls`` is [(function, args)]; rank 0's values, in order."""
+    return [fn(*args) for fn, args in calls]
+
+
 def _all_ranks(value) -> list:
     import torch.distributed as dist
 

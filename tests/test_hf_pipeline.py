@@ -4,7 +4,7 @@ Under every schedule family at p=2, and 1f1b / zb-v / dualpipe-v at p=4: the
 loss and every gradient of step 1 equal transformers' own unpipelined
 ``model(input_ids, labels=...)`` forward and backward, and 3 SGD steps equal 3
 steps of a plain loop on the HF model (float32). Each rank reads only its own
-layers' tensors. One launch per rank count and model.
+layers' tensors. One launch per rank count for both models (the saves ride in the one of 2 ranks).
 SGD, not Adam, for the parameters: GPT-2's key bias has an analytically zero
 gradient, and Adam turns its rounding noise (any summation order) into +-lr.
 """
@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
-from hf_helpers import pipelined_cases, save_and_logits, save_tiny  # noqa: E402
+from hf_helpers import each, pipelined_cases, save_and_logits, save_tiny  # noqa: E402
 from hf_helpers import plain_loop as hf_plain_loop  # noqa: E402
 
 import stagewise  # noqa: E402
@@ -40,6 +40,25 @@ def setup(tmp_path_factory):
     # 5 decoder layers: 8 layers, one per stage of zb-v at p=4
     return root, str(text), {"llama": save_tiny("llama", root / "llama", num_hidden_layers=5),
                              "gpt2": save_tiny("gpt2", root / "gpt2", n_layer=5)}
+
+
+KINDS = ("llama", "gpt2")
+SAVES = (("llama", "zb-v"), ("gpt2", "dualpipe"))
+
+
+@pytest.fixture(scope="module")
+def launched(setup):
+    """Two launches: on 2 ranks every P2 case of both models, then each model trained a step under its SAVES
+    schedule and saved; on 4 ranks every P4 case of both models. {p: {kind: pipelined_cases' result}}, and
+    {kind: save_and_logits' result}."""
+    root, text, folders = setup
+    args = (STEPS, ROWS, SEQ, LR)
+    two = stagewise.launch(each, 2, [(pipelined_cases, (str(folders[k]), text, P2, *args)) for k in KINDS]
+                           + [(save_and_logits, (str(folders[k]), text, str(root / f"saved-{k}"), s, 4, SEQ))
+                              for k, s in SAVES], threads=1)
+    four = stagewise.launch(each, 4, [(pipelined_cases, (str(folders[k]), text, P4, *args)) for k in KINDS],
+                            threads=1)
+    return {2: dict(zip(KINDS, two)), 4: dict(zip(KINDS, four))}, dict(zip((k for k, _ in SAVES), two[len(KINDS):]))
 
 
 def plain_loop(folder: Path, text: str):
@@ -67,12 +86,12 @@ def check(got, want, case) -> None:
         assert rel(state[name], ref) < 1e-4, (case, name)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
-def test_every_family_equals_transformers_and_reads_only_its_layers(setup, kind):
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_family_equals_transformers_and_reads_only_its_layers(setup, launched, kind):
     root, text, folders = setup
     want = plain_loop(folders[kind], text)
     for p, cases in ((2, P2), (4, P4)):
-        got = stagewise.launch(pipelined_cases, p, str(folders[kind]), text, cases, STEPS, ROWS, SEQ, LR, threads=1)
+        got = launched[0][p][kind]
         for case in cases:
             check(got["cases"][case], want, (kind, p, case))
             assert len(got["cases"][case][3]) >= (2 if kind == "gpt2" else 0)
@@ -87,13 +106,13 @@ def test_every_family_equals_transformers_and_reads_only_its_layers(setup, kind)
                 assert set(names) == want_names, (kind, case, r)  # (a V's rank 0 reads a tied weight twice)
 
 
-def test_save_then_from_pretrained_gives_the_pipelines_logits(setup):
+def test_save_then_from_pretrained_gives_the_pipelines_logits(setup, launched):
     from transformers import AutoModelForCausalLM
 
     root, text, folders = setup
-    for kind, schedule in (("llama", "zb-v"), ("gpt2", "dualpipe")):
+    for kind, _ in SAVES:
         out = root / f"saved-{kind}"
-        got = stagewise.launch(save_and_logits, 2, str(folders[kind]), text, str(out), schedule, 4, SEQ, threads=1)
+        got = launched[1][kind]
         back = AutoModelForCausalLM.from_pretrained(out).eval()
         with torch.no_grad():
             assert rel(back(got["ids"]).logits, got["logits"]) < 1e-6, kind
