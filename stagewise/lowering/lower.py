@@ -50,7 +50,7 @@ from ..collector import gc_paused
 from .comms import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END, TIE_GRAD, UNSHARD,
                     CommAction)
 from .options import LoweringOptions
-from .rules import StagePoints, stage_points
+from .rules import StagePoints, message_out, send_orders, stage_points
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,32 +151,18 @@ class _Wiring(NamedTuple):
 def _wiring(schedule: Schedule, sizes: dict) -> _Wiring:
     place, first, last = schedule.placement, schedule.first_stages, schedule.last_stages
     S = schedule.stages
-    ahead = tuple(place[s + 1] if s != last[s] else -1 for s in range(S))
-    behind = tuple(place[s - 1] if s != first[s] else -1 for s in range(S))
+
+    def rank_of(key):  # the rank a message key goes into (-1: none)
+        return -1 if key is None else place[key[1]]
+
+    ahead = tuple(rank_of(message_out(("F", s, 0), first, last)) for s in range(S))
+    behind = tuple(rank_of(message_out(("B", s, 0), first, last)) for s in range(S))
     nbytes = tuple(sizes["boundary"]) if sizes["boundary"] is not None else (0.0,) * S
-    mail: dict[tuple[int, int], tuple[list, dict]] = {}
-    for r, prog in enumerate(schedule.programs):
-        boxes: dict[int, tuple[list, dict]] = {}  # receiver -> r's part of ``mail``
-        for op in prog:
-            for kind, s, mb in ((op.forward, op.backward) if type(op) is Pair else (op,)):
-                if kind == "F":
-                    dst = ahead[s]
-                    if dst == -1 or dst == r:
-                        continue
-                    key, recv = ("F", s + 1, mb), (RECV_F, s + 1, mb, r, "pp", nbytes[s], "p2p", "", False)
-                elif kind == "B" or kind == "I":
-                    dst = behind[s]
-                    if dst == -1 or dst == r:
-                        continue
-                    key, recv = ("B", s - 1, mb), (RECV_B, s - 1, mb, r, "pp", nbytes[s - 1], "p2p", "", False)
-                else:
-                    continue
-                box = boxes.get(dst)
-                if box is None:
-                    box = boxes[dst] = ([], {})
-                box[1][key] = len(box[0])  # a key sent twice (an invalid schedule): its last position
-                box[0].append(new(CommAction, recv))
-        mail.update(((r, dst), box) for dst, box in boxes.items())
+    mail = {}
+    for (src, dst), keys in send_orders(schedule).items():
+        recvs = [new(CommAction, (RECV_F, s, mb, src, "pp", nbytes[s - 1], "p2p", "", False) if d == "F" else
+                     (RECV_B, s, mb, src, "pp", nbytes[s], "p2p", "", False)) for d, s, mb in keys]
+        mail[(src, dst)] = (recvs, {key: j for j, key in enumerate(keys)})  # a key sent twice: its last position
     return _Wiring(ahead, behind, nbytes, mail)
 
 
