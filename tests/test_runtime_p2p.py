@@ -119,3 +119,35 @@ def test_each_rank_sends_and_posts_its_receives_in_the_lowered_programs_order():
                 theirs = [text(a, peer, r, False) for a in low.programs[peer]
                           if type(a) is CommAction and a.kind.startswith("SEND") and a.peer == r]
                 assert [p for p in posts if p.endswith(f"(rank {peer})")] == theirs, (name, r, peer)
+
+
+class _Runs:
+    """Would run a command if its header were unpickled freely."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo this must not run",))
+
+
+def test_a_header_is_read_admitting_only_dtypes_and_tree_node_classes():
+    """A received header names no callable but torch dtypes, tree node classes and plain constructors: a header
+    that names another (os.system) is refused on reading, and a sender is told before it sends one."""
+    import collections
+    import pickle
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from stagewise.runtime.messages import p2p
+    from stagewise.runtime.stages import pytree
+
+    tree = collections.OrderedDict(h=torch.ones(2), mask=torch.zeros(2, dtype=torch.bool), n=3, s="a", z=1 + 2j)
+    leaves, spec = pytree.flatten(tree)
+    metas = tuple(p2p._meta(x) for x in leaves)
+    header, _ = p2p._encode(spec, metas, [x for x in leaves if isinstance(x, torch.Tensor)], Route(ACT, 1, 0))
+    assert p2p._decode(header)[:2] == (spec, metas)
+    with pytest.raises(pickle.UnpicklingError, match="names posix.system|names nt.system"):
+        p2p._Header.loads(pickle.dumps((None, ((p2p._CONST, _Runs()),), None)))
+    with pytest.raises(p2p.ShapeError, match="the activation of micro-batch 0 from stage 0 to stage 1: .*system"):
+        p2p._encode(None, ((p2p._CONST, _Runs()),), [], Route(ACT, 1, 0))

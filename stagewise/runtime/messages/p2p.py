@@ -21,9 +21,13 @@ tensors over in memory.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
+import builtins
+import io
 import pickle
+import sys
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, is_dataclass
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -297,18 +301,24 @@ def _meta(x) -> tuple:
 
 def _encode(spec, metas: tuple, tensors: list, route: Route) -> tuple[torch.Tensor, bool]:
     """The header of a message, and whether its data rides in it: small CPU tensors do (one message, no
-    round trip for a header before the data)."""
+    round trip for a header before the data). What the receiver would refuse to read is refused here, on the
+    sender, naming it."""
     if len(tensors) > _LEAF_TAGS:
         raise ShapeError(f"{route.describe()}: {len(tensors)} tensors in one boundary; at most {_LEAF_TAGS}")
-    if all(t.device.type == "cpu" for t in tensors) and sum(t.nbytes for t in tensors) < _HEADER_BYTES // 2:
+    inline = all(t.device.type == "cpu" for t in tensors) and sum(t.nbytes for t in tensors) < _HEADER_BYTES // 2
+    if inline:
         data = pickle.dumps((spec, metas, [_to_bytes(t) for t in tensors]))
-        if len(data) + 4 <= _HEADER_BYTES:
-            return _pack(data), True
-    data = pickle.dumps((spec, metas, None))
-    if len(data) + 4 > _HEADER_BYTES:
-        raise ShapeError(f"{route.describe()}: its structure takes {len(data)} bytes to describe (at most "
-                         f"{_HEADER_BYTES - 4}); pass fewer leaves, or put constants outside the boundary")
-    return _pack(data), False
+        inline = len(data) + 4 <= _HEADER_BYTES
+    if not inline:
+        data = pickle.dumps((spec, metas, None))
+        if len(data) + 4 > _HEADER_BYTES:
+            raise ShapeError(f"{route.describe()}: its structure takes {len(data)} bytes to describe (at most "
+                             f"{_HEADER_BYTES - 4}); pass fewer leaves, or put constants outside the boundary")
+    try:
+        _Header.loads(data)  # what the receiver reads: refused here first
+    except pickle.UnpicklingError as e:
+        raise ShapeError(f"{route.describe()}: {e}") from None
+    return _pack(data), inline
 
 
 def _pack(data: bytes) -> torch.Tensor:
@@ -320,7 +330,37 @@ def _pack(data: bytes) -> torch.Tensor:
 
 def _decode(h: torch.Tensor) -> tuple:
     raw = bytes(h.numpy())
-    return pickle.loads(raw[4:4 + int.from_bytes(raw[:4], "little")])
+    return _Header.loads(raw[4:4 + int.from_bytes(raw[:4], "little")])
+
+
+class _Header(pickle.Unpickler):
+    """Reads a header admitting only the types a header names: torch dtypes, a few builtin constructors, and
+    the classes of a tree's nodes (``pytree``: NamedTuples, dataclasses, mappings) from modules this process
+    has already imported, so reading one imports nothing and calls nothing else."""
+
+    _BUILTINS = frozenset({"complex", "slice", "range", "set", "frozenset", "bytearray"})
+
+    @classmethod
+    def loads(cls, data: bytes) -> tuple:
+        return cls(io.BytesIO(data)).load()
+
+    def find_class(self, module: str, name: str):
+        if module == "builtins" and name in self._BUILTINS:
+            return getattr(builtins, name)
+        found = sys.modules.get(module)
+        for part in name.split(".") if found is not None else ():
+            found = getattr(found, part, None)
+        if isinstance(found, torch.dtype) or (isinstance(found, type) and _a_node_type(found)):
+            return found
+        raise pickle.UnpicklingError(f"a message header names {module}.{name}, which is not a torch dtype or a "
+                                     "NamedTuple, dataclass or mapping class of an imported module; only tensors, "
+                                     "numbers, strings and those may cross a stage boundary")
+
+
+def _a_node_type(cls: type) -> bool:
+    """A class ``pytree`` flattens a tree node of."""
+    return (issubclass(cls, tuple) and hasattr(cls, "_fields")) or is_dataclass(cls) \
+        or issubclass(cls, Mapping)
 
 
 def _to_bytes(t: torch.Tensor) -> bytes:
