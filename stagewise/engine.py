@@ -46,7 +46,7 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     """
     m = schedule.microbatches
     n_keys = schedule.stages * m
-    first, last, fwd_link, bwd_link = _routes(schedule, costs)
+    first, last, fwd_link, bwd_link = routes(schedule, costs)
     S = schedule.stages
     # a plain action pays its compute, then its all-to-all
     dur = {k: [costs.duration(k, s) for s in range(S)] for k in "FBIW"} if costs.a2a_f is not None else \
@@ -203,7 +203,7 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     return starts, ends
 
 
-def _routes(schedule: Schedule, costs: StageCosts):
+def routes(schedule: Schedule, costs: StageCosts):
     """First and last stage of each stage's lane, and the link time into each stage
     from its predecessor (forward) and from its successor (gradient); 0 on one rank."""
     S, placement, msg = schedule.stages, schedule.placement, costs.message

@@ -339,3 +339,97 @@ def test_costed_lowered_plays_keep_their_times(name, v, par, framework, sizes, c
     got = (max(map(max, played.ends)), sum(map(sum, played.starts)), sum(map(sum, played.exposed)),
            sum(map(len, played.waited)))
     assert got == pytest.approx(pinned, rel=1e-12)
+
+
+def test_layer_buckets_gather_one_ahead_and_reduce_as_the_backward_produces_them():
+    """Megatron-LM's rules with the layers known: ZeRO-1's updated weights gathered layer by layer (the first
+    ahead of the stage's first forward, each next one while the layer before it computes), gradients reduced
+    layer by layer from the last, each as the last backward produces it; with one layer, the stage at once."""
+    s = generate("1f1b", 2, 4)
+    par = Parallelism(pp=2, dp=2, zero=1)
+    opts = LoweringOptions(overlap=FRAMEWORKS["megatron"], step_end=False,
+                           sizes=Sizes(params=4.0, grads=8.0, layers=((1, 3), (2, 1, 1))),
+                           network=Network(intra_bandwidth=1.0))
+    low = check(lower(s, par, opts))
+    comms = [a for a in low.programs[0] if type(a) is CommAction]
+    gathers = [(a.nbytes, a.during) for a in comms if a.kind == "UNSHARD"]
+    assert gathers == [(1.0, False), (3.0, 0.0)]  # the first layer's share ahead, the second's from the op's start
+    reduces = [(a.nbytes, a.during) for a in comms if a.kind == "REDUCE_GRAD"]
+    assert reduces == [(6.0, 0.5), (2.0, 1.0)]  # the backward produces the last layer's first
+    assert [str(a) for a in low.programs[0][:4]] == ["0UNSHARD", "0F0", "0SEND_F0", "0UNSHARD"]
+    one = lower(s, par, replace_sizes(opts, layers=None))
+    assert [a.during for a in one.programs[0] if type(a) is CommAction and a.kind == "REDUCE_GRAD"] == [True]
+    # played: the layer-wise gather exposes only the first layer's share before the first forward
+    bucketed, whole = simulate(s, Costs(t_f=1, t_b=2, comm=_comm(par, opts))), \
+        simulate(s, Costs(t_f=1, t_b=2, comm=_comm(par, replace_sizes(opts, layers=None))))
+    assert bucketed.starts[0][0] == pytest.approx(1 / 2)  # 1 byte all-gathered over 2 ranks at 1 byte per unit
+    assert whole.starts[0][0] == pytest.approx(4 / 2)
+
+
+def replace_sizes(opts, **kw):
+    from dataclasses import replace
+
+    return replace(opts, sizes=replace(opts.sizes, **kw))
+
+
+def _comm(par, opts):
+    from stagewise.lowering import Communication
+
+    return Communication(parallelism=par, options=opts)
+
+
+def test_the_device_order_puts_a_group_inside_a_node_or_across():
+    from stagewise.lowering.options import PIPELINE_OUTERMOST
+
+    par = Parallelism(pp=2, dp=4, tp=2)
+    mesh = lower(generate("1f1b", 2, 2), par, LoweringOptions(network=Network(gpus_per_node=8)))
+    assert mesh.global_ranks(1, "dp") == [2, 6, 10, 14] and not mesh.inside(mesh.global_ranks(1, "dp"))
+    megatron = lower(generate("1f1b", 2, 2), par,
+                     LoweringOptions(network=Network(gpus_per_node=8, order=PIPELINE_OUTERMOST)))
+    assert megatron.global_ranks(1, "dp") == [8, 10, 12, 14] and megatron.inside(megatron.global_ranks(1, "dp"))
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(layers=((1,),)), "`layers` has 1 per-stage entries; the schedule has 2 stages"),
+    (dict(layers=((1,), ())), "`layers` of stage 1 must be finite byte counts >= 0 with a positive sum"),
+    (dict(layers=((1,), (0, float("nan")))), "`layers` of stage 1"),
+])
+def test_bad_layers_are_refused_with_the_rule(kw, words):
+    from stagewise.costs import CostError
+
+    with pytest.raises(CostError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        lower(generate("1f1b", 2, 2), Parallelism(pp=2, dp=2), LoweringOptions(sizes=Sizes(**kw)))
+
+
+def test_a_bad_device_order_is_refused():
+    from stagewise.costs import CostError
+
+    with pytest.raises(CostError, match="`order` .* must name each of dp, fsdp, ep, pp, tp once"):
+        Network(order=("dp", "pp"))
+
+
+@pytest.mark.parametrize("layout", [dict(dp=2), dict(dp=2, zero=1), dict(fsdp=2), dict(dp=2, fsdp=2), dict(ep=2)])
+@pytest.mark.parametrize("rule", ["megatron", "torchtitan", "stagewise"])
+def test_messages_as_link_times_play_the_same_step_as_lowered_sends(layout, rule):
+    """``p2p=False`` (the planner's: boundaries carry no bytes) plays each message as the cost model's link
+    time, as engine.play does, instead of a SEND and a RECV: the step's span is the same for every family."""
+    from stagewise.lowering.play import step_span
+
+    for sched in families(3, 6):
+        S = sched.stages
+        sizes = Sizes(params=[1.0 + s % 3 for s in range(S)], grads=[2.0 + s % 2 for s in range(S)],
+                      layers=tuple((1.0, 0.5 + s % 2) for s in range(S)))
+        net = Network(gpus_per_node=2, intra_bandwidth=3.0, inter_bandwidth=1.0, intra_latency=0.01,
+                      inter_latency=0.05)
+        costs = Costs(t_f=[1.0 + 0.1 * s for s in range(S)], t_b=2.0, latency=0.3)
+        opts = LoweringOptions(overlap=FRAMEWORKS[rule], sizes=sizes, network=net, moe=False)
+        lowered, linked = (step_span(lower(sched, Parallelism(pp=3, **layout), replace_options(opts, p2p=p2p)),
+                                     costs) for p2p in (True, False))
+        assert linked[0] == pytest.approx(lowered[0], rel=1e-12)
+        assert not any(kind.startswith(("SEND", "RECV")) for kind in linked[1])
+
+
+def replace_options(opts, **kw):
+    from dataclasses import replace
+
+    return replace(opts, **kw)

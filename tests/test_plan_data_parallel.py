@@ -65,10 +65,12 @@ def test_the_reductions_read_each_stages_last_backward_as_a_scan_of_every_op_fin
 
 @pytest.mark.parametrize("name,p,v", [("1f1b", 3, 1), ("interleaved-1f1b", 2, 2), ("zb-v", 3, 2), ("zb-h1", 3, 1),
                                       ("looped-bfs", 2, 2)])
-@pytest.mark.parametrize("rule,mode", [("stage", "zero1"), ("stage", "ddp"), ("drain", "zero1"), ("drain", "ddp")])
+@pytest.mark.parametrize("rule,mode", [("stage", "zero1"), ("stage", "ddp"), ("drain", "zero1"), ("drain", "ddp"),
+                                       ("layer", "zero1"), ("layer", "ddp")])
 def test_the_planners_reduction_rules_are_the_lowerings_played(name, p, v, rule, mode):
-    """The planner's exposed reduction (after the stage's last backward, or after the drain) is what playing the
-    lowered program's REDUCE_GRADs on the same timeline leaves past the compute: one rule, two readings."""
+    """The planner's exposed reduction (in buckets as the stage's last backward passes its layers, after that
+    backward, or after the drain) is what playing the lowered program's REDUCE_GRADs on the same timeline leaves
+    past the compute: one rule, two readings."""
     from stagewise.lowering import lower
     from stagewise.lowering.comms import REDUCE_GRAD
     from stagewise.lowering.options import LoweringOptions, Network, Overlap, Sizes
@@ -84,7 +86,8 @@ def test_the_planners_reduction_rules_are_the_lowerings_played(name, p, v, rule,
                                 all_reduce=mode == "ddp")
     grads = [2 * sum(piece) for piece in layers]  # fp32 gradients of the bf16 bytes, as the planner reduces
     low = lower(sched, Parallelism(pp=p, dp=4, zero=mode == "zero1"),
-                LoweringOptions(overlap=Overlap(reduce=rule), sizes=Sizes(params=grads, grads=grads), step_end=False,
+                LoweringOptions(overlap=Overlap(reduce=rule), step_end=False,
+                                sizes=Sizes(params=grads, grads=grads, layers=tuple(layers)),
                                 network=Network(gpus_per_node=1 << 20, intra_bandwidth=link.bandwidth,
                                                 intra_latency=link.latency)))
     played = simulate_lowered(low, costs)

@@ -286,6 +286,7 @@ def _headline(job, res, elapsed) -> str:
             f"--memory-reserve changes it); error band {band}\n"
             f"{res.configurations} configurations in {elapsed:.1f} s: {res.simulated} simulated"
             + (f" ({long} long steps extended from shorter ones)" if long else "")
+            + f", {res.lowered} of them (per framework) played as lowered programs"
             + f", {res.pruned} slower for sure ({res.unbuilt} by the bound before building their schedule, "
             f"{res.dominated} where less recomputation fits, the rest by the bound after it), {res.too_big} do not "
             "fit")

@@ -39,8 +39,10 @@ class CommAction(NamedTuple):
     ``tie``, ``world``); ``nbytes``: the bytes this rank moves; ``stream``: the resource it occupies
     (``p2p``, or the group's name: collectives over one group run one after another); ``op``: what it is
     (``all-gather``, ``reduce-scatter``, ``all-reduce``, ``reduce-scatter+all-reduce``, ``all-to-all``, ``""``
-    for a send or receive); ``during``: posted when the op before it starts, not when it ends (Megatron's
-    bucketed gradient reduction overlaps its stage's last backward), and done no earlier than that op."""
+    for a send or receive); ``during``: a bucket of a collective that overlaps the op before it (Megatron's
+    bucketed gradient reduction, a layer-wise gather), posted once that fraction of the op has run (a number in
+    (0, 1]: its layers' share so far); ``True``, a whole reduction over its op: posted when the op starts, done
+    no earlier than it ends."""
 
     kind: str
     stage: int
@@ -50,7 +52,7 @@ class CommAction(NamedTuple):
     nbytes: float = 0.0
     stream: str = ""
     op: str = ""
-    during: bool = False
+    during: bool | float = False
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{'' if self.mb is None else self.mb}"

@@ -17,7 +17,9 @@ runtime/execution/plan.py):
   after its last backward (B or W); with ZeRO-1 its updated weights are all-gathered (``UNSHARD`` over dp).
 - **when** (``Overlap``): a reduction after the stage's last backward (``stage``), during it (``layer``) or
   after the rank's last op (``drain``); ZeRO-1's gather ahead of the first forward (``layer``/``stage``) or
-  after the reductions (``end``).
+  after the reductions (``end``). A ``layer`` gather of a stage of several layers (``Sizes.layers``) sends
+  the first layer's share ahead of the op and the rest ``during`` it (bucket by bucket, one ahead of the
+  compute: Megatron-LM's ``--overlap-param-gather``, FSDP2's per-block prefetch).
 - **expert parallel** (``ep`` > 1 with MoE stages): an ``ALL_TO_ALL`` (dispatch + combine) inside each F, B
   and I of a stage with dispatch bytes (every stage when none are given), written after it (an F&B pair has
   one per half); the ep ranks took different rows, so without FSDP each stage's ``REDUCE_GRAD`` sums its dense
@@ -86,16 +88,15 @@ class Lowered:
         return (rank,)
 
     def global_ranks(self, rank: int, group: str) -> list[int]:
-        """The global ranks of ``group`` around pipeline rank ``rank`` of the first replica (mesh order
-        ``parallelism.DIMS``: dp, fsdp, ep, pp, tp, outermost first)."""
+        """The global ranks of ``group`` around pipeline rank ``rank`` of the first replica (in the network's
+        ``order``: by default ``parallelism.DIMS``, dp, fsdp, ep, pp, tp, outermost first)."""
         par = self.parallelism
-        g = rank * par.tp
-        stride = {"ep": par.pp * par.tp, "fsdp": par.ep * par.pp * par.tp,
-                  "dp": par.fsdp * par.ep * par.pp * par.tp}
+        stride = self.options.network.strides(par)
+        g = rank * stride["pp"]
         if "+" in group:  # over two dimensions (dp+ep: an expert-parallel stage's dense gradients)
             outer, inner = group.split("+")
             return sorted({o - g + i for o in self.global_ranks(rank, outer) for i in self.global_ranks(rank, inner)})
-        if group in stride:
+        if group in ("dp", "fsdp", "ep"):
             return [g + k * stride[group] for k in range(par.size(group))]
         if group == "world":
             return list(range(par.world))
@@ -118,8 +119,8 @@ class Lowered:
             return rs + net.collective("all-reduce", c.nbytes / par.fsdp, par.dp,
                                        self.inside(self.global_ranks(rank, "dp")))
         if c.group == "tie":
-            tp = par.tp
-            return net.collective(c.op, c.nbytes, 2, self.inside([rank * tp, c.peer * tp]))
+            pp = net.strides(par)["pp"]
+            return net.collective(c.op, c.nbytes, 2, self.inside([rank * pp, c.peer * pp]))
         members = self.global_ranks(rank, c.group)
         return net.collective(c.op, c.nbytes, len(members), self.inside(members))
 
@@ -132,8 +133,9 @@ def lower(schedule: Schedule, parallelism: Parallelism | None = None,
     S = schedule.stages
     sizes = opts.sizes.resolve(S)
     with gc_paused():  # hundreds of thousands of small tuples and no cycles (as ``generate``)
-        wiring = _wiring(schedule, sizes)
-        programs = tuple(_rank(schedule, par, opts, sizes, wiring, r) for r in range(schedule.ranks))
+        wiring = _wiring(schedule, sizes) if opts.p2p else None
+        made = _stage_actions(par, sizes, opts.overlap)
+        programs = tuple(_rank(schedule, par, opts, sizes, wiring, made, r) for r in range(schedule.ranks))
     return Lowered(schedule=schedule, parallelism=par, programs=programs, options=opts)
 
 
@@ -167,15 +169,14 @@ def _wiring(schedule: Schedule, sizes: dict) -> _Wiring:
 
 
 def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: dict, wiring: _Wiring,
-          r: int) -> tuple:
+          made: dict, r: int) -> tuple:
     prog = schedule.programs[r]
-    ahead, behind, nbytes, mail = wiring
+    ahead, behind, nbytes, mail = wiring or _NO_WIRING(schedule.stages)
     fsdp = par.fsdp > 1
     raf = fsdp and par.reshard_after_forward
     moe = (par.ep > 1) and (opts.moe if opts.moe is not None else any(sizes["a2a"]))
     # the stages that exchange tokens: those with dispatch bytes, every stage when none are given
     a2a = [2 * b if (b > 0 or not any(sizes["a2a"])) else None for b in sizes["a2a"]] if moe else None
-    made = _stage_actions(par, sizes, opts.overlap)
     points = stage_points(prog)
     before, after, final = _fixed(par, opts.overlap, made, points)
     feed_f, feed_b = _feeds(behind, mail, r), _feeds(ahead, mail, r)
@@ -225,6 +226,12 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
     return tuple(out)
 
 
+def _NO_WIRING(stages: int) -> _Wiring:
+    """No sends or receives (``LoweringOptions.p2p`` False): every stage's neighbours are none."""
+    none = (-1,) * stages
+    return _Wiring(none, none, (0.0,) * stages, {})
+
+
 def _feeds(src_of, mail: dict, r: int) -> list:
     """Per stage, what an op of it on ``r`` receives from the stage next to it (``src_of``: per stage that
     stage's rank, -1 for none): (sender, the sender's RECVs to ``r``, message key -> position there), or
@@ -243,13 +250,17 @@ def _fixed(par: Parallelism, ov, made: dict, points: StagePoints) -> tuple[dict,
     reduces = dp or fsdp or (par.ep > 1 and not fsdp)
     rule = ov.fsdp_reduce if fsdp else ov.reduce
     before: dict[int, list] = {}
-    if (fsdp and not raf) or (zero_gather and ov.gather != "end"):
-        for s, k in points.gathers.items():
-            before.setdefault(k, []).append(made["unshard"][s])
     after: dict[int, list] = {}
+    if (fsdp and not raf) or (zero_gather and ov.gather != "end"):
+        layer = (ov.fsdp_gather if fsdp else ov.gather) == "layer"
+        for s, k in points.gathers.items():
+            rest = made["unshard_rest"][s] if layer else None
+            before.setdefault(k, []).append(made["unshard_first"][s] if rest else made["unshard"][s])
+            if rest:  # the other layers' buckets, gathered while the op computes
+                after.setdefault(k, []).extend(rest)
     last_bw = sorted(points.last_backward.items())
     for s, k in last_bw if reduces and rule != "drain" else ():
-        after.setdefault(k, []).append(made["reduce"][s] if rule != "layer" else made["reduce_during"][s])
+        after.setdefault(k, []).extend((made["reduce"][s],) if rule != "layer" else made["reduce_during"][s])
     for s, k in sorted(points.last_use.items()) if fsdp and not raf else ():
         after.setdefault(k, []).append(made["reshard"][s])
     final = []
@@ -270,12 +281,27 @@ def _stage_actions(par: Parallelism, sizes: dict, ov) -> dict[str, list[CommActi
     reduce_op = ("reduce-scatter+all-reduce" if fsdp and dp else "reduce-scatter" if fsdp or par.zero
                  else "all-reduce")
     gather_group = "fsdp" if fsdp else "dp"
+    layers = sizes["layers"]
     return {"unshard": [CommAction(UNSHARD, s, None, -1, gather_group, b, stream, "all-gather")
                         for s, b in enumerate(sizes["params"])],
+            # a layer-wise gather: the first layer's share ahead of the op, layer k's once k - 1 of the op's n
+            # layers have run, one ahead of the compute (none: one layer)
+            "unshard_first": [CommAction(UNSHARD, s, None, -1, gather_group, b * xs[0], stream, "all-gather")
+                              for s, (b, xs) in enumerate(zip(sizes["params"], layers))],
+            "unshard_rest": [tuple(CommAction(UNSHARD, s, None, -1, gather_group, b * x, stream, "all-gather",
+                                              (k - 1) / len(xs)) for k, x in enumerate(xs) if k) or None
+                             for s, (b, xs) in enumerate(zip(sizes["params"], layers))],
             "reshard": [CommAction(RESHARD, s, None, -1, "fsdp", 0.0, "fsdp") for s in range(len(sizes["params"]))],
-            **{name: [CommAction(REDUCE_GRAD, s, None, -1, group, b, stream, reduce_op, during)
-                      for s, b in enumerate(sizes["grads"])]
-               for name, during in (("reduce", False), ("reduce_during", True))}}
+            "reduce": [CommAction(REDUCE_GRAD, s, None, -1, group, b, stream, reduce_op) for s, b in
+                       enumerate(sizes["grads"])],
+            # bucketed: the backward runs the layers last first, and each layer's gradients are reduced once it
+            # has produced them, k / n of the way through (one layer: the whole stage during the op, done no
+            # earlier than it)
+            "reduce_during": [(CommAction(REDUCE_GRAD, s, None, -1, group, b, stream, reduce_op, True),)
+                              if len(xs) == 1 else
+                              tuple(CommAction(REDUCE_GRAD, s, None, -1, group, b * x, stream, reduce_op,
+                                               (k + 1) / len(xs)) for k, x in enumerate(reversed(xs)))
+                              for s, (b, xs) in enumerate(zip(sizes["grads"], layers))]}
 
 
 def _ties(schedule: Schedule, nbytes: float, grads, r: int) -> list[CommAction]:

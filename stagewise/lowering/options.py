@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..costs import CostError, PerStage, per_stage
-from ..parallelism import Parallelism
+from ..parallelism import DIMS, Parallelism
 
 #: when a stage's gradient reduction may start
 REDUCE = ("layer", "stage", "drain")
@@ -66,12 +66,18 @@ class Sizes:
     boundary: PerStage = None  #: the activation a stage sends on (its gradient comes back alike; default: Costs')
     a2a: PerStage = 0.0  #: one forward's dispatch bytes of the stage's MoE layers (combine sends as many)
     tie: float = 0.0  #: a tied weight's bytes (0: no tie; the first and last stage hold its copies)
+    #: per stage, its layers' bytes in model order (any scale: only their shares count): a ``layer`` gather
+    #: (``Overlap``) sends the first layer's share ahead of the op and each next one while the layer before it
+    #: computes; a ``layer`` reduction sends each layer's as the backward produces it, the first layer's last
+    #: (None: one layer per stage)
+    layers: tuple | None = None
     step_end: float = 8.0  #: the step-end all-reduces (gradient norm and loss)
 
     def resolve(self, stages: int) -> dict:
         params = per_stage("param_bytes", self.params, stages)
         out = {"params": params, "grads": per_stage("grad_bytes", self.grads, stages, params),
                "a2a": per_stage("a2a_bytes", self.a2a, stages),
+               "layers": _shares(self.layers, stages),
                "boundary": per_stage("boundary_bytes", self.boundary, stages) if self.boundary is not None else None}
         for name in ("tie", "step_end"):
             x = getattr(self, name)
@@ -80,16 +86,37 @@ class Sizes:
         return out
 
 
+def _shares(layers, stages: int) -> list[tuple[float, ...]]:
+    """Per stage, its layers' shares of its bytes (``Sizes.layers``), checked."""
+    if layers is None:
+        return [(1.0,)] * stages
+    if len(layers) != stages:
+        raise CostError(f"`layers` has {len(layers)} per-stage entries; the schedule has {stages} stages")
+    out = []
+    for s, xs in enumerate(layers):
+        xs = [float(x) for x in xs]
+        total = sum(xs)
+        if not xs or not all(0 <= x < math.inf for x in xs) or not 0 < total < math.inf:
+            raise CostError(f"`layers` of stage {s} must be finite byte counts >= 0 with a positive sum; got {xs}")
+        out.append(tuple(x / total for x in xs))
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class Network:
     """Bandwidth (bytes per time unit; None: free) and latency inside a node and across nodes. Ranks are
-    numbered in the mesh's order (``parallelism.DIMS``: dp outermost, tp innermost) and fill nodes in turn."""
+    numbered in ``order`` (the mesh's, ``parallelism.DIMS``: dp outermost, tp innermost, by default) and fill
+    nodes in turn."""
 
     gpus_per_node: int = 8
     intra_bandwidth: float | None = None
     inter_bandwidth: float | None = None
     intra_latency: float = 0.0
     inter_latency: float = 0.0
+    #: the mesh dimensions from outermost to innermost: ``DIMS`` keeps a pipeline inside its data replicas
+    #: (torchtitan's mesh, the planner's dense layouts); ``PIPELINE_OUTERMOST`` is Megatron-Core's default order
+    #: (tensor, expert, data, then pipeline), the planner's "within" device order
+    order: tuple[str, ...] = DIMS
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
@@ -102,6 +129,16 @@ class Network:
             x = getattr(self, name)
             if not 0 <= x < math.inf:
                 raise CostError(f"--{name.replace('_', '-')} must be a finite number >= 0; got {x}")
+        if sorted(self.order) != sorted(DIMS):
+            raise CostError(f"`order` {self.order!r} must name each of {', '.join(DIMS)} once")
+
+    def strides(self, par: Parallelism) -> dict[str, int]:
+        """How many global ranks apart two neighbours of each mesh dimension sit, in ``order``."""
+        out, step = {}, 1
+        for dim in reversed(self.order):
+            out[dim] = step
+            step *= par.size(dim)
+        return out
 
     def link(self, inside: bool) -> tuple[float | None, float]:
         """(bandwidth, latency) inside a node or across."""
@@ -121,6 +158,10 @@ class Network:
         return steps * ((n - 1) * lat + (n - 1) / n * nbytes * rate)
 
 
+#: Megatron-Core's device order (tensor innermost, then expert, data, and the pipeline outermost)
+PIPELINE_OUTERMOST = ("pp",) + tuple(d for d in DIMS if d != "pp")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoweringOptions:
     """Everything ``lower`` reads besides the schedule and the layout."""
@@ -130,6 +171,9 @@ class LoweringOptions:
     network: Network = field(default_factory=Network)
     moe: bool | None = None  #: the stages run MoE layers (None: where ``sizes.a2a`` > 0)
     step_end: bool = True  #: add the step-end all-reduces (gradient norm, loss)
+    #: lower the sends and receives; False: each message is the cost model's link time between the ops, as
+    #: ``engine.play`` takes it (for a caller whose boundaries carry no bytes: the planner)
+    p2p: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,8 +7,10 @@
 - A collective runs on its stream (one per rank and group: collectives over one group run in turn), from
   when it is posted (the rank reaches it) and the stream is free, for the network's time
   (``Lowered.duration``). One over several pipeline ranks (tie, step end) starts when every member has
-  posted it. An op of a stage waits for the stage's latest gather; a reduction ``during`` its op is posted
-  when that op starts and ends no earlier than it. What comes after a rank's last op waits for everything
+  posted it. An op of a stage waits for the stage's latest gather; a reduction ``during`` its op (``True``) is
+  posted when that op starts and ends no earlier than it; a bucket (``during`` a fraction f: a layer's
+  gradients as the backward produces them, a layer's weights gathered one ahead of the compute) is posted
+  once f of its op has run, and the stage's next op waits for its gathers. What comes after a rank's last op waits for everything
   the rank posted before it (the optimizer needs the reduced gradients).
 - An expert all-to-all is inside its op (the cost model's ``a2a``, ``overlap``): drawn where the op pays it.
 
@@ -103,6 +105,8 @@ class _Player:
         self.f_from = [place[s - 1] if s != first[s] else -1 for s in range(S)]
         self.g_from = [place[s + 1] if s != last[s] else -1 for s in range(S)]
         self.dur = {k: [sc.duration(k, s) for s in range(S)] for k in "FBIW"}  # a plain op's (``op_time``)
+        # messages not lowered (``LoweringOptions.p2p`` False): the link time into each stage, engine.play's
+        self.links_in = None if low.options.p2p else _links_in(sched, sc)
         self.pair_dur: dict = {}  # (forward stage, backward kind, backward stage) -> a pair's
         self.lat, self.bw = costs.latency, costs.bandwidth
         self.blocking = low.options.overlap.blocking_p2p
@@ -146,6 +150,7 @@ class _Player:
         queue, done, waiter, extra, out = self.queue, self.done, self.waiter, self.extra, self.out
         arrive_at, arrive_sent = self.arrive_at, self.arrive_sent
         f_from, g_from, dur, message = self.f_from, self.g_from, self.dur, self.sc.message
+        fwd_link, bwd_link = self.links_in or (None, None)
         S, m, n_keys, n2 = self.S, self.m, self.n_keys, 2 * self.n_keys
         bw, lat, blocking = self.bw, self.lat, self.blocking
         Comm_, Pair_, SENDS_, RECVS_, SEND_B_, RECV_B_ = CommAction, Pair, SENDS, RECVS, SEND_B, RECV_B  # locals
@@ -179,6 +184,14 @@ class _Player:
                             break
                         if x > base:
                             base = x
+                    elif src >= 0 and fwd_link is not None:  # the message as the link's time, not an action
+                        x = done[k - m]
+                        if x < 0:
+                            kw = k - m
+                            break
+                        x += fwd_link[s]
+                        if x > base:
+                            base = x
                     elif src >= 0:
                         g = gotr.get(k)
                         if g is None:  # its receive is not before it: never posted
@@ -209,6 +222,14 @@ class _Player:
                         if x < 0:
                             kw = dk + m
                             break
+                        if x > base:
+                            base = x
+                    elif src >= 0 and bwd_link is not None:
+                        x = done[dk + m]
+                        if x < 0:
+                            kw = dk + m
+                            break
+                        x += bwd_link[s]
                         if x > base:
                             base = x
                     elif src >= 0:
@@ -308,8 +329,10 @@ class _Player:
         kind, s, _, peer, group, nbytes, stream, op, during = a
         key = (kind, group, op, nbytes, peer, stream)
         d, sid, cross = self.colls[r].get(key) or self.collective(r, a, key)
-        if during:  # posted when its op starts
+        if during is True:  # a whole reduction over its op: posted when the op starts
             post = op_start
+        elif during is not False:  # a bucket: once its share of the op has run
+            post = op_start + during * (t - op_start)
         elif i > self.last_op[r] and comm_end > t:  # after the rank's last op: once all it posted is done
             post = comm_end
         else:
@@ -321,7 +344,7 @@ class _Player:
             if start is None:
                 return -1.0
         end = start + d
-        if during:  # bucketed: done no earlier than its op, running in the op's last part
+        if during is True:  # done no earlier than its op, running in the op's last part
             if t > end:
                 end = t
             start = end - d
@@ -425,11 +448,14 @@ class _Player:
             deps = ((k, -1),) + (((n_keys + k + m, n_keys + k),) if src >= 0 else ())
         base = comm = 0.0
         via = -1
+        links = self.links_in
         for key, mid in deps:
-            if mid < 0 or src == r:  # computed here
+            if mid < 0 or src == r or links is not None:  # computed here, or a message not lowered
                 d = done[key]
                 if d < 0:
                     return (key,)
+                if mid >= 0 and src != r and links is not None:
+                    d += links[0][s] if kind == "F" else links[1][s]
                 if d > base:
                     base = d
             else:
@@ -464,6 +490,14 @@ class _Player:
                 # at most its own length: waiting for the other members of a collective is their lateness
                 ex[k] += min(en[k] - edge, en[k] - st[k])
                 edge = en[k]
+
+
+def _links_in(sched, sc: StageCosts) -> tuple[list[float], list[float]]:
+    """The link time into each stage from its predecessor (forward) and its successor (gradient), 0 on one
+    rank: ``engine.play``'s, for messages that are not lowered."""
+    from ..engine import routes
+
+    return routes(sched, sc)[2:]
 
 
 def _last_op(prog) -> int:
@@ -515,6 +549,25 @@ def compute_times(low: Lowered, played: Played):
     return starts, ends
 
 
+def step_span(low: Lowered, costs: Costs) -> tuple[float, dict[str, float]]:
+    """(the step's span, transfers included, and per kind of transfer the most seconds one rank waited on it)
+    of a valid lowered schedule: ``simulate_lowered``'s ``finish - origin`` and ``Metrics.comm``'s worst
+    exposed time without building the timeline (the planner asks it of every configuration it lowers)."""
+    costs = a2a_costs(low, costs)
+    played = play_lowered(low, costs.resolve(low.schedule.stages), costs)
+    origin = min(min(st) for st in played.starts if st)
+    finish = max(max(en) for en in played.ends if en)
+    worst: dict[str, float] = {}
+    for prog, ex in zip(low.programs, played.exposed):
+        mine: dict[str, float] = {}
+        for a, x in zip(prog, ex):
+            if x:
+                mine[a.kind] = mine.get(a.kind, 0.0) + x
+        for kind, x in mine.items():
+            worst[kind] = max(worst.get(kind, 0.0), x)
+    return finish - origin, worst
+
+
 def simulate_lowered(low: Lowered, costs: Costs | None = None, *, check: bool = True):
     """The ``Timeline`` of a lowered schedule under ``costs``: the compute ops' times (``engine.play``'s when
     every transfer is free), ``comm`` every transfer with a duration, ``meta["lowered"]`` the lowering and
@@ -544,4 +597,4 @@ def simulate_lowered(low: Lowered, costs: Costs | None = None, *, check: bool = 
         comm=comm, meta={"costs": costs, "lowered": low, "played": played})
 
 
-__all__ = ["simulate_lowered", "Played", "a2a_costs", "compute_times", "lanes", "op_time", "play_lowered"]
+__all__ = ["simulate_lowered", "step_span", "Played", "a2a_costs", "compute_times", "lanes", "op_time", "play_lowered"]

@@ -48,6 +48,9 @@ class ClusterCandidate:
     fragmentation: float = 0.0  #: bytes the caching allocator holds beside the planned tensors (the reserve's)
     memory_parts: MemoryParts | None = None  #: the fullest GPU's bytes by kind
     expert_placement: str = "within"  #: the device order of an MoE layout (``expert_parallel.PLACEMENTS``)
+    #: the step is the lowered program's (``lowered``: the data-parallel traffic played as actions); False: the
+    #: O(stages) rules' of ``data_parallel``, the search's bound before a configuration is lowered
+    lowered: bool = False
 
     @property
     def config(self) -> Config:
@@ -111,7 +114,8 @@ class ClusterCandidate:
                 **self.candidate.to_dict(), "parallelism": self.parallelism.to_dict(),
                 "recompute": self.recompute,
                 "framework": self.framework, "sharding": self.sharding, "shard": self.shard,
-                "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "mfu": self.mfu,
+                "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "lowered": self.lowered,
+                "mfu": self.mfu,
                 "tokens_per_second": self.tokens_per_second, "usable_memory": self.usable,
                 "costed_from_microbatches": self.costed_from,
                 "headroom": self.headroom, "band": self.band,

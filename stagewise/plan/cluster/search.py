@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ...collector import gc_paused
 from ..errors import PlanError
@@ -59,21 +59,28 @@ class Result:
     best: dict = field(default_factory=dict)  #: framework name -> its fastest ClusterCandidate (exact)
     #: why a framework was not offered some layouts (``frameworks.refusal``) -> how many
     not_offered: dict = field(default_factory=dict)
+    #: of ``simulated`` (for each framework that runs it), how many had their lowered program played: the rest
+    #: could not reach the top even with their communication free
+    lowered: int = 0
 
 
 def cluster_search(job: Job, progress: Callable[[int, int], None] | None = None, keep: int = 10,
-                   per_layout: bool = False, schedules: dict | None = None, floors: bool = True) -> Result:
+                   per_layout: bool = False, schedules: dict | None = None, floors: bool = True,
+                   lowered: bool = True) -> Result:
     """The ``keep`` fastest configurations that fit, exactly, and each framework's fastest: best-first by
     lower bound, a configuration's schedule is built only while its schedule-free bound
     (``ClusterSearcher.floor``) can reach the top, and it is simulated only while its prepared bound
     (``Prepared.bound``) can (with ``per_layout``, also each t x p grid's best is exact). ``floors`` False
-    builds and prepares every configuration before simulating any (benchmarks/bench_cluster_plan.py's baseline)."""
+    builds and prepares every configuration before simulating any (benchmarks/bench_cluster_plan.py's baseline).
+    Each step reported is the lowered program's (``ClusterSearcher.lowered``); ``lowered`` False keeps the
+    O(stages) traffic rules' steps, the bound the search lowers by (benchmarks/bench_cluster_plan.py compares)."""
     check_job(job)
     with gc_paused():  # thousands of schedules and no cycles: the collector's rescans cost a quarter of the search
-        return _search(job, progress, keep, per_layout, schedules, floors)
+        return _search(job, progress, keep, per_layout, schedules, floors, lowered)
 
 
-def _search(job: Job, progress, keep: int, per_layout: bool, schedules: dict | None, floors: bool) -> Result:
+def _search(job: Job, progress, keep: int, per_layout: bool, schedules: dict | None, floors: bool,
+            lowered: bool) -> Result:
     skipped: dict = {}
     found = searchers(job, skipped, schedules)
     if not found:
@@ -81,7 +88,7 @@ def _search(job: Job, progress, keep: int, per_layout: bool, schedules: dict | N
     work = [(s, c) for s in found for c in s.configs(build=False)]
     if not work:
         raise PlanError(_nothing_to_search(job, skipped))
-    search = _BestFirst(keep=keep, per_layout=per_layout, floors=floors)
+    search = _BestFirst(keep=keep, per_layout=per_layout, floors=floors, lowered=lowered)
     out, counts = search.run(work, progress)
     if not out:
         least = min(counts.pop("prepared"), key=lambda x: max(x.memory), default=None)
@@ -92,7 +99,8 @@ def _search(job: Job, progress, keep: int, per_layout: bool, schedules: dict | N
     for g in out:
         best.setdefault(g.framework, g)
     pruned = len(work) - counts["too_big"] - counts["simulated"]
-    return Result(ranking=out, configurations=len(work), simulated=counts["simulated"], pruned=pruned,
+    return Result(ranking=out, configurations=len(work), simulated=counts["simulated"], lowered=counts["lowered"],
+                  pruned=pruned,
                   too_big=counts["too_big"], unbuilt=counts["unbuilt"], dominated=counts["dominated"], best=best,
                   not_offered={k: n for k, n in skipped.items() if k.startswith("not offered for ")})
 
@@ -104,16 +112,19 @@ class _BestFirst:
     keep: int
     per_layout: bool
     floors: bool = True  #: prune by the schedule-free bound (False: build every configuration's schedule first)
+    #: each step from the lowered program (``ClusterSearcher.lowered``); False: the O(stages) traffic rules'
+    lowered: bool = True
     best: list = field(default_factory=list)  # a max-heap (negated) of the keep fastest steps so far
     by_framework: dict = field(default_factory=dict)  # framework -> its fastest step so far
     by_grid: dict = field(default_factory=dict)  # (t, p) -> its fastest step so far
 
-    def useless(self, bound: float, s: ClusterSearcher, family: str, p: int) -> bool:
-        """Whether nothing with this lower bound can enter the top, a framework's best or (per_layout) its
-        grid's best."""
+    def useless(self, bound: float, s: ClusterSearcher, family: str, p: int, fw=None) -> bool:
+        """Whether nothing with this lower bound can enter the top, a framework's best (``fw``'s only, for a
+        configuration costed under it) or (per_layout) its grid's best."""
         if len(self.best) < self.keep or bound <= -self.best[0]:
             return False
-        if any(bound <= self.by_framework.get(fw.name, float("inf")) for fw in s.frameworks if fw.runs(family)):
+        mine = (fw,) if fw is not None else [f for f in s.frameworks if f.runs(family)]
+        if any(bound <= self.by_framework.get(f.name, float("inf")) for f in mine):
             return False
         return not self.per_layout or (s.t, p) in self.by_grid and bound > self.by_grid[(s.t, p)]
 
@@ -126,7 +137,7 @@ class _BestFirst:
         self.by_grid[grid] = min(self.by_grid.get(grid, float("inf")), got.step_time)
 
     def run(self, work, progress) -> tuple[list, dict]:
-        counts = {"simulated": 0, "too_big": 0, "unbuilt": 0, "dominated": 0, "prepared": []}
+        counts = {"simulated": 0, "lowered": 0, "too_big": 0, "unbuilt": 0, "dominated": 0, "prepared": []}
         # more recomputation only adds work: a configuration is dominated where the same one with less fits
         fits_at: dict = {}  # (t, ep, p, sharding, shard, config without recomputation) -> [(level, frameworks)]
         free_fits: dict = {}  # (searcher, family, p, m, mbs, recompute) -> fits with its fastest split
@@ -136,10 +147,11 @@ class _BestFirst:
         while heap:
             bound, n, stage, s, item = heapq.heappop(heap)
             c = item if stage == 0 else item.config
-            if self.useless(bound, s, c.family, c.p):
+            if self.useless(bound, s, c.family, c.p, item.fw if stage >= 2 else None):
                 if stage == 0:
                     counts["unbuilt"] += 1
-                done += 1
+                if stage < 2:  # (a lowered one was counted simulated)
+                    done += 1
                 continue
             if stage == 0:  # build the schedule, split and memory; queue it again by its tighter bound
                 bases = TRADES_BUBBLE_FOR_MEMORY.get(c.family, ())
@@ -167,22 +179,45 @@ class _BestFirst:
                     free_fits[(id(s), c.family, c.p, c.m, c.mbs, c.recompute)] = True
                 heapq.heappush(heap, (pre.bound, n, 1, s, pre))
                 continue
+            if stage >= 2:  # lower it: the step it reports (``lowered``), exact while its bound can reach the top
+                pre, fw, got = item
+                got = s.lowered(got, pre, fw)
+                out.append(got)
+                self.record(got)
+                counts["lowered"] += 1
+                continue
             mine = {fw.name for fw in s.frameworks}
             if any(level < _level(s, c) and mine <= fws
                    for level, fws in fits_at[(s.t, s.ep, c.p, s.sharding, s.shard, _without_rc(c))]):
                 counts["dominated"] += 1
                 done += 1
                 continue
-            for fw in s.frameworks:
+            for j, fw in enumerate(s.frameworks):
                 if fw.runs(c.family):
                     got = s.finish(item, fw)
-                    out.append(got)
-                    self.record(got)
+                    if self.lowered:  # compute alone (no transfer shortens it) bounds the lowered step
+                        heapq.heappush(heap, (got.step_time - got.exposed_dp - got.exposed_gather, n, 2 + j, s,
+                                              _Finished(item, fw, got)))
+                    else:
+                        out.append(got)
+                        self.record(got)
             counts["simulated"] += 1
             done += 1
             if progress:
                 progress(done, total)
         return out, counts
+
+
+class _Finished(NamedTuple):
+    """A simulated configuration waiting to be lowered, under one framework."""
+
+    pre: Prepared
+    fw: object
+    got: ClusterCandidate
+
+    @property
+    def config(self) -> Config:
+        return self.pre.config
 
 
 #: the skip reasons that are the options' own doing (a framework that cannot run what was asked), not memory

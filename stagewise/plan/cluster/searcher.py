@@ -25,6 +25,7 @@ from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, bloc
                       rank_transient_bytes, stage_costs, step_sync_time, timing)
 from .candidate import ClusterCandidate, MemoryParts
 from .data_parallel import exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost
+from .lowered import communication, exposure
 from .job import Job
 from .overlap import Framework
 from .steady import extend, short_m
@@ -230,7 +231,7 @@ class ClusterSearcher(Searcher):
         if key not in self._timelines:
             costs = blocking_p2p(pre.costs, h) if fw.blocking_p2p else pre.costs
             self._timelines[key] = self._play(c, sched, costs)
-        tl, makespan, bubble = self._timelines[key]
+        tl, makespan, bubble, _ = self._timelines[key]
         layer_bytes = self._reduction_bytes(pre.counts)
         exposed, gather = self._traffic(tl, layer_bytes, h, pre, fw)
         over = hw.step_overhead(max(len(prog) for prog in sched.programs) * _steps(self.long_step(c), c.m))
@@ -252,14 +253,37 @@ class ClusterSearcher(Searcher):
                                 memory_band=hw.memory_band, memory_parts=pre.parts,
                                 fragmentation=self.job.memory_reserve.fragmentation * hw.memory, **layout)
 
+    def lowered(self, got: ClusterCandidate, pre: Prepared, fw: Framework) -> ClusterCandidate:
+        """``got`` (``finish``'s) with its step from playing the lowered program under ``fw``'s rules
+        (``lowered``: the same compute, the data-parallel traffic as actions on the layout's links)."""
+        c = pre.config
+        h = self._schedules[(c.family, c.p, c.m, c.v)][1]
+        tl, makespan, _, (sched, span) = self._timelines[(c, fw.blocking_p2p)]
+        par = got.parallelism
+        if par.dp * par.fsdp * par.ep == 1 and len(sched.lanes) == 1:  # nothing to reduce, gather or sum: the
+            return replace(got, lowered=True)  # sends carry the cost model's time alone, as the compute's play
+        layers = self._reduction_bytes(pre.counts)
+        comm = communication(par, [layers[piece] for piece in h.stage_piece], self.gather_scale, fw,
+                             self.cluster,
+                                     blocked=fw.blocking_p2p)
+        costs = blocking_p2p(pre.costs, h) if fw.blocking_p2p else pre.costs
+        extra, gather = exposure(comm.lower(sched), costs, span)
+        step = makespan + extra + pre.step_end + got.candidate.overhead
+        cand = replace(got.candidate, step_time=step, allreduce=step - makespan - pre.optimizer - got.candidate.overhead,
+                       throughput=self.global_batch / step)
+        scale = got.step_time / step
+        return replace(got, candidate=cand, exposed_dp=extra - gather, exposed_gather=gather, mfu=got.mfu * scale,
+                       tokens_per_second=got.tokens_per_second * scale, lowered=True)
+
     def _play(self, c: Config, sched, costs) -> tuple:
-        """(timeline, makespan, bubble) of ``c``: simulated, or for a long step extended from its shorter ones
-        (``steady``; the timeline is the ``2 mc`` one, whose start and end the traffic rules read)."""
+        """(timeline, makespan, bubble, (the schedule whose lowered program ``lowered`` plays, its compute
+        span)) of ``c``: simulated, or for a long step extended from its shorter ones (``steady``; the timeline
+        is the ``2 mc`` one, whose start and end the traffic rules read; the ``mc`` one is lowered)."""
         tl = simulate(sched, costs, check=False)
         span, bubble = timing(tl)
         long = self.long_step(c)
         if long is None:
-            return tl, span, bubble
+            return tl, span, bubble, (sched, span)
         mc, short = long
         span1, bubble1 = timing(simulate(short, costs, check=False))
         ranks = sched.ranks
@@ -268,7 +292,7 @@ class ClusterSearcher(Searcher):
         # sums of one value), so ``prepare``'s bound, the same one, stays a bound
         split = FAMILIES[c.family].split_backward
         makespan = max(makespan, pipeline_bound(sched, costs.resolve(sched.stages), split, c.m) * (1 - _ROUNDING))
-        return tl, makespan, 1 - busy / (ranks * makespan)
+        return tl, makespan, 1 - busy / (ranks * makespan), (short, span1)
 
     def _traffic(self, tl, layer_bytes, h, pre: Prepared, fw: Framework) -> tuple[float, float]:
         """(exposed gradient reduction, exposed weight gathers) of a timeline under ``fw``'s rules."""

@@ -50,7 +50,8 @@ def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, rec, se
             "not_modelled": ["context parallelism", "FSDP of expert-parallel MoE models", "overlap of tensor-parallel "
                              "collectives with compute", "GEMM efficiency by matrix size (one factor per GPU)"],
         },
-        "search": {"configurations": res.configurations, "simulated": res.simulated, "pruned": res.pruned,
+        "search": {"configurations": res.configurations, "simulated": res.simulated, "lowered": res.lowered,
+                   "pruned": res.pruned,
                    "pruned_before_building": res.unbuilt, "dominated_by_less_recomputation": res.dominated,
                    "too_big": res.too_big, "seconds": seconds},
         "best": rec.row.to_dict(),
@@ -109,6 +110,7 @@ def markdown(plan: dict, table: str) -> str:
                      f"ZeRO-1 weights gathered at {fw['gather']} (FSDP: {fw['fsdp_gather']}), "
                      f"{'blocking' if fw['blocking_p2p'] else 'asynchronous'} P2P. {fw['source']}.")
     lines += ["", f"Search: {plan['search']['configurations']} configurations, {plan['search']['simulated']} "
-                  f"simulated, {plan['search']['pruned']} slower for sure, {plan['search']['too_big']} too big, in "
+                  f"simulated ({plan['search'].get('lowered', 0)} played as lowered programs), "
+                  f"{plan['search']['pruned']} slower for sure, {plan['search']['too_big']} too big, in "
                   f"{plan['search']['seconds']:.1f} s.", ""]
     return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""A cluster candidate's step from playing its lowered program: the data-parallel traffic as actions.
+
+``finish`` costs a configuration's gradient reductions and weight gathers from the simulated timeline with the
+O(stages) rules of ``data_parallel`` (cheap: every simulated configuration gets them). The step a plan reports
+is the lowered program's instead (``stagewise.lowering``, the rules the runtime executes and the simulator
+plays): the schedule's sends and receives on the pipeline links, each stage's ``UNSHARD`` and ``REDUCE_GRAD``
+on its group's stream at the framework's overlap rule, the gathers delaying the forwards that need them,
+DualPipe's two copies of a stage summed (``TIE_GRAD``), on the layout's own links (the device order of its
+``StageGrid``). Only the configurations that can still reach the top are lowered: compute alone is a lower
+bound on the lowered step (a transfer only ever delays an op or the step's end), so the search stays exact.
+
+What stays analytic: the tied embedding's sum and the loss's (``step_sync_time``, over the pipeline ranks;
+the lowering's ``STEP_END`` is a ring over the whole world, whose latency term is not what NCCL's small
+all-reduces cost at thousands of GPUs), the optimizer step and the step overhead. The expert all-to-all is
+inside each op already (the analytic profile's ``a2a``). A long step's exposure is the one of its ``mc``
+stand-in (``steady``): what runs past the compute repeats neither with the micro-batches nor the steady state.
+
+The routed experts' weights travel over their replicas on their own link; as in ``_reduction_bytes`` they
+count at the ratio of the two per-byte times, so one collective per stage carries both.
+"""
+
+from __future__ import annotations
+
+from ...costs import Costs
+from ...lowering import Communication, Lowered, LoweringOptions, Network, Overlap, Sizes
+from ...lowering.comms import UNSHARD
+from ...lowering.options import PIPELINE_OUTERMOST
+from ...lowering.play import step_span
+from ...parallelism import DIMS, Parallelism
+from .data_parallel import GRAD_BYTES_PER_PARAM_BYTE
+from .grid import StageGrid
+from .overlap import Framework
+
+
+def overlap(fw: Framework, blocked: bool) -> Overlap:
+    """``fw``'s rule as the lowering's; ``blocked``: the costs already hold DeepSpeed's blocking sends."""
+    return Overlap(reduce=fw.reduce, gather=fw.gather, fsdp_reduce=fw.fsdp_reduce, fsdp_gather=fw.fsdp_gather,
+                   blocking_p2p=fw.blocking_p2p and not blocked)
+
+
+def network(grid: StageGrid) -> Network:
+    """The layout's links, in the grid's device order (``grid.PLACEMENTS``)."""
+    order = PIPELINE_OUTERMOST if grid.placement == "within" else DIMS
+    return Network(gpus_per_node=grid.node,
+                   intra_bandwidth=grid.intra.bandwidth, intra_latency=grid.intra.latency,
+                   inter_bandwidth=grid.inter.bandwidth, inter_latency=grid.inter.latency, order=order)
+
+
+def communication(par: Parallelism, stage_layers: list[list[float]], gather_scale: float, fw: Framework,
+                  grid: StageGrid, blocked: bool) -> Communication:
+    """What ``Costs.comm`` holds for a candidate: ``stage_layers`` each stage's layers' bf16 weight bytes on one
+    GPU of its t-group (the routed experts' folded in, ``_reduction_bytes``)."""
+    stage_bytes = [sum(layers) for layers in stage_layers]
+    sizes = Sizes(params=[b * gather_scale for b in stage_bytes],
+                  grads=[b * GRAD_BYTES_PER_PARAM_BYTE for b in stage_bytes],
+                  layers=tuple(stage_layers))
+    opts = LoweringOptions(overlap=overlap(fw, blocked), sizes=sizes, network=network(grid), moe=False,
+                           step_end=False, p2p=False)
+    return Communication(parallelism=par, options=opts)
+
+
+def exposure(low: Lowered, costs: Costs, compute_span: float) -> tuple[float, float]:
+    """(what the lowered step runs past the same schedule's compute alone, the part of it a rank waited on
+    weight gathers for): the step's extra seconds, and how much of them ``UNSHARD`` left exposed."""
+    span, worst = step_span(low, costs)
+    extra = max(0.0, span - compute_span)
+    return extra, min(extra, worst.get(UNSHARD, 0.0))
