@@ -46,7 +46,7 @@ Sources (numbers copied from the sources; each row names its cluster's interconn
   (local batch 2, selective AC, no compile); 70B FSDP 32 x TP 8, local batch 16, full AC, Float8 (and
   AsyncTP); 405B FSDP 8 x TP 8 x PP 8, local batch 32, full AC, Float8, AsyncTP, 1F1B and interleaved 1F1B.
 
-    PYTHONPATH=$PWD python benchmarks/bench_published.py [--calibrate] [--quick]
+    PYTHONPATH=$PWD python benchmarks/bench_published.py [--calibrate] [--quick] [--memory]
     PYTHONPATH=$PWD python benchmarks/bench_published.py --layouts gpt-18b [--free-collectives]
 """
 
@@ -394,10 +394,14 @@ def main() -> None:
     ap.add_argument("--calibrate", action="store_true",
                     help="print the efficiency each fitting row implies, and each GPU type's bands")
     ap.add_argument("--quick", action="store_true", help="skip the free search (the ranking column)")
+    ap.add_argument("--memory", action="store_true", help="print only the memory rows (seconds, not minutes)")
     ap.add_argument("--layouts", metavar="MODEL", help="print each t x p layout's best for this row's job")
     ap.add_argument("--free-collectives", action="store_true",
                     help="with --layouts: make the node's link infinitely fast (tensor-parallel collectives free)")
     args = ap.parse_args()
+    if args.memory:
+        _memory()
+        return
     if args.layouts:
         row = next((r for r in ROWS if r.model == args.layouts), None)
         if row is None:

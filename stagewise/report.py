@@ -30,8 +30,35 @@ def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -
         **mt.to_dict(),
         "parameter_copies": [x * schedule.ranks for x in mt.param_share],
         "memory_model": memory_model(costs, schedule.stages),
-        **({"parallelism": tl.meta["lowered"].parallelism.to_dict()} if "lowered" in tl.meta else {}),
+        **({"parallelism": tl.meta["lowered"].parallelism.to_dict(),
+            "lowered_memory": lowered_memory(tl.meta["lowered"], costs)} if "lowered" in tl.meta else {}),
     }
+
+
+def lowered_memory(low, costs: Costs) -> dict:
+    """What each rank of a lowered run holds at its peak, in bytes, by kind (``lowering.memory``): activations
+    where their bytes are given (else none are counted: ``activations_in_bytes`` false), gathered weights,
+    unsharded gradients, received buffers."""
+    from .costs import per_stage
+    from .lowering.memory import lowered_memory as walk
+
+    S = low.schedule.stages
+    sc = costs.resolve(S)
+    act = sc.activation_bytes or [0.0] * S
+    ranks = walk(low, act, sc.free_at_i, boundary=per_stage("boundary_bytes", costs.boundary_bytes, S))
+    return {"activations_in_bytes": sc.activation_bytes is not None, "peak": [m.peak.total for m in ranks],
+            "parts": [m.peak._asdict() for m in ranks], "at": [m.at for m in ranks]}
+
+
+def lowered_memory_line(res: dict) -> str | None:
+    """The fullest rank of a lowered run and what it holds at its peak (None: not lowered)."""
+    got = res.get("lowered_memory")
+    if not got:
+        return None
+    r = max(range(len(got["peak"])), key=got["peak"].__getitem__)
+    parts = ", ".join(f"{k} {v:.4g}" for k, v in got["parts"][r].items())
+    note = "" if got["activations_in_bytes"] else " (activations not counted: give --activation-bytes or --hidden-size)"
+    return f"{res['schedule']}: lowered memory peak {got['peak'][r]:.4g} bytes on rank {r}: {parts}{note}"
 
 
 def memory_model(costs: Costs, stages: int) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..report import comm_line, result, table
+from ..report import comm_line, lowered_memory_line, result, table
 from ..schedules import FAMILIES, generate
 from ..timeline import Timeline
 from .comm import add_layout_args
@@ -75,8 +75,9 @@ def cmd_simulate(args) -> int:
         print_json(res)
     else:
         print(table([res]))
-        if comm_line(res):
-            print(comm_line(res))
+        for line in (comm_line(res), lowered_memory_line(res)):
+            if line:
+                print(line)
     if args.draw:
         from ..render.ascii import draw_text
         from ..simulate import simulate
