@@ -56,8 +56,9 @@ def lowered_memory_line(res: dict) -> str | None:
     if not got:
         return None
     r = max(range(len(got["peak"])), key=got["peak"].__getitem__)
-    parts = ", ".join(f"{k} {v:.4g}" for k, v in got["parts"][r].items())
-    note = "" if got["activations_in_bytes"] else " (activations not counted: give --activation-bytes or --hidden-size)"
+    counted = got["activations_in_bytes"]
+    parts = ", ".join(f"{k} {v:.4g}" for k, v in got["parts"][r].items() if counted or k != "activations")
+    note = "" if counted else " (activations not counted: give --activation-bytes or --hidden-size)"
     return f"{res['schedule']}: lowered memory peak {got['peak'][r]:.4g} bytes on rank {r}: {parts}{note}"
 
 
