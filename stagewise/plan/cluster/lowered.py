@@ -3,10 +3,12 @@
 ``finish`` costs a configuration's gradient reductions and weight gathers from the simulated timeline with the
 O(stages) rules of ``data_parallel`` (cheap: every simulated configuration gets them). The step a plan reports
 is the lowered program's instead (``stagewise.lowering``, the rules the runtime executes and the simulator
-plays): the schedule's sends and receives on the pipeline links, each stage's ``UNSHARD`` and ``REDUCE_GRAD``
-on its group's stream at the framework's overlap rule, the gathers delaying the forwards that need them,
+plays): each stage's ``UNSHARD`` and ``REDUCE_GRAD`` on its group's stream at the framework's overlap rule
+(a ``layer`` rule bucket by bucket, the stage's layers), the gathers delaying the forwards that need them,
 DualPipe's two copies of a stage summed (``TIE_GRAD``), on the layout's own links (the device order of its
-``StageGrid``). Only the configurations that can still reach the top are lowered: compute alone is a lower
+``StageGrid``). Its boundaries carry no bytes (the cost model's link time is each message's), so the messages
+are played as link times between the ops (``LoweringOptions.p2p`` False: the same span as lowered sends,
+three times fewer actions). A sharded layout's memory is read off the same program (``_held``). Only the configurations that can still reach the top are lowered: compute alone is a lower
 bound on the lowered step (a transfer only ever delays an op or the step's end), so the search stays exact.
 
 What stays analytic: the tied embedding's sum and the loss's (``step_sync_time``, over the pipeline ranks;
