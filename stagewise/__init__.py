@@ -12,7 +12,6 @@ May import: `stagewise.schedules`, `stagewise.lowering` (``simulate`` plays lowe
 from .actions import Action, Pair, parse
 from .costs import Costs
 from .errors import StagewiseError
-from .layout import Split
 from .parallelism import Parallelism, ParallelismError
 from .schedule import Lane, Schedule
 from .schedules import generate, names
@@ -27,9 +26,10 @@ __all__ = [
     "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe",
 ]
 
-#: the runtime's public API, imported with torch on first use: name -> module
+#: the runtime's public API, imported with torch on first use, and ``Split`` (the layout's parser, which no
+#: `stagewise simulate` needs): name -> module
 _LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.stages.layers",
-         "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe"}
+         "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe", "Split": ".layout"}
 #: public runtime modules, imported with torch on first use: ``stagewise.moe`` (pack, unpack, with_aux)
 _LAZY_MODULES = {"moe": ".runtime.stages.moe"}
 

@@ -8,6 +8,8 @@ never know which. Times are in the cost model's unit (simulated) or seconds
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import sub
 
 from .actions import Pair, actions_of
 from .costs import freed
@@ -51,16 +53,21 @@ class Timeline:
 
         return timeline_image(self)
 
+    @cached_property
+    def spans(self) -> tuple[tuple[float, float] | None, ...]:
+        """Per rank, (start of its first op, end of its last); None for a rank without ops."""
+        return tuple((min(st), max(en)) if st else None for st, en in zip(self.starts, self.ends))
+
     @property
     def origin(self) -> float:
         """When the step starts: its first op, or its first transfer (a lowered step may gather first)."""
-        t0 = min((min(s) for s in self.starts if s), default=0.0)
+        t0 = min((span[0] for span in self.spans if span), default=0.0)
         return min([t0] + [c.start for lane in self.comm for c in lane]) if self.comm is not None else t0
 
     @property
     def finish(self) -> float:
         """When the step ends: its last op, or its last transfer (a lowered step reduces after the drain)."""
-        t1 = max((max(e) for e in self.ends if e), default=0.0)
+        t1 = max((span[1] for span in self.spans if span), default=0.0)
         return max([t1] + [c.end for lane in self.comm for c in lane]) if self.comm is not None else t1
 
     def rows(self, rank: int):
@@ -183,7 +190,7 @@ def metrics(tl: Timeline) -> Metrics:
     """Makespan, bubble, busy/idle per rank and peak memory of a timeline."""
     t0, t1 = tl.origin, tl.finish
     makespan = t1 - t0
-    busy = tuple(sum(e - s for s, e in zip(st, en)) for st, en in zip(tl.starts, tl.ends))
+    busy = tuple(sum(map(sub, en, st)) for st, en in zip(tl.starts, tl.ends))  # e - s of each op, summed in C
     idle = tuple(makespan - b for b in busy)
     R = tl.ranks
     bubble = 1.0 - sum(busy) / (R * makespan) if makespan > 0 else 0.0
@@ -198,9 +205,7 @@ def metrics(tl: Timeline) -> Metrics:
         peak_activations=tuple(peak_memory(sched, tl.activation, tl.free_at_i)),
         peak_activation_bytes=peak_b,
         param_share=tuple(sched.param_share()),
-        span_idle=tuple(
-            (max(en) - min(st) - b) if st else 0.0 for st, en, b in zip(tl.starts, tl.ends, busy)
-        ),
+        span_idle=tuple((span[1] - span[0] - b) if span else 0.0 for span, b in zip(tl.spans, busy)),
         memory_cap=tl.cap,
         cap_unit=tl.cap_unit if tl.cap is not None else None,
         a2a=a2a,

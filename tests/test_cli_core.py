@@ -73,6 +73,20 @@ def test_help(capsys, command):
     assert rc == 0 and out.startswith("usage: stagewise " + command)
 
 
+def test_help_fills_the_terminal_width(capsys, monkeypatch):
+    """Help and usage are laid out to the terminal's width (COLUMNS), though building a parser never reads it."""
+    from stagewise.cli import build_parser
+
+    lines = {}
+    for columns in (50, 200):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        rc, out, _ = run(capsys, "simulate", "--help")
+        usage = build_parser(["core"])._subparsers._group_actions[0].choices["simulate"].format_usage()
+        assert rc == 0 and usage.startswith("usage: stagewise simulate")
+        lines[columns] = (out.count("\n"), usage.count("\n"))
+    assert lines[50][0] > lines[200][0] and lines[50][1] > lines[200][1]
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, words", [
@@ -167,7 +181,9 @@ def test_each_command_builds_only_its_own_module_and_the_table_matches_the_parse
 
 def test_simulate_without_communication_options_imports_no_lowering():
     """The start-up of `stagewise simulate` stays with the core: the lowering (and torch's CSV reader) load only
-    for the options that need them; the parser's --framework names are the lowering's."""
+    for the options that need them; the parser's --framework names are the lowering's. Nor does it load the
+    layout parser (``stagewise.Split``) or shutil (argparse's terminal width, with bz2, lzma and zlib), which
+    only printing help needs."""
     import subprocess
     import sys
 
@@ -178,6 +194,7 @@ def test_simulate_without_communication_options_imports_no_lowering():
     code = ("import sys; sys.argv = ['stagewise', 'simulate', '1f1b', '-p', '2', '-m', '2']\n"
             "from stagewise.cli import main\nmain()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('stagewise.lowering', 'stagewise.torch_csv', "
-            "'torch', 'matplotlib', 'stagewise.plan', 'stagewise.runtime'))))")
+            "'torch', 'matplotlib', 'stagewise.plan', 'stagewise.runtime', 'stagewise.layout', 'stagewise.render', "
+            "'shutil', 'lzma', 'bz2', 'json'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.splitlines()[-1] == "[]", out

@@ -22,11 +22,30 @@ class Parser(argparse.ArgumentParser):
     """
 
     described_by = None
+    _laying_out = False  #: in format_help or format_usage: the formatter needs the terminal's width
 
     def format_help(self) -> str:
         if self.described_by is not None:
             self.description = self.described_by()
-        return super().format_help()
+        return self._laid_out(super().format_help)
+
+    def format_usage(self) -> str:
+        return self._laid_out(super().format_usage)
+
+    def _laid_out(self, fmt):
+        self._laying_out = True
+        try:
+            return fmt()
+        finally:
+            self._laying_out = False
+
+    def _get_formatter(self):
+        # argparse also builds a formatter for each add_argument (to check the metavar) and add_subparsers (the
+        # prog); those never wrap text, so they get a fixed width instead of the terminal's, which argparse reads
+        # with shutil, and shutil imports bz2, lzma and zlib: a tenth of `stagewise simulate`'s start-up
+        if self._laying_out:
+            return super()._get_formatter()
+        return self.formatter_class(prog=self.prog, width=80)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
