@@ -73,6 +73,30 @@ def test_help(capsys, command):
     assert rc == 0 and out.startswith("usage: stagewise " + command)
 
 
+def test_command_entry_exits_with_mains_status(monkeypatch):
+    """The console script and `python -m stagewise` run ``cli.run``: main's status becomes the exit code (a user
+    error's 2 included), with the collector's objects frozen so that shutdown does not rescan them."""
+    import gc
+    import subprocess
+    import sys
+
+    from stagewise import cli
+
+    monkeypatch.setattr(cli, "main", lambda: 3)
+    try:
+        with pytest.raises(SystemExit) as info:
+            cli.run()
+        assert info.value.code == 3 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    done = subprocess.run([sys.executable, "-m", "stagewise", "simulate", "dualpipe", "-p", "3", "-m", "6"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("stagewise simulate: error:"), done.stderr
+    done = subprocess.run([sys.executable, "-m", "stagewise", "simulate", "zb-v", "-p", "2", "-m", "4", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout)["ranks"] == 2
+
+
 def test_help_fills_the_terminal_width(capsys, monkeypatch):
     """Help and usage are laid out to the terminal's width (COLUMNS), though building a parser never reads it."""
     from stagewise.cli import build_parser

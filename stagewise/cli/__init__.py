@@ -10,6 +10,7 @@ May import: the core, `stagewise.schedules`, `stagewise.lowering`, `stagewise.re
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -65,5 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def run() -> None:
+    """The `stagewise` command (console script and ``python -m stagewise``): ``main()``, then exit with its code.
+
+    Before exiting it freezes the collector's objects: the interpreter's shutdown would otherwise run full
+    collections over every object the imports made (6 ms, a sixth of `stagewise simulate`'s own start-up), to
+    find cycles whose ``__del__`` Python never promises to run for objects alive at exit anyway.
+    """
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
