@@ -2,14 +2,18 @@
 
 The text form is torch.distributed.pipelining's: ``{stage}{kind}{mb}`` (``2F0``,
 ``1B3``, ``0I5``, ``0W5``) and ``(0F7;7B3)OVERLAP_F_B`` for an overlapped pair.
-Actions are NamedTuples because schedules hold hundreds of thousands of them.
+Actions are named tuples because schedules hold hundreds of thousands of them (``collections.namedtuple``:
+``typing.NamedTuple`` would import typing, a tenth of `stagewise simulate`'s start-up, and the schedule core
+needs none of it).
 """
 
 from __future__ import annotations
 
 import re
+from collections import namedtuple
+from collections.abc import Iterable
 from itertools import repeat
-from typing import Iterable, NamedTuple, Union
+
 from .errors import StagewiseError
 
 F, B, I, W = "F", "B", "I", "W"
@@ -20,18 +24,16 @@ GRAD_KINDS = (B, I)
 KIND_NAMES = {F: "forward", B: "backward", I: "input-grad backward", W: "weight-grad backward"}
 
 
-class Action(NamedTuple):
-    """One compute action: ``kind`` of micro-batch ``mb`` on ``stage``."""
+class Action(namedtuple("Action", ("kind", "stage", "mb"))):
+    """One compute action: ``kind`` (str: F, B, I or W) of micro-batch ``mb`` (int) on ``stage`` (int)."""
 
-    kind: str
-    stage: int
-    mb: int
+    __slots__ = ()
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.mb}"
 
 
-#: ``new(Action, (kind, stage, mb))`` is ``Action(kind, stage, mb)`` without the NamedTuple's generated
+#: ``new(Action, (kind, stage, mb))`` is ``Action(kind, stage, mb)`` without the named tuple's generated
 #: ``__new__``: 2-3x faster, for the generators' hot loops (one cluster plan builds millions of actions)
 new = tuple.__new__
 
@@ -46,11 +48,10 @@ def run(kind: str, stage: int, mbs: Iterable[int]) -> list[Action]:
     return list(map(new, repeat(Action), zip(repeat(kind), repeat(stage), mbs)))
 
 
-class Pair(NamedTuple):
-    """An overlapped forward and backward run as one unit (DualPipe's F&B)."""
+class Pair(namedtuple("Pair", ("forward", "backward"))):
+    """An overlapped forward and backward run as one unit (DualPipe's F&B): two ``Action``."""
 
-    forward: Action
-    backward: Action
+    __slots__ = ()
 
     def __str__(self) -> str:
         return f"({self.forward};{self.backward})OVERLAP_F_B"
@@ -60,7 +61,7 @@ class Pair(NamedTuple):
         return "F&B"
 
 
-Op = Union[Action, Pair]
+Op = Action | Pair
 
 _ACTION_RE = re.compile(r"([0-9]+)([FBIW])([0-9]+)")  # ASCII digits: \d takes "１" (fullwidth) too
 _PAIR_RE = re.compile(r"\(([0-9]+F[0-9]+);([0-9]+[BI][0-9]+)\)OVERLAP_F_B")

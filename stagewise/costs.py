@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence, Union
+from collections import namedtuple
+from collections.abc import Sequence
 from .errors import StagewiseError
 
-Num = Union[float, int]
-PerStage = Union[Num, Sequence[Num], None]
+Num = float | int
+PerStage = Num | Sequence[Num] | None
 
 
 class CostError(StagewiseError):
@@ -56,7 +57,7 @@ class Costs:
     #: fraction of a stage's activations freed at I (rest at W); negative when I holds more until W
     #: (the output gradients W needs: the runtime measures about -0.6 on its GPT)
     free_at_i: float = 0.0
-    recompute: Union[bool, Sequence[bool]] = False  #: stages that keep only their input and redo F in B
+    recompute: bool | Sequence[bool] = False  #: stages that keep only their input and redo F in B
     recompute_keep: PerStage = 0.0  #: activation (chunk-units) kept by a recomputed stage
     cap: "MemoryCap | None" = None  #: most activation each rank may hold (reported; `auto` searches under it)
     #: communication as actions (``lowering.Communication``: the layout, sizes, network and overlap rule); the
@@ -193,11 +194,11 @@ class MemoryCap:
         return vals
 
 
-class Activation(NamedTuple):
-    """One micro-batch's activation memory of a stage, in bytes (Qi et al. 2024, Table 1)."""
+class Activation(namedtuple("Activation", ("m_b", "m_w"))):
+    """One micro-batch's activation memory of a stage, in bytes (Qi et al. 2024, Table 1): ``m_b`` allocated by
+    F (M_B), ``m_w`` still held after I, until W (M_W)."""
 
-    m_b: float  #: allocated by F (M_B)
-    m_w: float  #: still held after I, until W (M_W)
+    __slots__ = ()
 
     @property
     def free_at_i(self) -> float:

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 #: a backticked argument name: `microbatches`, `model.layers_n`
 ARG = re.compile(r"`([A-Za-z_][A-Za-z0-9_.]*)`")

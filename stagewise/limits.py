@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 from .errors import StagewiseError
 
-if TYPE_CHECKING:  # pathlib (and the urllib it imports) is a tenth of `stagewise simulate`'s start-up
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (a tenth of `stagewise simulate`'s start-up)
+if TYPE_CHECKING:  # pathlib (and the urllib it imports) is a tenth of `stagewise simulate`'s start-up too
     from pathlib import Path
+    from typing import BinaryIO
 
 
 class LimitError(StagewiseError):

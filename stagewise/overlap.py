@@ -31,23 +31,22 @@ pair is split between its halves in proportion to their all-to-all.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
 from .actions import Action, Pair
 from .costs import StageCosts
 
 
-class Comm(NamedTuple):
-    """One action's all-to-all on its rank's communication lane (hundreds of thousands for big schedules)."""
+class Comm(namedtuple("Comm", ("op", "action", "start", "end", "exposed", "kind"), defaults=("a2a",))):
+    """One action's all-to-all on its rank's communication lane (hundreds of thousands for big schedules).
 
-    op: int  #: position of the op it belongs to in the rank's program
-    action: Action  #: whose all-to-all
-    start: float
-    end: float
-    exposed: float  #: seconds of it during which the rank computes nothing (waits for it)
-    #: what it is: "a2a" (an action's expert all-to-all), or a lowered communication action's kind
-    #: (``lowering.comms``: SEND_F, UNSHARD, REDUCE_GRAD, ...; ``action`` is then that CommAction)
-    kind: str = "a2a"
+    ``op``: position of the op it belongs to in the rank's program; ``action``: whose all-to-all; ``start``,
+    ``end``; ``exposed``: seconds of it during which the rank computes nothing (waits for it); ``kind``: what it
+    is, "a2a" (an action's expert all-to-all, the default), or a lowered communication action's kind
+    (``lowering.comms``: SEND_F, UNSHARD, REDUCE_GRAD, ...; ``action`` is then that CommAction).
+    """
+
+    __slots__ = ()
 
 
 def pair_time(c_f: float, a_f: float, c_b: float, a_b: float, c_i: float) -> float:

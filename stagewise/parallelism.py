@@ -32,7 +32,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .errors import StagewiseError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterator
+from collections.abc import Iterator
 
 from .actions import Action, Op, Pair, actions_of
 

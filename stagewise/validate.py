@@ -8,7 +8,7 @@ the action and, for a deadlock, the cycle of waits.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
 from .actions import Action, Pair, actions_of
 from .costs import Costs
@@ -126,11 +126,11 @@ def _check_complete(schedule: Schedule, seen: bytearray) -> None:
                     raise ScheduleError(f"rank {rank}: {problem}")
 
 
-class Wait(NamedTuple):
-    """One link of a deadlock: ``blocked`` waits for ``waits_for``, which sits at ``target`` (rank, position)."""
+class Wait(namedtuple("Wait", ("blocked", "target"))):
+    """One link of a deadlock: ``blocked`` (a ``Blocked``) waits for ``waits_for``, which sits at ``target``
+    ((rank, position), or None)."""
 
-    blocked: Blocked
-    target: tuple[int, int] | None
+    __slots__ = ()
 
 
 def wait_cycle(schedule: Schedule, stuck: Stuck) -> tuple[list[Wait], bool]:

@@ -206,8 +206,8 @@ def test_each_command_builds_only_its_own_module_and_the_table_matches_the_parse
 def test_simulate_without_communication_options_imports_no_lowering():
     """The start-up of `stagewise simulate` stays with the core: the lowering (and torch's CSV reader) load only
     for the options that need them; the parser's --framework names are the lowering's. Nor does it load the
-    layout parser (``stagewise.Split``) or shutil (argparse's terminal width, with bz2, lzma and zlib), which
-    only printing help needs."""
+    layout parser (``stagewise.Split``), shutil (argparse's terminal width, with bz2, lzma and zlib), which only
+    printing help needs, or typing (the core's named tuples are collections')."""
     import subprocess
     import sys
 
@@ -219,6 +219,6 @@ def test_simulate_without_communication_options_imports_no_lowering():
             "from stagewise.cli import main\nmain()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('stagewise.lowering', 'stagewise.torch_csv', "
             "'torch', 'matplotlib', 'stagewise.plan', 'stagewise.runtime', 'stagewise.layout', 'stagewise.render', "
-            "'shutil', 'lzma', 'bz2', 'json'))))")
+            "'shutil', 'lzma', 'bz2', 'json', 'typing'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.splitlines()[-1] == "[]", out

@@ -15,8 +15,7 @@ run in the order their I's ran. DualPipeV runs the same steps on a V.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import NamedTuple
+from collections import deque, namedtuple
 
 from ..actions import Action, Pair, new
 from ..schedule import Lane, Schedule, make
@@ -37,17 +36,12 @@ def dualpipe(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     return make("dualpipe", programs, placement, m, lanes)
 
 
-class Steps(NamedTuple):
-    """How many times each of DualPipe's eight steps repeats on one rank (the paper's n of each step)."""
+class Steps(namedtuple("Steps", [f"step_{k}" for k in range(1, 9)])):
+    """How many times each of DualPipe's eight steps repeats on one rank (the paper's n of each step):
+    ``step_1`` nF0, ``step_2`` nF0F1, ``step_3`` nI1W1F1, ``step_4`` n(F0&B1)(F1&B0) (the main step),
+    ``step_5`` nB1(F1&B0), ``step_6`` nB1B0, ``step_7`` nWI0, ``step_8`` nW."""
 
-    step_1: int  #: nF0
-    step_2: int  #: nF0F1
-    step_3: int  #: nI1W1F1
-    step_4: int  #: n(F0&B1)(F1&B0), the main step
-    step_5: int  #: nB1(F1&B0)
-    step_6: int  #: nB1B0
-    step_7: int  #: nWI0
-    step_8: int  #: nW
+    __slots__ = ()
 
 
 def steps(h: int, H: int, n: int) -> Steps:

@@ -9,17 +9,13 @@ micro-batches of one rank's share of the model (1F1B holds p of them).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
 
-class Uniform(NamedTuple):
-    """One duration per action kind, the same on every stage, links free."""
+class Uniform(namedtuple("Uniform", ("f", "b", "i", "w", "fb"))):
+    """One duration per action kind, the same on every stage, links free (``fb``: an overlapped F&B pair)."""
 
-    f: float
-    b: float
-    i: float
-    w: float
-    fb: float  #: an overlapped F&B pair
+    __slots__ = ()
 
 
 def fill(p: int, m: int, v: int, u: Uniform) -> float:

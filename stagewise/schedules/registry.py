@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from .. import limits
 from ..collector import gc_paused
