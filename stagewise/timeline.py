@@ -7,6 +7,7 @@ never know which. Times are in the cost model's unit (simulated) or seconds
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import sub
@@ -96,6 +97,11 @@ class Timeline:
 
 def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]:
     """Peak live activations per rank; time-free since a rank's ops are sequential."""
+    # what an action of each kind adds to its rank's activations, per stage: one lookup per op on the hot path
+    # of every metrics call (adding -x is subtracting x, bit for bit); any other kind frees as ``freed``'s W
+    frees_w = [-freed("W", x, free_at_i) for x in size]
+    adds = defaultdict(lambda: frees_w, {"F": size, "W": frees_w,
+                                         **{k: [-freed(k, x, free_at_i) for x in size] for k in "BI"}})
     peaks = []
     for prog in schedule.programs:
         live = peak = 0.0
@@ -107,14 +113,9 @@ def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]
                 live -= freed(ba.kind, size[ba.stage], free_at_i)
                 continue
             kind, s, _ = op
-            if kind == "F":
-                live += size[s]
-                if live > peak:
-                    peak = live
-            else:  # ``freed`` written out: the hot path of every metrics call
-                live -= size[s] if kind == "B" else size[s] * free_at_i if kind == "I" else size[s] * (1.0 - free_at_i)
-                if live > peak:  # I grows what it keeps when free_at_i < 0
-                    peak = live
+            live += adds[kind][s]
+            if live > peak:  # after a backward too: I grows what it keeps when free_at_i < 0
+                peak = live
         peaks.append(peak)
     return peaks
 
