@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..report import comm_line, lowered_memory_line, result, table
 from ..schedules import FAMILIES, generate
+from ..simulate import simulate
 from ..timeline import Timeline
 from .comm import add_layout_args
 from .common import (UsageError, add_cost_args, add_schedule_args, costs_basis, costs_from, family_names, positive_int,
@@ -70,7 +71,8 @@ def cmd_list(args) -> int:
 def cmd_simulate(args) -> int:
     sched = schedule_from(args)
     costs = costs_from(args, sched)
-    res = result(sched, costs)
+    tl = simulate(sched, costs)  # played once: the result and the drawing read the same timeline
+    res = result(sched, costs, tl)
     if args.json:
         print_json(res)
     else:
@@ -80,9 +82,8 @@ def cmd_simulate(args) -> int:
                 print(line)
     if args.draw:
         from ..render.ascii import draw_text
-        from ..simulate import simulate
 
-        print(draw_text(simulate(sched, costs)))
+        print(draw_text(tl))
     return 0
 
 
