@@ -144,8 +144,9 @@ def test_bad_options(capsys, argv, words):
     ("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n", "deadlock: wait cycle: rank 0 position 1 (0B0) waits for 1B0"),
     ("0F0,0B0\n0F1\n", "stage 0 is on two ranks"),
 ])
-@pytest.mark.parametrize("command", ["simulate", "validate"])
+@pytest.mark.parametrize("command", ["simulate", "validate", "draw", "explain"])
 def test_bad_csv(capsys, tmp_path, command, text, words):
+    """A read schedule is validated as it is read, once, for every command that takes --csv."""
     path = tmp_path / "bad.csv"
     path.write_text(text)
     assert words in fails(capsys, command, "--csv", str(path))

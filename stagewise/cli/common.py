@@ -160,7 +160,8 @@ def _base_costs(args: argparse.Namespace) -> Costs:
 
 
 def schedule_from(args: argparse.Namespace):
-    """The schedule named by NAME -p -m -v, or read from --csv."""
+    """The schedule named by NAME -p -m -v (generated: the command checks it as it plays it), or read from --csv
+    (validated as it is read: ``read_checked``)."""
     from ..schedules import generate
 
     if getattr(args, "csv", None):
@@ -182,6 +183,12 @@ def schedule_from(args: argparse.Namespace):
     if not args.name:
         raise UsageError("a schedule NAME or --csv FILE is required")
     return generate(args.name, args.ranks, args.microbatches, args.chunks)
+
+
+def read_checked(args: argparse.Namespace) -> bool:
+    """Whether ``schedule_from(args)`` validated its schedule (a --csv), so that the command does not again: a
+    second check or play of a read schedule finds nothing the first did not."""
+    return bool(getattr(args, "csv", None))
 
 
 def print_json(obj) -> None:

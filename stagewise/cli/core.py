@@ -8,7 +8,7 @@ from ..simulate import simulate
 from ..timeline import Timeline
 from .comm import add_layout_args
 from .common import (UsageError, add_cost_args, add_schedule_args, costs_basis, costs_from, family_names, positive_int,
-                     print_json, schedule_from)
+                     print_json, read_checked, schedule_from)
 
 
 def register(sub) -> None:
@@ -71,7 +71,7 @@ def cmd_list(args) -> int:
 def cmd_simulate(args) -> int:
     sched = schedule_from(args)
     costs = costs_from(args, sched)
-    tl = simulate(sched, costs)  # played once: the result and the drawing read the same timeline
+    tl = simulate(sched, costs, check=not read_checked(args))  # played once: the result and the drawing read it
     res = result(sched, costs, tl)
     if args.json:
         print_json(res)
@@ -151,7 +151,9 @@ def cmd_export(args) -> int:
 def cmd_validate(args) -> int:
     from ..validate import validate
 
-    sched = validate(schedule_from(args))
+    sched = schedule_from(args)
+    if not read_checked(args):
+        validate(sched)
     low = getattr(args, "lowered", None)
     if low is None:
         from .comm import communication

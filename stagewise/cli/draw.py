@@ -6,7 +6,8 @@ from pathlib import Path
 
 from .. import limits
 from ..report import table
-from .common import UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, positive_int, schedule_from
+from .common import (UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, positive_int,
+                     read_checked, schedule_from)
 
 
 
@@ -49,7 +50,7 @@ def cmd_draw(args) -> int:
     if args.output:
         check_timeline_output("-o", args.output)  # before simulating: a big schedule takes a while
     schedule = schedule_from(args)
-    timeline = simulate(schedule, costs_from(args, schedule))
+    timeline = simulate(schedule, costs_from(args, schedule), check=not read_checked(args))
     if not args.output:
         from ..render.ascii import draw_text
 

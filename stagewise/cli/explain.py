@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import add_cost_args, add_schedule_args, costs_from, print_json, schedule_from
+from .common import add_cost_args, add_schedule_args, costs_from, print_json, read_checked, schedule_from
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def cmd_explain(args) -> int:
     if args.rank is not None and not 0 <= args.rank < sched.ranks:
         raise UsageError(f"--rank must be in 0..{sched.ranks - 1}; got {args.rank}")
     costs = costs_from(args, sched)
-    tl = simulate(sched, costs)
+    tl = simulate(sched, costs, check=not read_checked(args))
     res = result(sched, costs, tl)
     every = explain(tl)
     gaps = every if args.rank is None else explain_ranks(tl, [args.rank])
