@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from operator import lt
 
 from .actions import Action, Pair
 from .costs import StageCosts
@@ -47,17 +48,12 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     m = schedule.microbatches
     n_keys = schedule.stages * m
     first, last, fwd_link, bwd_link = routes(schedule, costs)
-    S = schedule.stages
-    # a plain action pays its compute, then its all-to-all
-    dur = {k: [costs.duration(k, s) for s in range(S)] for k in "FBIW"} if costs.a2a_f is not None else \
-        {"F": costs.f, "B": costs.b, "I": costs.i, "W": costs.w}
+    f_in, g_in = _input_keys(first, last, m, n_keys)
+    dur = _durations(costs, schedule.stages)
     fb = costs.fb
     comm = costs.a2a_f is not None
 
     done = [-1.0] * (2 * n_keys)  # [0, n): F done; [n, 2n): input gradient done (B or I)
-    # per stage, where its inputs' keys start (-1: none, the lane's first / last stage)
-    f_in = [-1 if s == first[s] else (s - 1) * m for s in range(S)]
-    g_in = [-1 if s == last[s] else n_keys + (s + 1) * m for s in range(S)]
     programs = schedule.programs
     R = len(programs)
     starts = [[0.0] * len(p) for p in programs]
@@ -70,7 +66,10 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
     extra: dict[int, list[int]] = {}
     queue = deque(range(R))
 
-    def ready_time(a: Action) -> tuple[float, int]:
+    # the two helpers of a pair take the state as defaults, not from play's scope: a variable a nested function
+    # reads becomes a cell, and every read of it in the hot loop below would go through that cell
+    def ready_time(a: Action, done=done, f_in=f_in, g_in=g_in, fwd_link=fwd_link, bwd_link=bwd_link, m=m,
+                   n_keys=n_keys) -> tuple[float, int]:
         """(time a's inputs are ready, -1) or (-1, key it waits on)."""
         kind, s, mb = a
         if kind == "F":
@@ -97,7 +96,8 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
                 d = g
         return d, -1
 
-    def finish(kind: str, s: int, mb: int, t: float) -> None:
+    def finish(kind: str, s: int, mb: int, t: float, done=done, waiter=waiter, queue=queue, extra=extra, m=m,
+               n_keys=n_keys) -> None:
         """Record that (kind, s, mb) ended at ``t`` and wake the ranks waiting on it."""
         k = s * m + mb if kind == "F" else n_keys + s * m + mb
         done[k] = t
@@ -194,7 +194,7 @@ def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list
             else:
                 extra.setdefault(kw, []).append(r)
         pos[r], clock[r] = i, t
-    if any(pos[r] < len(programs[r]) for r in range(R)):
+    if any(map(lt, pos, map(len, programs))):  # some rank did not finish its program
         waiting: dict[int, list[int]] = {}
         for k, w in enumerate(waiter):
             if w >= 0:
@@ -211,6 +211,21 @@ def routes(schedule: Schedule, costs: StageCosts):
     fwd_link = [msg[s - 1] if s > first[s] and placement[s - 1] != placement[s] else 0.0 for s in range(S)]
     bwd_link = [msg[s] if s < last[s] and placement[s + 1] != placement[s] else 0.0 for s in range(S)]
     return first, last, fwd_link, bwd_link
+
+
+def _input_keys(first, last, m: int, n_keys: int) -> tuple[list[int], list[int]]:
+    """Per stage, where the keys of its inputs start: the forwards of the stage before, the input gradients of
+    the stage after (-1: none, the lane's first / last stage)."""
+    f_in = [-1 if s == first[s] else (s - 1) * m for s in range(len(first))]
+    g_in = [-1 if s == last[s] else n_keys + (s + 1) * m for s in range(len(last))]
+    return f_in, g_in
+
+
+def _durations(costs: StageCosts, stages: int) -> dict[str, list[float]]:
+    """A plain action's time per kind and stage: its compute, then its all-to-all."""
+    if costs.a2a_f is None:
+        return {"F": costs.f, "B": costs.b, "I": costs.i, "W": costs.w}
+    return {k: [costs.duration(k, s) for s in range(stages)] for k in "FBIW"}
 
 
 def _blocked(schedule: Schedule, pos: list[int], waiting: dict[int, list[int]], n_keys: int) -> list[Blocked]:
