@@ -203,7 +203,10 @@ TITAN_H100 = dict(memory=96e9, memory_bandwidth=2.4e12)
 MISSES = {
     ("qwen3-235b-a22b", 256, 4, 8): "the same table's EP 32 row across 4 nodes is 47% faster although this one keeps "
                                     "its all-to-all on NVLink; TP 4's cost here is not in the model (no overlap is "
-                                    "said; the expert layout's host synchronisation?)",
+                                    "said; the expert layout's host synchronisation?); it ran other code (main "
+                                    "1e057005, not moe_dev) and its flags are not given, where the baseline's line "
+                                    "forces balanced routing (--moe-router-force-load-balancing) and the same page "
+                                    "measures dropless routing 20% below forced balance (237 vs 295 TFLOP/s)",
     ("gpt-oss-120b", 64, 1, 4): "GPT-OSS's learnable attention sinks and the biases of its projections and experts "
                                 "are not costed; the table's GA column (2) does not match its GBS/MBS/DP (8)",
     ("deepseek-v3", 2048, 1, 16): "a whole-run average (2,664K GPU hours for 14.8T tokens), the batch ramp from 3,072 "
