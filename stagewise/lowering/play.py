@@ -177,19 +177,13 @@ class _Player:
                 base, comm, via = t, 0.0, -1
                 if kind == "F":
                     dk, src = k, f_from[s]
-                    if src == r:
+                    if src == r or (src >= 0 and fwd_link is not None):  # here, or a message as its link time
                         x = done[k - m]
                         if x < 0:
                             kw = k - m
                             break
-                        if x > base:
-                            base = x
-                    elif src >= 0 and fwd_link is not None:  # the message as the link's time, not an action
-                        x = done[k - m]
-                        if x < 0:
-                            kw = k - m
-                            break
-                        x += fwd_link[s]
+                        if fwd_link is not None:  # (0 on one rank)
+                            x += fwd_link[s]
                         if x > base:
                             base = x
                     elif src >= 0:
@@ -217,19 +211,13 @@ class _Player:
                         break
                     if x > base:
                         base = x
-                    if src == r:
+                    if src == r or (src >= 0 and bwd_link is not None):
                         x = done[dk + m]
                         if x < 0:
                             kw = dk + m
                             break
-                        if x > base:
-                            base = x
-                    elif src >= 0 and bwd_link is not None:
-                        x = done[dk + m]
-                        if x < 0:
-                            kw = dk + m
-                            break
-                        x += bwd_link[s]
+                        if bwd_link is not None:
+                            x += bwd_link[s]
                         if x > base:
                             base = x
                     elif src >= 0:
