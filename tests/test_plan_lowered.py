@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from stagewise.lowering import Lowered, LoweringOptions, Network
+from stagewise.lowering import Lowered, LoweringOptions
 from stagewise.lowering.options import PIPELINE_OUTERMOST
 from stagewise.parallelism import DIMS, Parallelism
 from stagewise.plan.cluster import Hardware, Job, StageGrid, TransformerSpec, cluster_search

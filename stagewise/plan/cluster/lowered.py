@@ -8,7 +8,7 @@ plays): each stage's ``UNSHARD`` and ``REDUCE_GRAD`` on its group's stream at th
 DualPipe's two copies of a stage summed (``TIE_GRAD``), on the layout's own links (the device order of its
 ``StageGrid``). Its boundaries carry no bytes (the cost model's link time is each message's), so the messages
 are played as link times between the ops (``LoweringOptions.p2p`` False: the same span as lowered sends,
-three times fewer actions). A sharded layout's memory is read off the same program (``_held``). Only the configurations that can still reach the top are lowered: compute alone is a lower
+three times fewer actions). A sharded layout's memory is read off the same program (``held_memory``). Only the configurations that can still reach the top are lowered: compute alone is a lower
 bound on the lowered step (a transfer only ever delays an op or the step's end), so the search stays exact.
 
 What stays analytic: the tied embedding's sum and the loss's (``step_sync_time``, over the pipeline ranks;
@@ -23,13 +23,19 @@ count at the ratio of the two per-byte times, so one collective per stage carrie
 
 from __future__ import annotations
 
+from dataclasses import replace
+from itertools import accumulate
+
 from ...costs import Costs
 from ...lowering import Communication, Lowered, LoweringOptions, Network, Overlap, Sizes
 from ...lowering.comms import UNSHARD
+from ...lowering.memory import lowered_memory
 from ...lowering.options import PIPELINE_OUTERMOST
 from ...lowering.play import step_span
 from ...parallelism import DIMS, Parallelism
-from .data_parallel import GRAD_BYTES_PER_PARAM_BYTE
+from ..search import rank_fixed_bytes
+from .candidate import MemoryParts
+from .data_parallel import GRAD_BYTES_PER_PARAM_BYTE, gathered_factor
 from .grid import StageGrid
 from .overlap import Framework
 
@@ -67,3 +73,26 @@ def exposure(low: Lowered, costs: Costs, compute_span: float) -> tuple[float, fl
     span, worst = step_span(low, costs)
     extra = max(0.0, span - compute_span)
     return extra, min(extra, worst.get(UNSHARD, 0.0))
+
+
+def held_memory(low: Lowered, pre, h, profile, cluster, sharding: str) -> tuple[tuple[float, ...], MemoryParts]:
+    """A sharded (FSDP, HSDP) configuration's memory per rank and the fullest rank's ``MemoryParts`` from its
+    lowered program (``lowering.memory``): each stage's gathered bf16 weights from its UNSHARD to its RESHARD and
+    its fp32 unsharded gradients from its first weight backward to its REDUCE_GRAD, beside the activations over
+    the program, where ``prepare`` (``pre``) summed their peaks: an upper bound, as the lowered peak is never
+    more, so ``fits`` stays decided by the sum."""
+    bounds = [0, *accumulate(pre.counts)]
+    piece = [sum(x.param_bytes for x in profile.layers[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+    weights = [piece[k] for k in h.stage_piece]
+    sized = replace(low, options=replace(low.options, sizes=Sizes(
+        params=weights, grads=[GRAD_BYTES_PER_PARAM_BYTE * b for b in weights])))
+    sc = pre.costs.resolve(low.schedule.stages)
+    held = lowered_memory(sized, sc.activation_bytes, sc.free_at_i)
+    gathered = rank_fixed_bytes(profile, pre.counts, h, gathered_factor(sharding))
+    rest = [m - g - a for m, g, a in zip(pre.memory, gathered, pre.activations)]  # state and transients
+    memory = tuple(x + m.peak.total for x, m in zip(rest, held))
+    r = max(range(len(memory)), key=memory.__getitem__)
+    state = rank_fixed_bytes(profile, pre.counts, h, cluster.state_factor, cluster)[r] - gathered[r]
+    top = held[r].peak
+    return memory, MemoryParts(state=state, gathered=top.gathered + top.grads, activations=top.activations,
+                               transient=rest[r] - state)

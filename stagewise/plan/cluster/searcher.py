@@ -25,10 +25,7 @@ from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, bloc
                       rank_transient_bytes, stage_costs, step_sync_time, timing)
 from .candidate import ClusterCandidate, MemoryParts
 from .data_parallel import exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost
-from ...lowering import Sizes
-from ...lowering.memory import lowered_memory
-from .data_parallel import GRAD_BYTES_PER_PARAM_BYTE
-from .lowered import communication, exposure
+from .lowered import communication, exposure, held_memory
 from .job import Job
 from .overlap import Framework
 from .steady import extend, short_m
@@ -273,34 +270,13 @@ class ClusterSearcher(Searcher):
         low = comm.lower(sched)
         extra, gather = exposure(low, costs, span)
         step = makespan + extra + pre.step_end + got.candidate.overhead
-        memory, parts = self._held(low, pre, h) if self.sharding in ("fsdp", "hsdp") else (pre.memory, pre.parts)
+        memory, parts = held_memory(low, pre, h, self.profile, self.cluster, self.sharding) \
+            if self.sharding in ("fsdp", "hsdp") else (pre.memory, pre.parts)
         cand = replace(got.candidate, step_time=step, allreduce=step - makespan - pre.optimizer - got.candidate.overhead,
                        throughput=self.global_batch / step, memory=memory)
         scale = got.step_time / step
         return replace(got, candidate=cand, exposed_dp=extra - gather, exposed_gather=gather, mfu=got.mfu * scale,
                        tokens_per_second=got.tokens_per_second * scale, lowered=True, memory_parts=parts)
-
-    def _held(self, low, pre: Prepared, h) -> tuple[tuple[float, ...], MemoryParts]:
-        """A sharded layout's memory from its lowered program (``lowering.memory``): each stage's gathered bf16
-        weights from its UNSHARD to its RESHARD and its fp32 unsharded gradients from its first weight backward
-        to its REDUCE_GRAD, beside the activations over the program, where ``prepare`` summed their peaks (an
-        upper bound: the lowered peak is never more, so ``fits`` stays decided by the sum)."""
-        c, prof = pre.config, self.profile
-        bounds = [0, *accumulate(pre.counts)]
-        piece = [sum(x.param_bytes for x in prof.layers[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
-        weights = [piece[k] for k in h.stage_piece]
-        sized = replace(low, options=replace(low.options, sizes=Sizes(
-            params=weights, grads=[GRAD_BYTES_PER_PARAM_BYTE * b for b in weights])))
-        sc = pre.costs.resolve(low.schedule.stages)
-        held = lowered_memory(sized, sc.activation_bytes, sc.free_at_i)
-        gathered = rank_fixed_bytes(prof, pre.counts, h, gathered_factor(self.sharding))
-        rest = [m - g - a for m, g, a in zip(pre.memory, gathered, pre.activations)]  # state and transients
-        memory = tuple(x + m.peak.total for x, m in zip(rest, held))
-        r = max(range(len(memory)), key=memory.__getitem__)
-        fixed = rank_fixed_bytes(prof, pre.counts, h, self.cluster.state_factor, self.cluster)
-        top = held[r].peak
-        return memory, MemoryParts(state=fixed[r] - gathered[r], gathered=top.gathered + top.grads,
-                                   activations=top.activations, transient=rest[r] - (fixed[r] - gathered[r]))
 
     def _play(self, c: Config, sched, costs) -> tuple:
         """(timeline, makespan, bubble, (the schedule whose lowered program ``lowered`` plays, its compute
