@@ -137,3 +137,27 @@ def test_tied_embedding_and_head_cost_a_step_end_all_reduce_across_ranks():
     assert step_sync_time(tied, (3, 3), h, cl, 2, 1) == pytest.approx(loss_only + 2 * (1.0 + 2e6 / 2 / 1e6))
     hv = holding(generate("zb-v", 2, 4))  # the V puts the embedding and the head on rank 0
     assert step_sync_time(tied, (1, 2, 2, 1), hv, cl, 2, 1) == pytest.approx(loss_only)
+
+
+def test_the_dp_all_reduce_is_the_lowered_programs_and_overlaps_the_backward():
+    """A local plan's replicas reduce each stage's gradients after its last backward, asynchronously, as the
+    runtime does (its lowered program, played): on one stage that is after the last op, the whole ring
+    all-reduce exposed; with two 1F1B stages rank 0's last backward ends the step, so its ring is exposed and
+    the last stage's hides behind that drain."""
+    from itertools import accumulate
+
+    s, cands = run(devices=4, batch=16, space=Space(families=("1f1b",), recompute=(False,)))
+    link = s.cluster.intra
+    seen = set()
+    for c in cands:
+        g = c.config
+        bounds = [0, *accumulate(c.counts)]
+        stage_bytes = [sum(x.param_bytes for x in s.profile.layers[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+        ring = [2 * (g.dp - 1) * (link.latency + b / g.dp / link.bandwidth) for b in stage_bytes]
+        if g.p == 1 and g.dp > 1:
+            assert c.allreduce == pytest.approx(ring[0])
+            seen.add(1)
+        if g.p == 2:
+            assert ring[0] <= c.allreduce < ring[0] + ring[1]  # (the loss's sum over p is in it too)
+            seen.add(2)
+    assert seen == {1, 2}

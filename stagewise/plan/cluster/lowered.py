@@ -26,14 +26,11 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import accumulate
 
-from ...costs import Costs
 from ...lowering import Communication, Lowered, LoweringOptions, Network, Overlap, Sizes
-from ...lowering.comms import UNSHARD
 from ...lowering.memory import lowered_memory
 from ...lowering.options import PIPELINE_OUTERMOST
-from ...lowering.play import step_span
 from ...parallelism import DIMS, Parallelism
-from ..search import rank_fixed_bytes
+from ..search import network as network_of, rank_fixed_bytes
 from .candidate import MemoryParts
 from .data_parallel import GRAD_BYTES_PER_PARAM_BYTE, gathered_factor
 from .grid import StageGrid
@@ -48,10 +45,7 @@ def overlap(fw: Framework, blocked: bool) -> Overlap:
 
 def network(grid: StageGrid) -> Network:
     """The layout's links, in the grid's device order (``grid.PLACEMENTS``)."""
-    order = PIPELINE_OUTERMOST if grid.placement == "within" else DIMS
-    return Network(gpus_per_node=grid.node,
-                   intra_bandwidth=grid.intra.bandwidth, intra_latency=grid.intra.latency,
-                   inter_bandwidth=grid.inter.bandwidth, inter_latency=grid.inter.latency, order=order)
+    return network_of(grid.node, grid.intra, grid.inter, PIPELINE_OUTERMOST if grid.placement == "within" else DIMS)
 
 
 def communication(par: Parallelism, stage_layers: list[list[float]], gather_scale: float, fw: Framework,
@@ -65,14 +59,6 @@ def communication(par: Parallelism, stage_layers: list[list[float]], gather_scal
     opts = LoweringOptions(overlap=overlap(fw, blocked), sizes=sizes, network=network(grid), moe=False,
                            step_end=False, p2p=False)
     return Communication(parallelism=par, options=opts)
-
-
-def exposure(low: Lowered, costs: Costs, compute_span: float) -> tuple[float, float]:
-    """(what the lowered step runs past the same schedule's compute alone, the part of it a rank waited on
-    weight gathers for): the step's extra seconds, and how much of them ``UNSHARD`` left exposed."""
-    span, worst = step_span(low, costs)
-    extra = max(0.0, span - compute_span)
-    return extra, min(extra, worst.get(UNSHARD, 0.0))
 
 
 def held_memory(low: Lowered, pre, h, profile, cluster, sharding: str) -> tuple[tuple[float, ...], MemoryParts]:

@@ -21,11 +21,11 @@ from ...layout import format_layout
 from ...schedules import FAMILIES
 from ...simulate import simulate
 from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, blocking_p2p, busiest_floor, evaluate,
-                      is_block_model, layer_costs, peak_activation_bytes, rank_fixed_bytes, rank_optimizer_time,
+                      exposure, is_block_model, layer_costs, peak_activation_bytes, rank_fixed_bytes, rank_optimizer_time,
                       rank_transient_bytes, stage_costs, step_sync_time, timing)
 from .candidate import ClusterCandidate, MemoryParts
 from .data_parallel import exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost
-from .lowered import communication, exposure, held_memory
+from .lowered import communication, held_memory
 from .job import Job
 from .overlap import Framework
 from .steady import extend, short_m

@@ -4,9 +4,9 @@ A ``Profile`` (measured by ``stagewise profile``, or made analytically by ``plan
 devices go into a ``Searcher``: every p x dp, family, v, micro-batch size and recomputation, each schedule's
 ``Holding`` split by the exact partitioner (``partition``; ``block_split`` for identical blocks) and simulated
 with ``stage_costs``. ``bands`` says which candidates tie and which one the planner recommends, ``explain``
-what it prints, ``written`` the plan written down.
+what it prints, ``written`` the plan written down, ``lowered`` the data-parallel traffic as a lowered program.
 
-May import: the core, `stagewise.schedules`, `stagewise.plan.errors`, `stagewise.plan.highs`.
+May import: the core, `stagewise.schedules`, `stagewise.lowering`, `stagewise.plan.errors`, `stagewise.plan.highs`.
 
 Example:
     >>> from stagewise.plan.search import Searcher, Space, search
@@ -19,6 +19,7 @@ from .cluster import Cluster, fmt_bytes, parse_bytes
 from .explain import fmt_seconds, table, train_command, why
 from .holding import Holding, holding
 from .layers import LayerCosts, runs_of
+from .lowered import exposure, local_data_parallel, network
 from .model import (blocking_p2p, layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes,
                     stage_costs, step_sync_time)
 from .overhead import KEY, fit_overhead, fit_slowdown, step_overhead
@@ -32,7 +33,7 @@ __all__ = ["Candidate", "Cluster", "Config", "FORMAT", "Holding", "KEY", "LOCAL_
            "Recommendation", "Searcher", "Space", "VERSION", "best_split", "block_split", "blocking_p2p",
            "busiest_floor", "evaluate", "fit_overhead", "fit_slowdown", "fmt_bytes", "fmt_seconds", "holding",
            "interval", "is_block_model",
-           "layer_costs", "local_markdown", "local_plan", "memory_cell", "parse_bytes", "partition",
+           "exposure", "layer_costs", "local_data_parallel", "local_markdown", "local_plan", "memory_cell", "network", "parse_bytes", "partition",
            "peak_activation_bytes", "profile_band", "rank", "rank_fixed_bytes", "rank_optimizer_time",
            "rank_transient_bytes", "recommend", "runs_of", "search", "stage_costs", "step_overhead",
            "step_sync_time", "table", "tie", "tied_with_first", "timing", "train_command", "why"]

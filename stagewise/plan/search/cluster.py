@@ -72,14 +72,6 @@ class Cluster:
         crosses = any((d * p + a) // node != (d * p + b) // node for d in range(dp))
         return self.inter if crosses else self.intra
 
-    def allreduce(self, p: int, dp: int, nbytes: float) -> float:
-        """Ring all-reduce of ``nbytes`` among the ``dp`` replicas of one pipeline rank."""
-        if dp == 1:
-            return 0.0
-        across = any(d * p // self.per_node != 0 for d in range(dp))
-        link = self.inter if across else self.intra
-        return 2 * (dp - 1) * (link.latency + nbytes / dp / link.bandwidth)
-
     def small_allreduce(self, group: int, link: Link, nbytes: float = 0.0) -> float:
         """A ring all-reduce of ``nbytes`` among ``group`` ranks over ``link`` (the loss, a tied weight)."""
         if group < 2:

@@ -10,7 +10,7 @@ shares one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from operator import sub
 from typing import Callable, Iterable
 
@@ -25,6 +25,7 @@ from .bands import LOCAL_MEMORY_BAND, profile_band
 from .cluster import Cluster
 from ..errors import PlanError
 from .holding import Holding, holding
+from .lowered import local_data_parallel
 from ...layout import Split, format_layout
 from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
 from .overhead import step_overhead
@@ -188,8 +189,10 @@ class Searcher:
         fixed = rank_fixed_bytes(prof, part.counts, h, cl.state_factor)
         transient = rank_transient_bytes(prof, part.counts, h, c.mbs, c.recompute)
         memory = tuple(f + a + t for f, a, t in zip(fixed, acts, transient))
-        grads = max(fixed) / cl.state_factor
-        allreduce = cl.allreduce(c.p, c.dp, grads) + step_sync_time(prof, part.counts, h, cl, c.p, c.dp)
+        pieces = [0, *accumulate(part.counts)]
+        piece = [sum(x.param_bytes for x in prof.layers[lo:hi]) for lo, hi in zip(pieces, pieces[1:])]
+        exposed = local_data_parallel(sched, costs, [piece[k] for k in h.stage_piece], c.dp, cl, makespan)
+        allreduce = exposed + step_sync_time(prof, part.counts, h, cl, c.p, c.dp)
         opt = max(rank_optimizer_time(prof, part.counts, h))
         over = step_overhead(prof, max(len(p) for p in sched.programs), makespan)
         step = makespan + allreduce + opt + over
