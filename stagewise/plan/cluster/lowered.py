@@ -24,23 +24,22 @@ count at the ratio of the two per-byte times, so one collective per stage carrie
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import accumulate
 
 from ...lowering import Communication, Lowered, LoweringOptions, Network, Overlap, Sizes
 from ...lowering.memory import lowered_memory
 from ...lowering.options import PIPELINE_OUTERMOST
 from ...parallelism import DIMS, Parallelism
-from ..search import network as network_of, rank_fixed_bytes
+from ..search import network as network_of, rank_fixed_bytes, stage_param_bytes
 from .candidate import MemoryParts
 from .data_parallel import GRAD_BYTES_PER_PARAM_BYTE, gathered_factor
 from .grid import StageGrid
 from .overlap import Framework
 
 
-def overlap(fw: Framework, blocked: bool) -> Overlap:
-    """``fw``'s rule as the lowering's; ``blocked``: the costs already hold DeepSpeed's blocking sends."""
-    return Overlap(reduce=fw.reduce, gather=fw.gather, fsdp_reduce=fw.fsdp_reduce, fsdp_gather=fw.fsdp_gather,
-                   blocking_p2p=fw.blocking_p2p and not blocked)
+def overlap(fw: Framework) -> Overlap:
+    """``fw``'s rule as the lowering's, less its blocking sends: the planner's costs already hold those
+    (``search.blocking_p2p`` moves each boundary's seconds into the sender's op)."""
+    return Overlap(reduce=fw.reduce, gather=fw.gather, fsdp_reduce=fw.fsdp_reduce, fsdp_gather=fw.fsdp_gather)
 
 
 def network(grid: StageGrid) -> Network:
@@ -49,14 +48,14 @@ def network(grid: StageGrid) -> Network:
 
 
 def communication(par: Parallelism, stage_layers: list[list[float]], gather_scale: float, fw: Framework,
-                  grid: StageGrid, blocked: bool) -> Communication:
+                  grid: StageGrid) -> Communication:
     """What ``Costs.comm`` holds for a candidate: ``stage_layers`` each stage's layers' bf16 weight bytes on one
     GPU of its t-group (the routed experts' folded in, ``_reduction_bytes``)."""
     stage_bytes = [sum(layers) for layers in stage_layers]
     sizes = Sizes(params=[b * gather_scale for b in stage_bytes],
                   grads=[b * GRAD_BYTES_PER_PARAM_BYTE for b in stage_bytes],
                   layers=tuple(stage_layers))
-    opts = LoweringOptions(overlap=overlap(fw, blocked), sizes=sizes, network=network(grid), moe=False,
+    opts = LoweringOptions(overlap=overlap(fw), sizes=sizes, network=network(grid), moe=False,
                            step_end=False, p2p=False)
     return Communication(parallelism=par, options=opts)
 
@@ -67,9 +66,7 @@ def held_memory(low: Lowered, pre, h, profile, cluster, sharding: str) -> tuple[
     its fp32 unsharded gradients from its first weight backward to its REDUCE_GRAD, beside the activations over
     the program, where ``prepare`` (``pre``) summed their peaks: an upper bound, as the lowered peak is never
     more, so ``fits`` stays decided by the sum."""
-    bounds = [0, *accumulate(pre.counts)]
-    piece = [sum(x.param_bytes for x in profile.layers[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
-    weights = [piece[k] for k in h.stage_piece]
+    weights = stage_param_bytes(profile, pre.counts, h)
     sized = replace(low, options=replace(low.options, sizes=Sizes(
         params=weights, grads=[GRAD_BYTES_PER_PARAM_BYTE * b for b in weights])))
     sc = pre.costs.resolve(low.schedule.stages)

@@ -258,14 +258,12 @@ class ClusterSearcher(Searcher):
         (``lowered``: the same compute, the data-parallel traffic as actions on the layout's links)."""
         c = pre.config
         h = self._schedules[(c.family, c.p, c.m, c.v)][1]
-        tl, makespan, _, (sched, span) = self._timelines[(c, fw.blocking_p2p)]
+        _, makespan, _, (sched, span) = self._timelines[(c, fw.blocking_p2p)]
         par = got.parallelism
         if par.dp * par.fsdp * par.ep == 1 and len(sched.lanes) == 1:  # nothing to reduce, gather or sum: the
             return replace(got, lowered=True)  # sends carry the cost model's time alone, as the compute's play
         layers = self._reduction_bytes(pre.counts)
-        comm = communication(par, [layers[piece] for piece in h.stage_piece], self.gather_scale, fw,
-                             self.cluster,
-                                     blocked=fw.blocking_p2p)
+        comm = communication(par, [layers[piece] for piece in h.stage_piece], self.gather_scale, fw, self.cluster)
         costs = blocking_p2p(pre.costs, h) if fw.blocking_p2p else pre.costs
         low = comm.lower(sched)
         extra, gather = exposure(low, costs, span)

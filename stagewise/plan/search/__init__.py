@@ -21,7 +21,7 @@ from .holding import Holding, holding
 from .layers import LayerCosts, runs_of
 from .lowered import exposure, local_data_parallel, network
 from .model import (blocking_p2p, layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes,
-                    stage_costs, step_sync_time)
+                    stage_costs, stage_param_bytes, step_sync_time)
 from .overhead import KEY, fit_overhead, fit_slowdown, step_overhead
 from .partition import Partition, PartitionError, best_split, evaluate, partition
 from .profile import MAX_SPREAD, LayerProfile, Link, Profile, ProfileError
@@ -35,5 +35,5 @@ __all__ = ["Candidate", "Cluster", "Config", "FORMAT", "Holding", "KEY", "LOCAL_
            "interval", "is_block_model",
            "exposure", "layer_costs", "local_data_parallel", "local_markdown", "local_plan", "memory_cell", "network", "parse_bytes", "partition",
            "peak_activation_bytes", "profile_band", "rank", "rank_fixed_bytes", "rank_optimizer_time",
-           "rank_transient_bytes", "recommend", "runs_of", "search", "stage_costs", "step_overhead",
+           "rank_transient_bytes", "recommend", "runs_of", "search", "stage_costs", "stage_param_bytes", "step_overhead",
            "step_sync_time", "table", "tie", "tied_with_first", "timing", "train_command", "why"]

@@ -66,6 +66,18 @@ def stage_costs(profile: Profile, counts, h: Holding, mbs: int, recompute: bool,
                  recompute=recompute, recompute_keep=keep if recompute else 0.0, **comm)
 
 
+def piece_param_bytes(profile: Profile, counts) -> list[float]:
+    """Parameter bytes of each model piece of the split ``counts``."""
+    bounds = [0, *accumulate(counts)]
+    return [sum(x.param_bytes for x in profile.layers[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def stage_param_bytes(profile: Profile, counts, h: Holding) -> list[float]:
+    """Parameter bytes of each schedule stage (its piece's: DualPipe's two copies of a piece alike)."""
+    piece = piece_param_bytes(profile, counts)
+    return [piece[k] for k in h.stage_piece]
+
+
 def rank_fixed_bytes(profile: Profile, counts, h: Holding, state_factor: float,
                      cluster: Cluster | None = None) -> list[float]:
     """Parameter-related bytes per rank (a rank holding two copies of a piece pays twice; routed experts'
@@ -73,7 +85,7 @@ def rank_fixed_bytes(profile: Profile, counts, h: Holding, state_factor: float,
     bounds = [0, *accumulate(counts)]
     extra = cluster.expert_surplus if cluster is not None else (lambda _: 0.0)
     pieces = [profile.layers[bounds[j]:bounds[j + 1]] for j in range(len(counts))]
-    per_piece = [sum(x.param_bytes for x in layers) for layers in pieces]
+    per_piece = piece_param_bytes(profile, counts)
     surplus = [sum(extra(x.expert_param_bytes) for x in layers) for layers in pieces]
     return [state_factor * sum(per_piece[h.stage_piece[s]] for s in h.rank_stages[r])
             + sum(surplus[h.stage_piece[s]] for s in h.rank_stages[r]) for r in range(h.ranks)]

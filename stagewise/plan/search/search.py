@@ -10,7 +10,7 @@ shares one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, repeat
+from itertools import chain, repeat
 from operator import sub
 from typing import Callable, Iterable
 
@@ -27,7 +27,8 @@ from ..errors import PlanError
 from .holding import Holding, holding
 from .lowered import local_data_parallel
 from ...layout import Split, format_layout
-from .model import layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs, step_sync_time
+from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
+                    stage_param_bytes, step_sync_time)
 from .overhead import step_overhead
 from .partition import Partition, best_split, evaluate
 from .profile import Profile
@@ -189,9 +190,7 @@ class Searcher:
         fixed = rank_fixed_bytes(prof, part.counts, h, cl.state_factor)
         transient = rank_transient_bytes(prof, part.counts, h, c.mbs, c.recompute)
         memory = tuple(f + a + t for f, a, t in zip(fixed, acts, transient))
-        pieces = [0, *accumulate(part.counts)]
-        piece = [sum(x.param_bytes for x in prof.layers[lo:hi]) for lo, hi in zip(pieces, pieces[1:])]
-        exposed = local_data_parallel(sched, costs, [piece[k] for k in h.stage_piece], c.dp, cl, makespan)
+        exposed = local_data_parallel(sched, costs, stage_param_bytes(prof, part.counts, h), c.dp, cl, makespan)
         allreduce = exposed + step_sync_time(prof, part.counts, h, cl, c.p, c.dp)
         opt = max(rank_optimizer_time(prof, part.counts, h))
         over = step_overhead(prof, max(len(p) for p in sched.programs), makespan)
