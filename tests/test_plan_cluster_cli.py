@@ -217,3 +217,40 @@ def test_failure_rate_costs_a_cluster_plan_and_its_stagewise_run_saves_at_the_in
     _train_takes(line)
     assert "--checkpoint-interval needs --failure-rate" in fails(capsys, *BASE, "--checkpoint-interval", "60", "-o",
                                                                   str(tmp_path / "r.csv"))
+
+
+EVEN = ("plan", "--model", "gpt-oss-120b", "--hardware", "h100", "--gpus", "64", "--global-batch-tokens", "2M",
+        "--tensor", "1", "--expert", "8", "--expert-tensor", "1", "--framework", "megatron", "--json")
+
+
+def test_split_even_is_the_frameworks_default_split_and_skips_what_it_cannot_divide(tmp_path, capsys):
+    """--split even: the 36 blocks of GPT-OSS go 9 to a stage over p=4, the embedding with the first and the head
+    with the last, as Megatron-LM runs with no layout flags (its command then carries none); the balanced
+    default moves blocks off the head's stage and is faster; a p x v that does not divide the blocks is skipped."""
+    plans = {}
+    for split in ("balanced", "even"):
+        rc, out, err = run(capsys, *EVEN, "--pipeline", "4", "--schedules", "1f1b", "--split", split,
+                           "-o", str(tmp_path / f"{split}.csv"))
+        assert rc == 0, err
+        plans[split] = json.loads(out)
+    even, balanced = plans["even"]["best"], plans["balanced"]["best"]
+    assert even["counts"] == [10, 9, 9, 10] and even["layout"] == "E+m*9 | m*9 | m*9 | m*9+H"
+    assert balanced["counts"] != even["counts"] and balanced["step_time"] < even["step_time"]
+    command = plans["even"]["frameworks"]["megatron"]["command"]
+    assert "--pipeline-model-parallel-size 4" in command and "pipeline-num-layers" not in command
+    assert "layout" not in command
+    # p=8: no 8 x v divides 36 blocks
+    assert "--split even: p x v does not divide the blocks" in fails(
+        capsys, *EVEN, "--pipeline", "8", "--schedules", "1f1b,interleaved-1f1b", "--split", "even",
+        "-o", str(tmp_path / "p8.csv"))
+    rc, out, err = run(capsys, *EVEN, "--pipeline", "4", "--schedules", "interleaved-1f1b", "--chunks", "3",
+                       "--split", "even", "-o", str(tmp_path / "v3.csv"))
+    assert rc == 0, err
+    assert json.loads(out)["best"]["counts"] == [4] + [3] * 10 + [4]  # 12 stages of 3 blocks
+
+
+def test_split_bad_values_and_conflicts_exit_2(tmp_path, capsys):
+    assert "invalid choice: 'lumpy'" in fails(capsys, *BASE, "--split", "lumpy")
+    assert "--pipeline 3: no pipeline degree divides --gpus 64" in fails(capsys, *BASE, "--pipeline", "3")
+    assert "--layout fixes the split" in fails(capsys, "plan", "--profile", "x.json", "-N", "4", "-G", "8",
+                                                "--layout", "E+t | t+H", "--split", "even")

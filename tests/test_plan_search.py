@@ -80,6 +80,22 @@ def test_fixed_layout():
     assert {(c.config.family, c.config.p) for c in cands} == {("1f1b", 2)}
 
 
+def test_even_split_divides_the_blocks_and_skips_what_it_cannot():
+    """8 blocks with a heavy head: even gives each of the p x v stages the same blocks (the embedding with the
+    first, the head with the last) where balanced moves blocks off the head's stage; p=4 with v=4 (16 stages)
+    cannot divide 8 blocks and is skipped."""
+    _, even = run(space=Space(families=("1f1b", "interleaved-1f1b"), chunks=(2, 4), split="even"))
+    _, balanced = run(space=Space(families=("1f1b", "interleaved-1f1b"), chunks=(2, 4)))
+    assert even and all(len(set(c.counts[1:-1] + (c.counts[0] - 1, c.counts[-1] - 1))) == 1 for c in even)
+    assert {(c.config.p, c.config.v, c.counts) for c in even if c.config.p == 2 and c.config.v == 1} == {
+        (2, 1, (5, 5))}
+    assert {(c.config.p, c.config.v) for c in even} == {(1, 1), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2)}
+    best = lambda cands, p: min(c.step_time for c in cands if (c.config.p, c.config.v) == (p, 1))  # noqa: E731
+    assert best(balanced, 4) < best(even, 4)
+    with pytest.raises(PlanError, match="split 'lumpy'"):
+        Space(split="lumpy")
+
+
 def test_no_valid_p_dp_is_a_clear_error():
     with pytest.raises(PlanError, match=r"no configuration: --devices 13 gives p x dp in \{1x13, 13x1\}"):
         run(devices=13, batch=8)

@@ -58,6 +58,10 @@ def register(sub) -> None:
                    help="off, full (= on), selective (attention core only; with --model), or both: every one "
                    "that applies (default)")
     p.add_argument("--layout", default=None, help="a fixed split such as 'E+t*3 | t*4 | t*4 | t*5+H'")
+    p.add_argument("--split", choices=("balanced", "even"), default="balanced",
+                   help="balanced (default): the fastest split that fits; even: the blocks divided equally over the "
+                        "stages, the embedding with the first and the head with the last, as Megatron-LM and "
+                        "torchtitan run with no layout flags (a p x v that does not divide the blocks is skipped)")
     p.add_argument("--top", type=positive_int, default=10, help="rows of the table, default 10")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="FILE.csv: the winner as torch's CSV (default: plan.csv in the current folder); FILE.md "
@@ -106,6 +110,8 @@ def _plan(args) -> int:
 
     if args.global_batch < 1:
         raise UsageError(f"--global-batch must be >= 1; got {args.global_batch}")
+    if args.layout is not None and args.split != "balanced":
+        raise UsageError(f"--layout fixes the split; --split {args.split} cannot be given with it")
     if args.verify is not None and args.verify < 1:
         raise UsageError(f"--verify K must be >= 1; got {args.verify}")
     limits.RANKS.check(args.devices, "--devices")  # every p x dp = N is tried: N bounds the search
@@ -119,7 +125,8 @@ def _plan(args) -> int:
     rc = {"both": (False, True), "on": (True,), "full": (True,), "off": (False,)}[args.recompute]
     counts = Split.parse(args.layout, prof.symbols).counts if args.layout is not None else None
     chunks = tuple(whole_numbers(args.chunks if args.chunks is not None else "2,4", "--chunks"))
-    space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts)
+    space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts,
+                  split=args.split)
     _check_search_size(args, prof, cluster, space)
     searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
     t0 = time.perf_counter()

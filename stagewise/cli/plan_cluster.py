@@ -173,7 +173,7 @@ def _job(args):
                tensor=tuple(whole_numbers(args.tensor, "--tensor")) if args.tensor is not None else None,
                pipeline=tuple(whole_numbers(args.pipeline, "--pipeline")) if args.pipeline is not None else None,
                expert=tuple(whole_numbers(args.expert, "--expert")) if args.expert is not None else None,
-               micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks),
+               micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks, split=args.split),
                frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve,
                expert_tensor=tuple(whole_numbers(args.expert_tensor, "--expert-tensor")) if args.expert_tensor else None,
                expert_placement=_words(args.expert_placement, "--expert-placement") if args.expert_placement

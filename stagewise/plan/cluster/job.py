@@ -166,6 +166,9 @@ def check_job(job: Job) -> None:
         tried = f" with --tensor {','.join(map(str, job.tensor))}" if job.tensor else ""
         raise PlanError(f"--gpus {job.gpus}{tried}: no tensor-parallel degree divides both the GPU count and a node "
                         f"of {node} GPUs while splitting {job.spec.heads} heads and {job.spec.kv_heads} KV heads")
+    if job.pipeline is not None and not any(job.gpus % (t * p) == 0 for t in tensor_degrees(job) for p in job.pipeline):
+        raise PlanError(f"--pipeline {','.join(map(str, job.pipeline))}: no pipeline degree divides --gpus {job.gpus} / "
+                        f"t for t in {', '.join(map(str, tensor_degrees(job)))} (t x p x dp = --gpus)")
 
 
 def _check_precision(job: Job) -> None:
@@ -198,7 +201,7 @@ def _check_precision(job: Job) -> None:
 
 def _nothing_to_search(job: Job, skipped: dict) -> str:
     B, N = job.global_batch, job.gpus
-    why = "; ".join(f"{k} ({n}x)" for k, n in skipped.items())
+    why = "; ".join(f"{k} ({n}x)" for k, n in sorted(skipped.items(), key=lambda kn: -kn[1]))  # the most first
     sizes = "/".join(map(str, job.micro_batch_sizes))
     return (f"no configuration: --global-batch-tokens {job.global_batch_tokens} is {B} sequences of "
             f"{job.spec.seq}, and no t x p x dp = --gpus {N} with dp x micro-batch size ({sizes}) dividing {B} "

@@ -206,6 +206,8 @@ class ClusterSearcher(Searcher):
     def _split(self, h, c: Config) -> tuple[int, ...]:
         """The block water-fill (cached per holding): on the real layers where the blocks are identical, at the
         blocks' mean time for a mixture of experts whose blocks differ; else the exact partitioner."""
+        if self.space.split == "even":  # the configurations it cannot split were never offered
+            return self._even(h.pieces)
         lc = self._layer_costs(c)
         key = ("blocks", h, c.mbs, c.recompute)
         if key not in self._partitions:

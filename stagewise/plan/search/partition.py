@@ -27,6 +27,31 @@ from .layers import LayerCosts, runs_of
 _EPS = 1e-9
 
 
+#: how a search splits the layers: "balanced" (the partitioner's fastest split that fits) or "even" (the
+#: frameworks' default with no layout flags: ``even_split``)
+SPLITS = ("balanced", "even")
+
+
+def even_split(symbols: tuple[str, ...], stages: int) -> tuple[int, ...] | None:
+    """Megatron-LM's split when no layout is given (``--num-layers`` / (p x v) blocks a stage, torchtitan's
+    too): the blocks divided equally over ``stages``, the embedding ("E") with the first and the head ("H")
+    with the last. None when the stages do not divide the blocks (Megatron-LM refuses that layout).
+
+    >>> even_split(("E",) + ("t",) * 8 + ("H",), 4)
+    (3, 2, 2, 3)
+    >>> even_split(("E",) + ("t",) * 6 + ("H",), 4) is None
+    True
+    """
+    ends = int(symbols[:1] == ("E",)), int(symbols[-1:] == ("H",))
+    blocks = len(symbols) - sum(ends)
+    if stages < 1 or blocks % stages or blocks < stages:
+        return None
+    counts = [blocks // stages] * stages
+    counts[0] += ends[0]
+    counts[-1] += ends[1]
+    return tuple(counts)
+
+
 class PartitionError(PlanError):
     """More pieces than layers, or another split that cannot exist."""
 

@@ -30,7 +30,7 @@ from ...layout import Split, format_layout
 from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
                     stage_param_bytes, step_sync_time)
 from .overhead import step_overhead
-from .partition import Partition, best_split, evaluate
+from .partition import SPLITS, Partition, best_split, evaluate, even_split
 from .profile import Profile
 
 
@@ -106,6 +106,13 @@ class Space:
     micro_batch_sizes: tuple[int, ...] | None = None
     recompute: tuple[bool, ...] = (False, True)
     counts: tuple[int, ...] | None = None  #: a fixed split (from --layout) instead of the partitioner
+    #: of ``partition.SPLITS``: "even" splits the blocks equally (``even_split``) and skips the v and p that do
+    #: not divide them, as a framework runs with no layout flags; "balanced" lets the partitioner choose
+    split: str = "balanced"
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise PlanError(f"split {self.split!r}: choose one of {', '.join(SPLITS)}")
 
 
 @dataclass(kw_only=True)
@@ -142,6 +149,10 @@ class Searcher:
             for v in fam.chunks or self.space.chunks or range(2, layers // p + 1):
                 if p * v > layers or (p == 1 and v > 1):  # v chunks on one rank are gradient accumulation
                     continue
+                if self.space.split == "even" and self._even(p * v // fam.param_copies) is None:
+                    why = "--split even: p x v does not divide the blocks"
+                    self.skipped[why] = self.skipped.get(why, 0) + 1
+                    continue
                 if not build:
                     if self._accepts(name, p, m, v):
                         yield name, v
@@ -153,6 +164,10 @@ class Searcher:
                     self.skipped["--layout has a different number of stages"] = 1
                     continue
                 yield name, v
+
+    def _even(self, stages: int) -> tuple[int, ...] | None:
+        """``even_split`` of this profile's layers over ``stages``."""
+        return even_split(self.profile.symbols, stages)
 
     def _accepts(self, name: str, p: int, m: int, v: int) -> bool:
         """Whether ``generate`` would take these arguments (its rules and size limits), without generating."""
@@ -206,8 +221,8 @@ class Searcher:
         """The exact split; the memory-free one is shared by every m and reused when it fits."""
         lc = layer_costs(self.profile, c.mbs, c.recompute, self.cluster.state_factor, self.cluster)
         limit = self.cluster.memory
-        if self.space.counts is not None:
-            return evaluate(lc, h, self.space.counts, limit)
+        if self.space.counts is not None or self.space.split == "even":
+            return evaluate(lc, h, self.space.counts or self._even(h.pieces), limit)
         free_key = (h.stage_piece, h.stage_rank, h.stage_share, c.mbs, c.recompute)
         if free_key not in self._partitions:
             self._partitions[free_key] = best_split(lc, h, None)
