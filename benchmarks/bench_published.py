@@ -36,8 +36,11 @@ Sources (numbers copied from the sources; each row names its cluster's interconn
 - NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md (DGX-H100; 25.09 and 25.11 containers,
   tokens/s per GPU, token-dropless with forced balance for MoE): Llama 3 70B FP8, 64 GPUs, TP 4, PP 8,
   VP 5, GBS 128, MBS 1, sequence 8,192: 1,619; DeepSeek-V3, 1,024 GPUs, TP 2, PP 8, VP 4, EP 64, GBS
-  8,192, MBS 1, FP8 (DeepSeek's block scaling): 1,297; GPT-OSS 120B BF16, 64 GPUs, TP 1, PP 4, EP 8, GBS
-  512, MBS 4: 5,630.
+  8,192, MBS 1, FP8: 1,297 (338 model TFLOP/s; 330 with DeepSeek's block scaling, the table's parentheses);
+  GPT-OSS 120B BF16, 64 GPUs, TP 1, PP 4, EP 8, GBS 512, MBS 4: 5,630, with its H100 recipe
+  (scripts/performance/configs/gpt_oss: recompute layernorm and moe_act; the recipe's default even split).
+  Megatron's default split (no layout flags) for every Megatron row whose source gives none but Qwen3 and
+  DeepSeek-V3, whose blocks do not divide their stages.
 - DeepSeek-V3 Technical Report, arXiv:2412.19437: 2,048 H800s, PP 16 DualPipe, EP 64 over 8 nodes, ZeRO-1
   DP, no TP, FP8 (Sec. 3.3), RMSNorm and MLA up-projections recomputed (Sec. 3.2.3), one MTP module,
   15,360 sequences of 4K; 180K H800 GPU hours per trillion tokens = 1,543 tokens/s a GPU (Sec. 1).
