@@ -9,11 +9,15 @@ The kinds, each read off the lowered program's own actions:
   ``RESHARD``: FSDP2 allocates the all-gather outputs when it unshards and frees them when it reshards
   (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``alloc_all_gather_outputs`` and
   ``free_unsharded_param``); ZeRO-1's gather over dp refreshes weights it holds anyway (state, not here).
+  Gathered layer by layer (``reshard_after_forward``: FSDP2 frees each layer after it ran and prefetches the
+  next), a stage holds ``at_once`` of its weights: its two largest neighbouring layers (``Sizes.layers``).
 - ``grads``: a sharded stage's unsharded gradients (``Sizes.grads``) from its first action that makes weight
   gradients (B or W; I makes input gradients only) to its ``REDUCE_GRAD``: while pipelining keeps
   ``set_requires_gradient_sync(False)`` FSDP2 accumulates them unsharded (``unsharded_accumulated_grad``,
   _fsdp_param_group.py ``post_backward``), and the stage's REDUCE_GRAD runs the reduce-scatter that frees
   them (torch/distributed/pipelining/stage.py ``perform_reduce_grad``). Replicated gradients are state.
+  Made and reduced bucket by bucket in one op (its reduction runs ``during`` it, and no earlier backward made
+  any: FSDP2's per-layer reduce-scatter outside pipelining), they are ``at_once`` of the stage's.
 - ``received``: a message's buffer from its ``RECV`` to the op that uses it (an F its activation, which then
   counts as that F's activation; a B or I its gradient, held through the op), at the boundary's bytes. This
   is stagewise's runtime, which receives into a fresh tensor; torch's ``PipelineStage`` instead allocates a

@@ -11,7 +11,9 @@ Sharded weights are all-gathered once per step (``overlap.GATHER``): after the o
 step (exposed, ZeRO-1 in DeepSpeed and stagewise), or ahead of each layer's or stage's
 first forward of the step, one unit ahead of the compute (Megatron-LM's
 ``--overlap-param-gather``, FSDP); only a gather that finishes after its unit's first
-forward was due delays the step.
+forward was due delays the step. Block by block (``Framework.per_block``) FSDP gathers a
+stage again for every op, a layer ahead of it (a backward from its last layer), and
+reduce-scatters each layer's gradients as the backward leaves it.
 
 Sharding (``overlap.SHARDING``), bytes per bf16 parameter byte held on a GPU:
 
@@ -22,7 +24,8 @@ Sharding (``overlap.SHARDING``), bytes per bf16 parameter byte held on a GPU:
 - fsdp (FSDP2 per stage, as the runtime runs it): a stage's bf16 weights are gathered
   for the step and its fp32 gradients accumulate unsharded until its last backward (1 +
   2, for every stage a rank holds), and the sharded fp32 weights, moments and reduced
-  gradient (2 + 4 + 2) are divided by the shard group;
+  gradient (2 + 4 + 2) are divided by the shard group; where FSDP runs block by block
+  (``Framework.per_block``) the 1 + 2 shrink to a window of layers (``held_gathered``);
 - hsdp: fsdp over a shard group of ``shard`` replicas, whose reduced shards are then
   all-reduced across the dp / shard groups.
 """
