@@ -50,9 +50,9 @@ from ..errors import PlanError
 #: sharded), FSDP (ZeRO-3: weights, gradients and optimizer state sharded over the dp group), HSDP (sharded
 #: over a shard group, replicated across groups)
 SHARDING = ("ddp", "zero1", "fsdp", "hsdp")
-#: when FSDP frees each block after its forward (torchtitan's ``--parallelism.fsdp_reshard_after_forward``
-#: policies): never, always, or by default only without pipeline parallelism
-RESHARD_AFTER_FORWARD = ("never", "always", "default")
+#: when FSDP frees each block after its forward (of torchtitan's ``--parallelism.fsdp_reshard_after_forward``
+#: policies): never, or by default only without pipeline parallelism (its "always" under PP is not planned)
+RESHARD_AFTER_FORWARD = ("never", "default")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +106,7 @@ class Framework:
         >>> TORCHTITAN.per_block(1), TORCHTITAN.per_block(8), STAGEWISE.per_block(1)
         (True, False, False)
         """
-        return self.reshard_after_forward == "always" or (self.reshard_after_forward == "default" and p == 1)
+        return self.reshard_after_forward == "default" and p == 1
 
 
 MEGATRON = Framework(
