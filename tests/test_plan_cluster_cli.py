@@ -230,7 +230,10 @@ def test_a_torchtitan_plan_without_pp_reshards_after_forward_and_holds_two_block
     for fw, p in (("torchtitan", "1"), ("stagewise", "1"), ("torchtitan", "2")):
         rc, out, err = run(capsys, *base, "--framework", fw, "--pipeline", p)
         assert rc == 0, err
-        plans[fw, p] = json.loads(out)["ranking"][0]
+        plan = json.loads(out)
+        assert plan["assumptions"]["frameworks"][fw]["reshard_after_forward"] == (
+            "default" if fw == "torchtitan" else "never")
+        plans[fw, p] = plan["ranking"][0]
     titan, mine = plans["torchtitan", "1"], plans["stagewise", "1"]
     assert titan["parallelism"]["reshard_after_forward"] is True
     assert mine["parallelism"]["reshard_after_forward"] is False
