@@ -172,7 +172,11 @@ ROWS = [
 
 
 class MemoryRow(NamedTuple):
-    """A published peak of the caching allocator (what torchtitan logs) for a layout the planner replans."""
+    """A published peak of the caching allocator (what torchtitan logs) for a layout the planner replans, with
+    the micro-batches torchtitan ran it in (``micro_batches``): under pipeline parallelism
+    ``build_pipeline_schedule`` (torchtitan/distributed/pipeline.py, Dec 2024) splits the local batch into
+    ``pipeline_parallel_microbatches`` = the number of stages in total (p v) when it is not set; without it
+    the train step runs the whole local batch at once (one micro-batch)."""
 
     model: str
     gpus: int
@@ -187,6 +191,17 @@ class MemoryRow(NamedTuple):
     family: str = "1f1b"
     v: int = 1
     calibration: bool = False
+
+    @property
+    def micro_batches(self) -> int:
+        """m as torchtitan ran the row: p v stages under pipeline parallelism, else one (the class doc)."""
+        return self.p * self.v if self.p > 1 else 1
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences per micro-batch: the local batch (per data-parallel replica) over ``micro_batches``."""
+        local = self.batch // (self.gpus // (self.t * self.p))
+        return local // self.micro_batches
 
 
 #: torchtitan docs/performance.md, Tables 1, 3, 4 and 5 (H100 96 GB; the rows without torch.compile where given)
@@ -358,7 +373,8 @@ def memory_job(row: MemoryRow) -> Job:
     hw = replace(Hardware.load("h100"), **TITAN_H100)
     fsdp = row.gpus // (row.t * row.p)
     return Job(spec=spec, hardware=replace(hw, memory=2.0**50), gpus=row.gpus, reserve=Reserve(),
-               global_batch_tokens=row.batch * spec.seq, tensor=(row.t,), pipeline=(row.p,), micro_batch_sizes=(1,),
+               global_batch_tokens=row.batch * spec.seq, tensor=(row.t,), pipeline=(row.p,),
+               micro_batch_sizes=(row.micro_batch_size,),
                recompute=(row.recompute,), recompute_modules=row.modules, precision=row.precision,
                fp8_gather=False, async_tp=row.async_tp, space=Space(families=(row.family,), chunks=(row.v,)),
                frameworks=(TITAN_SAC,), sharding=("fsdp",) if fsdp > 1 else ("ddp",))

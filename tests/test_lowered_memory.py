@@ -95,3 +95,23 @@ def test_the_planners_sharded_memory_is_the_lowered_programs():
     one, two = got["1f1b"], got["interleaved-1f1b"]
     assert one.gathered == pytest.approx(3 * one.state / 2)
     assert two.gathered < 3 * two.state / 2 * (1 - 1e-3)
+
+
+def test_a_layer_by_layer_rhythm_holds_two_neighbouring_layers():
+    """Reshard after forward with the layers known: the walk holds the two largest neighbouring layers' weights,
+    not the stage's; gradients reduced bucket by bucket in the one backward that makes them are that share too,
+    while a stage whose gradients accumulate over micro-batches holds all of them until its reduction."""
+    from dataclasses import replace
+
+    from stagewise.lowering import FRAMEWORKS
+
+    sizes = Sizes(params=8.0, grads=16.0, layers=((1, 2, 5),))
+    layer = replace(FRAMEWORKS["torchtitan"], fsdp_reduce="layer")
+    raf = Parallelism(pp=1, fsdp=2, reshard_after_forward=True)
+    one = lower(generate("1f1b", 1, 1), raf, LoweringOptions(overlap=layer, sizes=sizes, step_end=False))
+    peak = lowered_memory(one, [3.0])[0].peak
+    assert (peak.activations, peak.gathered, peak.grads) == (3.0, 8.0 * 7 / 8, 16.0 * 7 / 8)
+    kept = lower(generate("1f1b", 1, 1), Parallelism(pp=1, fsdp=2), LoweringOptions(sizes=sizes, step_end=False))
+    assert lowered_memory(kept, [3.0])[0].peak.gathered == 8.0
+    two = lower(generate("1f1b", 1, 2), raf, LoweringOptions(overlap=layer, sizes=sizes, step_end=False))
+    assert lowered_memory(two, [3.0])[0].peak.grads == 16.0  # B0's gradients wait for B1's reduction

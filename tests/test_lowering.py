@@ -433,3 +433,24 @@ def replace_options(opts, **kw):
     from dataclasses import replace
 
     return replace(opts, **kw)
+
+
+def test_reshard_after_forward_gathers_each_op_layer_by_layer():
+    """FSDP2's per-block rhythm with the layers known: each op gathers its stage again, the first layer it runs
+    (a forward's first, a backward's last) ahead of it and each next one while the one before it computes;
+    played, only the first layer's share waits before each op, where the whole stage's did at once."""
+    s = generate("1f1b", 1, 1)
+    opts = LoweringOptions(overlap=FRAMEWORKS["torchtitan"], step_end=False,
+                           sizes=Sizes(params=8.0, layers=((1, 2, 5),)), network=Network(intra_bandwidth=1.0))
+    par = Parallelism(pp=1, fsdp=2, reshard_after_forward=True)
+    low = check(lower(s, par, opts))
+    gathers = [(a.nbytes, a.during) for a in low.programs[0] if type(a) is CommAction and a.kind == "UNSHARD"]
+    assert gathers == [(1.0, False), (2.0, 0.0), (5.0, 1 / 3), (5.0, False), (2.0, 0.0), (1.0, 1 / 3)]
+    assert low.text(0) == "0UNSHARD 0F0 0UNSHARD 0UNSHARD 0RESHARD 0UNSHARD 0B0 0UNSHARD 0UNSHARD 0REDUCE_GRAD 0RESHARD"
+    costs = Costs(t_f=10.0, t_b=20.0)
+    layered = simulate_lowered(low, costs)
+    whole = simulate_lowered(lower(s, par, replace_sizes(opts, layers=None)), costs)
+    assert layered.starts[0][0] == pytest.approx(1 / 2)  # F0 waits for the first layer's 1 byte over 2 ranks
+    assert whole.starts[0][0] == pytest.approx(8 / 2)
+    # the forward's other layers came while it computed; B0 waits only for the last layer's 5 bytes, gathered again
+    assert layered.starts[0][1] == pytest.approx(1 / 2 + 10 + 5 / 2)

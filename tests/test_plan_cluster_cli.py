@@ -254,3 +254,25 @@ def test_split_bad_values_and_conflicts_exit_2(tmp_path, capsys):
     assert "--pipeline 3: no pipeline degree divides --gpus 64" in fails(capsys, *BASE, "--pipeline", "3")
     assert "--layout fixes the split" in fails(capsys, "plan", "--profile", "x.json", "-N", "4", "-G", "8",
                                                 "--layout", "E+t | t+H", "--split", "even")
+
+
+def test_a_torchtitan_plan_without_pp_reshards_after_forward_and_holds_two_blocks(tmp_path, capsys):
+    """torchtitan's FSDP runs block by block without PP (its 'default' reshard-after-forward policy): the plan's
+    layout says so and its gathered memory is a sliver of stagewise's, which keeps the stage gathered; under PP
+    torchtitan keeps it gathered too."""
+    base = ("plan", "--model", "llama3-8b", "--hardware", "h200", "--gpus", "8", "--global-batch-tokens", "128K",
+            "--tensor", "1", "--schedules", "1f1b", "--sharding", "fsdp", "--recompute", "full", "--json",
+            "-o", str(tmp_path / "p.csv"))
+    plans = {}
+    for fw, p in (("torchtitan", "1"), ("stagewise", "1"), ("torchtitan", "2")):
+        rc, out, err = run(capsys, *base, "--framework", fw, "--pipeline", p)
+        assert rc == 0, err
+        plan = json.loads(out)
+        assert plan["assumptions"]["frameworks"][fw]["reshard_after_forward"] == (
+            "default" if fw == "torchtitan" else "never")
+        plans[fw, p] = plan["ranking"][0]
+    titan, mine = plans["torchtitan", "1"], plans["stagewise", "1"]
+    assert titan["parallelism"]["reshard_after_forward"] is True
+    assert mine["parallelism"]["reshard_after_forward"] is False
+    assert plans["torchtitan", "2"]["parallelism"]["reshard_after_forward"] is False
+    assert 0 < titan["memory_parts"]["gathered"] < mine["memory_parts"]["gathered"] / 8

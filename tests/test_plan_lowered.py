@@ -84,3 +84,64 @@ def test_the_lowerings_data_parallel_groups_sit_where_the_grid_puts_them(placeme
         assert inside
     assert sorted(g for r in range(p) for d in low.global_ranks(r, "dp") for g in range(d, d + t)) == \
         list(range(p * dp * t))  # every GPU once
+
+
+# ---- FSDP's per-block rhythm without pipeline parallelism (Framework.reshard_after_forward)
+
+def _fsdp(fw, p=1, **kw):
+    """Llama 3 8B on 8 GPUs, FSDP, 16 sequences a step: at p = 1 one micro-batch of 2 per GPU."""
+    from stagewise.plan.cluster import Reserve
+
+    return replace(job(model="llama3-8b", gpus=8, tokens=16 * 8192, tensor=(1,), pipeline=(p,),
+                       micro_batch_sizes=(2,), frameworks=(fw,), sharding=("fsdp",), space=Space(families=("1f1b",)),
+                       reserve=Reserve(), recompute=("full",), **kw), hardware=replace(H100, memory=2.0**50))
+
+
+def test_without_pp_torchtitan_holds_two_blocks_gathered_and_gathers_again_for_the_backward():
+    """torchtitan reshards each block after its forward when p = 1: the plan holds the two largest neighbouring
+    layers' weights and gradients (its one backward reduce-scatters each layer as it leaves it) where the same
+    job kept gathered holds the whole model's; the rest of its memory is the same. Its step gathers the weights
+    again ahead of the backward (more exposed gather) and overlaps the reductions with the backward."""
+    from stagewise.plan.cluster import TORCHTITAN
+
+    kept_fw = replace(TORCHTITAN, name="torchtitan-kept", reshard_after_forward="never")
+    block, kept = (cluster_search(_fsdp(fw), keep=1).ranking[0] for fw in (TORCHTITAN, kept_fw))
+    assert block.config.m == kept.config.m == 1 and block.lowered and kept.lowered
+    assert block.parallelism.reshard_after_forward and not kept.parallelism.reshard_after_forward
+    gathered = block.memory_parts.gathered
+    assert 0 < gathered < kept.memory_parts.gathered / 8
+    assert max(kept.candidate.memory) - max(block.candidate.memory) == pytest.approx(
+        kept.memory_parts.gathered - gathered, rel=1e-9)
+    assert block.memory_parts.activations == kept.memory_parts.activations
+    assert block.exposed_gather > kept.exposed_gather
+    assert block.exposed_dp < kept.exposed_dp
+
+
+def test_the_lowered_walk_holds_what_the_per_block_rule_says():
+    """The prepared memory (data_parallel.held_gathered) and the lowered program's walk agree on a per-block
+    plan, with one micro-batch (gradients a window) and with two (gradients accumulate whole)."""
+    from stagewise.plan.cluster import TORCHTITAN
+
+    for mbs in (2, 1):
+        j = replace(_fsdp(TORCHTITAN), micro_batch_sizes=(mbs,))
+        walked = cluster_search(j, keep=1).ranking[0]
+        rules = cluster_search(j, keep=1, lowered=False).ranking[0]
+        assert walked.config == rules.config and walked.config.m == 2 // mbs
+        assert walked.memory_parts.gathered == pytest.approx(rules.memory_parts.gathered, rel=1e-9)
+        assert max(walked.candidate.memory) == pytest.approx(max(rules.candidate.memory), rel=1e-9)
+
+
+def test_under_pp_torchtitan_keeps_each_stage_gathered_as_before():
+    from stagewise.plan.cluster import TORCHTITAN
+
+    kept_fw = replace(TORCHTITAN, name="torchtitan-kept", reshard_after_forward="never")
+    block, kept = (cluster_search(_fsdp(fw, p=2), keep=1).ranking[0] for fw in (TORCHTITAN, kept_fw))
+    assert not block.parallelism.reshard_after_forward
+    assert (block.step_time, block.candidate.memory) == (kept.step_time, kept.candidate.memory)
+
+
+def test_a_bad_reshard_policy_is_refused_with_the_rule():
+    from stagewise.plan.cluster import TORCHTITAN
+
+    with pytest.raises(ValueError, match="unknown rule 'sometimes'"):
+        replace(TORCHTITAN, reshard_after_forward="sometimes")

@@ -12,7 +12,9 @@ runtime/execution/plan.py):
   of the stage whose first forward comes before its own (the program's first stage: at its first op),
   ahead of that op's receives; its ``REDUCE_GRAD`` (reduce-scatter, with ``dp`` > 1 then an all-reduce over
   dp: HSDP) and ``RESHARD`` follow its last action. With ``reshard_after_forward`` every F, B, I and W of a
-  sharded stage gathers it before and frees it after (FSDP's own per-layer rhythm).
+  sharded stage gathers it before and frees it after (FSDP's own per-layer rhythm): layer by layer where the
+  stage's layers are known (``Sizes.layers``), the first one the op runs (a forward's first, a backward's
+  last) ahead of it and each next one while the one before it computes, as FSDP2 prefetches one block ahead.
 - **data parallel** (``dp`` > 1): ``REDUCE_GRAD`` all-reduces (ZeRO-1: reduce-scatters) a stage's gradients
   after its last backward (B or W); with ZeRO-1 its updated weights are all-gathered (``UNSHARD`` over dp).
 - **when** (``Overlap``): a reduction after the stage's last backward (``stage``), during it (``layer``) or
@@ -203,8 +205,11 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
                 posted[src] = want + 1
         if raf:  # FSDP's per-layer rhythm: gathered before every op, freed after it
             touched = (op[1],) if len(acts) == 1 else tuple(sorted({a[1] for a in acts}))
-            out += [made["unshard"][s] for s in touched]
+            way = None if len(acts) > 1 else "forward" if op[0] == "F" else "backward"
+            out += [made["unshard"][s] if way is None else made[way][s][0] for s in touched]
         out.append(op)
+        if raf and way is not None:  # the other layers' gathers, each one layer ahead of the compute
+            out += made[way][op[1]][1]
         for kind, s, mb in acts if a2a is not None else ():
             if kind != "W" and a2a[s] is not None:
                 out.append(new(CommAction, (ALL_TO_ALL, s, mb, -1, "ep", a2a[s], "ep", "all-to-all", False)))
@@ -254,8 +259,8 @@ def _fixed(par: Parallelism, ov, made: dict, points: StagePoints) -> tuple[dict,
     if (fsdp and not raf) or (zero_gather and ov.gather != "end"):
         layer = (ov.fsdp_gather if fsdp else ov.gather) == "layer"
         for s, k in points.gathers.items():
-            rest = made["unshard_rest"][s] if layer else None
-            before.setdefault(k, []).append(made["unshard_first"][s] if rest else made["unshard"][s])
+            first, rest = made["forward"][s] if layer else (made["unshard"][s], ())
+            before.setdefault(k, []).append(first)
             if rest:  # the other layers' buckets, gathered while the op computes
                 after.setdefault(k, []).extend(rest)
     last_bw = sorted(points.last_backward.items())
@@ -284,13 +289,13 @@ def _stage_actions(par: Parallelism, sizes: dict, ov) -> dict[str, list[CommActi
     layers = sizes["layers"]
     return {"unshard": [CommAction(UNSHARD, s, None, -1, gather_group, b, stream, "all-gather")
                         for s, b in enumerate(sizes["params"])],
-            # a layer-wise gather: the first layer's share ahead of the op, layer k's once k - 1 of the op's n
-            # layers have run, one ahead of the compute (none: one layer)
-            "unshard_first": [CommAction(UNSHARD, s, None, -1, gather_group, b * xs[0], stream, "all-gather")
-                              for s, (b, xs) in enumerate(zip(sizes["params"], layers))],
-            "unshard_rest": [tuple(CommAction(UNSHARD, s, None, -1, gather_group, b * x, stream, "all-gather",
-                                              (k - 1) / len(xs)) for k, x in enumerate(xs) if k) or None
-                             for s, (b, xs) in enumerate(zip(sizes["params"], layers))],
+            # a layer-wise gather (a ``layer`` rule; with reshard after forward, per op): (the gather ahead of the
+            # op, those during it) in the order the op runs the layers, a forward from the first, a backward from
+            # the last
+            "forward": [_layer_gathers(s, b, xs, gather_group, stream) for s, (b, xs) in
+                        enumerate(zip(sizes["params"], layers))],
+            "backward": [_layer_gathers(s, b, xs[::-1], gather_group, stream) for s, (b, xs) in
+                         enumerate(zip(sizes["params"], layers))] if par.reshard_after_forward else None,
             "reshard": [CommAction(RESHARD, s, None, -1, "fsdp", 0.0, "fsdp") for s in range(len(sizes["params"]))],
             "reduce": [CommAction(REDUCE_GRAD, s, None, -1, group, b, stream, reduce_op) for s, b in
                        enumerate(sizes["grads"])],
@@ -302,6 +307,14 @@ def _stage_actions(par: Parallelism, sizes: dict, ov) -> dict[str, list[CommActi
                               tuple(CommAction(REDUCE_GRAD, s, None, -1, group, b * x, stream, reduce_op,
                                                (k + 1) / len(xs)) for k, x in enumerate(reversed(xs)))
                               for s, (b, xs) in enumerate(zip(sizes["grads"], layers))]}
+
+
+def _layer_gathers(s: int, nbytes: float, shares, group: str, stream: str) -> tuple:
+    """A stage's all-gather layer by layer, in ``shares``' order: the first layer's ahead of the op, layer k's
+    once k - 1 of the op's n layers have run (one ahead of the compute)."""
+    first = CommAction(UNSHARD, s, None, -1, group, nbytes * shares[0], stream, "all-gather")
+    return first, tuple(CommAction(UNSHARD, s, None, -1, group, nbytes * x, stream, "all-gather", (k - 1) / len(shares))
+                        for k, x in enumerate(shares) if k)
 
 
 def _ties(schedule: Schedule, nbytes: float, grads, r: int) -> list[CommAction]:

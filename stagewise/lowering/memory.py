@@ -9,11 +9,15 @@ The kinds, each read off the lowered program's own actions:
   ``RESHARD``: FSDP2 allocates the all-gather outputs when it unshards and frees them when it reshards
   (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``alloc_all_gather_outputs`` and
   ``free_unsharded_param``); ZeRO-1's gather over dp refreshes weights it holds anyway (state, not here).
+  Gathered layer by layer (``reshard_after_forward``: FSDP2 frees each layer after it ran and prefetches the
+  next), a stage holds ``at_once`` of its weights: its two largest neighbouring layers (``Sizes.layers``).
 - ``grads``: a sharded stage's unsharded gradients (``Sizes.grads``) from its first action that makes weight
   gradients (B or W; I makes input gradients only) to its ``REDUCE_GRAD``: while pipelining keeps
   ``set_requires_gradient_sync(False)`` FSDP2 accumulates them unsharded (``unsharded_accumulated_grad``,
   _fsdp_param_group.py ``post_backward``), and the stage's REDUCE_GRAD runs the reduce-scatter that frees
   them (torch/distributed/pipelining/stage.py ``perform_reduce_grad``). Replicated gradients are state.
+  Made and reduced bucket by bucket in one op (its reduction runs ``during`` it, and no earlier backward made
+  any: FSDP2's per-layer reduce-scatter outside pipelining), they are ``at_once`` of the stage's.
 - ``received``: a message's buffer from its ``RECV`` to the op that uses it (an F its activation, which then
   counts as that F's activation; a B or I its gradient, held through the op), at the boundary's bytes. This
   is stagewise's runtime, which receives into a fresh tensor; torch's ``PipelineStage`` instead allocates a
@@ -78,13 +82,30 @@ class RankMemory:
         return {"peak": self.peak.total, "parts": self.peak._asdict(), "at": self.at}
 
 
-def events(program, free_at_i: float = 0.0) -> Iterator[tuple[int, int, int, float]]:
+def at_once(shares: Sequence[float]) -> float:
+    """Of a stage whose layers have these shares, the most a layer-by-layer rhythm holds at once: the layer
+    computing and the one fetched or reduced beside it, the largest sum of two neighbours (one layer: all).
+
+    >>> at_once((0.25, 0.5, 0.25)), at_once((1.0,))
+    (0.75, 1.0)
+    """
+    return max(a + b for a, b in zip(shares, shares[1:])) if len(shares) > 1 else sum(shares)
+
+
+def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = None,
+           per_layer: bool = False) -> Iterator[tuple[int, int, int, float]]:
     """The rank's holdings as they change, in program order: (position, kind (``KINDS`` index), stage, amount
     per unit of that kind's size at that stage). A received buffer's stage is the boundary's: the stage that
-    sent an activation (``s - 1`` for ``RECV_F`` of s), or whose input gradient came back (s for ``RECV_B``)."""
+    sent an activation (``s - 1`` for ``RECV_F`` of s), or whose input gradient came back (s for ``RECV_B``).
+
+    ``window``: per stage, ``at_once`` of its layers' shares. A stage gathered ``per_layer`` (reshard after
+    forward: FSDP2 frees each layer after it ran) holds that share of its weights; gradients that the op making
+    the first of them also reduces bucket by bucket (``during`` it: no earlier backward accumulated any) are
+    that share of the stage's, each layer's freed once reduced."""
     gathered: set[int] = set()
-    graded: set[int] = set()  # sharded stages whose unsharded gradients exist
+    graded: dict[int, float] = {}  # sharded stages whose unsharded gradients exist -> the share held
     sharded = any(type(a) is CommAction and a.kind == UNSHARD and a.group == "fsdp" for a in program)
+    bucketed = _reduced_during(program) if window is not None else set()
     waiting: dict[tuple, int] = {}  # (direction, stage, mb) -> the boundary stage of a received buffer
     for k, op in enumerate(program):
         if type(op) is CommAction:
@@ -95,13 +116,12 @@ def events(program, free_at_i: float = 0.0) -> Iterator[tuple[int, int, int, flo
                 yield k, 3, b, 1.0
             elif kind == UNSHARD and op.group == "fsdp" and op.stage not in gathered:
                 gathered.add(op.stage)
-                yield k, 1, op.stage, 1.0
+                yield k, 1, op.stage, window[op.stage] if per_layer else 1.0
             elif kind == RESHARD and op.stage in gathered:
                 gathered.discard(op.stage)
-                yield k, 1, op.stage, -1.0
+                yield k, 1, op.stage, -(window[op.stage] if per_layer else 1.0)
             elif kind == REDUCE_GRAD and op.stage in graded:
-                graded.discard(op.stage)
-                yield k, 2, op.stage, -1.0
+                yield k, 2, op.stage, -graded.pop(op.stage)
             continue
         for a in ((op.forward, op.backward) if type(op) is Pair else (op,)):
             kind, s, mb = a
@@ -112,12 +132,23 @@ def events(program, free_at_i: float = 0.0) -> Iterator[tuple[int, int, int, flo
                 yield k, 0, s, 1.0
                 continue
             if sharded and kind != "I" and s not in graded:
-                graded.add(s)
-                yield k, 2, s, 1.0
+                graded[s] = window[s] if (k, s) in bucketed else 1.0
+                yield k, 2, s, graded[s]
             b = waiting.pop(("B", s, mb), None) if kind != "W" else None
             yield k, 0, s, -freed(kind, 1.0, free_at_i)
             if b is not None:
                 yield k, 3, b, -1.0
+
+
+def _reduced_during(program) -> set[tuple[int, int]]:
+    """(op position, stage) of each op that a bucketed reduction of the stage runs during."""
+    out, op = set(), -1
+    for k, a in enumerate(program):
+        if type(a) is not CommAction:
+            op = k
+        elif a.kind == REDUCE_GRAD and a.during is not False:
+            out.add((op, a.stage))
+    return out
 
 
 def sizes_of(low: Lowered, activation: Sequence[float], boundary: Sequence[float] | None = None) -> tuple:
@@ -133,12 +164,14 @@ def lowered_memory(low: Lowered, activation: Sequence[float], free_at_i: float =
     """Each rank's ``RankMemory`` under ``activation`` (per stage, one micro-batch's, in the unit wanted) and
     ``free_at_i`` (the cost model's), the weights, gradients and boundaries at ``sizes_of``'s."""
     size = sizes_of(low, activation, boundary)
+    window = [at_once(xs) for xs in low.options.sizes.resolve(low.schedule.stages)["layers"]]
+    per_layer = low.parallelism.reshard_after_forward
     out = []
     for prog in low.programs:
         held = [0.0] * len(KINDS)
         curve: list[tuple[int, Held]] = []
         best, at, top = Held(), 0, 0.0
-        for k, kind, s, amount in events(prog, free_at_i):
+        for k, kind, s, amount in events(prog, free_at_i, window, per_layer):
             held[kind] += amount * size[kind][s]
             now = Held(*held)
             if curve and curve[-1][0] == k:

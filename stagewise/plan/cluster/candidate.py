@@ -51,6 +51,8 @@ class ClusterCandidate:
     #: the step is the lowered program's (``lowered``: the data-parallel traffic played as actions); False: the
     #: O(stages) rules' of ``data_parallel``, the search's bound before a configuration is lowered
     lowered: bool = False
+    #: FSDP frees each block after its forward (``Framework.per_block``): the lowered program's rhythm
+    reshard_after_forward: bool = False
 
     @property
     def config(self) -> Config:
@@ -62,7 +64,7 @@ class ClusterCandidate:
         sharding and shard said by ``Parallelism.of_plan``)."""
         g = self.config
         return Parallelism.of_plan(p=g.p, dp=g.dp, t=self.t, sharding=self.sharding, shard=self.shard, ep=self.ep,
-                                   etp=self.etp)
+                                   etp=self.etp, reshard_after_forward=self.reshard_after_forward)
 
     @property
     def step_time(self) -> float:

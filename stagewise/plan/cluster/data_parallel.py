@@ -11,7 +11,9 @@ Sharded weights are all-gathered once per step (``overlap.GATHER``): after the o
 step (exposed, ZeRO-1 in DeepSpeed and stagewise), or ahead of each layer's or stage's
 first forward of the step, one unit ahead of the compute (Megatron-LM's
 ``--overlap-param-gather``, FSDP); only a gather that finishes after its unit's first
-forward was due delays the step.
+forward was due delays the step. Block by block (``Framework.per_block``) FSDP gathers a
+stage again for every op, a layer ahead of it (a backward from its last layer), and
+reduce-scatters each layer's gradients as the backward leaves it.
 
 Sharding (``overlap.SHARDING``), bytes per bf16 parameter byte held on a GPU:
 
@@ -22,7 +24,8 @@ Sharding (``overlap.SHARDING``), bytes per bf16 parameter byte held on a GPU:
 - fsdp (FSDP2 per stage, as the runtime runs it): a stage's bf16 weights are gathered
   for the step and its fp32 gradients accumulate unsharded until its last backward (1 +
   2, for every stage a rank holds), and the sharded fp32 weights, moments and reduced
-  gradient (2 + 4 + 2) are divided by the shard group;
+  gradient (2 + 4 + 2) are divided by the shard group; where FSDP runs block by block
+  (``Framework.per_block``) the 1 + 2 shrink to a window of layers (``held_gathered``);
 - hsdp: fsdp over a shard group of ``shard`` replicas, whose reduced shards are then
   all-reduced across the dp / shard groups.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...actions import Pair
+from ...lowering.memory import at_once
 from ...timeline import Timeline
 from ..search import Link
 
@@ -72,6 +76,25 @@ def gathered_factor(sharding: str) -> float:
     (3.0, 0.0)
     """
     return 1.0 + GRAD_BYTES_PER_PARAM_BYTE if sharding in ("fsdp", "hsdp") else 0.0
+
+
+def held_gathered(layer_bytes: list[float], *, per_block: bool, one_backward: bool) -> float:
+    """Bytes a sharded (FSDP, HSDP) stage whose layers hold these bf16 weight bytes holds only while gathered,
+    at its peak: ``gathered_factor``'s 1 + 2 of the whole stage; block by block (``Framework.per_block``) its
+    two largest neighbouring layers' weights (``lowering.memory.at_once``: the one computing, the one
+    prefetched), and their gradients too where its one backward reduces them as it leaves each layer
+    (``one_backward``: a single micro-batch), else all of its gradients, which accumulate until the last.
+
+    >>> held_gathered([1.0, 2.0, 5.0], per_block=False, one_backward=True)
+    24.0
+    >>> [held_gathered([1.0, 2.0, 5.0], per_block=True, one_backward=one) for one in (True, False)]
+    [21.0, 23.0]
+    """
+    whole = sum(layer_bytes)
+    if not per_block or whole <= 0:
+        return whole * (1.0 + GRAD_BYTES_PER_PARAM_BYTE)
+    window = at_once([b / whole for b in layer_bytes]) * whole
+    return window + GRAD_BYTES_PER_PARAM_BYTE * (window if one_backward else whole)
 
 
 def reduction_cost(mode: str, dp: int, shard: int | None, link: Link, across: Link) -> Callable[[float], float]:
@@ -140,28 +163,23 @@ def _ready(prog, starts, ends, piece_layer_bytes, stage_piece, rule: str,
 
 
 def exposed_gather(tl: Timeline, piece_layer_bytes: list[list[float]], stage_piece, unit: str,
-                   cost: Callable[[float], float]) -> float:
+                   cost: Callable[[float], float], per_block: bool = False) -> float:
     """Seconds the step waits for weights all-gathered ahead of their first forward (``unit``: "layer" or
     "stage", ``overlap.GATHER``), one unit ahead of the compute: a unit's gather starts when the previous one
     has ended and the compute has reached the unit before it; the largest lateness delays the step.
-    ``cost`` gives the seconds to all-gather a unit's bf16 parameter bytes."""
+    ``cost`` gives the seconds to all-gather a unit's bf16 parameter bytes. ``per_block``
+    (``Framework.per_block``): every op gathers its stage again layer by layer, a backward from its last."""
     t0 = min(st[0] for st in tl.starts if st)
     worst = 0.0
     for r, prog in enumerate(tl.schedule.programs):
-        first: dict[int, tuple[float, float]] = {}  # stage -> (start, end) of its first forward on this rank
-        n_stages = len(tl.schedule.stages_of_rank(r))
-        for op, s0, s1 in zip(prog, tl.starts[r], tl.ends[r]):
-            fwd = op.forward if type(op) is Pair else op
-            if fwd.kind == "F" and fwd.stage not in first:
-                first[fwd.stage] = (s0 - t0, s1 - t0)
-                if len(first) == n_stages:  # the first forwards come first: the rest cannot add one
-                    break
         units = []
-        for stage in sorted(first, key=first.get):
-            layers = piece_layer_bytes[stage_piece[stage]]
-            a, e = first[stage]
-            if unit == "layer":  # the forward reaches layer k a k/n of the way through
-                units += [(a + (e - a) * k / len(layers), b) for k, b in enumerate(layers)]
+        for op, (a, e) in _gathering_ops(prog, tl.starts[r], tl.ends[r], len(tl.schedule.stages_of_rank(r)),
+                                        per_block):
+            layers = piece_layer_bytes[stage_piece[op.stage]]
+            a, e = a - t0, e - t0
+            if unit == "layer" or per_block:  # the op reaches its k-th layer a k/n of the way through
+                order = layers if op.kind == "F" else layers[::-1]
+                units += [(a + (e - a) * k / len(order), b) for k, b in enumerate(order)]
             else:
                 units.append((a, sum(layers)))
         done, need_before = 0.0, 0.0
@@ -170,3 +188,18 @@ def exposed_gather(tl: Timeline, piece_layer_bytes: list[list[float]], stage_pie
             worst = max(worst, done - need)
             need_before = need
     return worst
+
+
+def _gathering_ops(prog, starts, ends, n_stages: int, per_block: bool) -> list:
+    """(action, (start, end)) of the ops of one rank that gather: each stage's first forward (``n_stages``:
+    how many the rank holds), in time order; ``per_block``: every op (a pair's forward half)."""
+    first: dict[int, tuple] = {}
+    for op, s0, s1 in zip(prog, starts, ends):
+        a = op.forward if type(op) is Pair else op
+        if per_block:
+            first[len(first)] = (a, (s0, s1))
+        elif a.kind == "F" and a.stage not in first:
+            first[a.stage] = (a, (s0, s1))
+            if len(first) == n_stages:  # the first forwards come first: the rest cannot add one
+                break
+    return sorted(first.values(), key=lambda x: x[1])

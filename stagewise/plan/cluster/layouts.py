@@ -77,12 +77,25 @@ def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles:
                 if not families:
                     continue
                 cl = replace(grid, state_factor=sf, expert_state_factor=esf if moe else None)
-                out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job, t=t,
-                                           ep=grid.ep, space=replace(job.space, families=families,
-                                                                     recompute=(mode == "stage",)),
-                                           recompute=mode, replay=replay, sharding=sharding, shard=shard,
-                                           frameworks=frameworks, _schedules=shared, skipped=skipped))
+                for rhythm, fws in _by_rhythm(frameworks, p, sharding):
+                    out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job,
+                                               t=t, ep=grid.ep,
+                                               space=replace(job.space, families=families_run(job, fws),
+                                                             recompute=(mode == "stage",)),
+                                               recompute=mode, replay=replay, sharding=sharding, shard=shard,
+                                               frameworks=fws, per_block=rhythm, _schedules=shared,
+                                               skipped=skipped))
     return out
+
+
+def _by_rhythm(frameworks: tuple[Framework, ...], p: int, sharding: str) -> list[tuple[bool, tuple]]:
+    """The frameworks in groups that hold the same sharded memory: (FSDP runs block by block, those that do so
+    at ``p``; ``Framework.per_block``), in their order, one group unless the sharding is FSDP's."""
+    sharded = sharding in ("fsdp", "hsdp")
+    groups: dict[bool, list] = {}
+    for fw in frameworks:
+        groups.setdefault(sharded and fw.per_block(p), []).append(fw)
+    return [(rhythm, tuple(fws)) for rhythm, fws in groups.items()]
 
 
 def _grids(job: Job, t: int, p: int, ranks: int) -> list[StageGrid]:

@@ -24,6 +24,7 @@ count at the ratio of the two per-byte times, so one collective per stage carrie
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import accumulate
 
 from ...lowering import Communication, Lowered, LoweringOptions, Network, Overlap, Sizes
 from ...lowering.memory import lowered_memory
@@ -36,10 +37,12 @@ from .grid import StageGrid
 from .overlap import Framework
 
 
-def overlap(fw: Framework) -> Overlap:
+def overlap(fw: Framework, per_block: bool = False) -> Overlap:
     """``fw``'s rule as the lowering's, less its blocking sends: the planner's costs already hold those
-    (``search.blocking_p2p`` moves each boundary's seconds into the sender's op)."""
-    return Overlap(reduce=fw.reduce, gather=fw.gather, fsdp_reduce=fw.fsdp_reduce, fsdp_gather=fw.fsdp_gather)
+    (``search.blocking_p2p`` moves each boundary's seconds into the sender's op). ``per_block``
+    (``Framework.per_block``): FSDP reduce-scatters each layer's gradients as the backward leaves it."""
+    return Overlap(reduce=fw.reduce, gather=fw.gather, fsdp_reduce="layer" if per_block else fw.fsdp_reduce,
+                   fsdp_gather=fw.fsdp_gather)
 
 
 def network(grid: StageGrid) -> Network:
@@ -50,12 +53,13 @@ def network(grid: StageGrid) -> Network:
 def communication(par: Parallelism, stage_layers: list[list[float]], gather_scale: float, fw: Framework,
                   grid: StageGrid) -> Communication:
     """What ``Costs.comm`` holds for a candidate: ``stage_layers`` each stage's layers' bf16 weight bytes on one
-    GPU of its t-group (the routed experts' folded in, ``_reduction_bytes``)."""
+    GPU of its t-group (the routed experts' folded in, ``_reduction_bytes``). A layout that reshards after
+    forward (``Framework.per_block``) runs FSDP block by block: gathers per op, reductions per layer."""
     stage_bytes = [sum(layers) for layers in stage_layers]
     sizes = Sizes(params=[b * gather_scale for b in stage_bytes],
                   grads=[b * GRAD_BYTES_PER_PARAM_BYTE for b in stage_bytes],
                   layers=tuple(stage_layers))
-    opts = LoweringOptions(overlap=overlap(fw), sizes=sizes, network=network(grid), moe=False,
+    opts = LoweringOptions(overlap=overlap(fw, par.reshard_after_forward), sizes=sizes, network=network(grid), moe=False,
                            step_end=False, p2p=False)
     return Communication(parallelism=par, options=opts)
 
@@ -67,15 +71,18 @@ def held_memory(low: Lowered, pre, h, profile, cluster, sharding: str) -> tuple[
     the program, where ``prepare`` (``pre``) summed their peaks: an upper bound, as the lowered peak is never
     more, so ``fits`` stays decided by the sum."""
     weights = stage_param_bytes(profile, pre.counts, h)
+    bounds = [0, *accumulate(pre.counts)]
+    layers = [[x.param_bytes for x in profile.layers[lo:hi]] for lo, hi in zip(bounds, bounds[1:])]
     sized = replace(low, options=replace(low.options, sizes=Sizes(
-        params=weights, grads=[GRAD_BYTES_PER_PARAM_BYTE * b for b in weights])))
+        params=weights, grads=[GRAD_BYTES_PER_PARAM_BYTE * b for b in weights],
+        layers=tuple(layers[k] for k in h.stage_piece))))
     sc = pre.costs.resolve(low.schedule.stages)
     held = lowered_memory(sized, sc.activation_bytes, sc.free_at_i)
-    gathered = rank_fixed_bytes(profile, pre.counts, h, gathered_factor(sharding))
-    rest = [m - g - a for m, g, a in zip(pre.memory, gathered, pre.activations)]  # state and transients
+    rest = [m - g - a for m, g, a in zip(pre.memory, pre.gathered, pre.activations)]  # state and transients
     memory = tuple(x + m.peak.total for x, m in zip(rest, held))
     r = max(range(len(memory)), key=memory.__getitem__)
-    state = rank_fixed_bytes(profile, pre.counts, h, cluster.state_factor, cluster)[r] - gathered[r]
+    state = (rank_fixed_bytes(profile, pre.counts, h, cluster.state_factor, cluster)[r]
+             - rank_fixed_bytes(profile, pre.counts, h, gathered_factor(sharding))[r])
     top = held[r].peak
     return memory, MemoryParts(state=state, gathered=top.gathered + top.grads, activations=top.activations,
                                transient=rest[r] - state)

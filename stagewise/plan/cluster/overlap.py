@@ -22,6 +22,9 @@ messages. Frameworks schedule them differently, each as its documentation says:
   the reduction of a stage starts at its last backward; a block's weights are
   all-gathered ahead of its first forward (FSDP2 prefetches one block ahead) and kept
   unsharded for the step (reshard after forward is off under pipeline parallelism).
+  Without pipeline parallelism FSDP2 runs block by block (``reshard_after_forward``):
+  each block is gathered one ahead of the forward and freed after it, gathered again one
+  ahead of the backward, and its gradients are reduce-scattered as the backward leaves it.
   Any schedule through torch's CSV.
 - stagewise (runtime/parallel: dp, zero, fsdp): a stage's gradient reduction starts
   as soon as its last B or W ends; with FSDP a stage's weights are all-gathered ahead
@@ -47,6 +50,9 @@ from ..errors import PlanError
 #: sharded), FSDP (ZeRO-3: weights, gradients and optimizer state sharded over the dp group), HSDP (sharded
 #: over a shard group, replicated across groups)
 SHARDING = ("ddp", "zero1", "fsdp", "hsdp")
+#: when FSDP frees each block after its forward (of torchtitan's ``--parallelism.fsdp_reshard_after_forward``
+#: policies): never, or by default only without pipeline parallelism (its "always" under PP is not planned)
+RESHARD_AFTER_FORWARD = ("never", "default")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +74,9 @@ class Framework:
     fsdp_reduce: str = "stage"  #: of REDUCE: when FSDP's reduce-scatter starts
     fsdp_gather: str = "stage"  #: of GATHER: the unit FSDP all-gathers ahead of its first forward
     blocking_p2p: bool = False  #: the sender waits for its activation or gradient to arrive
+    #: of RESHARD_AFTER_FORWARD: where FSDP runs block by block (``per_block``) instead of keeping a stage
+    #: gathered for the step
+    reshard_after_forward: str = "never"
     recompute: tuple[str, ...] = ("off", "selective", "full")  #: of analytic.RECOMPUTE
     #: "full" replays a whole stage in its backward (the stage's activations rebuilt at once), not block by block
     stage_recompute: bool = False
@@ -80,12 +89,24 @@ class Framework:
     def __post_init__(self) -> None:
         bad = ([x for x in self.sharding + self.default_sharding if x not in SHARDING]
                + [x for x in (self.reduce, self.fsdp_reduce) if x not in REDUCE]
-               + [x for x in (self.gather, self.fsdp_gather) if x not in GATHER])
+               + [x for x in (self.gather, self.fsdp_gather) if x not in GATHER]
+               + [x for x in (self.reshard_after_forward,) if x not in RESHARD_AFTER_FORWARD])
         if bad:
             raise ValueError(f"Framework {self.name}: unknown rule {bad[0]!r}")
 
     def runs(self, family: str) -> bool:
         return self.families is None or family in self.families
+
+    def per_block(self, p: int) -> bool:
+        """Whether FSDP runs block by block at pipeline degree ``p``: each block gathered one ahead of its
+        forward and freed after it, gathered again one ahead of its backward, its gradients reduce-scattered
+        as the backward leaves it (FSDP2's own hooks, outside torch.distributed.pipelining). Else a stage
+        stays gathered from its first forward to its last backward.
+
+        >>> TORCHTITAN.per_block(1), TORCHTITAN.per_block(8), STAGEWISE.per_block(1)
+        (True, False, False)
+        """
+        return self.reshard_after_forward == "default" and p == 1
 
 
 MEGATRON = Framework(
@@ -104,8 +125,10 @@ TORCHTITAN = Framework(
     name="torchtitan", title="torchtitan", families=tuple(f for f in FAMILIES if f != "dualpipe"),
     sharding=("fsdp", "hsdp", "ddp"), default_sharding=("fsdp",), reduce="stage", gather="end",
     fsdp_reduce="stage", fsdp_gather="layer", recompute=("off", "full"), async_tp=True,
-    source="torchtitan: FSDP2 fully_shard per transformer block in each stage, reshard_after_forward off under "
-           "PP; torch.distributed.pipelining reduce-scatters a stage's gradients after its last backward; any "
+    reshard_after_forward="default",
+    source="torchtitan: FSDP2 fully_shard per transformer block in each stage, reshard_after_forward = not "
+           "pp_enabled (torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy, 'default'; "
+           "Dec 2024 parallelize_llama.apply_fsdp alike); torch.distributed.pipelining reduce-scatters a stage's gradients after its last backward; any "
            "family but DualPipe (two model copies) through torch's CSV; its selective activation checkpointing "
            "is per operator (every second matmul recomputed), not the attention core, so it is not searched")
 STAGEWISE = Framework(

@@ -24,7 +24,8 @@ from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, bloc
                       exposure, is_block_model, layer_costs, peak_activation_bytes, rank_fixed_bytes, rank_optimizer_time,
                       rank_transient_bytes, stage_costs, step_sync_time, timing)
 from .candidate import ClusterCandidate, MemoryParts
-from .data_parallel import exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost
+from .data_parallel import (exposed_gather, exposed_reduction, gathered_factor, held_gathered, reduce_scatter_time,
+                            reduction_cost)
 from .lowered import communication, held_memory
 from .job import Job
 from .overlap import Framework
@@ -47,6 +48,7 @@ class Prepared(NamedTuple):
     #: the fullest GPU's bytes by kind: ``MemoryParts`` (the gathered weights are the term the lowered
     #: program's UNSHARD/RESHARD points will bound)
     parts: "MemoryParts | None" = None
+    gathered: tuple[float, ...] = ()  #: per rank, the bytes held only while gathered (``held_gathered``)
 
 
 @dataclass(kw_only=True)
@@ -62,6 +64,8 @@ class ClusterSearcher(Searcher):
     sharding: str = "zero1"  #: of ``overlap.SHARDING``
     shard: int | None = None  #: HSDP's shard group
     frameworks: tuple[Framework, ...] = ()  #: those that run this sharding and recomputation
+    #: FSDP runs block by block (``Framework.per_block``: the same for every one of ``frameworks``)
+    per_block: bool = False
     _timelines: dict = field(default_factory=dict)  #: (config, blocking P2P) -> (timeline, makespan, bubble)
 
     def _schedule(self, name: str, p: int, m: int, v: int):
@@ -109,7 +113,7 @@ class ClusterSearcher(Searcher):
         holds (``Family.holds_all``: every micro-batch of every stage at once): the average of every rank's
         state and its m micro-batches' kept bytes. 0 for the others."""
         fam = FAMILIES.get(c.family)
-        if fam is None or not fam.holds_all:
+        if fam is None or not fam.holds_all or self.per_block:  # (block by block: less than the layers' state)
             return 0.0
         lc = self._layer_costs(c)
         kept = min(lc.input_bytes) * c.p * c.v if lc.input_bytes else sum(lc.act)  # a recomputed piece: its input
@@ -127,16 +131,20 @@ class ClusterSearcher(Searcher):
         lc = self._layer_costs(c)
         part = evaluate(lc, h, counts, cl.memory)
         replay = self.replay.get(c.mbs, 0.0)
-        if max(part.rank_memory) + replay > cl.memory * (1 + 1e-9):  # too big: the partition's own memory says so
-            return Prepared(config=c, counts=counts, memory=tuple(x + replay for x in part.rank_memory),
+        gathered = rank_fixed_bytes(prof, counts, h, gathered_factor(self.sharding))  # the stages gathered whole
+        unheld = [0.0] * h.ranks  # what a block-by-block rhythm never holds at once
+        if self.per_block and self.sharding in ("fsdp", "hsdp"):
+            whole, gathered = gathered, self._gathered(counts, h, c)
+            unheld = [w - g for w, g in zip(whole, gathered)]
+        rank_memory = [x - u for x, u in zip(part.rank_memory, unheld)]
+        if max(rank_memory) + replay > cl.memory * (1 + 1e-9):  # too big: the partition's own memory says so
+            return Prepared(config=c, counts=counts, memory=tuple(x + replay for x in rank_memory),
                             activations=(), fits=False, bound=float("inf"), step_end=0.0, optimizer=0.0,
                             costs=None)
         costs = stage_costs(prof, counts, h, c.mbs, c.recompute, cl, c.p, c.dp)
         resolved = costs.resolve(sched.stages)
         acts = peak_activation_bytes(h, resolved.activation_bytes)
-        fixed = rank_fixed_bytes(prof, counts, h, cl.state_factor, cl)
-        gathered = rank_fixed_bytes(prof, counts, h, gathered_factor(self.sharding)) if self.sharding in (
-            "fsdp", "hsdp") else [0.0] * h.ranks
+        fixed = [f - u for f, u in zip(rank_fixed_bytes(prof, counts, h, cl.state_factor, cl), unheld)]
         transient = rank_transient_bytes(prof, counts, h, c.mbs, c.recompute)
         memory = tuple(f + a + x + replay for f, a, x in zip(fixed, acts, transient))
         r = max(range(h.ranks), key=memory.__getitem__)
@@ -152,7 +160,16 @@ class ClusterSearcher(Searcher):
         bound = max(c.m * part.bottleneck, fill) + end + over
         return Prepared(config=c, counts=counts, memory=memory, activations=acts,
                         fits=max(memory) <= cl.memory * (1 + 1e-9), bound=max(bound, self.floor(c)), step_end=end,
-                        optimizer=opt, costs=costs, free=counts == self._free_split(h, c), parts=parts)
+                        optimizer=opt, costs=costs, free=counts == self._free_split(h, c), parts=parts,
+                        gathered=tuple(gathered))
+
+    def _gathered(self, counts, h, c: Config) -> list[float]:
+        """Per rank, the bytes its sharded stages hold only while gathered (``held_gathered``; one micro-batch
+        is one backward per stage)."""
+        bounds = [0, *accumulate(counts)]
+        held = [held_gathered([x.param_bytes for x in self.profile.layers[lo:hi]], per_block=self.per_block,
+                              one_backward=c.m == 1) for lo, hi in zip(bounds, bounds[1:])]
+        return [sum(held[h.stage_piece[s]] for s in h.rank_stages[r]) for r in range(h.ranks)]
 
     def _layer_costs(self, c: Config) -> LayerCosts:
         """``layer_costs`` at ``c``'s micro-batch size and recomputation (cached: the profile and the cluster
@@ -253,6 +270,7 @@ class ClusterSearcher(Searcher):
                                 sharding=self.sharding, shard=self.shard, exposed_gather=gather,
                                 usable=cl.memory, band=hw.band, costed_from=long[0] if long else None,
                                 memory_band=hw.memory_band, memory_parts=pre.parts,
+                                reshard_after_forward=self.per_block and self.sharding in ("fsdp", "hsdp"),
                                 fragmentation=self.job.memory_reserve.fragmentation * hw.memory, **layout)
 
     def lowered(self, got: ClusterCandidate, pre: Prepared, fw: Framework) -> ClusterCandidate:
@@ -305,7 +323,7 @@ class ClusterSearcher(Searcher):
         shard_link = cl.data_parallel_link(c.p, group)
         cost = reduction_cost(mode, c.dp, self.shard, shard_link if mode == "hsdp" else link, cl.inter)
         sharded = mode in ("fsdp", "hsdp")
-        rule = fw.fsdp_reduce if sharded else fw.reduce
+        rule = ("layer" if self.per_block else fw.fsdp_reduce) if sharded else fw.reduce
         exposed = exposed_reduction(tl, layer_bytes, h.stage_piece, c.dp, link, rule=rule, cost=cost)
         if mode == "ddp" or group == 1:
             return exposed, 0.0
@@ -315,7 +333,8 @@ class ClusterSearcher(Searcher):
             return exposed, self._gather(c, pre.counts, h, fixed)
         g = self.gather_scale
         return exposed, exposed_gather(tl, layer_bytes, h.stage_piece, unit,
-                                       lambda nbytes: reduce_scatter_time(nbytes * g, group, shard_link))
+                                       lambda nbytes: reduce_scatter_time(nbytes * g, group, shard_link),
+                                       per_block=sharded and self.per_block)
 
 
 #: relative slack of a long step's pipeline bound: the extension of an exact family equals it up to rounding

@@ -28,6 +28,7 @@ def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, rec, se
     frameworks = {fw.name: {"title": fw.title, "families": fw.families, "sharding": fw.sharding,
                             "reduce": fw.reduce, "gather": fw.gather, "fsdp_reduce": fw.fsdp_reduce,
                             "fsdp_gather": fw.fsdp_gather, "blocking_p2p": fw.blocking_p2p,
+                            "reshard_after_forward": fw.reshard_after_forward,
                             "recompute": fw.recompute, "source": fw.source}
                   for fw in job.frameworks if fw.name in FRAMEWORKS}
     return {
@@ -107,7 +108,8 @@ def markdown(plan: dict, table: str) -> str:
     lines += ["Overlap rules per framework:", ""]
     for name, fw in asm["frameworks"].items():
         lines.append(f"- {fw['title']}: gradients reduced by {fw['reduce']} (FSDP: {fw['fsdp_reduce']}), "
-                     f"ZeRO-1 weights gathered at {fw['gather']} (FSDP: {fw['fsdp_gather']}), "
+                     f"ZeRO-1 weights gathered at {fw['gather']} (FSDP: {fw['fsdp_gather']}; block by block "
+                     f"without PP: {'yes' if fw['reshard_after_forward'] == 'default' else 'no'}), "
                      f"{'blocking' if fw['blocking_p2p'] else 'asynchronous'} P2P. {fw['source']}.")
     lines += ["", f"Search: {plan['search']['configurations']} configurations, {plan['search']['simulated']} "
                   f"simulated ({plan['search'].get('lowered', 0)} played as lowered programs), "
