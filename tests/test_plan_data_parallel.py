@@ -3,7 +3,7 @@
 import pytest
 
 from stagewise.costs import Costs
-from stagewise.plan.cluster import exposed_reduction, reduce_scatter_time
+from stagewise.plan.cluster import exposed_gather, exposed_reduction, reduce_scatter_time
 from stagewise.plan.search import Link
 from stagewise.schedules import generate
 from stagewise.simulate import simulate
@@ -22,6 +22,16 @@ def test_layers_reduce_as_the_last_backward_passes_them():
     assert exposed_reduction(tl, [[1.0] * 4], (0,), 2, ONE) == pytest.approx(8.5 - 6)
     assert exposed_reduction(tl, [[1.0] * 4], (0,), 2, ONE, all_reduce=True) == pytest.approx(12.5 - 6)
     assert exposed_reduction(tl, [[1.0] * 4], (0,), 1, ONE) == 0.0
+
+
+def test_block_by_block_every_op_gathers_and_each_wait_delays_the_ops_after_it():
+    # 1F1B, p = 1, m = 2, one layer gathered in 1.5: F0 0-1, F1 1-2, B0 2-4, B1 4-6 as simulated. Gathering once,
+    # F0 waits 1.5. Block by block each op gathers again, one op ahead: F0 waits 1.5 (runs 1.5-2.5), F1's
+    # gather ends at 3 (runs 3-4), B0's at 4.5 (runs 4.5-6.5), B1's at 6 (no wait): the step ends 2.5 later
+    tl = simulate(generate("1f1b", 1, 2, 1), Costs(t_f=1, t_b=2))
+    cost = lambda nbytes: 1.5 * nbytes  # noqa: E731
+    assert exposed_gather(tl, [[1.0]], (0,), "stage", cost) == pytest.approx(1.5)
+    assert exposed_gather(tl, [[1.0]], (0,), "stage", cost, per_block=True) == pytest.approx(2.5)
 
 
 def test_breadth_first_hides_more():

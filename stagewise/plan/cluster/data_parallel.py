@@ -172,21 +172,24 @@ def exposed_gather(tl: Timeline, piece_layer_bytes: list[list[float]], stage_pie
     t0 = min(st[0] for st in tl.starts if st)
     worst = 0.0
     for r, prog in enumerate(tl.schedule.programs):
-        units = []
+        done, need_before, shift = 0.0, 0.0, 0.0
         for op, (a, e) in _gathering_ops(prog, tl.starts[r], tl.ends[r], len(tl.schedule.stages_of_rank(r)),
                                         per_block):
             layers = piece_layer_bytes[stage_piece[op.stage]]
-            a, e = a - t0, e - t0
+            a, e = a - t0 + shift, e - t0 + shift
             if unit == "layer" or per_block:  # the op reaches its k-th layer a k/n of the way through
                 order = layers if op.kind == "F" else layers[::-1]
-                units += [(a + (e - a) * k / len(order), b) for k, b in enumerate(order)]
+                units = [(a + (e - a) * k / len(order), b) for k, b in enumerate(order)]
             else:
-                units.append((a, sum(layers)))
-        done, need_before = 0.0, 0.0
-        for need, nbytes in units:
-            done = max(done, need_before) + cost(nbytes)
-            worst = max(worst, done - need)
-            need_before = need
+                units = [(a, sum(layers))]
+            late = 0.0
+            for need, nbytes in units:
+                done = max(done, need_before) + cost(nbytes)
+                late = max(late, done - need)
+                need_before = need
+            if per_block:  # every op gathers: an op that waited starts the ones after it that much later
+                shift += late
+            worst = max(worst, shift if per_block else late)
     return worst
 
 
