@@ -161,14 +161,15 @@ def check_job(job: Job) -> None:
             raise PlanError(f"--expert {bad[0] if bad else ''}: each expert-parallel degree must be >= 1 and divide "
                             f"the {job.spec.moe.experts} experts of {job.spec.name}")
     _check_precision(job)
-    if not tensor_degrees(job):
+    degrees = tensor_degrees(job)
+    if not degrees:
         node = job.hardware.gpus_per_node
         tried = f" with --tensor {','.join(map(str, job.tensor))}" if job.tensor else ""
         raise PlanError(f"--gpus {job.gpus}{tried}: no tensor-parallel degree divides both the GPU count and a node "
                         f"of {node} GPUs while splitting {job.spec.heads} heads and {job.spec.kv_heads} KV heads")
-    if job.pipeline is not None and not any(job.gpus % (t * p) == 0 for t in tensor_degrees(job) for p in job.pipeline):
+    if job.pipeline is not None and not any(job.gpus % (t * p) == 0 for t in degrees for p in job.pipeline):
         raise PlanError(f"--pipeline {','.join(map(str, job.pipeline))}: no pipeline degree divides --gpus {job.gpus} / "
-                        f"t for t in {', '.join(map(str, tensor_degrees(job)))} (t x p x dp = --gpus)")
+                        f"t for t in {', '.join(map(str, degrees))} (t x p x dp = --gpus)")
 
 
 def _check_precision(job: Job) -> None:

@@ -24,13 +24,12 @@ count at the ratio of the two per-byte times, so one collective per stage carrie
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import accumulate
 
 from ...lowering import Communication, Lowered, LoweringOptions, Network, Overlap, Sizes
 from ...lowering.memory import lowered_memory
 from ...lowering.options import PIPELINE_OUTERMOST
 from ...parallelism import DIMS, Parallelism
-from ..search import network as network_of, rank_fixed_bytes, stage_param_bytes
+from ..search import network as network_of, piece_layer_bytes, rank_fixed_bytes
 from .candidate import MemoryParts
 from .data_parallel import GRAD_BYTES_PER_PARAM_BYTE, gathered_factor
 from .grid import StageGrid
@@ -70,12 +69,11 @@ def held_memory(low: Lowered, pre, h, profile, cluster, sharding: str) -> tuple[
     its fp32 unsharded gradients from its first weight backward to its REDUCE_GRAD, beside the activations over
     the program, where ``prepare`` (``pre``) summed their peaks: an upper bound, as the lowered peak is never
     more, so ``fits`` stays decided by the sum."""
-    weights = stage_param_bytes(profile, pre.counts, h)
-    bounds = [0, *accumulate(pre.counts)]
-    layers = [[x.param_bytes for x in profile.layers[lo:hi]] for lo, hi in zip(bounds, bounds[1:])]
+    pieces = piece_layer_bytes(profile, pre.counts)
+    layers = tuple(pieces[k] for k in h.stage_piece)  # DualPipe's two copies of a piece alike
+    weights = [sum(xs) for xs in layers]
     sized = replace(low, options=replace(low.options, sizes=Sizes(
-        params=weights, grads=[GRAD_BYTES_PER_PARAM_BYTE * b for b in weights],
-        layers=tuple(layers[k] for k in h.stage_piece))))
+        params=weights, grads=[GRAD_BYTES_PER_PARAM_BYTE * b for b in weights], layers=layers)))
     sc = pre.costs.resolve(low.schedule.stages)
     held = lowered_memory(sized, sc.activation_bytes, sc.free_at_i)
     rest = [m - g - a for m, g, a in zip(pre.memory, pre.gathered, pre.activations)]  # state and transients

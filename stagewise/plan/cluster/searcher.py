@@ -21,12 +21,12 @@ from ...layout import format_layout
 from ...schedules import FAMILIES
 from ...simulate import simulate
 from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, blocking_p2p, busiest_floor, evaluate,
-                      exposure, is_block_model, layer_costs, peak_activation_bytes, rank_fixed_bytes, rank_optimizer_time,
+                      exposure, is_block_model, layer_costs, peak_activation_bytes, piece_layer_bytes, rank_fixed_bytes, rank_optimizer_time,
                       rank_transient_bytes, stage_costs, step_sync_time, timing)
 from .candidate import ClusterCandidate, MemoryParts
 from .data_parallel import (exposed_gather, exposed_reduction, gathered_factor, held_gathered, reduce_scatter_time,
                             reduction_cost)
-from .lowered import communication, held_memory
+from .lowered import communication, held_memory, overlap
 from .job import Job
 from .overlap import Framework
 from .steady import extend, short_m
@@ -131,9 +131,11 @@ class ClusterSearcher(Searcher):
         lc = self._layer_costs(c)
         part = evaluate(lc, h, counts, cl.memory)
         replay = self.replay.get(c.mbs, 0.0)
-        gathered = rank_fixed_bytes(prof, counts, h, gathered_factor(self.sharding))  # the stages gathered whole
+        sharded = self.sharding in ("fsdp", "hsdp")
+        # the stages gathered whole (none unless sharded)
+        gathered = rank_fixed_bytes(prof, counts, h, gathered_factor(self.sharding)) if sharded else [0.0] * h.ranks
         unheld = [0.0] * h.ranks  # what a block-by-block rhythm never holds at once
-        if self.per_block and self.sharding in ("fsdp", "hsdp"):
+        if self.per_block and sharded:
             whole, gathered = gathered, self._gathered(counts, h, c)
             unheld = [w - g for w, g in zip(whole, gathered)]
         rank_memory = [x - u for x, u in zip(part.rank_memory, unheld)]
@@ -166,9 +168,8 @@ class ClusterSearcher(Searcher):
     def _gathered(self, counts, h, c: Config) -> list[float]:
         """Per rank, the bytes its sharded stages hold only while gathered (``held_gathered``; one micro-batch
         is one backward per stage)."""
-        bounds = [0, *accumulate(counts)]
-        held = [held_gathered([x.param_bytes for x in self.profile.layers[lo:hi]], per_block=self.per_block,
-                              one_backward=c.m == 1) for lo, hi in zip(bounds, bounds[1:])]
+        held = [held_gathered(layers, per_block=self.per_block, one_backward=c.m == 1)
+                for layers in piece_layer_bytes(self.profile, counts)]
         return [sum(held[h.stage_piece[s]] for s in h.rank_stages[r]) for r in range(h.ranks)]
 
     def _layer_costs(self, c: Config) -> LayerCosts:
@@ -323,7 +324,7 @@ class ClusterSearcher(Searcher):
         shard_link = cl.data_parallel_link(c.p, group)
         cost = reduction_cost(mode, c.dp, self.shard, shard_link if mode == "hsdp" else link, cl.inter)
         sharded = mode in ("fsdp", "hsdp")
-        rule = ("layer" if self.per_block else fw.fsdp_reduce) if sharded else fw.reduce
+        rule = overlap(fw, self.per_block).fsdp_reduce if sharded else fw.reduce
         exposed = exposed_reduction(tl, layer_bytes, h.stage_piece, c.dp, link, rule=rule, cost=cost)
         if mode == "ddp" or group == 1:
             return exposed, 0.0

@@ -20,8 +20,8 @@ from .explain import fmt_seconds, table, train_command, why
 from .holding import Holding, holding
 from .layers import LayerCosts, runs_of
 from .lowered import exposure, local_data_parallel, network
-from .model import (blocking_p2p, layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes,
-                    stage_costs, stage_param_bytes, step_sync_time)
+from .model import (blocking_p2p, layer_costs, piece_layer_bytes, rank_fixed_bytes, rank_optimizer_time,
+                    rank_transient_bytes, stage_costs, stage_param_bytes, step_sync_time)
 from .overhead import KEY, fit_overhead, fit_slowdown, step_overhead
 from .partition import Partition, PartitionError, best_split, evaluate, partition
 from .profile import MAX_SPREAD, LayerProfile, Link, Profile, ProfileError
@@ -33,7 +33,7 @@ __all__ = ["Candidate", "Cluster", "Config", "FORMAT", "Holding", "KEY", "LOCAL_
            "Recommendation", "Searcher", "Space", "VERSION", "best_split", "block_split", "blocking_p2p",
            "busiest_floor", "evaluate", "fit_overhead", "fit_slowdown", "fmt_bytes", "fmt_seconds", "holding",
            "interval", "is_block_model",
-           "exposure", "layer_costs", "local_data_parallel", "local_markdown", "local_plan", "memory_cell", "network", "parse_bytes", "partition",
+           "exposure", "layer_costs", "local_data_parallel", "local_markdown", "local_plan", "memory_cell", "network", "parse_bytes", "partition", "piece_layer_bytes",
            "peak_activation_bytes", "profile_band", "rank", "rank_fixed_bytes", "rank_optimizer_time",
            "rank_transient_bytes", "recommend", "runs_of", "search", "stage_costs", "stage_param_bytes", "step_overhead",
            "step_sync_time", "table", "tie", "tied_with_first", "timing", "train_command", "why"]

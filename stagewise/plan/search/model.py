@@ -66,10 +66,15 @@ def stage_costs(profile: Profile, counts, h: Holding, mbs: int, recompute: bool,
                  recompute=recompute, recompute_keep=keep if recompute else 0.0, **comm)
 
 
+def piece_layer_bytes(profile: Profile, counts) -> list[list[float]]:
+    """Parameter bytes of each layer of each model piece of the split ``counts``."""
+    bounds = [0, *accumulate(counts)]
+    return [[x.param_bytes for x in profile.layers[lo:hi]] for lo, hi in zip(bounds, bounds[1:])]
+
+
 def piece_param_bytes(profile: Profile, counts) -> list[float]:
     """Parameter bytes of each model piece of the split ``counts``."""
-    bounds = [0, *accumulate(counts)]
-    return [sum(x.param_bytes for x in profile.layers[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+    return [sum(layers) for layers in piece_layer_bytes(profile, counts)]
 
 
 def stage_param_bytes(profile: Profile, counts, h: Holding) -> list[float]:
