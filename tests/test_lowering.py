@@ -454,3 +454,36 @@ def test_reshard_after_forward_gathers_each_op_layer_by_layer():
     assert whole.starts[0][0] == pytest.approx(8 / 2)
     # the forward's other layers came while it computed; B0 waits only for the last layer's 5 bytes, gathered again
     assert layered.starts[0][1] == pytest.approx(1 / 2 + 10 + 5 / 2)
+
+
+def test_each_backward_reduces_what_it_made_under_the_each_rule():
+    """FSDP with gradient sync on between micro-batches (torchtitan's accumulation without PP): every B reduces
+    its layers as it leaves them, so the step reduce-scatters the stage m times and holds a window of its
+    gradients, where the "layer" rule reduces once, during the last B, after the gradients accumulated whole."""
+    from dataclasses import replace
+
+    from stagewise.lowering import Overlap
+    from stagewise.lowering.memory import lowered_memory
+
+    s = generate("1f1b", 1, 3)
+    par = Parallelism(pp=1, fsdp=2, reshard_after_forward=True)
+    opts = LoweringOptions(overlap=Overlap(fsdp_reduce="each", fsdp_gather="layer"), step_end=False,
+                           sizes=Sizes(params=4.0, grads=8.0, layers=((1, 2, 1),)))
+    each = check(lower(s, par, opts))
+    last = check(lower(s, par, replace(opts, overlap=Overlap(fsdp_reduce="layer", fsdp_gather="layer"))))
+    reduced = [[a.nbytes for a in low.programs[0] if type(a) is CommAction and a.kind == "REDUCE_GRAD"]
+               for low in (each, last)]
+    assert reduced == [[2.0, 4.0, 2.0] * 3, [2.0, 4.0, 2.0]]  # from the last layer, as each B leaves it
+    text = each.text(0).split()
+    assert [text.index(w) for w in ("0B0", "0B1", "0B2")] == sorted(text.index(w) for w in ("0B0", "0B1", "0B2"))
+    # after a backward, the stream's collectives in the order the op reaches them: a layer's reduce-scatter as
+    # the backward leaves it, then the prefetch released with it (FSDP's post- then pre-backward hooks)
+    prog = each.programs[0]
+    b0 = next(k for k, a in enumerate(prog) if str(a) == "0B0")
+    fsdp = [(a.kind, a.during) for a in prog[b0 + 1:] if type(a) is CommAction and a.kind != "RESHARD"][:5]
+    assert fsdp == [("UNSHARD", 0.0), ("REDUCE_GRAD", 1 / 3), ("UNSHARD", 1 / 3), ("REDUCE_GRAD", 2 / 3),
+                    ("REDUCE_GRAD", 1.0)]
+    held = [lowered_memory(low, [1.0])[0].peak.grads for low in (each, last)]
+    assert held == [pytest.approx(8.0 * 3 / 4), pytest.approx(8.0)]  # two neighbouring layers' share, or all
+    with pytest.raises(Exception, match="fsdp_reduce"):
+        Overlap(fsdp_reduce="sometimes")

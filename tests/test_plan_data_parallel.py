@@ -43,9 +43,10 @@ def test_breadth_first_hides_more():
 
 @pytest.mark.parametrize("name,p,v", [("1f1b", 3, 1), ("interleaved-1f1b", 2, 2), ("zb-v", 3, 2), ("dualpipe", 4, 2),
                                       ("looped-bfs", 2, 2), ("zb-h1", 3, 1)])
-@pytest.mark.parametrize("rule", ["layer", "stage", "drain"])
+@pytest.mark.parametrize("rule", ["layer", "stage", "drain", "each"])
 def test_the_reductions_read_each_stages_last_backward_as_a_scan_of_every_op_finds_it(name, p, v, rule):
-    """exposed_reduction stops at each rank's last backwards; the oracle reads the whole program."""
+    """exposed_reduction stops at each rank's last backwards (under "each" it reads every backward); the oracle
+    reads the whole program."""
     from stagewise.actions import Pair
 
     sched = generate(name, p, 2 * p, v)
@@ -55,14 +56,15 @@ def test_the_reductions_read_each_stages_last_backward_as_a_scan_of_every_op_fin
     got = exposed_reduction(tl, layers, stage_piece, 2, ONE, rule=rule)
     end, latest = max(en[-1] for en in tl.ends if en), 0.0
     for r, prog in enumerate(sched.programs):
-        last = {}
+        last, every = {}, []
         for op, s0, s1 in zip(prog, tl.starts[r], tl.ends[r]):
             back = op.backward if type(op) is Pair else op
             if back.kind in ("B", "W"):
                 last[back.stage] = (s0, s1)
+                every.append((back.stage, (s0, s1)))
         units = []
-        for s, (a, e) in last.items():
-            if rule == "layer":
+        for s, (a, e) in every if rule == "each" else last.items():
+            if rule in ("layer", "each"):
                 units += [(a + (e - a) * (k + 1) / 2, b) for k, b in enumerate(reversed(layers[s]))]
             else:
                 units.append((e if rule == "stage" else tl.ends[r][-1], sum(layers[s])))
@@ -76,7 +78,7 @@ def test_the_reductions_read_each_stages_last_backward_as_a_scan_of_every_op_fin
 @pytest.mark.parametrize("name,p,v", [("1f1b", 3, 1), ("interleaved-1f1b", 2, 2), ("zb-v", 3, 2), ("zb-h1", 3, 1),
                                       ("looped-bfs", 2, 2)])
 @pytest.mark.parametrize("rule,mode", [("stage", "zero1"), ("stage", "ddp"), ("drain", "zero1"), ("drain", "ddp"),
-                                       ("layer", "zero1"), ("layer", "ddp")])
+                                       ("layer", "zero1"), ("layer", "ddp"), ("each", "zero1"), ("each", "ddp")])
 def test_the_planners_reduction_rules_are_the_lowerings_played(name, p, v, rule, mode):
     """The planner's exposed reduction (in buckets as the stage's last backward passes its layers, after that
     backward, or after the drain) is what playing the lowered program's REDUCE_GRADs on the same timeline leaves

@@ -119,9 +119,11 @@ def test_without_pp_torchtitan_holds_two_blocks_gathered_and_gathers_again_for_t
 
 def test_the_lowered_walk_holds_what_the_per_block_rule_says():
     """The prepared memory (data_parallel.held_gathered) and the lowered program's walk agree on a per-block
-    plan, with one micro-batch (gradients a window) and with two (gradients accumulate whole)."""
+    plan, with one micro-batch and with two: torchtitan leaves FSDP's gradient sync on between accumulation
+    steps, so each backward reduce-scatters what it made and the gradients held are a window either way."""
     from stagewise.plan.cluster import TORCHTITAN
 
+    gathered = []
     for mbs in (2, 1):
         j = replace(_fsdp(TORCHTITAN), micro_batch_sizes=(mbs,))
         walked = cluster_search(j, keep=1).ranking[0]
@@ -129,6 +131,23 @@ def test_the_lowered_walk_holds_what_the_per_block_rule_says():
         assert walked.config == rules.config and walked.config.m == 2 // mbs
         assert walked.memory_parts.gathered == pytest.approx(rules.memory_parts.gathered, rel=1e-9)
         assert max(walked.candidate.memory) == pytest.approx(max(rules.candidate.memory), rel=1e-9)
+        gathered.append(walked.memory_parts.gathered)
+    assert gathered[0] == pytest.approx(gathered[1], rel=1e-9)
+
+
+def test_every_accumulation_step_reduce_scatters_under_torchtitan_without_pp():
+    """torchtitan's train_step runs its accumulation steps with FSDP's gradient sync on: at m = 2 each backward
+    reduce-scatters what it made (the lowering's "each" rule), and the rules and the lowered program agree on
+    what that exposes."""
+    from stagewise.plan.cluster import TORCHTITAN
+    from stagewise.plan.cluster.lowered import overlap
+
+    assert overlap(TORCHTITAN, per_block=True).fsdp_reduce == "each"
+    assert overlap(TORCHTITAN, per_block=False).fsdp_reduce == TORCHTITAN.fsdp_reduce
+    j = replace(_fsdp(TORCHTITAN), micro_batch_sizes=(1,))
+    walked, rules = cluster_search(j, keep=1).ranking[0], cluster_search(j, keep=1, lowered=False).ranking[0]
+    assert walked.config.m == 2 and walked.exposed_dp > 0
+    assert walked.step_time == pytest.approx(rules.step_time, rel=0.02)
 
 
 def test_under_pp_torchtitan_keeps_each_stage_gathered_as_before():

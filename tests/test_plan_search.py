@@ -34,6 +34,17 @@ def test_enumerates_every_p_dp_family_v_size_recompute():
         assert len(c.counts) == c.schedule.stages // (2 if g.family == "dualpipe" else 1) or g.v > 1
 
 
+def test_one_stage_is_planned_as_1f1b_unless_a_family_is_named():
+    """On one stage every family is gradient accumulation: left to itself the search plans p = 1 as 1f1b (gpipe
+    and the split backwards there are the same work, held longer or cut in two); a family asked for by name is
+    planned at p = 1 too."""
+    _, cands = run()
+    assert {c.config.family for c in cands if c.config.p == 1} == {"1f1b"}
+    assert {c.config.family for c in cands if c.config.p == 2} >= {"gpipe", "zb-h1", "1f1b"}
+    _, named = run(space=Space(families=("gpipe", "zb-h1")))
+    assert {c.config.family for c in named if c.config.p == 1} == {"gpipe", "zb-h1"}
+
+
 def test_ranking_fits_first_then_fastest():
     _, cands = run(memory=30e6)
     fits = [c.fits for c in cands]

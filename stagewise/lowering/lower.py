@@ -208,6 +208,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
             way = None if len(acts) > 1 else "forward" if op[0] == "F" else "backward"
             out += [made["unshard"][s] if way is None else made[way][s][0] for s in touched]
         out.append(op)
+        tail = len(out)
         if raf and way is not None:  # the other layers' gathers, each one layer ahead of the compute
             out += made[way][op[1]][1]
         for kind, s, mb in acts if a2a is not None else ():
@@ -221,6 +222,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
                 out.append(new(CommAction, (SEND_B, s, mb, to_b[s], "pp", nbytes[s - 1], "p2p", "", False)))
         if k in after:
             out += after[k]
+        out[tail:] = _in_release_order(out[tail:])
         if raf:
             out += [made["reshard"][s] for s in touched]
     out += final
@@ -229,6 +231,20 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
         out.append(CommAction(STEP_END, min(schedule.stages_of_rank(r), default=0), None, -1, "world",
                               opts.sizes.step_end, "world", "all-reduce"))
     return tuple(out)
+
+
+def _in_release_order(tail: list) -> list:
+    """What follows an op, with the collectives that run during it (a fraction of the way through) in the order
+    the op reaches them, each kept in one of their own slots: a stream runs its collectives in program order,
+    and FSDP issues a layer's reduce-scatter as the backward leaves it, then the prefetch of the layer after
+    next, so a gather released with a reduction comes after it."""
+    slots = [i for i, a in enumerate(tail) if type(a) is CommAction and type(a.during) is float]
+    if len(slots) < 2:
+        return tail
+    ordered = sorted((tail[i] for i in slots), key=lambda a: (a.during, a.kind != REDUCE_GRAD))
+    for i, a in zip(slots, ordered):
+        tail[i] = a
+    return tail
 
 
 def _NO_WIRING(stages: int) -> _Wiring:
@@ -264,8 +280,10 @@ def _fixed(par: Parallelism, ov, made: dict, points: StagePoints) -> tuple[dict,
             if rest:  # the other layers' buckets, gathered while the op computes
                 after.setdefault(k, []).extend(rest)
     last_bw = sorted(points.last_backward.items())
-    for s, k in last_bw if reduces and rule != "drain" else ():
-        after.setdefault(k, []).extend((made["reduce"][s],) if rule != "layer" else made["reduce_during"][s])
+    # "each": every backward reduces what it made (gradient sync on between micro-batches), else the last one
+    reducing = [(s, k) for s, ks in sorted(points.backwards.items()) for k in ks] if rule == "each" else last_bw
+    for s, k in reducing if reduces and rule != "drain" else ():
+        after.setdefault(k, []).extend((made["reduce"][s],) if rule == "stage" else made["reduce_during"][s])
     for s, k in sorted(points.last_use.items()) if fsdp and not raf else ():
         after.setdefault(k, []).append(made["reshard"][s])
     final = []

@@ -6,7 +6,9 @@ are gathered (the words are the planner's, plan/cluster/overlap.py, which reads 
 
 - ``reduce``: ``layer`` (Megatron-LM ``--overlap-grad-reduce``: buckets reduced as the stage's last backward
   produces them, so the reduction runs during that backward), ``stage`` (torchtitan, stagewise: after the
-  stage's last backward), ``drain`` (DeepSpeed: ``ReduceGrads`` after the rank's pipeline work);
+  stage's last backward), ``drain`` (DeepSpeed: ``ReduceGrads`` after the rank's pipeline work), ``each``
+  (every backward reduces its layers as it leaves them, as ``layer`` does the last one's: FSDP2's own hooks
+  with gradient sync left on between micro-batches, torchtitan's gradient accumulation without PP);
 - ``gather``: ``layer`` or ``stage`` (ahead of the stage's first forward, prefetched one stage ahead: FSDP2,
   Megatron-LM ``--overlap-param-gather`` for ZeRO-1's updated weights), ``end`` (ZeRO-1's all-gather after
   the optimizer step, exposed: DeepSpeed, stagewise's ZeRO-1);
@@ -22,7 +24,7 @@ from ..costs import CostError, PerStage, per_stage
 from ..parallelism import DIMS, Parallelism
 
 #: when a stage's gradient reduction may start
-REDUCE = ("layer", "stage", "drain")
+REDUCE = ("layer", "stage", "drain", "each")
 #: when sharded weights are all-gathered
 GATHER = ("layer", "stage", "end")
 

@@ -70,6 +70,7 @@ class StagePoints(NamedTuple):
     last_backward: dict  #: stage -> its last B or W (its weight gradients are complete after it)
     last_use: dict  #: stage -> its last op of any kind (a sharded stage is freed after it)
     gathers: dict  #: stage -> the op its gather is issued before: one stage ahead (see ``lower``)
+    backwards: dict  #: stage -> every B or W of it, in order (each makes weight gradients)
 
 
 def stage_points(program) -> StagePoints:
@@ -77,6 +78,7 @@ def stage_points(program) -> StagePoints:
     first_fw: dict[int, int] = {}
     last_bw: dict[int, int] = {}
     last_use: dict[int, int] = {}
+    backwards: dict[int, list[int]] = {}
     for k, op in enumerate(program):
         for kind, s, _ in ((op.forward, op.backward) if type(op) is Pair else (op,)):
             last_use[s] = k
@@ -85,8 +87,10 @@ def stage_points(program) -> StagePoints:
                     first_fw[s] = k
             elif kind == "B" or kind == "W":
                 last_bw[s] = k
+                backwards.setdefault(s, []).append(k)
     # one stage ahead: at the first forward of the stage whose first forward comes before its own (the
     # program's first stage: at its first op)
     order = sorted(first_fw, key=first_fw.get)
     gathers = {s: (first_fw[order[j - 1]] if j else 0) for j, s in enumerate(order)}
-    return StagePoints(first_forward=first_fw, last_backward=last_bw, last_use=last_use, gathers=gathers)
+    return StagePoints(first_forward=first_fw, last_backward=last_bw, last_use=last_use, gathers=gathers,
+                       backwards={s: tuple(ks) for s, ks in backwards.items()})

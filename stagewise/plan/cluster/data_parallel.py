@@ -78,23 +78,20 @@ def gathered_factor(sharding: str) -> float:
     return 1.0 + GRAD_BYTES_PER_PARAM_BYTE if sharding in ("fsdp", "hsdp") else 0.0
 
 
-def held_gathered(layer_bytes: list[float], *, per_block: bool, one_backward: bool) -> float:
+def held_gathered(layer_bytes: list[float], *, per_block: bool) -> float:
     """Bytes a sharded (FSDP, HSDP) stage whose layers hold these bf16 weight bytes holds only while gathered,
     at its peak: ``gathered_factor``'s 1 + 2 of the whole stage; block by block (``Framework.per_block``) its
-    two largest neighbouring layers' weights (``lowering.memory.at_once``: the one computing, the one
-    prefetched), and their gradients too where its one backward reduces them as it leaves each layer
-    (``one_backward``: a single micro-batch), else all of its gradients, which accumulate until the last.
+    two largest neighbouring layers' weights and gradients (``lowering.memory.at_once``: the one computing,
+    the one prefetched or being reduced), since every backward reduce-scatters the gradients it makes as it
+    leaves each layer (the lowering's "each" rule), whatever the micro-batches.
 
-    >>> held_gathered([1.0, 2.0, 5.0], per_block=False, one_backward=True)
-    24.0
-    >>> [held_gathered([1.0, 2.0, 5.0], per_block=True, one_backward=one) for one in (True, False)]
-    [21.0, 23.0]
+    >>> held_gathered([1.0, 2.0, 5.0], per_block=False), held_gathered([1.0, 2.0, 5.0], per_block=True)
+    (24.0, 21.0)
     """
     whole = sum(layer_bytes)
     if not per_block or whole <= 0:
         return whole * (1.0 + GRAD_BYTES_PER_PARAM_BYTE)
-    window = at_once([b / whole for b in layer_bytes]) * whole
-    return window + GRAD_BYTES_PER_PARAM_BYTE * (window if one_backward else whole)
+    return at_once([b / whole for b in layer_bytes]) * whole * (1.0 + GRAD_BYTES_PER_PARAM_BYTE)
 
 
 def reduction_cost(mode: str, dp: int, shard: int | None, link: Link, across: Link) -> Callable[[float], float]:
@@ -142,6 +139,14 @@ def _ready(prog, starts, ends, piece_layer_bytes, stage_piece, rule: str,
            n_stages: int) -> list[tuple[float, float]]:
     """(time a reduction may start, parameter bytes) of each unit of one rank's gradients (``n_stages``: how
     many stages the rank holds; the caller sorts the units)."""
+    if rule == "each":  # every backward op reduces its layers as it leaves them
+        out = []
+        for k, op in enumerate(prog):
+            back = op.backward if type(op) is Pair else op
+            if back.kind in ("B", "W"):
+                a, e, layers = starts[k], ends[k], piece_layer_bytes[stage_piece[back.stage]]
+                out += [(a + (e - a) * (j + 1) / len(layers), nbytes) for j, nbytes in enumerate(reversed(layers))]
+        return out
     last: dict[int, tuple[float, float]] = {}  # stage -> (start, end) of its last backward op
     for k in range(len(prog) - 1, -1, -1):  # from the end: the last backwards come last, so this stops early
         op = prog[k]

@@ -39,8 +39,9 @@ from .overlap import Framework
 def overlap(fw: Framework, per_block: bool = False) -> Overlap:
     """``fw``'s rule as the lowering's, less its blocking sends: the planner's costs already hold those
     (``search.blocking_p2p`` moves each boundary's seconds into the sender's op). ``per_block``
-    (``Framework.per_block``): FSDP reduce-scatters each layer's gradients as the backward leaves it."""
-    return Overlap(reduce=fw.reduce, gather=fw.gather, fsdp_reduce="layer" if per_block else fw.fsdp_reduce,
+    (``Framework.per_block``): FSDP reduce-scatters each layer's gradients as every backward leaves it (its
+    gradient sync is never turned off: torchtitan's accumulation steps each reduce-scatter)."""
+    return Overlap(reduce=fw.reduce, gather=fw.gather, fsdp_reduce="each" if per_block else fw.fsdp_reduce,
                    fsdp_gather=fw.fsdp_gather)
 
 

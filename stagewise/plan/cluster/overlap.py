@@ -100,8 +100,9 @@ class Framework:
     def per_block(self, p: int) -> bool:
         """Whether FSDP runs block by block at pipeline degree ``p``: each block gathered one ahead of its
         forward and freed after it, gathered again one ahead of its backward, its gradients reduce-scattered
-        as the backward leaves it (FSDP2's own hooks, outside torch.distributed.pipelining). Else a stage
-        stays gathered from its first forward to its last backward.
+        as every backward leaves it (FSDP2's own hooks, outside torch.distributed.pipelining; torchtitan's
+        gradient accumulation leaves the gradient sync on, trainer.py ``train_step``). Else a stage stays
+        gathered from its first forward to its last backward.
 
         >>> TORCHTITAN.per_block(1), TORCHTITAN.per_block(8), STAGEWISE.per_block(1)
         (True, False, False)

@@ -83,6 +83,10 @@ class ClusterSearcher(Searcher):
         self._schedules[("short",) + key] = (mc, a)
         return b
 
+    def _named_families(self) -> bool:
+        """The job's families, not those its frameworks run (``space.families``, always set here)."""
+        return bool(self.job.space.families)
+
     def long_step(self, c: Config) -> tuple[int, object] | None:
         """(mc, the mc schedule) when ``c``'s step is costed from shorter ones, else None."""
         return self._schedules.get(("short", c.family, c.p, c.m, c.v))
@@ -166,9 +170,8 @@ class ClusterSearcher(Searcher):
                         gathered=tuple(gathered))
 
     def _gathered(self, counts, h, c: Config) -> list[float]:
-        """Per rank, the bytes its sharded stages hold only while gathered (``held_gathered``; one micro-batch
-        is one backward per stage)."""
-        held = [held_gathered(layers, per_block=self.per_block, one_backward=c.m == 1)
+        """Per rank, the bytes its sharded stages hold only while gathered (``held_gathered``)."""
+        held = [held_gathered(layers, per_block=self.per_block)
                 for layers in piece_layer_bytes(self.profile, counts)]
         return [sum(held[h.stage_piece[s]] for s in h.rank_stages[r]) for r in range(h.ranks)]
 

@@ -145,6 +145,8 @@ class Searcher:
 
     def _families(self, p: int, m: int, layers: int, build: bool = True) -> Iterable[tuple[str, int]]:
         for name in self.space.families or tuple(FAMILIES):
+            if p == 1 and name != "1f1b" and not self._named_families():
+                continue  # on one stage every family is gradient accumulation, which 1f1b's program is
             fam = FAMILIES[name]
             for v in fam.chunks or self.space.chunks or range(2, layers // p + 1):
                 if p * v > layers or (p == 1 and v > 1):  # v chunks on one rank are gradient accumulation
@@ -164,6 +166,10 @@ class Searcher:
                     self.skipped["--layout has a different number of stages"] = 1
                     continue
                 yield name, v
+
+    def _named_families(self) -> bool:
+        """Whether the families were asked for by name (then each is planned at p = 1 too)."""
+        return bool(self.space.families)
 
     def _even(self, stages: int) -> tuple[int, ...] | None:
         """``even_split`` of this profile's layers over ``stages``."""
