@@ -222,7 +222,9 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
                 out.append(new(CommAction, (SEND_B, s, mb, to_b[s], "pp", nbytes[s - 1], "p2p", "", False)))
         if k in after:
             out += after[k]
-        out[tail:] = _in_release_order(out[tail:])
+            out[tail:] = _in_release_order(out[tail:])
+        elif raf and way is not None:
+            out[tail:] = _in_release_order(out[tail:])
         if raf:
             out += [made["reshard"][s] for s in touched]
     out += final
