@@ -222,8 +222,7 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
                 out.append(new(CommAction, (SEND_B, s, mb, to_b[s], "pp", nbytes[s - 1], "p2p", "", False)))
         if k in after:
             out += after[k]
-            out[tail:] = _in_release_order(out[tail:])
-        elif raf and way is not None:
+        if k in after or (raf and way is not None):  # only these can hold collectives that run during the op
             out[tail:] = _in_release_order(out[tail:])
         if raf:
             out += [made["reshard"][s] for s in touched]

@@ -144,8 +144,7 @@ def _ready(prog, starts, ends, piece_layer_bytes, stage_piece, rule: str,
         for k, op in enumerate(prog):
             back = op.backward if type(op) is Pair else op
             if back.kind in ("B", "W"):
-                a, e, layers = starts[k], ends[k], piece_layer_bytes[stage_piece[back.stage]]
-                out += [(a + (e - a) * (j + 1) / len(layers), nbytes) for j, nbytes in enumerate(reversed(layers))]
+                out += _as_left(starts[k], ends[k], piece_layer_bytes[stage_piece[back.stage]])
         return out
     last: dict[int, tuple[float, float]] = {}  # stage -> (start, end) of its last backward op
     for k in range(len(prog) - 1, -1, -1):  # from the end: the last backwards come last, so this stops early
@@ -160,11 +159,17 @@ def _ready(prog, starts, ends, piece_layer_bytes, stage_piece, rule: str,
     for stage, (a, e) in last.items():
         layers = piece_layer_bytes[stage_piece[stage]]
         if rule == "layer":
-            n = len(layers)
-            out += [(a + (e - a) * (k + 1) / n, nbytes) for k, nbytes in enumerate(reversed(layers))]
+            out += _as_left(a, e, layers)
         else:  # the whole stage at once: after its last backward, or once the rank has drained
             out.append((e if rule == "stage" else drained, sum(layers)))
     return out
+
+
+def _as_left(a: float, e: float, layers: list[float]) -> list[tuple[float, float]]:
+    """(when, bytes) of each layer's gradients as a backward running from ``a`` to ``e`` leaves it, the last
+    layer first."""
+    n = len(layers)
+    return [(a + (e - a) * (k + 1) / n, nbytes) for k, nbytes in enumerate(reversed(layers))]
 
 
 def exposed_gather(tl: Timeline, piece_layer_bytes: list[list[float]], stage_piece, unit: str,
