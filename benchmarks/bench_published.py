@@ -69,7 +69,8 @@ from stagewise.plan.search import Space
 from stagewise.plan.cluster import TransformerSpec
 
 #: Megatron-LM as it ran in 2021: replicated optimizer, gradients all-reduced in buckets during the backward
-MEGATRON_2021 = replace(MEGATRON, sharding=("ddp",), default_sharding=("ddp",), gather="end",
+MEGATRON_2021 = replace(MEGATRON, sharding=("ddp",), default_sharding=("ddp",),
+                        overlap=replace(MEGATRON.overlap, gather="end"),
                         source="Megatron-LM 2021 (SC21): data-parallel all-reduce of the gradients, no sharded "
                                "optimizer, no sequence parallelism")
 #: DeepSeek's HAI-LLM as the report describes it: DualPipe, ZeRO-1 data parallel, overlapped reductions

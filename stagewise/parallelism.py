@@ -45,7 +45,9 @@ class ParallelismError(StagewiseError):
 DIMS = ("dp", "fsdp", "ep", "pp", "tp")
 #: the dimensions whose ranks take different rows of a step's batch (tp ranks take the same rows)
 DATA_DIMS = ("dp", "fsdp", "ep")
-#: the planner's data-parallel shardings (plan/overlap.SHARDING) and how each maps onto dp x fsdp x zero
+#: the data-parallel shardings a plan names (``sharding``; ``of_plan`` maps each onto dp x fsdp x zero): replicated
+#: (gradients all-reduced), ZeRO-1 (optimizer state sharded), FSDP (ZeRO-3: weights, gradients and optimizer
+#: state sharded over the data-parallel ranks), HSDP (sharded over a shard group, replicated across groups)
 SHARDINGS = ("ddp", "zero1", "fsdp", "hsdp")
 
 

@@ -143,7 +143,7 @@ def test_every_accumulation_step_reduce_scatters_under_torchtitan_without_pp():
     from stagewise.plan.cluster.lowered import overlap
 
     assert overlap(TORCHTITAN, per_block=True).fsdp_reduce == "each"
-    assert overlap(TORCHTITAN, per_block=False).fsdp_reduce == TORCHTITAN.fsdp_reduce
+    assert overlap(TORCHTITAN, per_block=False).fsdp_reduce == TORCHTITAN.overlap.fsdp_reduce
     j = replace(_fsdp(TORCHTITAN), micro_batch_sizes=(1,))
     walked, rules = cluster_search(j, keep=1).ranking[0], cluster_search(j, keep=1, lowered=False).ranking[0]
     assert walked.config.m == 2 and walked.exposed_dp > 0

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.costs import Costs
+from stagewise.costs import CostError, Costs
+from stagewise.lowering import FRAMEWORKS as OVERLAPS, Overlap
 from stagewise.plan.cluster import exposed_gather, exposed_reduction, reduction_cost, state_factor
 from stagewise.plan.cluster import FRAMEWORKS, Framework, framework
 from stagewise.plan.errors import PlanError
@@ -21,16 +22,20 @@ ONE = Link(latency=0.0, bandwidth=1.0)  # dp = 2: a layer of 1 byte takes 1 time
 
 
 def test_the_rules_are_each_frameworks_documented_ones():
-    assert FRAMEWORKS["megatron"].reduce == "layer" and FRAMEWORKS["megatron"].gather == "layer"
-    assert FRAMEWORKS["deepspeed"].reduce == "drain" and FRAMEWORKS["deepspeed"].blocking_p2p
-    assert FRAMEWORKS["torchtitan"].fsdp_reduce == "stage" and FRAMEWORKS["torchtitan"].default_sharding == ("fsdp",)
+    assert FRAMEWORKS["megatron"].overlap.reduce == "layer" and FRAMEWORKS["megatron"].overlap.gather == "layer"
+    assert FRAMEWORKS["deepspeed"].overlap.reduce == "drain" and FRAMEWORKS["deepspeed"].overlap.blocking_p2p
+    assert FRAMEWORKS["torchtitan"].overlap.fsdp_reduce == "stage" and FRAMEWORKS["torchtitan"].default_sharding == ("fsdp",)
     assert FRAMEWORKS["megatron"].families == ("1f1b", "interleaved-1f1b")
     assert FRAMEWORKS["deepspeed"].families == ("1f1b",) and "dualpipe" not in FRAMEWORKS["torchtitan"].families
     with pytest.raises(PlanError, match="--framework 'colossal': choose one of megatron, torchtitan"):
         framework("colossal")
-    with pytest.raises(ValueError, match="unknown rule 'later'"):
-        Framework(name="x", title="X", families=None, sharding=("ddp",), default_sharding=("ddp",), reduce="later",
-                  gather="end")
+    with pytest.raises(CostError, match="`reduce` 'later' is not one of"):
+        Framework(name="x", title="X", families=None, sharding=("ddp",), default_sharding=("ddp",),
+                  overlap=Overlap(reduce="later", gather="end"))
+    with pytest.raises(ValueError, match="unknown rule 'zero3'"):
+        Framework(name="x", title="X", families=None, sharding=("zero3",), default_sharding=("ddp",), overlap=Overlap())
+    for fw in FRAMEWORKS.values():  # the planner's rules are the lowering's, written once
+        assert fw.overlap is OVERLAPS[fw.name]
 
 
 def test_a_stages_reduction_waits_for_its_last_backward_and_drain_for_the_rank():

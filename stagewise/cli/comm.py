@@ -27,9 +27,17 @@ def add_comm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter-latency", type=finite_float, default=0.0, help="one collective step across nodes")
 
 
-#: ``lowering.FRAMEWORKS``'s names, written here so that building a parser does not import the lowering
-#: (a third of ``stagewise simulate``'s start-up); tests/test_cli_core.py holds the two equal
-FRAMEWORK_NAMES = ("megatron", "torchtitan", "deepspeed", "stagewise")
+class FrameworkNames:
+    """``lowering.FRAMEWORKS``'s names, read only when argparse checks a value or prints help: building a parser
+    does not import the lowering (a third of ``stagewise simulate``'s start-up)."""
+
+    def __iter__(self):
+        from ..lowering import FRAMEWORKS
+
+        return iter(FRAMEWORKS)
+
+    def __contains__(self, name) -> bool:
+        return name in tuple(self)
 
 
 def add_layout_args(p: argparse.ArgumentParser):
@@ -45,8 +53,8 @@ def add_layout_args(p: argparse.ArgumentParser):
             g.add_argument(f.metadata["flag"], type=int, choices=(0, 1), default=None, help=f.metadata["help"])
         else:
             g.add_argument(f.metadata["flag"], type=positive_int, default=None, help=f.metadata["help"])
-    g.add_argument("--framework", choices=FRAMEWORK_NAMES, default=None,
-                   help="whose overlap rule places the reductions and gathers (default stagewise)")
+    g.add_argument("--framework", choices=FrameworkNames(), default=None, metavar="NAME",
+                   help="whose overlap rule places the reductions and gathers: %(choices)s (default stagewise)")
     g.add_argument("--param-bytes", type=per_stage_value, default=None, metavar="B[,B..]",
                    help="bytes of one stage's parameters (per tensor-parallel rank, unsharded)")
     g.add_argument("--grad-bytes", type=per_stage_value, default=None, metavar="B[,B..]",

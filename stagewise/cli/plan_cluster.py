@@ -18,7 +18,8 @@ _BINARY = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 def add_options(p) -> None:
     """The cluster options of `stagewise plan` (used instead of --profile, -N and -G)."""
-    from ..plan.cluster import FRAMEWORKS, SHARDING
+    from ..parallelism import SHARDINGS
+    from ..plan.cluster import FRAMEWORKS
 
     g = p.add_argument_group("cluster scale (instead of --profile, -N, -G)")
     g.add_argument("--model", metavar="MODEL", default=None,
@@ -35,7 +36,7 @@ def add_options(p) -> None:
                    help="cost and rank layouts by this framework's rules only (what overlaps with what, the "
                         "schedules it runs); default: every framework's, each with its best layout and command")
     g.add_argument("--sharding", default=None, metavar="MODE,..",
-                   help=f"data-parallel sharding to try, of {', '.join(SHARDING)} (default: each framework's own: "
+                   help=f"data-parallel sharding to try, of {', '.join(SHARDINGS)} (default: each framework's own: "
                         "ZeRO-1 for Megatron-LM, DeepSpeed and stagewise, FSDP for torchtitan)")
     g.add_argument("--hsdp-shard", default=None, metavar="S,..",
                    help="HSDP shard-group sizes to try with --sharding hsdp (default 2,4,8,16,32,64)")
@@ -191,12 +192,12 @@ def _words(text: str, option: str) -> tuple[str, ...]:
 
 
 def _names(text: str, option: str) -> tuple[str, ...]:
-    from ..plan.cluster import SHARDING
+    from ..parallelism import SHARDINGS
 
     names = tuple(x.strip() for x in text.split(","))
-    bad = [n for n in names if n not in SHARDING]
+    bad = [n for n in names if n not in SHARDINGS]
     if bad or len(text) > 200:
-        raise UsageError(f"{option} {text[:40]!r}: each must be one of {', '.join(SHARDING)} (leave the option out "
+        raise UsageError(f"{option} {text[:40]!r}: each must be one of {', '.join(SHARDINGS)} (leave the option out "
                          "for each framework's own)")
     return names
 

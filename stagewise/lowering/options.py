@@ -2,7 +2,7 @@
 sizes in bytes, the network.
 
 ``Overlap`` is one framework's rule for when a stage's gradient reduction starts and when sharded weights
-are gathered (the words are the planner's, plan/cluster/overlap.py, which reads them from here):
+are gathered (the planner's ``Framework`` holds its framework's, plan/cluster/overlap.py):
 
 - ``reduce``: ``layer`` (Megatron-LM ``--overlap-grad-reduce``: buckets reduced as the stage's last backward
   produces them, so the reduction runs during that backward), ``stage`` (torchtitan, stagewise: after the
@@ -50,7 +50,7 @@ class Overlap:
             raise CostError("`fsdp_gather` 'end': FSDP gathers a stage before it computes (layer or stage)")
 
 
-#: each framework's rule (plan/cluster/overlap.py's Framework values say the same, read from here)
+#: each framework's rule, written here once (the planner's ``Framework`` values hold these)
 FRAMEWORKS = {
     "megatron": Overlap(reduce="layer", gather="layer"),
     "torchtitan": Overlap(reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="layer"),

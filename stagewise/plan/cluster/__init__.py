@@ -31,7 +31,7 @@ from .grid import PLACEMENTS, StageGrid, expert_layouts, group_nodes
 from .hardware import PRECISIONS, Fp8, Hardware, Reserve, parse_reserve
 from .job import Job, check_job, shardings, tensor_degrees
 from .layouts import recompute_modes, searchers
-from .overlap import (DEEPSPEED, FRAMEWORKS, MEGATRON, SHARDING, STAGEWISE, TORCHTITAN, Framework, framework,
+from .overlap import (DEEPSPEED, FRAMEWORKS, MEGATRON, STAGEWISE, TORCHTITAN, Framework, framework,
                       refusal)
 from .search import Result, cluster_search
 from .searcher import ClusterSearcher, pipeline_bound
@@ -42,7 +42,7 @@ from .written import cluster_plan, markdown
 
 __all__ = ["CHECKPOINT_BYTES_PER_PARAM", "ClusterCandidate", "ClusterSearcher", "Compute", "DEEPSPEED", "DEFAULT_MODULES", "ExpertParallel",
            "FRAMEWORKS", "Fp8", "Framework", "Hardware", "Job", "MEGATRON", "MLA", "MemoryParts", "MoE", "PLACEMENTS",
-           "PRECISIONS", "RECOMPUTE", "RECOMPUTE_MODULES", "Reserve", "Result", "SHARDING", "STAGEWISE", "SpecError",
+           "PRECISIONS", "RECOMPUTE", "RECOMPUTE_MODULES", "Reserve", "Result", "STAGEWISE", "SpecError",
            "StageGrid", "TORCHTITAN", "TensorParallel", "TransformerSpec", "VERSIONS", "analytic_profile",
            "block_activation_bytes", "block_counts", "boundary_bytes", "check_job", "cluster_plan", "cluster_search",
            "cluster_why", "commands", "expert_a2a_time", "expert_layouts", "exposed_gather", "exposed_reduction",

@@ -33,7 +33,7 @@ class ClusterCandidate:
     #: what the blocks recompute: of ``RECOMPUTE`` (the profile's), or "stage" (the runtime's whole stage)
     recompute: str = "off"
     framework: str = "stagewise"  #: whose overlap rules it is costed under (``overlap.FRAMEWORKS``)
-    sharding: str = "zero1"  #: of ``overlap.SHARDING``
+    sharding: str = "zero1"  #: of ``parallelism.SHARDINGS``
     shard: int | None = None  #: HSDP: the shard group (dp / shard replicas of it)
     exposed_gather: float = 0.0  #: seconds the step waits for all-gathered weights
     usable: float = float("inf")  #: bytes per GPU the plan may fill (the memory less the reserve)

@@ -15,7 +15,7 @@ forward was due delays the step. Block by block (``Framework.per_block``) FSDP g
 stage again for every op, a layer ahead of it (a backward from its last layer), and
 reduce-scatters each layer's gradients as the backward leaves it.
 
-Sharding (``overlap.SHARDING``), bytes per bf16 parameter byte held on a GPU:
+Sharding (``parallelism.SHARDINGS``), bytes per bf16 parameter byte held on a GPU:
 
 - ddp: weights 1 + fp32 gradients 2 + fp32 master weights and Adam's moments 6; the
   gradients are all-reduced;

@@ -14,7 +14,8 @@ from .data_parallel import state_factor
 from .grid import PLACEMENTS
 from ..errors import PlanError
 from .hardware import Hardware, Reserve
-from .overlap import FRAMEWORKS, SHARDING, Framework
+from ...parallelism import SHARDINGS
+from .overlap import FRAMEWORKS, Framework
 from ..search import Space
 from .transformer import TransformerSpec
 
@@ -49,7 +50,7 @@ class Job:
     space: Space = field(default_factory=lambda: Space(chunks=None))
     #: the frameworks whose rules a layout is costed under (``overlap.FRAMEWORKS``), each with what it can run
     frameworks: tuple[Framework, ...] = tuple(FRAMEWORKS.values())
-    #: data-parallel sharding tried, of ``overlap.SHARDING`` (None: each framework's default; ``zero`` False: ddp)
+    #: data-parallel sharding tried, of ``parallelism.SHARDINGS`` (None: each framework's default; ``zero`` False: ddp)
     sharding: tuple[str, ...] | None = None
     hsdp_shards: tuple[int, ...] = (2, 4, 8, 16, 32, 64)  #: HSDP shard-group sizes tried (those that divide dp)
     reserve: Reserve | None = None  #: memory kept free per GPU (None: the hardware file's reserve)
@@ -133,9 +134,9 @@ def check_job(job: Job) -> None:
     bad = [m for m in job.recompute if m not in RECOMPUTE]
     if bad or not job.recompute:
         raise PlanError(f"--recompute {','.join(job.recompute)}: each must be one of {', '.join(RECOMPUTE)}")
-    bad = [m for m in job.sharding or () if m not in SHARDING]
+    bad = [m for m in job.sharding or () if m not in SHARDINGS]
     if bad or job.sharding == ():
-        raise PlanError(f"--sharding {','.join(job.sharding)}: each must be one of {', '.join(SHARDING)}")
+        raise PlanError(f"--sharding {','.join(job.sharding)}: each must be one of {', '.join(SHARDINGS)}")
     if not job.frameworks:
         raise PlanError("--framework: give at least one framework")
     if not any(shardings(job, fw) for fw in job.frameworks):

@@ -41,8 +41,8 @@ def overlap(fw: Framework, per_block: bool = False) -> Overlap:
     (``search.blocking_p2p`` moves each boundary's seconds into the sender's op). ``per_block``
     (``Framework.per_block``): FSDP reduce-scatters each layer's gradients as every backward leaves it (its
     gradient sync is never turned off: torchtitan's accumulation steps each reduce-scatter)."""
-    return Overlap(reduce=fw.reduce, gather=fw.gather, fsdp_reduce="each" if per_block else fw.fsdp_reduce,
-                   fsdp_gather=fw.fsdp_gather)
+    rule = fw.overlap
+    return replace(rule, blocking_p2p=False, fsdp_reduce="each" if per_block else rule.fsdp_reduce)
 
 
 def network(grid: StageGrid) -> Network:

@@ -33,23 +33,20 @@ messages. Frameworks schedule them differently, each as its documentation says:
   step. Every family.
 
 The optimizer step is exposed in all four (it needs the reduced gradients). The rules
-are data: ``Framework`` values, replaced field by field for a variant (the Megatron-LM
-2021 runs of the published rows reduce without ZeRO).
+are data: each ``Framework`` holds the lowering's ``Overlap`` (``lowering.FRAMEWORKS``, where
+they are written once), replaced field by field for a variant (the Megatron-LM 2021 runs of
+the published rows reduce without ZeRO).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...lowering.options import GATHER, REDUCE  # the words of when reductions start and gathers are issued
+from ...lowering.options import FRAMEWORKS as OVERLAPS, Overlap
 from ...schedules import FAMILIES
-from ...parallelism import Parallelism
+from ...parallelism import SHARDINGS, Parallelism
 from ..errors import PlanError
 
-#: data-parallel sharding a framework may run: replicated (gradients all-reduced), ZeRO-1 (optimizer state
-#: sharded), FSDP (ZeRO-3: weights, gradients and optimizer state sharded over the dp group), HSDP (sharded
-#: over a shard group, replicated across groups)
-SHARDING = ("ddp", "zero1", "fsdp", "hsdp")
 #: when FSDP frees each block after its forward (of torchtitan's ``--parallelism.fsdp_reshard_after_forward``
 #: policies): never, or by default only without pipeline parallelism (its "always" under PP is not planned)
 RESHARD_AFTER_FORWARD = ("never", "default")
@@ -60,20 +57,17 @@ class Framework:
     """One framework's overlap rules and what it can run.
 
     Example:
-        >>> FRAMEWORKS["deepspeed"].reduce, FRAMEWORKS["megatron"].reduce
+        >>> FRAMEWORKS["deepspeed"].overlap.reduce, FRAMEWORKS["megatron"].overlap.reduce
         ('drain', 'layer')
     """
 
     name: str  #: the --framework value
     title: str  #: as people write it
     families: tuple[str, ...] | None  #: the pipeline schedules it runs (None: any, through torch's CSV)
-    sharding: tuple[str, ...]  #: of SHARDING, the data-parallel modes it runs
+    sharding: tuple[str, ...]  #: of ``parallelism.SHARDINGS``, the data-parallel modes it runs
     default_sharding: tuple[str, ...]  #: searched unless the job names its own
-    reduce: str  #: of REDUCE: when a zero1/ddp gradient reduction starts
-    gather: str  #: of GATHER: when ZeRO-1's updated weights are all-gathered
-    fsdp_reduce: str = "stage"  #: of REDUCE: when FSDP's reduce-scatter starts
-    fsdp_gather: str = "stage"  #: of GATHER: the unit FSDP all-gathers ahead of its first forward
-    blocking_p2p: bool = False  #: the sender waits for its activation or gradient to arrive
+    #: when reductions start, gathers are issued and whether sends block (``lowering.FRAMEWORKS[name]``)
+    overlap: Overlap
     #: of RESHARD_AFTER_FORWARD: where FSDP runs block by block (``per_block``) instead of keeping a stage
     #: gathered for the step
     reshard_after_forward: str = "never"
@@ -87,9 +81,7 @@ class Framework:
     source: str = ""
 
     def __post_init__(self) -> None:
-        bad = ([x for x in self.sharding + self.default_sharding if x not in SHARDING]
-               + [x for x in (self.reduce, self.fsdp_reduce) if x not in REDUCE]
-               + [x for x in (self.gather, self.fsdp_gather) if x not in GATHER]
+        bad = ([x for x in self.sharding + self.default_sharding if x not in SHARDINGS]
                + [x for x in (self.reshard_after_forward,) if x not in RESHARD_AFTER_FORWARD])
         if bad:
             raise ValueError(f"Framework {self.name}: unknown rule {bad[0]!r}")
@@ -112,20 +104,20 @@ class Framework:
 
 MEGATRON = Framework(
     name="megatron", title="Megatron-LM", families=("1f1b", "interleaved-1f1b"), sharding=("zero1", "ddp"),
-    default_sharding=("zero1",), reduce="layer", gather="layer", async_tp=True,
+    default_sharding=("zero1",), overlap=OVERLAPS["megatron"], async_tp=True,
     expert_placements=("within", "across"),
     source="Megatron-LM --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
            "(docs/source/distrib_optimizer.md: reduce-scatter in buckets during the backward, all-gather "
            "overlapped with the next forward); P2P overlapped")
 DEEPSPEED = Framework(
     name="deepspeed", title="DeepSpeed", families=("1f1b",), sharding=("zero1", "ddp"), default_sharding=("zero1",),
-    reduce="drain", gather="end", blocking_p2p=True, recompute=("off", "full"),
+    overlap=OVERLAPS["deepspeed"], recompute=("off", "full"),
     source="DeepSpeed runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads, OptimizerStep after "
            "the last backward; SendActivation/SendGrad block the sender; ZeRO stage <= 1 with pipeline parallelism")
 TORCHTITAN = Framework(
     name="torchtitan", title="torchtitan", families=tuple(f for f in FAMILIES if f != "dualpipe"),
-    sharding=("fsdp", "hsdp", "ddp"), default_sharding=("fsdp",), reduce="stage", gather="end",
-    fsdp_reduce="stage", fsdp_gather="layer", recompute=("off", "full"), async_tp=True,
+    sharding=("fsdp", "hsdp", "ddp"), default_sharding=("fsdp",), overlap=OVERLAPS["torchtitan"],
+    recompute=("off", "full"), async_tp=True,
     reshard_after_forward="default",
     source="torchtitan: FSDP2 fully_shard per transformer block in each stage, reshard_after_forward = not "
            "pp_enabled (torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy, 'default'; "
@@ -134,8 +126,7 @@ TORCHTITAN = Framework(
            "is per operator (every second matmul recomputed), not the attention core, so it is not searched")
 STAGEWISE = Framework(
     name="stagewise", title="stagewise", families=None, sharding=("zero1", "ddp", "fsdp"),
-    default_sharding=("zero1",), reduce="stage", gather="end", fsdp_reduce="stage", fsdp_gather="stage",
-    recompute=("off", "full"), stage_recompute=True, expert_placements=("across",),
+    default_sharding=("zero1",), overlap=OVERLAPS["stagewise"], recompute=("off", "full"), stage_recompute=True, expert_placements=("across",),
     source="stagewise runtime: a stage's reduction starts at its last B or W; FSDP gathers a stage ahead of "
            "its first forward (one stage ahead) and reduce-scatters after its last backward")
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (MEGATRON, TORCHTITAN, DEEPSPEED, STAGEWISE)}

@@ -61,7 +61,7 @@ class ClusterSearcher(Searcher):
     recompute: str = "off"  #: of ``RECOMPUTE``, or "stage" (the generic whole-stage replay, config.recompute)
     ep: int = 1  #: GPUs a block's routed experts are spread over (the grid's)
     replay: dict = field(default_factory=dict)  #: mbs -> bytes of the one block replayed (full recomputation)
-    sharding: str = "zero1"  #: of ``overlap.SHARDING``
+    sharding: str = "zero1"  #: of ``parallelism.SHARDINGS``
     shard: int | None = None  #: HSDP's shard group
     frameworks: tuple[Framework, ...] = ()  #: those that run this sharding and recomputation
     #: FSDP runs block by block (``Framework.per_block``: the same for every one of ``frameworks``)
@@ -250,9 +250,9 @@ class ClusterSearcher(Searcher):
         c = pre.config
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl, hw = self.profile, self.cluster, self.job.hardware
-        key = (c, fw.blocking_p2p)
+        key = (c, fw.overlap.blocking_p2p)
         if key not in self._timelines:
-            costs = blocking_p2p(pre.costs, h) if fw.blocking_p2p else pre.costs
+            costs = blocking_p2p(pre.costs, h) if fw.overlap.blocking_p2p else pre.costs
             self._timelines[key] = self._play(c, sched, costs)
         tl, makespan, bubble, _ = self._timelines[key]
         layer_bytes = self._reduction_bytes(pre.counts)
@@ -282,13 +282,13 @@ class ClusterSearcher(Searcher):
         (``lowered``: the same compute, the data-parallel traffic as actions on the layout's links)."""
         c = pre.config
         h = self._schedules[(c.family, c.p, c.m, c.v)][1]
-        _, makespan, _, (sched, span) = self._timelines[(c, fw.blocking_p2p)]
+        _, makespan, _, (sched, span) = self._timelines[(c, fw.overlap.blocking_p2p)]
         par = got.parallelism
         if par.dp * par.fsdp * par.ep == 1 and len(sched.lanes) == 1:  # nothing to reduce, gather or sum: the
             return replace(got, lowered=True)  # sends carry the cost model's time alone, as the compute's play
         layers = self._reduction_bytes(pre.counts)
         comm = communication(par, [layers[piece] for piece in h.stage_piece], self.gather_scale, fw, self.cluster)
-        costs = blocking_p2p(pre.costs, h) if fw.blocking_p2p else pre.costs
+        costs = blocking_p2p(pre.costs, h) if fw.overlap.blocking_p2p else pre.costs
         low = comm.lower(sched)
         extra, gather = exposure(low, costs, span)
         step = makespan + extra + pre.step_end + got.candidate.overhead
@@ -327,11 +327,11 @@ class ClusterSearcher(Searcher):
         shard_link = cl.data_parallel_link(c.p, group)
         cost = reduction_cost(mode, c.dp, self.shard, shard_link if mode == "hsdp" else link, cl.inter)
         sharded = mode in ("fsdp", "hsdp")
-        rule = overlap(fw, self.per_block).fsdp_reduce if sharded else fw.reduce
+        rule = overlap(fw, self.per_block).fsdp_reduce if sharded else fw.overlap.reduce
         exposed = exposed_reduction(tl, layer_bytes, h.stage_piece, c.dp, link, rule=rule, cost=cost)
         if mode == "ddp" or group == 1:
             return exposed, 0.0
-        unit = fw.fsdp_gather if sharded else fw.gather
+        unit = fw.overlap.fsdp_gather if sharded else fw.overlap.gather
         if unit == "end":  # after the optimizer step: the rank's whole shard, exposed
             fixed = rank_fixed_bytes(self.profile, pre.counts, h, cl.state_factor, cl)
             return exposed, self._gather(c, pre.counts, h, fixed)

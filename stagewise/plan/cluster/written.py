@@ -26,8 +26,7 @@ def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, rec, se
 
     hw = job.hardware
     frameworks = {fw.name: {"title": fw.title, "families": fw.families, "sharding": fw.sharding,
-                            "reduce": fw.reduce, "gather": fw.gather, "fsdp_reduce": fw.fsdp_reduce,
-                            "fsdp_gather": fw.fsdp_gather, "blocking_p2p": fw.blocking_p2p,
+                            **asdict(fw.overlap),
                             "reshard_after_forward": fw.reshard_after_forward,
                             "recompute": fw.recompute, "source": fw.source}
                   for fw in job.frameworks if fw.name in FRAMEWORKS}
