@@ -67,7 +67,7 @@ def main() -> None:
             continue
         worst = max(worst, (cpu, (model, gpus)))
         top = res.ranking[0] if res.ranking else None
-        what = f"{top.config.family} t={top.t} p={top.config.p} {top.mfu:.1%} MFU" if top else "nothing fits"
+        what = f"{top.config.family} t={top.parallelism.tp} p={top.config.p} {top.mfu:.1%} MFU" if top else "nothing fits"
         print(f"{model:<13}{gpus:>6}{cpu:>8.2f}{wall:>8.2f}{res.configurations:>9}{res.simulated:>10}"
               f"{res.lowered:>8}{res.unbuilt:>9}{res.too_big:>9}  {what}")
     print(f"\nslowest: {worst[1][0]} on {worst[1][1]} GPUs, {worst[0]:.2f} CPU s (target < 10 s)")

@@ -54,14 +54,17 @@ def calibrate(hw: Hardware) -> float:
 
 def row(n, c) -> str:
     g = c.config
-    return (f"{n:>3} t={c.t} p={g.p:<3} dp={g.dp:<4} ep={c.ep:<3} ({c.ep_nodes} node{'s' if c.ep_nodes > 1 else ''}) "
+    return (f"{n:>3} t={c.parallelism.tp} p={g.p:<3} dp={g.dp:<4} ep={c.parallelism.expert_degree:<3} ({c.ep_nodes} node{'s' if c.ep_nodes > 1 else ''}) "
             f"{g.family:<11} m={g.m:<4} mbs={g.mbs} rc={c.recompute:<4} step {c.step_time:6.2f} s  "
             f"{c.tokens_per_second / GPUS:6.0f} tok/s/GPU  MFU {c.mfu:5.1%}  peak {max(c.candidate.memory) / 2**30:5.1f} GiB")
 
 
 def rank_of(ranking, ref) -> str:
+    def key(c):
+        return c.parallelism.tp, c.parallelism.expert_degree, c.config.p, c.config.family
+
     for n, c in enumerate(ranking, 1):
-        if (c.t, c.ep, c.config.p, c.config.family) == (ref.t, ref.ep, ref.config.p, ref.config.family):
+        if key(c) == key(ref):
             return f"#{n}"
     return f"beyond the top {len(ranking)}"
 

@@ -321,10 +321,10 @@ def free_rank(row: Row, hw: Hardware) -> tuple[int | None, str]:
     """Rank (1-based) of the published t x p among the t x p layouts when asked freely (each layout
     ranked by its best configuration), and the free winner."""
     res = cluster_search(job_for(row, hw, fixed=False), keep=5, per_layout=True)
-    layouts = list(dict.fromkeys((c.t, c.config.p) for c in res.ranking))
+    layouts = list(dict.fromkeys((c.parallelism.tp, c.config.p) for c in res.ranking))
     rank = layouts.index((row.t, row.p)) + 1 if (row.t, row.p) in layouts else None
     top = res.ranking[0]
-    return rank, f"t{top.t} p{top.config.p} {top.config.family} v{top.config.v}"
+    return rank, f"t{top.parallelism.tp} p{top.config.p} {top.config.family} v{top.config.v}"
 
 
 def calibrate(row: Row, hw: Hardware | None = None) -> float:
@@ -398,11 +398,11 @@ def layouts(row: Row, hw: Hardware, top: int = 8) -> None:
     res = cluster_search(job_for(row, hw, fixed=False), keep=5, per_layout=True)
     best: dict = {}
     for c in res.ranking:
-        best.setdefault((c.t, c.config.p), c)
+        best.setdefault((c.parallelism.tp, c.config.p), c)
     spec = TransformerSpec.load(row.model)
     for n, c in enumerate(sorted(best.values(), key=lambda c: c.step_time)[:top], 1):
         g = c.config
-        print(f"{n:>3}  t{c.t} p{g.p:<3} {g.family:<17} v{g.v} mbs{g.mbs}  step {c.step_time:6.3f} s  "
+        print(f"{n:>3}  t{c.parallelism.tp} p{g.p:<3} {g.family:<17} v{g.v} mbs{g.mbs}  step {c.step_time:6.3f} s  "
               f"bubble {c.candidate.bubble:5.1%}  exposed dp {c.exposed_dp:.3f} s  "
               f"{published_figure(row, spec, c.step_time):5.1f} TFLOP/s per GPU")
 
@@ -413,7 +413,8 @@ def _table(rows_out, errs, quick: bool) -> None:
     print(head + "\n" + "-" * len(head))
     for row, got, best, (rank, winner) in rows_out:
         c = best.config
-        ep = f" ep{best.ep}" + (f"/{best.etp}" if best.etp != best.t else "") if best.ep > 1 else ""
+        par = best.parallelism
+        ep = f" ep{par.expert_degree}" + (f"/{par.etp}" if par.etp is not None else "") if par.expert_degree > 1 else ""
         planned = f"{c.family} v{c.v} mbs{c.mbs} rc {best.recompute} {best.sharding}{ep}"
         mark = " (fits the efficiency)" if row.fits else " (few micro-batches)" if row.few else ""
         mark += " (a known miss, below)" if miss(row) else ""

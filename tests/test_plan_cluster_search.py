@@ -25,7 +25,7 @@ def test_batch_is_tied_to_m_mbs_and_dp():
     assert res.ranking and res.simulated + res.pruned + res.too_big == res.configurations
     for c in res.ranking:
         g = c.config
-        assert g.m * g.mbs * g.dp == 256 and c.t * g.p * g.dp == 64
+        assert g.m * g.mbs * g.dp == 256 and c.parallelism.tp * g.p * g.dp == 64
         assert max(c.candidate.memory) <= H100.memory
         assert 0 < c.mfu < 1
 
@@ -67,8 +67,8 @@ def test_llama3_405b_on_16384_gpus_is_searched_fast():
                              global_batch_tokens=16 * 2**20))
     elapsed = time.perf_counter() - t0
     assert elapsed < 120  # catches a hang only: the speed is benchmarks/bench_cluster_plan.py's (README)
-    assert res.configurations > 500 and res.ranking[0].t == 8
-    layouts = list(dict.fromkeys((c.t, c.config.p) for c in res.ranking))
+    assert res.configurations > 500 and res.ranking[0].parallelism.tp == 8
+    layouts = list(dict.fromkeys((c.parallelism.tp, c.config.p) for c in res.ranking))
     assert (8, 16) in layouts[:5]  # Llama 3's t x p among the top five layouts
     blocks = block_counts(res.ranking[0].candidate.counts)
     assert blocks[0] < max(blocks) and blocks[-1] < max(blocks)
@@ -149,7 +149,7 @@ def test_nothing_fits_reports_the_least_memory():
 def test_pipeline_messages_cross_nodes_where_stages_do():
     from stagewise.plan.cluster import searchers
 
-    found = {(s.t, s.cluster.pipeline): s.cluster for s in searchers(job(gpus=64), {})}
+    found = {(s.parallelism.tp, s.cluster.pipeline): s.cluster for s in searchers(job(gpus=64), {})}
     t8 = found[(8, 2)]  # a t=8 group fills a node: every pipeline boundary crosses nodes
     assert t8.per_node == 1 and t8.link(2, 4, 0, 1) is H100.inter
     t1 = found[(1, 8)]  # eight t=1 ranks of one pipeline share a node

@@ -159,7 +159,7 @@ def test_folding_keeps_mixtral_ep8_with_tp2_inside_one_node(capsys, tmp_path):
               tensor=(2,), expert=(8,), expert_tensor=(2,), expert_placement=("within",),
               space=Space(families=("1f1b",)))
     old = cluster_search(job, keep=1).ranking[0]
-    assert old.ep_nodes == 2 and old.etp == 2
+    assert old.ep_nodes == 2 and old.parallelism.expert_tp == 2
 
 
 def test_zero1_shards_a_routed_experts_optimizer_state_over_the_replicas_holding_it(tiny):
@@ -188,11 +188,11 @@ def test_the_search_tries_every_ep_that_divides_the_experts_and_dp(tiny):
     job = Job(spec=TransformerSpec.load(tiny), hardware=H100, gpus=32, global_batch_tokens=128 * 512,
               tensor=(1,), micro_batch_sizes=(1,), space=Space(families=("1f1b", "dualpipe-v")))
     res = cluster_search(job, keep=400)
-    eps = {c.ep for c in res.ranking}
+    eps = {c.parallelism.expert_degree for c in res.ranking}
     assert {1, 2, 4, 8, 16} <= eps
     for c in res.ranking:
-        assert c.config.dp % c.ep == 0 and 16 % c.ep == 0 and c.fits
-    by = {(c.ep, c.config.p, c.config.family, c.config.m): c for c in res.ranking if c.expert_placement == "within"}
+        assert c.config.dp % c.parallelism.expert_degree == 0 and 16 % c.parallelism.expert_degree == 0 and c.fits
+    by = {(c.parallelism.expert_degree, c.config.p, c.config.family, c.config.m): c for c in res.ranking if c.expert_placement == "within"}
     assert {c.expert_placement for c in res.ranking} == {"within", "across"}  # both device orders searched
     one, four = by[(1, 4, "1f1b", 16)], by[(4, 4, "1f1b", 16)]
     assert max(four.candidate.memory) < max(one.candidate.memory)  # a quarter of the routed experts
@@ -237,7 +237,7 @@ def test_deepseek_v3_plans_its_published_layout_and_the_no_tp_search_finds_one_o
               recompute=("selective",), recompute_modules=("layernorm", "mla_up_proj"), precision="fp8",
               frameworks=(hai,), space=Space(families=("dualpipe",)))
     best = cluster_search(job, keep=1).ranking[0]
-    assert (best.t, best.config.p, best.config.dp, best.ep, best.ep_nodes) == (1, 16, 128, 64, 8)
+    assert (best.parallelism.tp, best.config.p, best.config.dp, best.parallelism.expert_degree, best.ep_nodes) == (1, 16, 128, 64, 8)
     assert best.config.family == "dualpipe" and best.fits and best.recompute == "selective"
     published = 1e12 / (180e3 * 3600)
     assert 1.0 < best.tokens_per_second / 2048 / published < 1.25

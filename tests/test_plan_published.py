@@ -36,10 +36,10 @@ def test_the_split_has_moe_and_fp8_rows_on_both_sides_and_one_fitting_row_per_gp
 @pytest.mark.parametrize("row", bench.ROWS, ids=lambda r: f"{r.model}-{r.gpus}-t{r.t}p{r.p}")
 def test_each_row_plans_its_published_layout(predicted, row):
     got, best = predicted[row]
-    assert best.t == row.t and best.config.p == row.p and best.config.dp * row.t * row.p == row.gpus
+    assert best.parallelism.tp == row.t and best.config.p == row.p and best.config.dp * row.t * row.p == row.gpus
     assert best.framework == row.framework.name and row.framework.runs(best.config.family)
     if row.ep:
-        assert best.ep == row.ep and (row.etp is None or best.etp == row.etp)
+        assert best.parallelism.expert_degree == row.ep and (row.etp is None or best.parallelism.expert_tp == row.etp)
     if row.vp:
         assert best.config.v == row.vp and best.config.family == "interleaved-1f1b"
     if row.fits:  # the shipped efficiency reproduces its fitting row

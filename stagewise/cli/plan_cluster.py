@@ -298,7 +298,7 @@ def _framework_line(name: str, c, cmd, note: str, ranking) -> str:
     from ..plan.cluster import FRAMEWORKS
 
     title = FRAMEWORKS[name].title
-    where = (f"#{ranking.index(c) + 1}, {c.config.family} t={c.t} p={c.config.p} dp={c.config.dp} v={c.config.v} "
+    where = (f"#{ranking.index(c) + 1}, {c.config.family} t={c.parallelism.tp} p={c.config.p} dp={c.config.dp} v={c.config.v} "
              f"{c.sharding}, {fmt_seconds(c.step_time)}, {c.mfu:.1%} MFU")
     line = f"{title + ':':<13}({where}) " + (cmd if cmd else f"none ({note})")
     return line + (f"  # {note}" if cmd and note else "")
@@ -308,7 +308,7 @@ def cluster_table(cands, ties: int = 0, recommended=None) -> str:
     from ..plan.search import fmt_bytes
     from ..plan.search import fmt_seconds
 
-    moe = any(c.ep > 1 for c in cands)
+    moe = any(c.parallelism.expert_degree > 1 for c in cands)
     ep_head = f"{'ep/etp':>7}" if moe else ""  # expert parallel / expert tensor parallel
     head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} "
             f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU (band)':>22}"
@@ -316,14 +316,14 @@ def cluster_table(cands, ties: int = 0, recommended=None) -> str:
     lines = [head, "-" * len(head)]
     for n, c in enumerate(cands, 1):
         g = c.config
-        ep = f"{f'{c.ep}/{c.t if c.etp is None else c.etp}':>7}" if moe else ""
+        ep = f"{f'{c.parallelism.expert_degree}/{c.parallelism.expert_tp}':>7}" if moe else ""
         band, mfu = c.step_band, c.mfu_band
         step = (f"{fmt_seconds(c.step_time)} ({_short(band[0])}-{_short(band[1])})" if band
                 else fmt_seconds(c.step_time))
         mfus = f"{c.mfu:.1%} ({mfu[0]:.0%}-{mfu[1]:.0%})" if mfu else f"{c.mfu:.1%}"
-        shard = c.sharding + (f"/{c.shard}" if c.shard else "")
+        shard = c.sharding_label()
         mark = "*" if c is recommended else "=" if 1 < n <= ties else " "
-        lines.append(f"{n:>3}{mark} {c.t:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
+        lines.append(f"{n:>3}{mark} {c.parallelism.tp:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
                      f"{g.m:>5}{g.mbs:>4} {_RC[c.recompute]:<4} {shard:<9}{c.framework:<11}{step:>20}{mfus:>20}"
                      f"{_memory(c):>22}{fmt_bytes(c.headroom):>9}"
                      f"{c.candidate.bubble:>8.1%}  {_blocks(c)}")

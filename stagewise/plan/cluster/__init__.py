@@ -14,7 +14,7 @@ Example:
     >>> from stagewise.plan.cluster import Hardware, Job, TransformerSpec, cluster_search
     >>> job = Job(spec=TransformerSpec.load("llama3-8b"), hardware=Hardware.load("h100"), gpus=8,
     ...           global_batch_tokens=2**20, tensor=(8,), pipeline=(1,))
-    >>> cluster_search(job, keep=1).ranking[0].t
+    >>> cluster_search(job, keep=1).ranking[0].parallelism.tp
     8
 """
 

@@ -23,9 +23,10 @@ class MemoryParts(NamedTuple):
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterCandidate:
-    """A simulated configuration with its tensor-parallel degree and cluster figures."""
+    """A simulated configuration with its layout and cluster figures."""
 
-    t: int
+    #: the layout (``Parallelism.of_plan`` of the search's degrees): what every printed command and run is built from
+    parallelism: Parallelism
     candidate: Candidate
     exposed_dp: float  #: seconds of gradient reduction not hidden behind the backward
     mfu: float  #: model FLOPs per second / (GPUs x peak)
@@ -33,16 +34,14 @@ class ClusterCandidate:
     #: what the blocks recompute: of ``RECOMPUTE`` (the profile's), or "stage" (the runtime's whole stage)
     recompute: str = "off"
     framework: str = "stagewise"  #: whose overlap rules it is costed under (``overlap.FRAMEWORKS``)
-    sharding: str = "zero1"  #: of ``parallelism.SHARDINGS``
-    shard: int | None = None  #: HSDP: the shard group (dp / shard replicas of it)
+    #: of ``parallelism.SHARDINGS``: the mode searched (with one data rank ``parallelism.sharding`` reads ddp)
+    sharding: str = "zero1"
     exposed_gather: float = 0.0  #: seconds the step waits for all-gathered weights
     usable: float = float("inf")  #: bytes per GPU the plan may fill (the memory less the reserve)
     band: float | None = None  #: relative half-width of the prediction's error band (None: unknown)
     #: a long step costed from ``mc`` and 2 mc micro-batches (``steady``); ``candidate.schedule`` is the 2 mc one
     costed_from: int | None = None
-    ep: int = 1  #: expert-parallel degree (MoE models): routed experts sharded over ep of a stage's dp peers
     ep_nodes: int = 1  #: nodes one expert-parallel group spans (1: its all-to-all stays inside a node)
-    etp: int | None = None  #: expert tensor parallel (MoE models; None: t, the experts split as attention)
     #: relative half-width of the memory prediction's band (the hardware file's ``memory_band``; None: unknown)
     memory_band: float | None = None
     fragmentation: float = 0.0  #: bytes the caching allocator holds beside the planned tensors (the reserve's)
@@ -51,20 +50,10 @@ class ClusterCandidate:
     #: the step is the lowered program's (``lowered``: the data-parallel traffic played as actions); False: the
     #: O(stages) rules' of ``data_parallel``, the search's bound before a configuration is lowered
     lowered: bool = False
-    #: FSDP frees each block after its forward (``Framework.per_block``): the lowered program's rhythm
-    reshard_after_forward: bool = False
 
     @property
     def config(self) -> Config:
         return self.candidate.config
-
-    @property
-    def parallelism(self) -> Parallelism:
-        """The layout as the one value every printed command and run is built from (the planner's t,
-        sharding and shard said by ``Parallelism.of_plan``)."""
-        g = self.config
-        return Parallelism.of_plan(p=g.p, dp=g.dp, t=self.t, sharding=self.sharding, shard=self.shard, ep=self.ep,
-                                   etp=self.etp, reshard_after_forward=self.reshard_after_forward)
 
     @property
     def step_time(self) -> float:
@@ -102,20 +91,24 @@ class ClusterCandidate:
         w = self.band
         return None if w is None else (self.mfu / (1 + w), self.mfu / (1 - w) if w < 1 else float("inf"))
 
+    def sharding_label(self) -> str:
+        """``zero1``, ``hsdp/4`` (HSDP with its shard group)."""
+        return self.sharding + (f"/{self.parallelism.fsdp}" if self.sharding == "hsdp" else "")
+
     def label(self) -> str:
-        dp = f" {self.sharding}" + (f"/{self.shard}" if self.shard else "")
-        ep = f" ep={self.ep}" if self.ep > 1 else ""
-        if self.etp is not None and self.etp != self.t:
-            ep += f" etp={self.etp}"
-        return f"t={self.t}{ep} {self.config.label()} recompute={self.recompute}{dp} ({self.framework})"
+        par = self.parallelism
+        ep = f" ep={par.expert_degree}" if par.expert_degree > 1 else ""
+        if par.etp is not None:
+            ep += f" etp={par.etp}"
+        return f"t={par.tp}{ep} {self.config.label()} recompute={self.recompute} {self.sharding_label()} " \
+               f"({self.framework})"
 
     def to_dict(self) -> dict:
-        band = self.step_band
-        return {"t": self.t, "ep": self.ep, "ep_nodes": self.ep_nodes,
-                "etp": self.t if self.etp is None else self.etp, "expert_placement": self.expert_placement,
-                **self.candidate.to_dict(), "parallelism": self.parallelism.to_dict(),
-                "recompute": self.recompute,
-                "framework": self.framework, "sharding": self.sharding, "shard": self.shard,
+        band, par = self.step_band, self.parallelism
+        return {"t": par.tp, "ep": par.expert_degree, "ep_nodes": self.ep_nodes, "etp": par.expert_tp,
+                "expert_placement": self.expert_placement, **self.candidate.to_dict(), "parallelism": par.to_dict(),
+                "recompute": self.recompute, "framework": self.framework, "sharding": self.sharding,
+                "shard": par.fsdp if self.sharding == "hsdp" else None,
                 "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "lowered": self.lowered,
                 "mfu": self.mfu,
                 "tokens_per_second": self.tokens_per_second, "usable_memory": self.usable,

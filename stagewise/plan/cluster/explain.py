@@ -12,16 +12,16 @@ def cluster_why(ranking, ties: int, rec=None, reserve: float = 0.0) -> str:
     best = rec.row if rec is not None else ranking[0]
     g = best.config
     def differs(c) -> tuple:
-        return (c.config.family != g.family, (c.t, c.config.p) != (best.t, g.p),
+        return (c.config.family != g.family, (c.parallelism.tp, c.config.p) != (best.parallelism.tp, g.p),
                 (c.config.v, c.config.mbs, c.recompute, c.sharding) != (g.v, g.mbs, best.recompute, best.sharding))
 
     other = next((c for level in range(3) for c in ranking if c is not best and differs(c)[level]), None)
-    name = f"{g.family} t={best.t} p={g.p} ({best.framework}, {best.sharding})"
+    name = f"{g.family} t={best.parallelism.tp} p={g.p} ({best.framework}, {best.sharding})"
     tight = ""
     if rec is not None and rec.tight:
         r = rec.roomy
-        alt = (f"the fastest tied row that leaves more is #{ranking.index(r) + 1} ({r.config.family} t={r.t} "
-               f"p={r.config.p}, {fmt_seconds(r.step_time)}, {fmt_bytes(r.headroom)} free)" if r is not None else
+        alt = (f"the fastest tied row that leaves more is #{ranking.index(r) + 1} ({r.config.family} "
+               f"t={r.parallelism.tp} p={r.config.p}, {fmt_seconds(r.step_time)}, {fmt_bytes(r.headroom)} free)" if r is not None else
                "no tied row listed leaves more (a larger --memory-reserve plans with room)")
         tight = (f"; note: it leaves {fmt_bytes(best.headroom)} free beyond the {fmt_bytes(reserve)} memory reserve, "
                  f"less than the reserve itself; {alt}")
@@ -40,8 +40,9 @@ def cluster_why(ranking, ties: int, rec=None, reserve: float = 0.0) -> str:
     if abs(exposed_b - exposed_o) > 0.01 * best.step_time:
         reasons.append(f"exposed data-parallel traffic {fmt_seconds(exposed_b)} vs {fmt_seconds(exposed_o)}")
     reasons.append(f"headroom {fmt_bytes(best.headroom)} vs {fmt_bytes(other.headroom)}")
-    diff = [f"{k}={v}" for k, v, w in (("t", other.t, best.t), ("p", o.p, g.p), ("v", o.v, g.v), ("mbs", o.mbs, g.mbs),
-                                       ("rc", other.recompute, best.recompute)) if v != w]
+    diff = [f"{k}={v}" for k, v, w in (("t", other.parallelism.tp, best.parallelism.tp), ("p", o.p, g.p),
+                                       ("v", o.v, g.v), ("mbs", o.mbs, g.mbs), ("rc", other.recompute, best.recompute))
+            if v != w]
     where = f"at its best, {', '.join(diff)}" if diff else "same t, p, v, mbs and recomputation"
     beside = f"the best {o.family} (#{ranking.index(other) + 1}, {where}): " + ", ".join(reasons)
     if ties > 1:

@@ -79,10 +79,10 @@ def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles:
                 cl = replace(grid, state_factor=sf, expert_state_factor=esf if moe else None)
                 for rhythm, fws in _by_rhythm(frameworks, p, sharding):
                     out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job,
-                                               t=t, ep=grid.ep,
+                                               parallelism=replace(par, reshard_after_forward=rhythm and par.fsdp > 1),
                                                space=replace(job.space, families=families_run(job, fws),
                                                              recompute=(mode == "stage",)),
-                                               recompute=mode, replay=replay, sharding=sharding, shard=shard,
+                                               recompute=mode, replay=replay, sharding=sharding,
                                                frameworks=fws, per_block=rhythm, _schedules=shared,
                                                skipped=skipped))
     return out

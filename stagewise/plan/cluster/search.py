@@ -126,13 +126,13 @@ class _BestFirst:
         mine = (fw,) if fw is not None else [f for f in s.frameworks if f.runs(family)]
         if any(bound <= self.by_framework.get(f.name, float("inf")) for f in mine):
             return False
-        return not self.per_layout or (s.t, p) in self.by_grid and bound > self.by_grid[(s.t, p)]
+        return not self.per_layout or (s.parallelism.tp, p) in self.by_grid and bound > self.by_grid[(s.parallelism.tp, p)]
 
     def record(self, got: "ClusterCandidate") -> None:
         heapq.heappush(self.best, -got.step_time)
         if len(self.best) > self.keep:
             heapq.heappop(self.best)
-        fw, grid = got.framework, (got.t, got.config.p)
+        fw, grid = got.framework, (got.parallelism.tp, got.config.p)
         self.by_framework[fw] = min(self.by_framework.get(fw, float("inf")), got.step_time)
         self.by_grid[grid] = min(self.by_grid.get(grid, float("inf")), got.step_time)
 
@@ -173,7 +173,7 @@ class _BestFirst:
                         counts["prepared"].append(pre)
                     done += 1
                     continue
-                key = (s.t, s.ep, c.p, s.sharding, s.shard, _without_rc(c))
+                key = (_layout(s), _without_rc(c))
                 fits_at.setdefault(key, []).append((_level(s, c), {fw.name for fw in s.frameworks}))
                 if pre.free:
                     free_fits[(id(s), c.family, c.p, c.m, c.mbs, c.recompute)] = True
@@ -188,7 +188,7 @@ class _BestFirst:
                 continue
             mine = {fw.name for fw in s.frameworks}
             if any(level < _level(s, c) and mine <= fws
-                   for level, fws in fits_at[(s.t, s.ep, c.p, s.sharding, s.shard, _without_rc(c))]):
+                   for level, fws in fits_at[(_layout(s), _without_rc(c))]):
                 counts["dominated"] += 1
                 done += 1
                 continue
@@ -255,3 +255,9 @@ def _level(s: ClusterSearcher, c: Config) -> int:
 
 def _without_rc(c: Config) -> Config:
     return Config(family=c.family, p=c.p, dp=c.dp, v=c.v, m=c.m, mbs=c.mbs, recompute=False)
+
+
+def _layout(s) -> tuple:
+    """What a searcher's fits are compared across (its recomputation aside): tp, the experts' spread, sharding."""
+    par = s.parallelism
+    return par.tp, par.expert_degree, s.sharding, s.shard

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from ...costs import Costs
 from ...layout import format_layout
+from ...parallelism import Parallelism
 from ...schedules import FAMILIES
 from ...simulate import simulate
 from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, blocking_p2p, busiest_floor, evaluate,
@@ -53,20 +54,25 @@ class Prepared(NamedTuple):
 
 @dataclass(kw_only=True)
 class ClusterSearcher(Searcher):
-    """A Searcher for one (t, p), recomputation and sharding: analytic profile, sharded memory, and the
+    """A Searcher for one layout, recomputation and sharding: analytic profile, sharded memory, and the
     frameworks' overlap rules applied to each simulated timeline."""
 
     job: Job
-    t: int
+    #: the layout every candidate of this searcher runs (pp, tp, the data ranks, the expert layout)
+    parallelism: Parallelism
     recompute: str = "off"  #: of ``RECOMPUTE``, or "stage" (the generic whole-stage replay, config.recompute)
-    ep: int = 1  #: GPUs a block's routed experts are spread over (the grid's)
     replay: dict = field(default_factory=dict)  #: mbs -> bytes of the one block replayed (full recomputation)
-    sharding: str = "zero1"  #: of ``parallelism.SHARDINGS``
-    shard: int | None = None  #: HSDP's shard group
+    #: of ``parallelism.SHARDINGS``: the mode searched (with one data rank, ``parallelism.sharding`` reads ddp)
+    sharding: str = "zero1"
     frameworks: tuple[Framework, ...] = ()  #: those that run this sharding and recomputation
     #: FSDP runs block by block (``Framework.per_block``: the same for every one of ``frameworks``)
     per_block: bool = False
     _timelines: dict = field(default_factory=dict)  #: (config, blocking P2P) -> (timeline, makespan, bubble)
+
+    @property
+    def shard(self) -> int | None:
+        """HSDP's shard group (None: not HSDP)."""
+        return self.parallelism.fsdp if self.sharding == "hsdp" else None
 
     def _schedule(self, name: str, p: int, m: int, v: int):
         """The family's schedule; for a long step (``steady.short_m``) the ``2 mc`` one stands in for it (same
@@ -267,14 +273,12 @@ class ClusterSearcher(Searcher):
                          activations=pre.activations, fits=pre.fits, schedule=sched)
         mfu = self.job.spec.model_flops_per_token() * tokens / (step * self.job.gpus * hw.peak_flops)
         long = self.long_step(c)
-        layout = dict(ep=cl.ep, etp=cl.etp, ep_nodes=cl.nodes(), expert_placement=cl.placement) \
-            if self.job.spec.moe is not None else {}
-        return ClusterCandidate(t=self.t, candidate=cand, exposed_dp=exposed, mfu=mfu,
+        layout = dict(ep_nodes=cl.nodes(), expert_placement=cl.placement) if self.job.spec.moe is not None else {}
+        return ClusterCandidate(parallelism=self.parallelism, candidate=cand, exposed_dp=exposed, mfu=mfu,
                                 tokens_per_second=tokens / step, recompute=self.recompute, framework=fw.name,
-                                sharding=self.sharding, shard=self.shard, exposed_gather=gather,
+                                sharding=self.sharding, exposed_gather=gather,
                                 usable=cl.memory, band=hw.band, costed_from=long[0] if long else None,
                                 memory_band=hw.memory_band, memory_parts=pre.parts,
-                                reshard_after_forward=self.per_block and self.sharding in ("fsdp", "hsdp"),
                                 fragmentation=self.job.memory_reserve.fragmentation * hw.memory, **layout)
 
     def lowered(self, got: ClusterCandidate, pre: Prepared, fw: Framework) -> ClusterCandidate:

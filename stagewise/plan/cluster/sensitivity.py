@@ -53,11 +53,12 @@ def _replan(job, best, fw, hw, mode: str, schedules):
     """The winner's layout planned again under ``hw`` and recomputation ``mode``; None if it does not fit."""
     g = best.config
     space = replace(job.space, families=(g.family,), chunks=(g.v,))
-    expert = dict(expert=(best.ep,), expert_tensor=(best.etp,), expert_placement=(best.expert_placement,)) \
-        if job.spec.moe is not None else {}
-    probe = replace(job, hardware=hw, tensor=(best.t,), pipeline=(g.p,), micro_batch_sizes=(g.mbs,),
+    par = best.parallelism
+    expert = dict(expert=(par.expert_degree,), expert_tensor=(par.expert_tp,),
+                  expert_placement=(best.expert_placement,)) if job.spec.moe is not None else {}
+    probe = replace(job, hardware=hw, tensor=(par.tp,), pipeline=(g.p,), micro_batch_sizes=(g.mbs,),
                     recompute=(mode,), frameworks=(fw,), sharding=(best.sharding,),
-                    hsdp_shards=(best.shard,) if best.shard else job.hsdp_shards, space=space, **expert)
+                    hsdp_shards=(par.fsdp,) if best.sharding == "hsdp" else job.hsdp_shards, space=space, **expert)
     try:
         res = cluster_search(probe, keep=1, schedules=schedules)
     except PlanError:
