@@ -64,19 +64,24 @@ class Parallelism:
     """
 
     pp: int = _degree("pipeline stages (ranks of one pipeline)", "--ranks")
-    dp: int = _degree("pipeline replicas, gradients all-reduced per stage over them", "--dp")
-    fsdp: int = _degree("sharded data parallel: FSDP2 on each stage (with dp > 1: HSDP)", "--fsdp")
-    tp: int = _degree("tensor parallel inside each stage (the model's tp plan)", "--tp")
-    ep: int = _degree("expert parallel: ranks that take different rows and share each MoE block's experts",
-                      "--ep")
+    dp: int = _degree("pipeline replicas (data parallel), each on its share of the batch, gradients all-reduced "
+                      "per stage over them", "--dp")
+    fsdp: int = _degree("sharded data parallel: torch's FSDP2 on each stage, gathered one stage ahead of its first "
+                        "forward and reduce-scattered after its last backward (with --dp: HSDP)", "--fsdp")
+    tp: int = _degree("tensor parallel inside each stage: the model's plan (the built-in GPT's, or an --hf model's "
+                      "base_model_tp_plan)", "--tp")
+    ep: int = _degree("expert parallel: ranks that take different rows and share each MoE block's experts, each "
+                      "holding 1/ep of them", "--ep")
     #: expert tensor parallel: how many tp ranks split each expert (None: tp, the experts split as attention
     #: is; 1: each expert whole on a tp rank, Megatron-Core's MoE parallel folding)
     etp: int | None = field(default=None, metadata={"help": "expert tensor parallel (default: tp)",
                                                     "flag": "--etp"})
-    zero: int = field(default=0, metadata={"help": "1: ZeRO-1, the optimizer state sharded over the dp replicas",
-                                           "flag": "--zero"})
+    zero: int = field(default=0, metadata={
+        "help": "1: ZeRO-1, the optimizer state sharded over the --dp replicas (torch's ZeroRedundancyOptimizer; "
+                "gradients all-reduced)", "flag": "--zero"})
     reshard_after_forward: bool = field(default=False, metadata={
-        "help": "with fsdp: free each layer's gathered weights after its forward and its backward",
+        "help": "with --fsdp: free each layer's gathered weights after its forward and its backward (an all-gather "
+                "per layer per pass) instead of keeping the stage gathered until its last backward",
         "flag": "--reshard-after-forward"})
 
     # ---- sizes

@@ -223,3 +223,29 @@ def test_simulate_without_communication_options_imports_no_lowering():
             "'shutil', 'lzma', 'bz2', 'json', 'typing'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.splitlines()[-1] == "[]", out
+
+
+def test_every_layout_option_is_generated_from_a_parallelism_field():
+    """A degree has one flag and one help wherever a command takes it (cli/flags.add_layout_options, from
+    ``Parallelism``'s fields; -p/--ranks is the schedule's ranks, said by each command); the planner's earlier
+    --tensor, --pipeline, --expert and --expert-tensor still parse, as aliases of --tp, --ranks, --ep and --etp."""
+    from dataclasses import fields
+
+    from stagewise.cli import build_parser
+    from stagewise.parallelism import Parallelism
+
+    helps = {f.metadata["flag"]: f.metadata["help"] for f in fields(Parallelism)}
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    seen = set()
+    for name, parser in sub.choices.items():
+        for action in parser._actions:
+            for flag in set(action.option_strings) & set(helps):
+                if flag != "--ranks" or name == "plan":
+                    assert action.help.startswith(helps[flag]), (name, flag, action.help)
+                    seen.add(flag)
+    assert seen == set(helps)
+    plan = sub.choices["plan"]
+    new = plan.parse_args(["--model", "llama3-8b", "--tp", "2,4", "--ranks", "2", "--ep", "4", "--etp", "1"])
+    old = plan.parse_args(["--model", "llama3-8b", "--tensor", "2,4", "--pipeline", "2", "--expert", "4",
+                           "--expert-tensor", "1"])
+    assert vars(new) == vars(old) and (new.tensor, new.pipeline, new.expert, new.expert_tensor) == ("2,4", "2", "4", "1")

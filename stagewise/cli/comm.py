@@ -8,6 +8,7 @@ import argparse
 
 from ..costs import Costs
 from ..parallelism import Parallelism
+from .flags import add_layout_options
 from .values import finite_float, per_stage_value, positive_int
 
 #: Parallelism fields offered here (pp is -p; ep is the all-to-all group's --ep)
@@ -44,15 +45,7 @@ def add_layout_args(p: argparse.ArgumentParser):
     """The degrees, the overlap rule and the sizes (what ``export --comms`` takes too)."""
     g = p.add_argument_group("communication as actions (any of these lowers the schedule: sends, receives, "
                              "gathers, reductions, ties and step-end collectives on their own resources)")
-    for f in Parallelism.options():
-        if f.name not in _DEGREES:
-            continue
-        if f.type in (bool, "bool"):
-            g.add_argument(f.metadata["flag"], action="store_true", default=None, help=f.metadata["help"])
-        elif f.name == "zero":
-            g.add_argument(f.metadata["flag"], type=int, choices=(0, 1), default=None, help=f.metadata["help"])
-        else:
-            g.add_argument(f.metadata["flag"], type=positive_int, default=None, help=f.metadata["help"])
+    add_layout_options(g, _DEGREES)
     g.add_argument("--framework", choices=FrameworkNames(), default=None, metavar="NAME",
                    help="whose overlap rule places the reductions and gathers: %(choices)s (default stagewise)")
     g.add_argument("--param-bytes", type=per_stage_value, default=None, metavar="B[,B..]",

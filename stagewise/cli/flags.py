@@ -2,7 +2,8 @@
 
 ``say`` is applied to every user error the CLI prints (cli/__init__.py), so a library message written
 once (stagewise/errors.py) reads in each front end's own vocabulary. A name with no flag here is printed
-as it is (without backticks).
+as it is (without backticks). ``add_layout_options`` makes every command's layout options from
+``Parallelism``'s fields, so a degree has one flag and one help wherever it is taken.
 """
 
 from __future__ import annotations
@@ -41,3 +42,32 @@ FLAGS = {
 def say(message: str) -> str:
     """A library message in the CLI's words."""
     return translate(message, FLAGS)
+
+
+#: the planner's earlier flags for the degrees it tries, still parsed (and the attribute each sets)
+PLANNER_ALIASES = {"pp": "--pipeline", "tp": "--tensor", "ep": "--expert", "etp": "--expert-tensor"}
+
+
+def add_layout_options(group, names, *, defaults: bool = False, more: dict | None = None,
+                       tried: dict | None = None) -> None:
+    """``names`` (``Parallelism`` fields) as options of ``group``, each with its field's flag and help (``more``
+    adds a command's own words): a whole number >= 1, ``zero`` 0 or 1, a bool a switch. ``defaults``: the
+    field's default (else None: the options say only what was given). ``tried``: the planner's form, each a
+    comma-separated list of degrees to try (its metavar here), with its ``PLANNER_ALIASES`` flag."""
+    from .values import positive_int
+
+    more, by_name = more or {}, {f.name: f for f in fields(Parallelism)}
+    for name in names:
+        f = by_name[name]
+        flag, text = f.metadata["flag"], f.metadata["help"] + (f"; {more[name]}" if name in more else "")
+        default = f.default if defaults else None
+        if tried is not None:
+            alias = PLANNER_ALIASES[name]
+            group.add_argument(flag, alias, dest=alias[2:].replace("-", "_"), default=None, metavar=tried[name],
+                               help=text)
+        elif f.type in (bool, "bool"):
+            group.add_argument(flag, action="store_true", default=default, help=text)
+        elif name == "zero":
+            group.add_argument(flag, type=int, choices=(0, 1), default=default, help=text)
+        else:
+            group.add_argument(flag, type=positive_int, default=default, help=text)

@@ -14,6 +14,7 @@ DERIVE = (("--moe-tokens", "moe_tokens"), ("--hidden-size", "hidden_size"), ("--
 
 
 def add_a2a_args(p: argparse.ArgumentParser) -> None:
+    from .flags import add_layout_options
     from .values import finite_float, per_stage_value, positive_int
 
     g = p.add_argument_group(
@@ -28,7 +29,7 @@ def add_a2a_args(p: argparse.ArgumentParser) -> None:
                    help="tokens one rank routes per micro-batch: with --hidden-size, --moe-top-k, --ep and "
                         "--a2a-bandwidth, derive --a2a (x --layers-per-stage MoE layers)")
     g.add_argument("--moe-top-k", type=positive_int, metavar="K", default=None, help="experts each token is routed to")
-    g.add_argument("--ep", type=positive_int, metavar="G", default=None, help="ranks of the expert-parallel group")
+    add_layout_options(g, ("ep",))
     g.add_argument("--moe-experts", type=positive_int, metavar="E", default=None,
                    help="routed experts of the group, a multiple of --ep (default --ep: one a rank)")
     g.add_argument("--a2a-bandwidth", type=finite_float, metavar="BYTES", default=None,

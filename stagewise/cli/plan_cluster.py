@@ -20,6 +20,7 @@ def add_options(p) -> None:
     """The cluster options of `stagewise plan` (used instead of --profile, -N and -G)."""
     from ..parallelism import SHARDINGS
     from ..plan.cluster import FRAMEWORKS
+    from .flags import add_layout_options
 
     g = p.add_argument_group("cluster scale (instead of --profile, -N, -G)")
     g.add_argument("--model", metavar="MODEL", default=None,
@@ -29,9 +30,8 @@ def add_options(p) -> None:
     g.add_argument("--gpus", type=positive_int, default=None, help="GPUs in all (t x p x dp)")
     g.add_argument("--global-batch-tokens", default=None, metavar="TOKENS",
                    help="tokens per optimizer step, e.g. 16M (K, M, G are powers of 2, as the papers count)")
-    g.add_argument("--tensor", default=None, metavar="T,..", help="tensor-parallel degrees to try (default: "
-                   "every divisor of a node)")
-    g.add_argument("--pipeline", default=None, metavar="P,..", help="pipeline degrees to try (default: all)")
+    add_layout_options(g, ("tp", "pp"), tried={"tp": "T,..", "pp": "P,.."}, more={
+        "tp": "the degrees to try (default: every divisor of a node)", "pp": "the degrees to try (default: all)"})
     g.add_argument("--framework", choices=tuple(FRAMEWORKS), default=None,
                    help="cost and rank layouts by this framework's rules only (what overlaps with what, the "
                         "schedules it runs); default: every framework's, each with its best layout and command")
@@ -40,12 +40,12 @@ def add_options(p) -> None:
                         "ZeRO-1 for Megatron-LM, DeepSpeed and stagewise, FSDP for torchtitan)")
     g.add_argument("--hsdp-shard", default=None, metavar="S,..",
                    help="HSDP shard-group sizes to try with --sharding hsdp (default 2,4,8,16,32,64)")
-    g.add_argument("--expert", default=None, metavar="EP,..",
-                   help="expert-parallel degrees to try for an MoE model (default: every one that divides its experts "
-                        "and the data-parallel ranks)")
-    g.add_argument("--expert-tensor", default=None, metavar="ETP,..",
-                   help="expert tensor-parallel degrees to try for an MoE model: GPUs each expert is cut over, apart "
-                        "from attention's --tensor (default: t and 1, MoE parallel folding)")
+    add_layout_options(g, ("ep", "etp"), tried={"ep": "EP,..", "etp": "ETP,.."}, more={
+        "ep": "the degrees to try for an MoE model (default: every one that divides its experts and the "
+              "data-parallel ranks); with --etp below --tp each counts the GPUs the experts spread over "
+              "(Megatron-LM's --expert-model-parallel-size)",
+        "etp": "the degrees to try for an MoE model: GPUs each expert is cut over, apart from attention's --tp "
+               "(default: t and 1, MoE parallel folding)"})
     g.add_argument("--expert-placement", default=None, metavar="WHERE,..",
                    help="device orders to try for an MoE model: within (expert groups packed into nodes, the "
                         "pipeline outermost: Megatron-LM's default) and across (each pipeline inside a node, an "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from .common import UsageError, finite_float, positive_int
+from .flags import add_layout_options
 
 #: the options that shape the built-in GPT's MoE blocks (argparse name -> GPTConfig field)
 SHAPE = {"moe_experts": "moe_experts", "moe_top_k": "moe_top_k", "moe_shared": "moe_shared",
@@ -33,9 +34,7 @@ def add_args(p) -> None:
                    help="fixed-size expert buffers: pad every expert's tokens to its capacity (needs --moe-capacity)")
     g.add_argument("--moe-aux", type=finite_float, metavar="COEF", default=None,
                    help="coefficient of the load-balancing loss added to the loss (per sequence), default 0.01")
-    g.add_argument("--ep", type=positive_int, metavar="G", default=1,
-                   help="ranks of the expert-parallel group, default 1: p x dp x ep ranks, each ep rank on its "
-                   "share of the batch holding 1/G of every MoE block's experts")
+    add_layout_options(g, ("ep",), defaults=True, more={"ep": "default 1: p x dp x ep ranks"})
     g.add_argument("--no-overlap", action="store_true",
                    help="run an F&B pair's forward, then its backward (default: interleaved at the all-to-alls)")
 

@@ -7,26 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from .common import UsageError, int_list, positive_int
+from .common import UsageError, int_list
+from .flags import add_layout_options
+
 
 def add_args(p) -> None:
     g = p.add_argument_group("data parallelism and memory")
-    g.add_argument("--dp", type=positive_int, default=1,
-                   help="pipeline replicas (data parallel), default 1: p x dp ranks, each replica on its share of "
-                   "the batch, gradients summed per stage over the replicas (under torchrun -p defaults to "
-                   "WORLD_SIZE / dp)")
-    g.add_argument("--fsdp", type=positive_int, default=1,
-                   help="sharded data parallel, default 1: torch's FSDP2 on each stage, gathered one stage ahead "
-                   "of its first forward and reduce-scattered after its last backward (with --dp: HSDP)")
-    g.add_argument("--reshard-after-forward", action="store_true",
-                   help="with --fsdp: free each layer's gathered weights after its forward and its backward (an "
-                   "all-gather per layer per pass) instead of keeping the stage gathered until its last backward")
-    g.add_argument("--zero", type=int, choices=(0, 1), default=0,
-                   help="1: ZeRO-1, the optimizer state sharded over the --dp replicas (torch's "
-                   "ZeroRedundancyOptimizer; gradients all-reduced), default 0")
-    g.add_argument("--tp", type=positive_int, default=1,
-                   help="tensor parallel inside each stage, default 1: the model's plan (the built-in GPT's, or "
-                   "an --hf model's base_model_tp_plan); p x dp x fsdp x tp ranks in all")
+    add_layout_options(g, ("dp", "fsdp", "reshard_after_forward", "zero", "tp"), defaults=True, more={
+        "dp": "default 1: p x dp ranks (under torchrun -p defaults to WORLD_SIZE / dp)", "fsdp": "default 1",
+        "zero": "default 0", "tp": "default 1: p x dp x fsdp x tp ranks in all"})
     g.add_argument("--recompute", action="store_true",
                    help="activation recomputation on every stage: F keeps only the stage input, the backward "
                    "redoes the forward first")

@@ -28,7 +28,7 @@ def cluster_why(ranking, ties: int, rec=None, reserve: float = 0.0) -> str:
     if other is None:
         frameworks = sorted({c.framework for c in ranking})
         return (f"{name} ranks first: the only layout the options leave (costed for {', '.join(frameworks)}); "
-                "widen --schedules, --tensor or --pipeline to compare" + tight)
+                "widen --schedules, --tp or --ranks to compare" + tight)
     o = other.config
     reasons = [f"step {fmt_seconds(best.step_time)} vs {fmt_seconds(other.step_time)}",
                f"bubble {best.candidate.bubble:.1%} vs {other.candidate.bubble:.1%}"]

@@ -4,7 +4,7 @@ A pipeline rank is a stage's pool of t x dp GPUs (dp tensor-parallel groups of t
 it; the MoE layers have a layout of their own over the same GPUs (MoE parallel folding, Megatron-Core,
 arXiv:2504.14960): expert tensor parallel ``etp`` innermost, then expert parallel ``ep``, then the expert
 data-parallel replicas, ``etp x ep x replicas = t x dp``. Megatron-LM's traditional layout is etp = t; folding
-lets ``--expert-tensor 1 --tensor 2 --expert 8`` keep EP 8 inside one 8-GPU node. A dense model is the layout
+lets ``--etp 1 --tp 2 --ep 8`` keep EP 8 inside one 8-GPU node. A dense model is the layout
 with ep 1.
 
 Placement (``PLACEMENTS``) is the device order: "within" is Megatron-Core's default (tensor, expert, data,
