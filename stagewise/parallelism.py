@@ -311,12 +311,6 @@ class Parallelism:
                                        f"{getattr(par, k)})")
         return par
 
-    @staticmethod
-    def options() -> tuple:
-        """The dataclass fields with their ``help`` and ``flag`` metadata (what the CLI's options and the flag
-        map are generated from)."""
-        return fields(Parallelism)
-
 
 def _whole(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -149,7 +149,7 @@ def test_nothing_fits_reports_the_least_memory():
 def test_pipeline_messages_cross_nodes_where_stages_do():
     from stagewise.plan.cluster import searchers
 
-    found = {(s.parallelism.tp, s.cluster.pipeline): s.cluster for s in searchers(job(gpus=64), {})}
+    found = {(s.parallelism.tp, s.parallelism.pp): s.cluster for s in searchers(job(gpus=64), {})}
     t8 = found[(8, 2)]  # a t=8 group fills a node: every pipeline boundary crosses nodes
     assert t8.per_node == 1 and t8.link(2, 4, 0, 1) is H100.inter
     t1 = found[(1, 8)]  # eight t=1 ranks of one pipeline share a node

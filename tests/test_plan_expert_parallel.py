@@ -12,6 +12,7 @@ from stagewise.plan.cluster import ExpertParallel, TensorParallel, analytic_prof
 from stagewise.plan.cluster import Job, cluster_search, searchers
 from stagewise.plan.cluster import SpecError
 from stagewise.plan.errors import PlanError
+from stagewise.parallelism import Parallelism
 from stagewise.plan.cluster import StageGrid, group_nodes, state_factor
 from stagewise.plan.cluster import Hardware
 from stagewise.plan.search import rank_fixed_bytes
@@ -97,12 +98,13 @@ def test_an_expert_group_lands_on_consecutive_gpus_pipeline_outermost():
     assert group_nodes(8, 16, 128, 1, 64) == 8 and group_nodes(8, 16, 128, 1, 8) == 1
     assert group_nodes(8, 16, 128, 2, 8 * 2) == 2 and group_nodes(8, 16, 128, 2, 8 * 1) == 1
     cl = StageGrid(devices=2048, per_node=8, memory=H800.memory, intra=H800.intra, inter=H800.inter,
-                        state_factor=3.0, expert_state_factor=6.0, pipeline=16, ep=64, etp=1, t=1, node=8, placement="within")
+                   state_factor=3.0, expert_state_factor=6.0, node=8, placement="within",
+                   parallelism=Parallelism.of_plan(p=16, dp=128, ep=64, etp=1))
     assert cl.link(16, 128, 0, 1) == H800.inter  # pipeline neighbours are a dp block (16 nodes) apart
     assert cl.data_parallel_link(16, 128) == H800.inter
     assert cl.expert_data_parallel_link(16, 128) == H800.inter  # the two holders of an expert: 64 GPUs apart
     small = StageGrid(devices=16, per_node=8, memory=H800.memory, intra=H800.intra, inter=H800.inter,
-                           pipeline=2, ep=4, etp=1, t=1, node=8, placement="within")
+                      parallelism=Parallelism.of_plan(p=2, dp=8, ep=4, etp=1), node=8, placement="within")
     assert small.data_parallel_link(2, 8) == small.expert_data_parallel_link(2, 8) == H800.intra
     assert small.link(2, 8, 0, 1) == H800.inter and small.nodes() == 1
 
@@ -136,8 +138,8 @@ def test_node_spans_looked_at_over_one_period_equal_every_gpu_looked_at(placemen
 def test_across_puts_each_pipeline_inside_a_node_and_an_expert_group_across_nodes():
     # 64 GPUs, p 8, dp 8, t 1: "within" packs an EP 8 group into one node with stages a node apart; "across"
     # (Megatron-LM's --use-tp-pp-dp-mapping) keeps each pipeline in a node and spreads the group over 8 nodes
-    kw = dict(devices=64, per_node=8, memory=H100.memory, intra=H100.intra, inter=H100.inter, pipeline=8, ep=8,
-              etp=1, t=1, node=8)
+    kw = dict(devices=64, per_node=8, memory=H100.memory, intra=H100.intra, inter=H100.inter, node=8,
+              parallelism=Parallelism.of_plan(p=8, dp=8, ep=8, etp=1))
     within, across = StageGrid(**kw, placement="within"), StageGrid(**kw, placement="across")
     assert (within.nodes(), across.nodes()) == (1, 8)
     assert within.link(8, 8, 0, 1) == H100.inter and across.link(8, 8, 0, 1) == H100.intra

@@ -72,11 +72,11 @@ def test_the_lowerings_data_parallel_groups_sit_where_the_grid_puts_them(placeme
     """The lowering numbers ranks in the grid's device order (Megatron-Core's, the pipeline outermost, for
     "within"): a replica group is inside one node for every rank exactly when the grid's link is the node's."""
     intra, inter = Link(latency=1e-6, bandwidth=1e12), Link(latency=1e-5, bandwidth=1e10)
-    grid = StageGrid(devices=p * dp, per_node=8 // t, memory=None, intra=intra, inter=inter, pipeline=p, t=t,
+    par = Parallelism(pp=p, dp=dp, tp=t)
+    grid = StageGrid(devices=p * dp, per_node=8 // t, memory=None, intra=intra, inter=inter, parallelism=par,
                      node=8, placement=placement)
     net = network(grid)
     assert net.order == (PIPELINE_OUTERMOST if placement == "within" else DIMS) and net.gpus_per_node == 8
-    par = Parallelism(pp=p, dp=dp, tp=t)
     low = Lowered(schedule=generate("1f1b", p, p), parallelism=par, programs=(), options=LoweringOptions(network=net))
     inside = all(low.inside(low.global_ranks(r, "dp")) for r in range(p))
     assert inside == (grid.data_parallel_link(p, dp) is intra)

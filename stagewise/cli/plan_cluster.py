@@ -130,6 +130,7 @@ def _job(args):
     from ..plan.cluster import FRAMEWORKS
     from ..plan.search import Space
     from ..plan.cluster import TransformerSpec
+    from .flags import PLANNER_ALIASES
     from .planning import whole_numbers
 
     missing = [o for o, k in (("--model", "model"), ("--hardware", "hardware"), ("--gpus", "gpus"),
@@ -168,15 +169,13 @@ def _job(args):
               else (2, 4, 8, 16, 32, 64))
     if args.fp8_all_gather and args.precision != "fp8":
         raise UsageError("--fp8-all-gather keeps the weights in FP8, which FP8 compute reads: give --precision fp8 too")
+    degrees = {dest: tuple(whole_numbers(getattr(args, dest), alias)) if getattr(args, dest) is not None else None
+               for dest, alias in ((a[2:].replace("-", "_"), a) for a in PLANNER_ALIASES.values())}
     return Job(spec=TransformerSpec.load(args.model), hardware=hw, gpus=args.gpus,
                global_batch_tokens=parse_tokens(args.global_batch_tokens),
-               sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero,
-               tensor=tuple(whole_numbers(args.tensor, "--tensor")) if args.tensor is not None else None,
-               pipeline=tuple(whole_numbers(args.pipeline, "--pipeline")) if args.pipeline is not None else None,
-               expert=tuple(whole_numbers(args.expert, "--expert")) if args.expert is not None else None,
+               sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero, **degrees,
                micro_batch_sizes=sizes, recompute=rc, space=Space(families=fams, chunks=chunks, split=args.split),
                frameworks=frameworks, sharding=sharding, hsdp_shards=shards, reserve=reserve,
-               expert_tensor=tuple(whole_numbers(args.expert_tensor, "--expert-tensor")) if args.expert_tensor else None,
                expert_placement=_words(args.expert_placement, "--expert-placement") if args.expert_placement
                else ("within", "across"),
                precision=args.precision, fp8_gather=args.fp8_all_gather, async_tp=args.async_tp,

@@ -30,7 +30,8 @@ def degrees(args) -> dict:
     --reshard-after-forward; -p is ``ranks``): the layout's degrees as the options give them."""
     from ..parallelism import Parallelism
 
-    return {f.name: getattr(args, f.name) for f in Parallelism.options() if f.name != "pp" and hasattr(args, f.name)}
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(Parallelism)
+            if f.name != "pp" and hasattr(args, f.name)}
 
 
 def apply(cfg, args):

@@ -18,9 +18,10 @@ GPUs apart, on other nodes. Dense layouts are planned "across" (replica d's pipe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ...parallelism import Parallelism
 from ..search import Cluster, Link
 
 #: device orders a layout may take (see the module doc)
@@ -29,27 +30,27 @@ PLACEMENTS = ("within", "across")
 
 @dataclass(frozen=True, kw_only=True)
 class StageGrid(Cluster):
-    """A Cluster searched at one pipeline degree and one expert layout, its devices in ``placement``'s order
-    (``devices`` and ``per_node`` count t-groups, ``node`` GPUs)."""
+    """A Cluster searched at one layout, its devices in ``placement``'s order (``devices`` and ``per_node``
+    count t-groups, ``node`` GPUs)."""
 
-    pipeline: int = 1
-    t: int = 1
-    ep: int = 1  #: GPUs a block's routed experts are spread over
-    etp: int = 1  #: GPUs each expert is cut over
+    #: pp, tp and the expert layout (``expert_degree`` GPUs a block's routed experts are spread over, each cut
+    #: over ``expert_tp``); the data ranks however the searcher shards them
+    parallelism: Parallelism = field(default_factory=Parallelism)
     node: int = 8  #: GPUs per node
     placement: str = "across"
 
     def layouts(self) -> list[tuple[int, int]]:
-        return [(self.pipeline, self.devices // self.pipeline)]
+        return [(self.parallelism.pp, self.devices // self.parallelism.pp)]
 
     @property
     def pool(self) -> int:
         """GPUs at one pipeline position: t x dp."""
-        return self.devices // self.pipeline * self.t
+        return self.parallelism.per_pipeline_rank
 
     @property
     def group(self) -> int:
-        return self.ep * self.etp
+        """GPUs of one expert group: ep x etp."""
+        return self.parallelism.expert_degree * self.parallelism.expert_tp
 
     @property
     def replicas(self) -> int:
@@ -58,21 +59,23 @@ class StageGrid(Cluster):
 
     def nodes(self) -> int:
         """Most nodes one expert group spans."""
-        return group_nodes(self.node, self.pipeline, self.pool, self.t, self.group, self.placement)
+        return group_nodes(self.node, self.parallelism.pp, self.pool, self.parallelism.tp, self.group, self.placement)
 
     def link(self, p: int, dp: int, a: int, b: int) -> Link:
         """Pipeline ranks a and b of one replica."""
-        return self.inter if _pipeline_crosses(self.node, p, self.pool, self.t, self.placement, a, b) else self.intra
+        crosses = _pipeline_crosses(self.node, p, self.pool, self.parallelism.tp, self.placement, a, b)
+        return self.inter if crosses else self.intra
 
     def data_parallel_link(self, p: int, dp: int) -> Link:
         """``dp`` data-parallel replicas of one tensor-parallel rank (pool positions t apart)."""
-        crosses = dp > 1 and _nodes(self.node, p, self.pool, self.t, self.placement, self.t, dp) > 1
+        t = self.parallelism.tp
+        crosses = dp > 1 and _nodes(self.node, p, self.pool, t, self.placement, t, dp) > 1
         return self.inter if crosses else self.intra
 
     def expert_data_parallel_link(self, p: int, dp: int) -> Link:
         """The replicas that hold the same expert shard: pool positions ep x etp apart."""
         n = self.replicas
-        crosses = n > 1 and _nodes(self.node, p, self.pool, self.t, self.placement, self.group, n) > 1
+        crosses = n > 1 and _nodes(self.node, p, self.pool, self.parallelism.tp, self.placement, self.group, n) > 1
         return self.inter if crosses else self.intra
 
 

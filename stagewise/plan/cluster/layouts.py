@@ -51,9 +51,10 @@ def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles:
             continue
         dp = ranks // p
         for grid in _grids(job, t, p, ranks):
-            key = (base, grid.ep, grid.etp, grid.nodes())
+            layout = grid.parallelism
+            key = (base, layout.expert_degree, layout.expert_tp, grid.nodes())
             if key not in profiles:
-                expert = ExpertParallel(ep=grid.ep, nodes=key[3], zero=job.zero, etp=grid.etp)
+                expert = ExpertParallel(ep=key[1], nodes=key[3], zero=job.zero, etp=key[2])
                 profiles[key] = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=base, expert=expert,
                                                  compute=job.compute)
             prof = profiles[key]
@@ -68,8 +69,8 @@ def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles:
                         skipped[WEIGHTS_TOO_BIG] = skipped.get(WEIGHTS_TOO_BIG, 0) + 1
                     continue
                 moe = spec.moe is not None
-                par = Parallelism.of_plan(p=p, dp=dp, t=t, sharding=sharding, shard=shard,
-                                          ep=grid.ep if moe else 1, etp=grid.etp if moe else None)
+                par = Parallelism.of_plan(p=p, dp=dp, t=t, sharding=sharding, shard=shard, ep=layout.expert_degree,
+                                          etp=layout.etp)
                 fits_order = tuple(fw for fw in runners(job, mode, sharding)
                                    if not moe or grid.placement in fw.expert_placements)
                 frameworks = offered(fits_order, par, skipped)
@@ -78,8 +79,9 @@ def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles:
                     continue
                 cl = replace(grid, state_factor=sf, expert_state_factor=esf if moe else None)
                 for rhythm, fws in _by_rhythm(frameworks, p, sharding):
-                    out.append(ClusterSearcher(profile=prof, cluster=cl, global_batch=job.global_batch, job=job,
-                                               parallelism=replace(par, reshard_after_forward=rhythm and par.fsdp > 1),
+                    run = replace(par, reshard_after_forward=rhythm and par.fsdp > 1)
+                    out.append(ClusterSearcher(profile=prof, cluster=replace(cl, parallelism=run),
+                                               global_batch=job.global_batch, job=job,
                                                space=replace(job.space, families=families_run(job, fws),
                                                              recompute=(mode == "stage",)),
                                                recompute=mode, replay=replay, sharding=sharding,
@@ -103,11 +105,11 @@ def _grids(job: Job, t: int, p: int, ranks: int) -> list[StageGrid]:
     model's every (ep, etp) and placement asked for (one placement at p = 1, where they are the same)."""
     hw = job.hardware
     base = StageGrid(devices=ranks, per_node=max(1, hw.gpus_per_node // t), memory=job.usable, intra=hw.intra,
-                     inter=hw.inter, pipeline=p, t=t, ep=1, etp=t, node=hw.gpus_per_node)
+                     inter=hw.inter, parallelism=Parallelism.of_plan(p=p, dp=ranks // p, t=t), node=hw.gpus_per_node)
     if job.spec.moe is None:
         return [base]
     places = job.expert_placement if p > 1 else job.expert_placement[:1]
-    return [replace(base, ep=ep, etp=etp, placement=place)
+    return [replace(base, parallelism=Parallelism.of_plan(p=p, dp=ranks // p, t=t, ep=ep, etp=etp), placement=place)
             for ep, etp in expert_layouts(job.spec.moe.experts, base.pool, t, job.expert, job.expert_tensor)
             for place in places]
 

@@ -260,4 +260,4 @@ def _without_rc(c: Config) -> Config:
 def _layout(s) -> tuple:
     """What a searcher's fits are compared across (its recomputation aside): tp, the experts' spread, sharding."""
     par = s.parallelism
-    return par.tp, par.expert_degree, s.sharding, s.shard
+    return par.tp, par.expert_degree, s.sharding, par.fsdp

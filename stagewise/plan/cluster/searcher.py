@@ -58,8 +58,6 @@ class ClusterSearcher(Searcher):
     frameworks' overlap rules applied to each simulated timeline."""
 
     job: Job
-    #: the layout every candidate of this searcher runs (pp, tp, the data ranks, the expert layout)
-    parallelism: Parallelism
     recompute: str = "off"  #: of ``RECOMPUTE``, or "stage" (the generic whole-stage replay, config.recompute)
     replay: dict = field(default_factory=dict)  #: mbs -> bytes of the one block replayed (full recomputation)
     #: of ``parallelism.SHARDINGS``: the mode searched (with one data rank, ``parallelism.sharding`` reads ddp)
@@ -70,9 +68,9 @@ class ClusterSearcher(Searcher):
     _timelines: dict = field(default_factory=dict)  #: (config, blocking P2P) -> (timeline, makespan, bubble)
 
     @property
-    def shard(self) -> int | None:
-        """HSDP's shard group (None: not HSDP)."""
-        return self.parallelism.fsdp if self.sharding == "hsdp" else None
+    def parallelism(self) -> Parallelism:
+        """The layout every candidate of this searcher runs: its grid's (``cluster``)."""
+        return self.cluster.parallelism
 
     def _schedule(self, name: str, p: int, m: int, v: int):
         """The family's schedule; for a long step (``steady.short_m``) the ``2 mc`` one stands in for it (same
@@ -131,7 +129,7 @@ class ClusterSearcher(Searcher):
 
     def _opt_share(self, dp: int) -> int:
         """How many replicas split the optimizer step."""
-        return 1 if self.sharding == "ddp" else self.shard if self.sharding == "hsdp" else dp
+        return 1 if self.sharding == "ddp" else self.parallelism.fsdp if self.sharding == "hsdp" else dp
 
     def prepare(self, c: Config) -> Prepared:
         """Split, memory and lower bound of ``c`` (no simulation)."""
@@ -216,7 +214,7 @@ class ClusterSearcher(Searcher):
         """Per piece, the bytes of each layer that reduce over dp in the time its gradients take: the routed
         experts' go over their replicas on their own link, so they count at the ratio of the two per-byte times
         (a dense layer's are its parameter bytes)."""
-        cl, p, dp = self.cluster, self.cluster.pipeline, self.cluster.devices // self.cluster.pipeline
+        cl, (p, dp) = self.cluster, self.cluster.layouts()[0]
         ratio = 1.0
         if self.experts:
             ratio = _per_byte(cl.replicas, cl.expert_data_parallel_link(p, dp)) / (
@@ -327,9 +325,9 @@ class ClusterSearcher(Searcher):
         """(exposed gradient reduction, exposed weight gathers) of a timeline under ``fw``'s rules."""
         c, cl, mode = pre.config, self.cluster, self.sharding
         link = cl.data_parallel_link(c.p, c.dp)
-        group = self.shard if mode == "hsdp" else c.dp
+        group = self.parallelism.fsdp if mode == "hsdp" else c.dp  # HSDP's shard group
         shard_link = cl.data_parallel_link(c.p, group)
-        cost = reduction_cost(mode, c.dp, self.shard, shard_link if mode == "hsdp" else link, cl.inter)
+        cost = reduction_cost(mode, c.dp, group, shard_link if mode == "hsdp" else link, cl.inter)
         sharded = mode in ("fsdp", "hsdp")
         rule = overlap(fw, self.per_block).fsdp_reduce if sharded else fw.overlap.reduce
         exposed = exposed_reduction(tl, layer_bytes, h.stage_piece, c.dp, link, rule=rule, cost=cost)
