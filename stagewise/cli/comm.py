@@ -35,10 +35,7 @@ class FrameworkNames:
     def __iter__(self):
         from ..lowering import FRAMEWORKS
 
-        return iter(FRAMEWORKS)
-
-    def __contains__(self, name) -> bool:
-        return name in tuple(self)
+        return iter(FRAMEWORKS)  # (``in`` iterates too)
 
 
 def add_layout_args(p: argparse.ArgumentParser):

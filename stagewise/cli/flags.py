@@ -56,18 +56,18 @@ def add_layout_options(group, names, *, defaults: bool = False, more: dict | Non
     comma-separated list of degrees to try (its metavar here), with its ``PLANNER_ALIASES`` flag."""
     from .values import positive_int
 
-    more, by_name = more or {}, {f.name: f for f in fields(Parallelism)}
+    by_name = {f.name: f for f in fields(Parallelism)}
     for name in names:
         f = by_name[name]
-        flag, text = f.metadata["flag"], f.metadata["help"] + (f"; {more[name]}" if name in more else "")
-        default = f.default if defaults else None
+        kw = dict(help=f.metadata["help"] + (f"; {more[name]}" if name in (more or {}) else ""),
+                  default=f.default if defaults else None)
         if tried is not None:
             alias = PLANNER_ALIASES[name]
-            group.add_argument(flag, alias, dest=alias[2:].replace("-", "_"), default=None, metavar=tried[name],
-                               help=text)
+            kw.update(dest=alias[2:].replace("-", "_"), metavar=tried[name], default=None)
         elif f.type in (bool, "bool"):
-            group.add_argument(flag, action="store_true", default=default, help=text)
+            kw.update(action="store_true")
         elif name == "zero":
-            group.add_argument(flag, type=int, choices=(0, 1), default=default, help=text)
+            kw.update(type=int, choices=(0, 1))
         else:
-            group.add_argument(flag, type=positive_int, default=default, help=text)
+            kw.update(type=positive_int)
+        group.add_argument(f.metadata["flag"], *([alias] if tried is not None else []), **kw)

@@ -3,39 +3,18 @@
 A data-parallel step has four things besides the pipeline's compute: the gradient
 reduction (all-reduce, or reduce-scatter when the optimizer state is sharded), the
 all-gather of sharded weights, the optimizer step and the pipeline's point-to-point
-messages. Frameworks schedule them differently, each as its documentation says:
+messages. Frameworks schedule them differently, each as its documentation says (its
+``Framework.source``): Megatron-LM reduce-scatters in buckets during the last backward and
+gathers ahead of the next forwards; DeepSpeed reduces after the pipeline drains, gathers
+after the optimizer step and blocks its senders; torchtitan (FSDP2 per block) and stagewise
+reduce a stage after its last backward, FSDP2 gathering a block ahead (block by block again
+for the backward without pipeline parallelism: ``Framework.per_block``), stagewise a stage
+ahead. The optimizer step is exposed in all four (it needs the reduced gradients).
 
-- Megatron-LM (``--overlap-grad-reduce``, ``--overlap-param-gather`` with
-  ``--use-distributed-optimizer``; docs/source/distrib_optimizer.md): gradients are
-  reduce-scattered in buckets as the last micro-batch's backward produces them; the
-  updated weights are all-gathered bucket by bucket ahead of the next step's forwards;
-  P2P is asynchronous. Its pipeline runs 1F1B and interleaved 1F1B.
-- DeepSpeed (``runtime/pipe/schedule.py``, ``TrainSchedule``): the last step of the
-  pipeline instructions runs ``ReduceTiedGrads``, ``ReduceGrads`` and
-  ``OptimizerStep`` after the pipeline has drained, so the whole reduction is exposed;
-  ZeRO-1's weight all-gather follows the optimizer step; ``SendActivation`` and
-  ``SendGrad`` are blocking instructions of the sender. Its pipeline runs 1F1B; ZeRO
-  stage 1 at most under pipeline parallelism.
-- torchtitan (FSDP2 ``fully_shard`` per transformer block inside each pipeline stage;
-  torch.distributed.pipelining runs every backward but a stage's last without
-  gradient sync, then reduce-scatters the stage's gradients after its last backward):
-  the reduction of a stage starts at its last backward; a block's weights are
-  all-gathered ahead of its first forward (FSDP2 prefetches one block ahead) and kept
-  unsharded for the step (reshard after forward is off under pipeline parallelism).
-  Without pipeline parallelism FSDP2 runs block by block (``reshard_after_forward``):
-  each block is gathered one ahead of the forward and freed after it, gathered again one
-  ahead of the backward, and its gradients are reduce-scattered as the backward leaves it.
-  Any schedule through torch's CSV.
-- stagewise (runtime/parallel: dp, zero, fsdp): a stage's gradient reduction starts
-  as soon as its last B or W ends; with FSDP a stage's weights are all-gathered ahead
-  of its first forward, prefetched one stage ahead, and reduce-scattered after its
-  last backward; with ZeRO-1 the updated weights are all-gathered after the optimizer
-  step. Every family.
-
-The optimizer step is exposed in all four (it needs the reduced gradients). The rules
-are data: each ``Framework`` holds the lowering's ``Overlap`` (``lowering.FRAMEWORKS``, where
-they are written once), replaced field by field for a variant (the Megatron-LM 2021 runs of
-the published rows reduce without ZeRO).
+The rules are data: each ``Framework`` holds the lowering's ``Overlap``
+(``lowering.FRAMEWORKS``, where they are written once) beside what it runs (families,
+shardings, recomputation), replaced field by field for a variant (the Megatron-LM 2021 runs
+of the published rows reduce without ZeRO).
 """
 
 from __future__ import annotations
