@@ -101,19 +101,17 @@ def _regrouped(low, par: Parallelism, opts):
     """A read CSV's gathers and reductions over the layout's group, with the sizes' bytes (the file says
     neither)."""
     from ..lowering.comms import P2P, RESHARD, UNSHARD, REDUCE_GRAD, CommAction
+    from ..lowering.lower import gradient_reduction
 
     sizes = opts.sizes.resolve(low.schedule.stages)
-    group = "hsdp" if par.fsdp > 1 and par.dp > 1 else "fsdp" if par.fsdp > 1 else "dp"
-    reduce_op = ("reduce-scatter+all-reduce" if group == "hsdp" else "reduce-scatter" if par.fsdp > 1 or par.zero
-                 else "all-reduce")
+    group, stream, reduce_op = gradient_reduction(par)
     out = []
     for prog in low.programs:
         row = []
         for a in prog:
             if type(a) is CommAction and a.kind in (UNSHARD, RESHARD, REDUCE_GRAD):
-                g = group if a.kind == REDUCE_GRAD else "fsdp" if par.fsdp > 1 else "dp"
                 nbytes = {UNSHARD: sizes["params"][a.stage], REDUCE_GRAD: sizes["grads"][a.stage]}.get(a.kind, 0.0)
-                a = a._replace(group=g, stream="fsdp" if par.fsdp > 1 else "dp", nbytes=nbytes,
+                a = a._replace(group=group if a.kind == REDUCE_GRAD else stream, stream=stream, nbytes=nbytes,
                                op=reduce_op if a.kind == REDUCE_GRAD else a.op)
             elif type(a) is CommAction and a.kind in P2P and sizes["boundary"] is not None:
                 d, s, _ = a.key

@@ -295,16 +295,20 @@ def _fixed(par: Parallelism, ov, made: dict, points: StagePoints) -> tuple[dict,
     return before, after, final
 
 
-def _stage_actions(par: Parallelism, sizes: dict, ov) -> dict[str, list[CommAction]]:
-    """Per stage, its gather, free and reduction (after its op, or ``during`` it): the same value wherever a
-    program issues them."""
+def gradient_reduction(par: Parallelism) -> tuple[str, str, str]:
+    """(group, stream, op) of a stage's gradient reduction under ``par``; the stream is its gathers' group too."""
     fsdp, dp = par.fsdp > 1, par.dp > 1
     ep = par.ep > 1 and not fsdp  # the ep ranks took different rows: their dense gradients are summed
     group = "hsdp" if fsdp and dp else "fsdp" if fsdp else "dp+ep" if dp and ep else "ep" if ep else "dp"
-    stream = "fsdp" if fsdp else "dp"
-    reduce_op = ("reduce-scatter+all-reduce" if fsdp and dp else "reduce-scatter" if fsdp or par.zero
-                 else "all-reduce")
-    gather_group = "fsdp" if fsdp else "dp"
+    op = "reduce-scatter+all-reduce" if fsdp and dp else "reduce-scatter" if fsdp or par.zero else "all-reduce"
+    return group, "fsdp" if fsdp else "dp", op
+
+
+def _stage_actions(par: Parallelism, sizes: dict, ov) -> dict[str, list[CommAction]]:
+    """Per stage, its gather, free and reduction (after its op, or ``during`` it): the same value wherever a
+    program issues them."""
+    group, stream, reduce_op = gradient_reduction(par)
+    gather_group = stream
     layers = sizes["layers"]
     return {"unshard": [CommAction(UNSHARD, s, None, -1, gather_group, b, stream, "all-gather")
                         for s, b in enumerate(sizes["params"])],
