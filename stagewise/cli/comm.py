@@ -77,9 +77,7 @@ def communication(args: argparse.Namespace, *, force: bool = False, moe: bool | 
         return None
     from ..lowering import FRAMEWORKS, Communication, LoweringOptions, Network, Sizes  # only when lowering
 
-    par = Parallelism(ep=getattr(args, "ep", None) or 1,
-                      **{n: (bool(x) if n == "reshard_after_forward" else x) for n, x in degrees.items()
-                         if x is not None})
+    par = Parallelism(**{n: x for n, x in {**degrees, "ep": getattr(args, "ep", None)}.items() if x is not None})
     par.check()
     # with a link bandwidth the boundary's bytes occupy each link, so back-to-back sends queue on it
     boundary = args.boundary_bytes if getattr(args, "bandwidth", None) else None
