@@ -198,55 +198,36 @@ class Engine:
                     kind, s, mb = a
                     k = s * m + mb  # its F's key, its F input's message id
                     base, comm = t, 0.0
+                    # dk: the key it makes (-1: none), ik: its input's (x: that input's link time), which is
+                    # made on another rank when a message carries it: that message's id is dk
                     if kind == "F":
-                        dk, x = k, f_lat[s]
-                        if x >= 0.0:  # computed here, or a message as its link time
-                            y = done[k - m]
-                            if y < 0:
-                                kw = k - m
-                                break
-                            y += x
-                            if y > base:
-                                base = y
-                        elif x == _MESSAGE:
-                            g = gotr.get(k)
-                            if g is None:  # its receive is not before it: never posted
-                                break
-                            comm, y, via = g
-                            if y > base:
-                                base = y
+                        dk, ik, x = k, k - m, f_lat[s]
                     elif kind == "W":
-                        dk = -1
-                        x = done[n_keys + k]
-                        if x < 0:
-                            kw = n_keys + k
-                            break
-                        if x > base:
-                            base = x
+                        dk, ik, x = -1, n_keys + k, 0.0  # its I's, here
                     else:
                         dk = n_keys + k
-                        x = done[k]
-                        if x < 0:
+                        y = done[k]  # its F's, here
+                        if y < 0:
                             kw = k
                             break
-                        if x > base:
-                            base = x
-                        x = g_lat[s]
-                        if x >= 0.0:
-                            y = done[dk + m]
-                            if y < 0:
-                                kw = dk + m
-                                break
-                            y += x
-                            if y > base:
-                                base = y
-                        elif x == _MESSAGE:
-                            g = gotr.get(dk)
-                            if g is None:
-                                break
-                            comm, y, via = g
-                            if y > base:
-                                base = y
+                        if y > base:
+                            base = y
+                        ik, x = dk + m, g_lat[s]
+                    if x >= 0.0:  # computed here, or a message as its link time
+                        y = done[ik]
+                        if y < 0:
+                            kw = ik
+                            break
+                        y += x
+                        if y > base:
+                            base = y
+                    elif x == _MESSAGE:
+                        g = gotr.get(dk)
+                        if g is None:  # its receive is not before it: never posted
+                            break
+                        comm, y, via = g
+                        if y > base:
+                            base = y
                     if gathers and g_end[s] > comm:
                         comm, via = g_end[s], g_pos[s]
                     if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
