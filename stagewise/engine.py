@@ -75,8 +75,8 @@ class Played:
         self.starts = [[0.0] * len(p) for p in programs]
         self.ends = [[0.0] * len(p) for p in programs]
         self.exposed = [[0.0] * len(p) for p in programs]
-        #: per rank, compute op position (in the schedule's program) -> the lowered position of the transfer
-        #: it waited for last (what held it beyond its rank being free and its inputs computed)
+        #: per rank, a compute op's position -> the position of the transfer it waited for last (what held it
+        #: beyond its rank being free and its inputs computed)
         self.waited: list[dict[int, int]] = [dict() for _ in programs]
 
 
@@ -154,8 +154,8 @@ class Engine:
         self.played_colls: list[list[int]] = [[] for _ in range(R)]  # positions of the collectives played
         self.last_op = [_last_op(p, self.kinds[0]) for p in programs] if low is not None else None
         #: per rank, where it stands: (position, free at, its last op's start, the latest end of the collectives
-        #: it posted, whether it gathered anything yet, how many ops it ran: ``Played.waited``'s key of the next)
-        self.state = [(0, 0.0, 0.0, 0.0, False, 0)] * R
+        #: it posted, whether it gathered anything yet)
+        self.state = [(0, 0.0, 0.0, 0.0, False)] * R
         self.parked = [-1] * R  # the key each rank waits on (-1: none, or a collective's other members)
         self.waiter = [-1] * (4 * self.n_keys)  # compute keys, then message ids
         self.extra: dict[int, list[int]] = {}
@@ -181,19 +181,18 @@ class Engine:
         while queue:
             r = queue.popleft()
             prog, st, en, ex, waited, links, g_end, g_pos, gotr = ranks[r]
-            i, t, op_start, comm_end, gathers, j = state[r]
+            i, t, op_start, comm_end, gathers = state[r]
             n, kw = len(prog), -1  # kw: the key it parks on (-1: none it can be woken by, or parked already)
             for i in range(i, n):
                 a = prog[i]
                 ta = type(a)
                 if ta is not Comm_:  # a compute op (every op, without a lowering): the loop's hot path
                     if ta is Pair_:  # an F&B pair (DualPipe's)
-                        start, end = self.pair(r, i, j, a, t, gotr, gathers)
+                        start, end = self.pair(r, i, a, t, gotr, gathers)
                         if start is None:
                             kw = end
                             break
                         op_start, t = start, end
-                        j += 1
                         continue
                     kind, s, mb = a
                     k = s * m + mb  # its F's key, its F input's message id
@@ -233,14 +232,13 @@ class Engine:
                     if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
                         start = comm
                         ex[via] += comm - base
-                        waited[j] = via
+                        waited[i] = via
                     else:
                         start = base
                     op_start = start
                     t = start + dur[kind][s]
                     st[i] = start
                     en[i] = t
-                    j += 1
                     if dk >= 0:
                         done[dk] = t
                         w = waiter[dk]
@@ -302,7 +300,7 @@ class Engine:
                         waiter[kw] = r
                     else:
                         extra.setdefault(kw, []).append(r)
-            state[r] = (i, t, op_start, comm_end, gathers, j)
+            state[r] = (i, t, op_start, comm_end, gathers)
         if any(x[0] < len(p) for x, p in zip(state, self.programs)):
             raise Stuck(self.blocked())
         if self.low is not None:
@@ -393,8 +391,8 @@ class Engine:
             self.waiter.append(-1)  # at 2 n_keys + mid: ids and waiters grow together
         return mid
 
-    def pair(self, r: int, i: int, j: int, op: Pair, t: float, gotr: dict, gathers: bool) -> tuple:
-        """Play F&B pair ``op``, rank ``r``'s op ``j`` at position ``i`` (free at ``t``): (start, end), or
+    def pair(self, r: int, i: int, op: Pair, t: float, gotr: dict, gathers: bool) -> tuple:
+        """Play F&B pair ``op`` at position ``i`` of rank ``r`` (free at ``t``): (start, end), or
         (None, the key it waits on; -1: none it can be woken by)."""
         base, comm, via = t, 0.0, -1
         g_end, g_pos = self.gathered_end[r], self.gathered_pos[r]
@@ -412,7 +410,7 @@ class Engine:
         start = comm if comm > base else base
         if via >= 0 and comm > base:  # it waited for a transfer beyond everything else it needed
             self.out.exposed[r][via] += comm - base
-            self.out.waited[r][j] = via
+            self.out.waited[r][i] = via
         fa, ba = op
         key = (fa.stage, ba.kind, ba.stage)
         d = self.pair_dur.get(key)
@@ -430,28 +428,27 @@ class Engine:
 
     def ready(self, a, gotr: dict) -> tuple:
         """(ready from compute, ready with transfers, position of the transfer that came last) of plain action
-        ``a``, or a 1-tuple of the key it waits on (-1: a receive not before it, never posted)."""
+        ``a``, or a 1-tuple of the key it waits on (-1: a receive not before it, never posted): the loop's
+        reading of an op's inputs, for an F&B pair's halves."""
         kind, s, mb = a
-        k = s * self.m + mb
-        d = self.done[k if kind != "W" else self.n_keys + k]  # its own F's (W: its I's)
-        if kind == "F":
-            return self.input(k - self.m, k, self.f_lat[s], 0.0, gotr)
-        if d < 0:
-            return (k if kind != "W" else self.n_keys + k,)
-        if kind == "W":
-            return d, 0.0, -1
-        k += self.n_keys
-        return self.input(k + self.m, k, self.g_lat[s], d, gotr)
-
-    def input(self, key: int, mid: int, link: float, base: float, gotr: dict) -> tuple:
-        """``ready`` of an action whose input is compute key ``key`` (message id ``mid``) over ``link``,
-        ready from the rest at ``base``."""
+        m, done = self.m, self.done
+        k, base = s * m + mb, 0.0
+        if kind == "F":  # its input's key, that input's message id and link time
+            ik, mid, link = k - m, k, self.f_lat[s]
+        elif kind == "W":
+            ik, mid, link = self.n_keys + k, -1, 0.0
+        else:
+            base = done[k]
+            if base < 0:
+                return (k,)
+            mid = self.n_keys + k
+            ik, link = mid + m, self.g_lat[s]
         if link >= 0.0:  # computed here, or a message as its link time
-            d = self.done[key]
-            if d < 0:
-                return (key,)
-            d += link
-            return d if d > base else base, 0.0, -1
+            x = done[ik]
+            if x < 0:
+                return (ik,)
+            x += link
+            return x if x > base else base, 0.0, -1
         if link == _MESSAGE:
             g = gotr.get(mid)
             if g is None:

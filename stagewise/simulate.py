@@ -14,7 +14,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = Tr
     """Timeline of ``schedule`` under ``costs`` (default ``t_f=1, t_b=2``).
 
     With ``costs.comm`` (``lowering.Communication``) the schedule is lowered and the engine plays the lowered
-    programs (``lowering.play``), else the schedule's own. Raises ``ScheduleError`` for an invalid or deadlocking schedule.
+    programs (``lowering.play``), else the schedule's own (``engine.play``). Raises ``ScheduleError`` for an
+    invalid or deadlocking schedule.
     """
     costs = costs or Costs()
     if costs.comm is not None:  # communication as actions: the lowered programs, transfers on their resources
