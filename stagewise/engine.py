@@ -123,7 +123,7 @@ class Engine:
     message ids; a second rank on one key in ``extra``), on a cross-rank collective in ``coll_wait``."""
 
     def __init__(self, schedule, sc: StageCosts, low=None, latency: float = 0.0, bandwidth: float | None = None):
-        self.schedule, self.low, self.sc = schedule, low, sc
+        self.low, self.sc = low, sc
         programs = self.programs = low.programs if low is not None else schedule.programs
         R, S, m = len(programs), schedule.stages, schedule.microbatches
         self.S, self.m, self.n_keys = S, m, S * m
