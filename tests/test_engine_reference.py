@@ -23,8 +23,9 @@ from stagewise.schedules import FAMILIES, generate
 
 
 def reference(schedule, sc, low=None, latency=0.0, bandwidth=None):
-    """(starts, ends, exposed) per rank of every entry of the programs (``low``'s, else the schedule's), or
-    the (rank, position) of each rank that never finishes."""
+    """(starts, ends, exposed, waited) per rank: of every entry of the programs (``low``'s, else the
+    schedule's) its times and exposed time, of each compute op held by a transfer that transfer's position;
+    or the (rank, position) of each rank that never finishes."""
     programs = low.programs if low is not None else schedule.programs
     place, first, last = schedule.placement, schedule.first_stages, schedule.last_stages
     lowered_p2p = low is not None and low.options.p2p
@@ -33,6 +34,7 @@ def reference(schedule, sc, low=None, latency=0.0, bandwidth=None):
     starts = [[0.0] * len(p) for p in programs]
     ends = [[0.0] * len(p) for p in programs]
     exposed = [[0.0] * len(p) for p in programs]
+    waited = [{} for _ in programs]
     pos, free, op_start, comm_end = [0] * R, [0.0] * R, [0.0] * R, [0.0] * R
     gathered = [{} for _ in range(R)]  # stage -> (end, position) of its latest gather
     got = [{} for _ in range(R)]  # (gradient?, stage, mb) -> (arrival, sent, receive position)
@@ -85,6 +87,7 @@ def reference(schedule, sc, low=None, latency=0.0, bandwidth=None):
                 comm, via = arr, where
         if comm > base:
             exposed[r][via] += comm - base
+            waited[r][i] = via
         start = max(base, comm)
         end = start + op_time(a, sc)  # (the cost model's: durations are not what is checked here)
         starts[r][i], ends[r][i] = start, end
@@ -182,7 +185,7 @@ def reference(schedule, sc, low=None, latency=0.0, bandwidth=None):
         for k in sorted((k for k in colls[r] if ends[r][k] > finish), key=lambda k: ends[r][k]):
             exposed[r][k] += min(ends[r][k] - edge, ends[r][k] - starts[r][k])
             edge = ends[r][k]
-    return starts, ends, exposed
+    return starts, ends, exposed, waited
 
 
 # ---- random valid programs ----------------------------------------------------------------------------
@@ -300,7 +303,8 @@ def test_engine_plays_random_lowered_programs_as_the_reference(seed):
         expect = reference(sched, sc, low, costs.latency, costs.bandwidth)
         assert not isinstance(expect, set), (sched, low)
         played = play_lowered(low, sc, costs)
-        same((played.starts, played.ends, played.exposed), expect)
+        same((played.starts, played.ends, played.exposed), expect[:3])
+        assert played.waited == expect[3]
 
 
 def test_the_reference_sees_a_deadlock():
