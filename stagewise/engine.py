@@ -192,7 +192,8 @@ class Engine:
                         if start is None:
                             kw = end
                             break
-                        op_start, t = start, end
+                        op_start = st[i] = start
+                        t = en[i] = end
                         continue
                     kind, s, mb = a
                     k = s * m + mb  # its F's key, its F input's message id
@@ -395,7 +396,6 @@ class Engine:
         """Play F&B pair ``op`` at position ``i`` of rank ``r`` (free at ``t``): (start, end), or
         (None, the key it waits on; -1: none it can be woken by)."""
         base, comm, via = t, 0.0, -1
-        g_end, g_pos = self.gathered_end[r], self.gathered_pos[r]
         for x in op:
             got = self.ready(x, gotr)
             if len(got) == 1:
@@ -405,26 +405,24 @@ class Engine:
                 base = b
             if c > comm:
                 comm, via = c, v
-            if gathers and g_end[x.stage] > comm:
-                comm, via = g_end[x.stage], g_pos[x.stage]
-        start = comm if comm > base else base
-        if via >= 0 and comm > base:  # it waited for a transfer beyond everything else it needed
+            if gathers and self.gathered_end[r][x[1]] > comm:
+                comm, via = self.gathered_end[r][x[1]], self.gathered_pos[r][x[1]]
+        if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
             self.out.exposed[r][via] += comm - base
             self.out.waited[r][i] = via
-        fa, ba = op
-        key = (fa.stage, ba.kind, ba.stage)
-        d = self.pair_dur.get(key)
+            base = comm
+        (_, fs, _), (bk, bs, _) = op
+        d = self.pair_dur.get((fs, bk, bs))
         if d is None:
-            d = self.pair_dur[key] = op_time(op, self.sc)
-        end = start + d
-        self.out.starts[r][i], self.out.ends[r][i] = start, end
+            d = self.pair_dur[(fs, bk, bs)] = op_time(op, self.sc)
+        end = base + d
         m, n_keys, done = self.m, self.n_keys, self.done
         for kind, s, mb in op:
             if kind != "W":
                 k = s * m + mb if kind == "F" else n_keys + s * m + mb
                 done[k] = end
                 self.wake(k)
-        return start, end
+        return base, end
 
     def ready(self, a, gotr: dict) -> tuple:
         """(ready from compute, ready with transfers, position of the transfer that came last) of plain action
