@@ -174,13 +174,14 @@ class Engine:
         Comm_, SENDS_, RECVS_, SEND_B_, RECV_B_, UNSHARD_, _ = self.kinds
         Pair_, state, parked = Pair, self.state, self.parked
         stages, mbs = range(S), range(m)  # a message key in both: its id is arithmetic
-        # per rank, what it plays on: its program, times, links (receiver -> free at), gathers' end and
-        # position per stage, and messages got (id -> (arrival, sent at, receive position))
-        ranks = [(p, out.starts[r], out.ends[r], out.exposed[r], out.waited[r], {}, self.gathered_end[r],
-                  self.gathered_pos[r], {}) for r, p in enumerate(self.programs)]
+        # per rank, what it plays on at every wake-up: its program, times, gathers' end and position per stage,
+        # and messages got (id -> (arrival, sent at, receive position)); its links (receiver -> free at)
+        ranks = [(p, out.starts[r], out.ends[r], self.gathered_end[r], self.gathered_pos[r], {})
+                 for r, p in enumerate(self.programs)]
+        links_of = [{} for _ in self.programs]
         while queue:
             r = queue.popleft()
-            prog, st, en, ex, waited, links, g_end, g_pos, gotr = ranks[r]
+            prog, st, en, g_end, g_pos, gotr = ranks[r]
             i, t, op_start, comm_end, gathers = state[r]
             n, kw = len(prog), -1  # kw: the key it parks on (-1: none it can be woken by, or parked already)
             for i in range(i, n):
@@ -232,8 +233,8 @@ class Engine:
                         comm, via = g_end[s], g_pos[s]
                     if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
                         start = comm
-                        ex[via] += comm - base
-                        waited[i] = via
+                        out.exposed[r][via] += comm - base
+                        out.waited[r][i] = via
                     else:
                         start = base
                     op_start = start
@@ -258,6 +259,7 @@ class Engine:
                     else:  # no bytes: the cost model's message time of that boundary
                         occ, delay = 0.0, message[s2 if back else s]  # (the boundary between s and s2)
                     post = op_start if during else t
+                    links = links_of[r]
                     x = links.get(peer, 0.0)
                     start = x if x > post else post
                     x = start + occ
