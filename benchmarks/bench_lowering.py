@@ -4,8 +4,8 @@ Run: .venv/bin/python benchmarks/bench_lowering.py [--repeats 3]
 
 For zb-v and interleaved 1F1B at p=32, m=256 (pp x fsdp 2, every transfer costed): the time of
 `simulate` (compute only, engine.play), of `lower`, and of the lowered play (`simulate` with
-`Costs.comm`: both), each the median of the repeats, with the lowered programs' length. The engine the
-planner calls is untouched; this says what asking for communication costs on top.
+`Costs.comm`: both), each the median of the repeats, with the lowered programs' length. One engine plays
+both (``engine.Engine``); this says what asking for communication costs on top.
 """
 
 from __future__ import annotations

@@ -1,29 +1,47 @@
-"""The play engine: runs every rank's program in order against durations.
+"""The play engine: runs every rank's program in order, compute and communication, against a cost model.
 
-An action starts when its rank is free and its dependencies (DESIGN.md) have
-arrived; sends are asynchronous, so a message adds link time to the receiver's
-ready time but never occupies the sender. An op's duration depends on the op
-alone (compute, its all-to-all, and for an F&B pair what of that is hidden:
-``overlap``), never on when it runs. Start times do not depend on the
-order in which ranks are advanced, so a plain work list (no event heap) gives
-the exact timeline in time linear in the number of actions.
+One engine plays both a schedule's compute programs (``play``) and a lowered schedule's programs, compute
+ops with their transfers and collectives (``lowering.play``); a compute-only schedule is a lowered program
+without communication whose messages take their link's time.
+
+- An op starts when its rank is free and its inputs (DESIGN.md) have arrived. A message not lowered adds
+  the link's time (``costs.message``) to the receiver's ready time and never occupies the sender. An op's
+  duration depends on the op alone (compute, its all-to-all, and for an F&B pair what of that is hidden:
+  ``overlap``), never on when it runs.
+- A send is posted when its op ends and occupies its link (one per sender and receiver, FIFO) for its
+  bytes over the cost model's bandwidth; it arrives a latency later (no bytes given: the cost model's
+  message time, today's link). Its receive is where the receiver's op takes it: the op starts no earlier.
+  With ``Overlap.blocking_p2p`` (DeepSpeed) the sender's next op waits for the arrival too.
+- A collective runs on its stream (one per rank and group: collectives over one group run in turn), from
+  when it is posted (the rank reaches it) and the stream is free, for the network's time
+  (``Lowered.duration``). One over several pipeline ranks (tie, step end) starts when every member has
+  posted it. An op of a stage waits for the stage's latest gather; a reduction ``during`` its op (``True``) is
+  posted when that op starts and ends no earlier than it; a bucket (``during`` a fraction f: a layer's
+  gradients as the backward produces them, a layer's weights gathered one ahead of the compute) is posted
+  once f of its op has run, and the stage's next op waits for its gathers. What comes after a rank's last op
+  waits for everything the rank posted before it (the optimizer needs the reduced gradients).
+- An expert all-to-all is inside its op (the cost model's ``a2a``, ``overlap``): drawn where the op pays it.
+
+Each op starts at max(its rank free, its inputs, its gathers), so start times do not depend on the order in
+which ranks are advanced: a work list with wake-ups (no event heap) gives the exact timeline in time linear
+in the number of actions. Exposed time of a transfer: what an op (or the step's end) waited for it beyond
+everything else it needed; the rest of it was hidden behind compute.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from operator import lt
 
 from .actions import Action, Pair
 from .costs import StageCosts
 from .overlap import pair_parts, pair_time
-from .schedule import Schedule
 
 
 @dataclass(frozen=True)
 class Blocked:
-    """A rank that cannot go on: the op at ``position`` waits for ``waits_for``."""
+    """A rank that cannot go on: the op at ``position`` waits for ``waits_for`` (a compute input, or for a
+    transfer ``Action(str(op), -1, -1)``: ``lowering.check.describe_stuck`` reads the program)."""
 
     rank: int
     position: int
@@ -39,171 +57,43 @@ class Stuck(Exception):
         self.blocked = blocked
 
 
-def play(schedule: Schedule, costs: StageCosts) -> tuple[list[list[float]], list[list[float]]]:
-    """Start and end time of every op, per rank, aligned with the programs.
+def play(schedule, costs: StageCosts) -> tuple[list[list[float]], list[list[float]]]:
+    """Start and end time of every op of a compute-only schedule, per rank, aligned with the programs.
 
-    Raises ``Stuck`` when some rank can never proceed. Assumes the structural
-    checks of ``validate.check_structure`` passed.
+    Raises ``Stuck`` when some rank can never proceed. Assumes the structural checks of
+    ``validate.check_structure`` passed.
     """
-    m = schedule.microbatches
-    n_keys = schedule.stages * m
-    first, last, fwd_link, bwd_link = routes(schedule, costs)
-    f_in, g_in = _input_keys(first, last, m, n_keys)
-    dur = _durations(costs, schedule.stages)
-    fb = costs.fb
-    comm = costs.a2a_f is not None
-
-    done = [-1.0] * (2 * n_keys)  # [0, n): F done; [n, 2n): input gradient done (B or I)
-    programs = schedule.programs
-    R = len(programs)
-    starts = [[0.0] * len(p) for p in programs]
-    ends = [[0.0] * len(p) for p in programs]
-    pos = [0] * R
-    clock = [0.0] * R
-    # the rank parked on each key (-1: none); a key has one waiter from another rank in a valid schedule
-    # (its consumers are fixed ranks), a second one (a deadlock in the making) waits in ``extra``
-    waiter = [-1] * (2 * n_keys)
-    extra: dict[int, list[int]] = {}
-    queue = deque(range(R))
-
-    # the two helpers of a pair take the state as defaults, not from play's scope: a variable a nested function
-    # reads becomes a cell, and every read of it in the hot loop below would go through that cell
-    def ready_time(a: Action, done=done, f_in=f_in, g_in=g_in, fwd_link=fwd_link, bwd_link=bwd_link, m=m,
-                   n_keys=n_keys) -> tuple[float, int]:
-        """(time a's inputs are ready, -1) or (-1, key it waits on)."""
-        kind, s, mb = a
-        if kind == "F":
-            if f_in[s] < 0:
-                return 0.0, -1
-            k = f_in[s] + mb
-            d = done[k]
-            return (d + fwd_link[s], -1) if d >= 0 else (-1.0, k)
-        if kind == "W":
-            k = n_keys + s * m + mb
-            d = done[k]
-            return (d, -1) if d >= 0 else (-1.0, k)
-        k = s * m + mb
-        d = done[k]
-        if d < 0:
-            return -1.0, k
-        if g_in[s] >= 0:
-            k = g_in[s] + mb
-            g = done[k]
-            if g < 0:
-                return -1.0, k
-            g += bwd_link[s]
-            if g > d:
-                d = g
-        return d, -1
-
-    def finish(kind: str, s: int, mb: int, t: float, done=done, waiter=waiter, queue=queue, extra=extra, m=m,
-               n_keys=n_keys) -> None:
-        """Record that (kind, s, mb) ended at ``t`` and wake the ranks waiting on it."""
-        k = s * m + mb if kind == "F" else n_keys + s * m + mb
-        done[k] = t
-        w = waiter[k]
-        if w >= 0:
-            waiter[k] = -1
-            queue.append(w)
-            if extra:
-                queue.extend(extra.pop(k, ()))
-
-    while queue:
-        r = queue.popleft()
-        prog = programs[r]
-        st, en = starts[r], ends[r]
-        i, t = pos[r], clock[r]
-        n = len(prog)
-        while i < n:
-            op = prog[i]
-            if type(op) is Pair:
-                fa, ba = op
-                rf, kw = ready_time(fa)
-                if kw >= 0:
-                    break
-                rb, kw = ready_time(ba)
-                if kw >= 0:
-                    break
-                start = max(t, rf, rb)
-                if fb is not None:
-                    d = fb[fa.stage]
-                elif comm:  # one half's all-to-all behind the other's compute
-                    d = pair_time(*pair_parts(op, costs))
-                else:
-                    d = dur["F"][fa.stage] + dur[ba.kind][ba.stage]
-                t = start + d
-                st[i] = start
-                en[i] = t
-                i += 1
-                finish(*fa, t)
-                if ba.kind != "W":
-                    finish(*ba, t)
-                continue
-            # a single op, ``ready_time`` and ``finish`` written out: this loop is the simulator's hot path
-            kind, s, mb = op
-            if kind == "F":
-                base = f_in[s]
-                if base < 0:
-                    rt = 0.0
-                else:
-                    rt = done[base + mb]
-                    if rt < 0:
-                        kw = base + mb
-                        break
-                    rt += fwd_link[s]
-                k = s * m + mb
-            else:
-                k = s * m + mb
-                if kind == "W":
-                    rt = done[n_keys + k]
-                    if rt < 0:
-                        kw = n_keys + k
-                        break
-                    k = -1
-                else:
-                    rt = done[k]
-                    if rt < 0:
-                        kw = k
-                        break
-                    base = g_in[s]
-                    if base >= 0:
-                        g = done[base + mb]
-                        if g < 0:
-                            kw = base + mb
-                            break
-                        g += bwd_link[s]
-                        if g > rt:
-                            rt = g
-                    k += n_keys
-            start = t if t > rt else rt
-            t = start + dur[kind][s]
-            st[i] = start
-            en[i] = t
-            i += 1
-            if k >= 0:
-                done[k] = t
-                w = waiter[k]
-                if w >= 0:
-                    waiter[k] = -1
-                    queue.append(w)
-                    if extra:
-                        queue.extend(extra.pop(k, ()))
-        if i < n:  # blocked on key ``kw``: parked until it is done
-            if waiter[kw] < 0:
-                waiter[kw] = r
-            else:
-                extra.setdefault(kw, []).append(r)
-        pos[r], clock[r] = i, t
-    if any(map(lt, pos, map(len, programs))):  # some rank did not finish its program
-        waiting: dict[int, list[int]] = {}
-        for k, w in enumerate(waiter):
-            if w >= 0:
-                waiting[k] = [w, *extra.get(k, ())]
-        raise Stuck(_blocked(schedule, pos, waiting, n_keys))
-    return starts, ends
+    out = Engine(schedule, costs).play()
+    return out.starts, out.ends
 
 
-def routes(schedule: Schedule, costs: StageCosts):
+class Played:
+    """The times of a play: per rank, aligned with its programs, (start, end) of every entry and the exposed
+    seconds of each communication action. Mutable while playing only."""
+
+    def __init__(self, programs):
+        self.starts = [[0.0] * len(p) for p in programs]
+        self.ends = [[0.0] * len(p) for p in programs]
+        self.exposed = [[0.0] * len(p) for p in programs]
+        #: per rank, a compute op's position -> the position of the transfer it waited for last (what held it
+        #: beyond its rank being free and its inputs computed)
+        self.waited: list[dict[int, int]] = [dict() for _ in programs]
+
+
+def op_time(op, sc: StageCosts) -> float:
+    """An op's duration: a plain action's compute and all-to-all; an F&B pair's set by hand (``fb``) or
+    derived (``overlap.pair_time``)."""
+    if type(op) is Pair:
+        fa, ba = op
+        if sc.fb is not None:
+            return sc.fb[fa.stage]
+        if sc.a2a_f is not None:
+            return pair_time(*pair_parts(op, sc))
+        return sc.f[fa.stage] + sc.compute(ba.kind, ba.stage)
+    return sc.duration(op.kind, op.stage)
+
+
+def routes(schedule, costs: StageCosts):
     """First and last stage of each stage's lane, and the link time into each stage
     from its predecessor (forward) and from its successor (gradient); 0 on one rank."""
     S, placement, msg = schedule.stages, schedule.placement, costs.message
@@ -213,28 +103,398 @@ def routes(schedule: Schedule, costs: StageCosts):
     return first, last, fwd_link, bwd_link
 
 
-def _input_keys(first, last, m: int, n_keys: int) -> tuple[list[int], list[int]]:
-    """Per stage, where the keys of its inputs start: the forwards of the stage before, the input gradients of
-    the stage after (-1: none, the lane's first / last stage)."""
-    f_in = [-1 if s == first[s] else (s - 1) * m for s in range(len(first))]
-    g_in = [-1 if s == last[s] else n_keys + (s + 1) * m for s in range(len(last))]
-    return f_in, g_in
+_NONE, _MESSAGE = -1.0, -2.0  #: an input's link time: none (a lane's end), or a lowered message (a receive)
 
 
-def _durations(costs: StageCosts, stages: int) -> dict[str, list[float]]:
-    """A plain action's time per kind and stage: its compute, then its all-to-all."""
-    if costs.a2a_f is None:
-        return {"F": costs.f, "B": costs.b, "I": costs.i, "W": costs.w}
-    return {k: [costs.duration(k, s) for s in range(stages)] for k in "FBIW"}
+class Engine:
+    """One play. Mutable: what has finished, arrived and been posted so far, and which rank waits on what.
+
+    ``low`` (a ``lowering.Lowered``, duck-typed: the core does not import the lowering to play compute
+    only) gives the programs, whether messages are lowered (``options.p2p``) and the collectives' members
+    and durations; ``latency`` and ``bandwidth`` time its sends. Without it the schedule's own programs are
+    played, every message a link time.
+
+    What the loop looks up is an integer index into a flat list: a compute result's key (F done at
+    [0, n_keys), input gradient done at [n_keys, 2 n_keys)); a message's id the key of the action that takes
+    it (F at [0, n_keys), B after; past 2 n_keys for a key out of the schedule's range, in a hand-made
+    program); a stream's id per rank and stream. Entries are decoded where they are played (each is played
+    once: a table of them would cost more than it saves); a collective's duration, stream and members are
+    cached per rank under what decides them. A rank parked on a key waits in ``waiter`` (compute keys, then
+    message ids; a second rank on one key in ``extra``), on a cross-rank collective in ``coll_wait``."""
+
+    def __init__(self, schedule, sc: StageCosts, low=None, latency: float = 0.0, bandwidth: float | None = None):
+        self.low, self.sc = low, sc
+        programs = self.programs = low.programs if low is not None else schedule.programs
+        R, S, m = len(programs), schedule.stages, schedule.microbatches
+        self.S, self.m, self.n_keys = S, m, S * m
+        place, first, last, fwd, bwd = schedule.placement, *routes(schedule, sc)
+        lowered_p2p = low is not None and low.options.p2p
+        # per stage, its input's link time: a computed key's (0 on one rank), or none, or a lowered message
+        self.f_lat = [_NONE if s == first[s] else _MESSAGE if lowered_p2p and place[s - 1] != place[s]
+                      else fwd[s] for s in range(S)]
+        self.g_lat = [_NONE if s == last[s] else _MESSAGE if lowered_p2p and place[s + 1] != place[s]
+                      else bwd[s] for s in range(S)]
+        self.dur = {k: [sc.duration(k, s) for s in range(S)] for k in "FBIW"}  # a plain op's (``op_time``)
+        self.pair_dur: dict = {}  # (forward stage, backward kind, backward stage) -> a pair's
+        self.lat, self.bw = latency, bandwidth
+        self.blocking = low is not None and low.options.overlap.blocking_p2p
+        self.kinds = _comm_kinds() if low is not None else (None, (), (), None, None, None, None)
+        self.out = Played(programs)
+        self.done = [-1.0] * (2 * self.n_keys)
+        self.arrive_at = [-1.0] * (2 * self.n_keys)  # per message: its arrival
+        self.arrive_sent = [-1.0] * (2 * self.n_keys)  # and when it was posted (its op's end)
+        self.odd: dict = {}  # message key out of range (a hand-made program) -> its id
+        self.streams: dict = {}  # (rank, stream) -> id into stream_free
+        self.stream_free: list[float] = []
+        self.colls: list[dict] = [dict() for _ in range(R)]  # per rank: what a collective's play needs, cached
+        self.gathered_end = [[-1.0] * S for _ in range(R)]  # per rank and stage: the latest gather's end
+        self.gathered_pos = [[-1] * S for _ in range(R)]  # and its position
+        self.entered: dict = {}  # cross-rank collective instance -> {rank: posted}
+        self.seq: list[dict] = [dict() for _ in range(R)]  # group -> collectives of it entered so far
+        self.played_colls: list[list[int]] = [[] for _ in range(R)]  # positions of the collectives played
+        self.last_op = [_last_op(p, self.kinds[0]) for p in programs] if low is not None else None
+        #: per rank, where it stands: (position, free at, its last op's start, the latest end of the collectives
+        #: it posted, whether it gathered anything yet)
+        self.state = [(0, 0.0, 0.0, 0.0, False)] * R
+        self.parked = [-1] * R  # the key each rank waits on (-1: none, or a collective's other members)
+        self.waiter = [-1] * (4 * self.n_keys)  # compute keys, then message ids
+        self.extra: dict[int, list[int]] = {}
+        self.coll_wait: dict = {}
+        self.queue = deque(range(R))
+
+    def play(self) -> Played:
+        """Advance ranks from the work list until none can go on (a rank runs from where it stopped until it
+        waits or is through; compute, sends, receives and collectives written out: the engine's hot path).
+        Raises ``Stuck`` if some rank did not finish."""
+        queue, done, waiter, extra, out = self.queue, self.done, self.waiter, self.extra, self.out
+        arrive_at, arrive_sent = self.arrive_at, self.arrive_sent
+        f_lat, g_lat, dur, message = self.f_lat, self.g_lat, self.dur, self.sc.message
+        S, m, n_keys, n2 = self.S, self.m, self.n_keys, 2 * self.n_keys
+        bw, lat, blocking = self.bw, self.lat, self.blocking
+        Comm_, SENDS_, RECVS_, SEND_B_, RECV_B_, UNSHARD_, _ = self.kinds
+        Pair_, state, parked = Pair, self.state, self.parked
+        stages, mbs = range(S), range(m)  # a message key in both: its id is arithmetic
+        # per rank, what it plays on at every wake-up: its program, times, gathers' end and position per stage,
+        # and messages got (id -> (arrival, sent at, receive position)); its links (receiver -> free at)
+        ranks = [(p, out.starts[r], out.ends[r], self.gathered_end[r], self.gathered_pos[r], {})
+                 for r, p in enumerate(self.programs)]
+        links_of = [{} for _ in self.programs]
+        while queue:
+            r = queue.popleft()
+            prog, st, en, g_end, g_pos, gotr = ranks[r]
+            i, t, op_start, comm_end, gathers = state[r]
+            n, kw = len(prog), -1  # kw: the key it parks on (-1: none it can be woken by, or parked already)
+            for i in range(i, n):
+                a = prog[i]
+                ta = type(a)
+                if ta is not Comm_:  # a compute op (every op, without a lowering): the loop's hot path
+                    if ta is Pair_:  # an F&B pair (DualPipe's)
+                        start, end = self.pair(r, i, a, t, gotr, gathers)
+                        if start is None:
+                            kw = end
+                            break
+                        op_start = st[i] = start
+                        t = en[i] = end
+                        continue
+                    kind, s, mb = a
+                    k = s * m + mb  # its F's key, its F input's message id
+                    base, comm = t, 0.0
+                    # dk: the key it makes (-1: none), ik: its input's (x: that input's link time), which is
+                    # made on another rank when a message carries it: that message's id is dk
+                    if kind == "F":
+                        dk, ik, x = k, k - m, f_lat[s]
+                    elif kind == "W":
+                        dk, ik, x = -1, n_keys + k, 0.0  # its I's, here
+                    else:
+                        dk = n_keys + k
+                        y = done[k]  # its F's, here
+                        if y < 0:
+                            kw = k
+                            break
+                        if y > base:
+                            base = y
+                        ik, x = dk + m, g_lat[s]
+                    if x >= 0.0:  # computed here, or a message as its link time
+                        y = done[ik]
+                        if y < 0:
+                            kw = ik
+                            break
+                        y += x
+                        if y > base:
+                            base = y
+                    elif x == _MESSAGE:
+                        g = gotr.get(dk)
+                        if g is None:  # its receive is not before it: never posted
+                            break
+                        comm, y, via = g
+                        if y > base:
+                            base = y
+                    if gathers and g_end[s] > comm:
+                        comm, via = g_end[s], g_pos[s]
+                    if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
+                        start = comm
+                        out.exposed[r][via] += comm - base
+                        out.waited[r][i] = via
+                    else:
+                        start = base
+                    op_start = start
+                    t = start + dur[kind][s]
+                    st[i] = start
+                    en[i] = t
+                    if dk >= 0:
+                        done[dk] = t
+                        w = waiter[dk]
+                        if w >= 0:
+                            waiter[dk] = -1
+                            queue.append(w)
+                            if extra:
+                                queue.extend(extra.pop(dk, ()))
+                    continue
+                kind, s, mb, peer, _, nbytes, _, _, during = a
+                if kind in SENDS_:  # on its link from when it is posted and the link is free
+                    back = kind == SEND_B_
+                    s2 = s - 1 if back else s + 1  # the stage it goes into
+                    if bw and nbytes > 0:
+                        occ, delay = nbytes / bw, lat
+                    else:  # no bytes: the cost model's message time of that boundary
+                        occ, delay = 0.0, message[s2 if back else s]  # (the boundary between s and s2)
+                    post = op_start if during else t
+                    links = links_of[r]
+                    x = links.get(peer, 0.0)
+                    start = x if x > post else post
+                    x = start + occ
+                    links[peer] = x
+                    x += delay
+                    st[i] = start
+                    en[i] = x
+                    if blocking and x > t:  # the sender waits for it to arrive
+                        t = x
+                    if mb in mbs and s2 in stages:
+                        mid = n_keys + s2 * m + mb if back else s2 * m + mb
+                    else:
+                        mid = self.odd_id(back, s2, mb)
+                    arrive_at[mid], arrive_sent[mid] = x, post
+                    self.wake(n2 + mid)
+                elif kind in RECVS_:
+                    if mb in mbs and s in stages:
+                        mid = n_keys + s * m + mb if kind == RECV_B_ else s * m + mb
+                    else:
+                        mid = self.odd_id(kind == RECV_B_, s, mb)
+                    x = arrive_at[mid]
+                    if x < 0:
+                        kw = n2 + mid
+                        break
+                    y = arrive_sent[mid]
+                    gotr[mid] = (x, y, i)
+                    st[i] = y
+                    en[i] = x
+                else:  # a collective: ``post``
+                    c = self.post(r, i, a, t, op_start, comm_end)
+                    if c < 0:
+                        break
+                    comm_end = c
+                    gathers = gathers or kind == UNSHARD_
+            else:  # through its program
+                i = n
+            if i < n:
+                parked[r] = kw
+                if kw >= 0:  # parked until key ``kw`` is done or arrives
+                    if waiter[kw] < 0:
+                        waiter[kw] = r
+                    else:
+                        extra.setdefault(kw, []).append(r)
+            state[r] = (i, t, op_start, comm_end, gathers)
+        if any(x[0] < len(p) for x, p in zip(state, self.programs)):
+            raise Stuck(self.blocked())
+        if self.low is not None:
+            self.tail()
+        return out
+
+    def wake(self, k: int) -> None:
+        """Key ``k`` (a compute result or a message) is there: the ranks parked on it go back on the work list."""
+        w = self.waiter[k]
+        if w >= 0:
+            self.waiter[k] = -1
+            self.queue.append(w)
+            if self.extra:
+                self.queue.extend(self.extra.pop(k, ()))
+
+    def post(self, r: int, i: int, a, t: float, op_start: float, comm_end: float) -> float:
+        """Play collective ``a`` at position ``i`` of rank ``r`` (free at ``t``, its last op started at
+        ``op_start``, what it posted done at ``comm_end``): on its stream from when it is posted and the
+        stream is free. The rank's new ``comm_end``, or -1 when it waits for the other members."""
+        kind, s, _, peer, group, nbytes, stream, op, during = a
+        key = (kind, group, op, nbytes, peer, stream)
+        d, sid, cross = self.colls[r].get(key) or self.collective(r, a, key)
+        if during is True:  # a whole reduction over its op: posted when the op starts
+            post = op_start
+        elif during is not False:  # a bucket: once its share of the op has run
+            post = op_start + during * (t - op_start)
+        elif i > self.last_op[r] and comm_end > t:  # after the rank's last op: once all it posted is done
+            post = comm_end
+        else:
+            post = t
+        x = self.stream_free[sid]
+        start = x if x > post else post
+        if cross is not None:  # over several pipeline ranks: when every member has posted it
+            start = self.enter(r, cross, start)
+            if start is None:
+                return -1.0
+        end = start + d
+        if during is True:  # done no earlier than its op, running in the op's last part
+            if t > end:
+                end = t
+            start = end - d
+        if d or during:
+            self.stream_free[sid] = end
+        self.out.starts[r][i], self.out.ends[r][i] = start, end
+        *_, UNSHARD_, ALL_TO_ALL_ = self.kinds
+        if kind == UNSHARD_ and 0 <= s < self.S:  # (no op reads another stage's)
+            self.gathered_end[r][s], self.gathered_pos[r][s] = end, i
+        self.played_colls[r].append(i)
+        return end if kind != ALL_TO_ALL_ and end > comm_end else comm_end
+
+    def collective(self, r: int, a, key: tuple) -> tuple:
+        """(duration, stream id, (group, members) when over several pipeline ranks else None) of collective
+        ``a`` of rank ``r``, kept under ``key`` (what ``Lowered.duration`` and ``members`` read of it)."""
+        members = self.low.members(r, a)
+        sid = self.streams.get((r, a.stream))
+        if sid is None:
+            sid = self.streams[(r, a.stream)] = len(self.stream_free)
+            self.stream_free.append(0.0)
+        c = self.colls[r][key] = (self.low.duration(r, a), sid, (a.group, members) if len(members) > 1 else None)
+        return c
+
+    def enter(self, r: int, cross: tuple, posted: float) -> float | None:
+        """Rank ``r`` posts its next collective over ``cross`` (group, members), free to start at ``posted``:
+        its start once every member has posted it, else None (``r`` waits for them)."""
+        group, members = cross
+        j = self.seq[r].get(group, 0)
+        inst = (group, members, j)
+        posts = self.entered.setdefault(inst, {})
+        if r not in posts:
+            posts[r] = posted
+            woken = self.coll_wait.pop(inst, None)
+            if woken:
+                self.queue.extend(woken)
+        if len(posts) < len(members):
+            self.coll_wait.setdefault(inst, []).append(r)
+            return None
+        self.seq[r][group] = j + 1
+        return max(posts.values())
+
+    def odd_id(self, back: bool, s, mb) -> int:
+        """The id of a message whose key is out of the schedule's range, given on first sight."""
+        key = (back, s, mb)
+        mid = self.odd.get(key)
+        if mid is None:
+            mid = self.odd[key] = len(self.arrive_at)
+            self.arrive_at.append(-1.0)
+            self.arrive_sent.append(-1.0)
+            self.waiter.append(-1)  # at 2 n_keys + mid: ids and waiters grow together
+        return mid
+
+    def pair(self, r: int, i: int, op: Pair, t: float, gotr: dict, gathers: bool) -> tuple:
+        """Play F&B pair ``op`` at position ``i`` of rank ``r`` (free at ``t``): (start, end), or
+        (None, the key it waits on; -1: none it can be woken by)."""
+        base, comm, via = t, 0.0, -1
+        for x in op:
+            got = self.ready(x, gotr)
+            if len(got) == 1:
+                return None, got[0]
+            b, c, v = got
+            if b > base:
+                base = b
+            if c > comm:
+                comm, via = c, v
+            if gathers and self.gathered_end[r][x[1]] > comm:
+                comm, via = self.gathered_end[r][x[1]], self.gathered_pos[r][x[1]]
+        if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
+            self.out.exposed[r][via] += comm - base
+            self.out.waited[r][i] = via
+            base = comm
+        (_, fs, _), (bk, bs, _) = op
+        d = self.pair_dur.get((fs, bk, bs))
+        if d is None:
+            d = self.pair_dur[(fs, bk, bs)] = op_time(op, self.sc)
+        end = base + d
+        m, n_keys, done = self.m, self.n_keys, self.done
+        for kind, s, mb in op:
+            if kind != "W":
+                k = s * m + mb if kind == "F" else n_keys + s * m + mb
+                done[k] = end
+                self.wake(k)
+        return base, end
+
+    def ready(self, a, gotr: dict) -> tuple:
+        """(ready from compute, ready with transfers, position of the transfer that came last) of plain action
+        ``a``, or a 1-tuple of the key it waits on (-1: a receive not before it, never posted): the loop's
+        reading of an op's inputs, for an F&B pair's halves."""
+        kind, s, mb = a
+        m, done = self.m, self.done
+        k, base = s * m + mb, 0.0
+        if kind == "F":  # its input's key, that input's message id and link time
+            ik, mid, link = k - m, k, self.f_lat[s]
+        elif kind == "W":
+            ik, mid, link = self.n_keys + k, -1, 0.0
+        else:
+            base = done[k]
+            if base < 0:
+                return (k,)
+            mid = self.n_keys + k
+            ik, link = mid + m, self.g_lat[s]
+        if link >= 0.0:  # computed here, or a message as its link time
+            x = done[ik]
+            if x < 0:
+                return (ik,)
+            x += link
+            return x if x > base else base, 0.0, -1
+        if link == _MESSAGE:
+            g = gotr.get(mid)
+            if g is None:
+                return (-1,)
+            arrival, sent, where = g
+            return sent if sent > base else base, arrival, where
+        return base, 0.0, -1
+
+    def tail(self) -> None:
+        """The step ends when every rank's compute and transfers are done: what runs past the last op is exposed."""
+        # a rank's last op ends last: each starts once the one before it has ended, and lasts >= 0
+        finish = max((en[k] for en, k in zip(self.out.ends, self.last_op) if k >= 0), default=0.0)
+        for st, en, ex, colls in zip(self.out.starts, self.out.ends, self.out.exposed, self.played_colls):
+            edge = finish
+            late = [k for k in colls if en[k] > edge]
+            for k in sorted(late, key=en.__getitem__):
+                # at most its own length: waiting for the other members of a collective is their lateness
+                ex[k] += min(en[k] - edge, en[k] - st[k])
+                edge = en[k]
+
+    def blocked(self) -> list[Blocked]:
+        """Each rank that did not finish, at its next op, with the compute input it waits for (a transfer's
+        wait: the op itself, ``Action(str(op), -1, -1)``)."""
+        n, m, out = self.n_keys, self.m, []
+        for r, prog in enumerate(self.programs):
+            i, k = self.state[r][0], self.parked[r]
+            if i < len(prog):
+                if 0 <= k < 2 * n:
+                    s, mb = divmod(k % n, m)
+                    wait = Action("F" if k < n else "B|I", s, mb)
+                else:
+                    wait = Action(str(prog[i]), -1, -1)
+                out.append(Blocked(r, i, prog[i], wait))
+        return out
 
 
-def _blocked(schedule: Schedule, pos: list[int], waiting: dict[int, list[int]], n_keys: int) -> list[Blocked]:
-    m = schedule.microbatches
-    out = []
-    for key, ranks in waiting.items():
-        s, mb = divmod(key % n_keys, m)
-        kind = "F" if key < n_keys else "B|I"
-        for r in ranks:
-            op = schedule.programs[r][pos[r]]
-            out.append(Blocked(r, pos[r], op, Action(kind, s, mb)))
-    return sorted(out, key=lambda b: b.rank)
+def _comm_kinds() -> tuple:
+    """What the loop tells communication actions by: their type and kinds (the lowering's)."""
+    from .lowering.comms import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
+
+    return CommAction, SENDS, RECVS, SEND_B, RECV_B, UNSHARD, ALL_TO_ALL
+
+
+def _last_op(prog, comm_type) -> int:
+    """Position of a program's last compute op (-1: none)."""
+    for k in range(len(prog) - 1, -1, -1):
+        if type(prog[k]) is not comm_type:
+            return k
+    return -1

@@ -326,10 +326,12 @@ def _collective_waits(tl: Timeline):
     low, played = tl.meta.get("lowered"), tl.meta.get("played")
     if low is None or played is None:
         return None
-    from .lowering.comms import P2P
+    from .lowering.comms import P2P, CommAction
+
+    ops = [[p for p, a in enumerate(prog) if type(a) is not CommAction] for prog in low.programs]
 
     def waited(r: int, k: int):
-        j = played.waited[r].get(k)
+        j = played.waited[r].get(ops[r][k])
         if j is None or low.programs[r][j].kind in P2P:  # a message in flight is the link's
             return None
         return low.programs[r][j], r, played.starts[r][j], played.ends[r][j]

@@ -13,8 +13,9 @@ from .validate import ScheduleError, check_structure, describe_deadlock
 def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = True) -> Timeline:
     """Timeline of ``schedule`` under ``costs`` (default ``t_f=1, t_b=2``).
 
-    With ``costs.comm`` (``lowering.Communication``) the schedule is lowered and the lowered programs are
-    played (``lowering.play``). Raises ``ScheduleError`` for an invalid or deadlocking schedule.
+    With ``costs.comm`` (``lowering.Communication``) the schedule is lowered and the engine plays the lowered
+    programs (``lowering.play``), else the schedule's own (``engine.play``). Raises ``ScheduleError`` for an
+    invalid or deadlocking schedule.
     """
     costs = costs or Costs()
     if costs.comm is not None:  # communication as actions: the lowered programs, transfers on their resources
@@ -28,18 +29,18 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = Tr
         starts, ends = play(schedule, sc)
     except Stuck as stuck:
         raise ScheduleError(describe_deadlock(schedule, stuck)) from None
+    return timeline(schedule, costs, sc, starts, ends, comm_lanes(schedule, sc, starts, ends))
+
+
+def timeline(schedule: Schedule, costs: Costs, sc, starts, ends, comm, **meta) -> Timeline:
+    """The ``Timeline`` of a play of ``schedule``: the compute ops' times per rank, the transfers' lanes
+    (``comm``) and ``meta`` beside the costs (a lowered play's lowering and times)."""
+    cap = costs.cap
     return Timeline(
-        schedule=schedule,
-        starts=tuple(map(tuple, starts)),
-        ends=tuple(map(tuple, ends)),
-        activation=tuple(sc.activation),
-        activation_bytes=tuple(sc.activation_bytes) if sc.activation_bytes else None,
-        free_at_i=sc.free_at_i,
-        cap=tuple(costs.cap.per_rank(schedule.ranks)) if costs.cap is not None else None,
-        cap_unit=costs.cap.unit if costs.cap is not None else "chunks",
-        comm=comm_lanes(schedule, sc, starts, ends),
-        meta={"costs": costs},
-    )
+        schedule=schedule, starts=tuple(map(tuple, starts)), ends=tuple(map(tuple, ends)),
+        activation=tuple(sc.activation), activation_bytes=tuple(sc.activation_bytes) if sc.activation_bytes else None,
+        free_at_i=sc.free_at_i, cap=tuple(cap.per_rank(schedule.ranks)) if cap is not None else None,
+        cap_unit=cap.unit if cap is not None else "chunks", comm=comm, meta={"costs": costs, **meta})
 
 
 def run(schedule: Schedule, costs: Costs | None = None) -> tuple[Timeline, Metrics]:
