@@ -574,3 +574,55 @@ def flight_messages(cases) -> dict:
         dist.all_gather_object(every, mine)
         out[(name, m, v)] = every
     return out
+
+
+# ---- dropout: the masks depend on (seed, step, micro-batch, layer) only, not on the schedule
+
+DROPOUT_SEED = 7
+
+
+def dropout_layers() -> list[nn.Module]:
+    """``layers()`` with dropout after each Linear+Tanh layer."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(VOCAB, WIDTHS[0])
+    mid = [nn.Sequential(nn.Linear(a, b), nn.Tanh(), nn.Dropout(0.3)) for a, b in zip(WIDTHS, WIDTHS[1:])]
+    return [emb, *mid, Head(emb.weight)]
+
+
+def dropout_reference(m: int) -> list[float]:
+    """The plain loop over ``m`` micro-batches, each layer seeded as a Pipeline seeds it (docs/api.md)."""
+    from stagewise.runtime.stages.rng import layer_seed
+
+    layers = dropout_layers()
+    opt = torch.optim.AdamW(nn.ModuleList(layers).parameters(), lr=LR)
+    losses = []
+    for k in range(STEPS):
+        total = 0.0
+        for mb, (x, y) in enumerate(zip(*(t.chunk(m) for t in batch(k)))):
+            for i, layer in enumerate(layers):
+                torch.manual_seed(layer_seed(DROPOUT_SEED, k, mb, i))
+                x = layer(x)
+            loss = loss_fn(x, y) * (1.0 / m)
+            loss.backward()
+            total += loss.item()
+        losses.append(total)
+        opt.step()
+        opt.zero_grad()
+    return losses
+
+
+def train_dropout_cases(cases) -> dict:
+    """Rank function: for each (family, m, v, recompute) the user's loop with dropout; rank 0 returns
+    {case: losses}."""
+    out = {}
+    for name, m, v, recompute in cases:
+        pipe = stagewise.Pipeline(name, dropout_layers(), loss_fn, microbatches=m, chunks=v, recompute=recompute,
+                                  seed=DROPOUT_SEED)
+        opt = torch.optim.AdamW(pipe.parameters(), lr=LR)
+        losses = []
+        for k in range(STEPS):
+            losses.append(pipe.step(*batch(k)).loss)
+            opt.step()
+            opt.zero_grad()
+        out[(name, m, v, recompute)] = losses
+    return out
