@@ -626,3 +626,57 @@ def train_dropout_cases(cases) -> dict:
             opt.zero_grad()
         out[(name, m, v, recompute)] = losses
     return out
+
+
+# ---- a tensor handed through layers unchanged (a timestep embedding), under FSDP
+
+class TimeEmbed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.h, self.t = nn.Linear(4, 8), nn.Linear(1, 8)
+
+    def forward(self, x):
+        h, t = x
+        return self.h(h), self.t(t)
+
+
+class TimeBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h, t = x
+        return torch.tanh(self.lin(h)) * t, t  # t handed on unchanged
+
+
+class TimeHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.lin(x[0])
+
+
+def passthrough_runs() -> dict:
+    """Rank function: the pass-through model at pp 2 x fsdp 2 and at pp 2 x dp 2, two SGD steps each; every
+    rank returns {layout: (losses, the warnings it saw)}."""
+    import warnings
+
+    out = {}
+    for layout in ({"fsdp": 2}, {"dp": 2}):
+        with warnings.catch_warnings(record=True) as seen:
+            torch.manual_seed(0)
+            layers = [TimeEmbed(), TimeBlock(), TimeBlock(), TimeBlock(), TimeHead()]
+            pipe = stagewise.Pipeline("1f1b", layers, F.mse_loss, microbatches=2, **layout)
+            opt = torch.optim.SGD(pipe.parameters(), lr=0.1)
+            losses = []
+            for k in range(2):
+                g = torch.Generator().manual_seed(k)
+                x = (torch.randn(8, 4, generator=g), torch.rand(8, 1, generator=g))
+                losses.append(pipe.step(x, torch.randn(8, 2, generator=g)).loss)
+                opt.step()
+                opt.zero_grad()
+        out[next(iter(layout))] = (losses, [str(w.message) for w in seen])
+    return out
