@@ -1,5 +1,8 @@
 """Dropout under every schedule draws the unpipelined model's masks over the same micro-batches (stages/rng.py).
 
+The module alone first (no launch): seeds per (seed, step, micro-batch, layer), torch's generator left as it
+was, a layer outside a pipeline's forward untouched. Then through the interfaces users touch.
+
 A mask depends on (seed, step, micro-batch, layer) only: every family on 2 ranks, with recomputation (the
 replayed forward draws its F's masks) and split backward, equals the plain loop that seeds each layer so;
 through the API (one launch) and through ``stagewise train --hf`` with a tiny GPT-2 whose dropout is on
@@ -22,9 +25,11 @@ from stagewise.cli import main  # noqa: E402
 from stagewise.runtime import RunConfig  # noqa: E402
 from stagewise.runtime.run.train import train, train_many  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+from stagewise.runtime.stages import rng  # noqa: E402
+from stagewise.runtime.stages.stage import Stage  # noqa: E402
 
 M = 4
+
 #: (family, chunks) on 2 ranks: every family
 FAMILIES = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 2), ("looped-bfs", 2), ("zb-h1", None),
             ("zb-h2", None), ("zb-v", None), ("v-half", None), ("v-min", None), ("dualpipe", None),
@@ -32,6 +37,28 @@ FAMILIES = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 2), ("looped-b
 RECOMPUTED = [("1f1b", None), ("zb-v", None), ("dualpipe", None)]  # recompute, also under split backward
 
 
+def test_each_layer_of_a_forward_draws_from_its_own_seed_and_the_generator_outside_is_left_as_it_was():
+    stage = Stage(0, [torch.nn.Dropout(0.5), torch.nn.Dropout(0.5)], first_layer=3)
+    x = torch.ones(64)
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    with rng.forward(7, 2, 1):
+        out = stage(x)
+    assert torch.equal(torch.get_rng_state(), before)
+    torch.manual_seed(rng.layer_seed(7, 2, 1, 3))  # layer 3, then layer 4 from its own seed
+    first = torch.nn.Dropout(0.5)(x)
+    torch.manual_seed(rng.layer_seed(7, 2, 1, 4))
+    assert torch.equal(out, torch.nn.Dropout(0.5)(first))
+    seeds = {rng.layer_seed(7, s, mb, i) for s in range(3) for mb in range(3) for i in range(3)}
+    assert len(seeds) == 27 and all(0 <= s < 1 << 63 for s in seeds)
+    torch.manual_seed(1)
+    plain = stage(x)  # outside a pipeline's forward: torch's generator, as any module call
+    torch.manual_seed(1)
+    assert torch.equal(plain, torch.nn.Dropout(0.5)(torch.nn.Dropout(0.5)(x)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_the_api_pipeline_draws_the_plain_loops_dropout_under_every_family_and_recomputation():
     cases = [(f, M, v, False) for f, v in FAMILIES] + [(f, M, v, True) for f, v in RECOMPUTED]
     got = stagewise.launch(train_dropout_cases, 2, cases, threads=1)
@@ -52,6 +79,8 @@ def gpt2(tmp_path_factory):
     return config, text
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_train_hf_with_dropout_repeats_and_every_family_equals_the_reference(gpt2, capsys):
     from stagewise.hf.run import HFRun
 
