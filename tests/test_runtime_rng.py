@@ -24,7 +24,6 @@ from hf_helpers import CONFIGS  # noqa: E402
 from stagewise.cli import main  # noqa: E402
 from stagewise.runtime import RunConfig  # noqa: E402
 from stagewise.runtime.run.train import train, train_many  # noqa: E402
-
 from stagewise.runtime.stages import rng  # noqa: E402
 from stagewise.runtime.stages.stage import Stage  # noqa: E402
 
@@ -82,6 +81,7 @@ def gpt2(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_train_hf_with_dropout_repeats_and_every_family_equals_the_reference(gpt2, capsys):
+    pytest.importorskip("transformers")
     from stagewise.hf.run import HFRun
 
     config, text = gpt2
@@ -95,6 +95,7 @@ def test_train_hf_with_dropout_repeats_and_every_family_equals_the_reference(gpt
     base = RunConfig(schedule="1f1b", ranks=2, microbatches=M, batch=8, steps=2, timeout=60,
                      model=HFRun(source=str(config), data=str(text), seq=16))
     assert train(dataclasses.replace(base, schedule=None)).losses == pytest.approx(refs[0], rel=1e-6)
+    assert train(dataclasses.replace(base, schedule=None, microbatches=2)).losses[0] != refs[0][0]  # masks drawn
     cfgs = [dataclasses.replace(base, schedule=f, chunks=v) for f, v in FAMILIES] + \
            [dataclasses.replace(base, schedule=f, chunks=v, recompute=True) for f, v in RECOMPUTED]
     for cfg, res in zip(cfgs, train_many(cfgs)):
