@@ -574,3 +574,109 @@ def flight_messages(cases) -> dict:
         dist.all_gather_object(every, mine)
         out[(name, m, v)] = every
     return out
+
+
+# ---- dropout: the masks depend on (seed, step, micro-batch, layer) only, not on the schedule
+
+DROPOUT_SEED = 7
+
+
+def dropout_layers() -> list[nn.Module]:
+    """``layers()`` with dropout after each Linear+Tanh layer."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(VOCAB, WIDTHS[0])
+    mid = [nn.Sequential(nn.Linear(a, b), nn.Tanh(), nn.Dropout(0.3)) for a, b in zip(WIDTHS, WIDTHS[1:])]
+    return [emb, *mid, Head(emb.weight)]
+
+
+def dropout_reference(m: int) -> list[float]:
+    """The plain loop over ``m`` micro-batches, each layer seeded as a Pipeline seeds it (docs/api.md)."""
+    from stagewise.runtime.stages.rng import layer_seed
+
+    layers = dropout_layers()
+    opt = torch.optim.AdamW(nn.ModuleList(layers).parameters(), lr=LR)
+    losses = []
+    for k in range(STEPS):
+        total = 0.0
+        for mb, (x, y) in enumerate(zip(*(t.chunk(m) for t in batch(k)))):
+            for i, layer in enumerate(layers):
+                torch.manual_seed(layer_seed(DROPOUT_SEED, k, mb, i))
+                x = layer(x)
+            loss = loss_fn(x, y) * (1.0 / m)
+            loss.backward()
+            total += loss.item()
+        losses.append(total)
+        opt.step()
+        opt.zero_grad()
+    return losses
+
+
+def train_dropout_cases(cases) -> dict:
+    """Rank function: for each (family, m, v, recompute) the user's loop with dropout; rank 0 returns
+    {case: losses}."""
+    out = {}
+    for name, m, v, recompute in cases:
+        pipe = stagewise.Pipeline(name, dropout_layers(), loss_fn, microbatches=m, chunks=v, recompute=recompute,
+                                  seed=DROPOUT_SEED)
+        opt = torch.optim.AdamW(pipe.parameters(), lr=LR)
+        losses = []
+        for k in range(STEPS):
+            losses.append(pipe.step(*batch(k)).loss)
+            opt.step()
+            opt.zero_grad()
+        out[(name, m, v, recompute)] = losses
+    return out
+
+
+# ---- a tensor handed through layers unchanged (a timestep embedding), under FSDP
+
+class TimeEmbed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.h, self.t = nn.Linear(4, 8), nn.Linear(1, 8)
+
+    def forward(self, x):
+        h, t = x
+        return self.h(h), self.t(t)
+
+
+class TimeBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h, t = x
+        return torch.tanh(self.lin(h)) * t, t  # t handed on unchanged
+
+
+class TimeHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.lin(x[0])
+
+
+def passthrough_runs() -> dict:
+    """Rank function: the pass-through model at pp 2 x fsdp 2 and at pp 2 x dp 2, two SGD steps each; every
+    rank returns {layout: (losses, the warnings it saw)}."""
+    import warnings
+
+    out = {}
+    for layout in ({"fsdp": 2}, {"dp": 2}):
+        with warnings.catch_warnings(record=True) as seen:
+            torch.manual_seed(0)
+            layers = [TimeEmbed(), TimeBlock(), TimeBlock(), TimeBlock(), TimeHead()]
+            pipe = stagewise.Pipeline("1f1b", layers, F.mse_loss, microbatches=2, **layout)
+            opt = torch.optim.SGD(pipe.parameters(), lr=0.1)
+            losses = []
+            for k in range(2):
+                g = torch.Generator().manual_seed(k)
+                x = (torch.randn(8, 4, generator=g), torch.rand(8, 1, generator=g))
+                losses.append(pipe.step(x, torch.randn(8, 2, generator=g)).loss)
+                opt.step()
+                opt.zero_grad()
+        out[next(iter(layout))] = (losses, [str(w.message) for w in seen])
+    return out

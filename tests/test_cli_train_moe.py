@@ -62,12 +62,12 @@ def test_an_hf_model_takes_no_moe_shape(capsys, tmp_path, argv, needle):
 
 def test_a_capacity_beyond_every_token_trains_as_dropless(capsys):
     """--moe-capacity 1e300 overflowed an int inside the block; now an expert takes at most a row's tokens. One
-    process (the reference), which also says it has no micro-batches whatever -m says."""
+    process (the reference), which also says it runs -m's micro-batches one after another."""
     argv = ["train", "--schedule", "none", "-m", "4", *MODEL[:-2], "--batch", "4"]
     rc, out, err = run(capsys, *argv, "--moe-capacity", "1e300")
     assert rc == 0, err
-    assert ("none: the unpipelined reference, one process over the whole batch at once (no micro-batches: -m does "
-            "not apply)") in out and "m=1" not in out
+    assert ("none: the unpipelined reference, one process over 2 micro-batches one after another (a pipeline's, "
+            "its dropout masks too)") in out and "m=1" not in out  # MODEL's -m 2, the last -m given
     rc, dropless, err = run(capsys, *argv, "--json")
     rc, huge, err = run(capsys, *argv, "--moe-capacity", "1e300", "--json")
     assert json.loads(huge)["losses"] == json.loads(dropless)["losses"]

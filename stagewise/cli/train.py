@@ -196,8 +196,9 @@ def summary(res) -> str:
     times = res.step_time_s[1:] or res.step_time_s
     warm = " (step 1 excluded as warm-up)" if len(res.step_time_s) > 1 else ""
     shape = (f"p={res.ranks} m={res.microbatches}" if res.schedule != "none" else
-              "the unpipelined reference, one process over the whole batch at once (no micro-batches: -m does not "
-              "apply)")
+              "the unpipelined reference, one process over the whole batch at once" if res.microbatches == 1 else
+              f"the unpipelined reference, one process over {res.microbatches} micro-batches one after another "
+              "(a pipeline's, its dropout masks too)")
     lines = [f"{res.schedule}: {shape}, mean step {_sec(sum(times) / len(times))}{warm}"]
     if res.ranks > 1:
         over = "the mean over steps 2.." + str(len(res.step_time_s)) if len(res.step_time_s) > 1 else "step 1"

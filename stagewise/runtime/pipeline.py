@@ -25,12 +25,13 @@ from torch import nn
 
 from ..schedule import Schedule
 from ..timeline import Timeline
-from .stages import pytree
+from .stages import pytree, rng
 from .execution.activation_memory import ActivationMeter
 from .messages.p2p import P2P
 from .execution.plan import lower
 from .run.arguments import check_autocast, check_device
 from .run.config import RunError, check_positive_number, check_timeout
+from .run.models import check_seed
 from .run.resolve import resolve_schedule
 from .parallel.dp import DataParallel
 from .parallel.fsdp import Sharded
@@ -134,6 +135,10 @@ class Pipeline:
     - ``nonfinite``: a NaN or infinite loss ``"raise"``s ``NonFiniteLoss`` naming the step, micro-batch, stage
       and rank (the step's gradients are dropped first), ``"skip"``s the step (its gradients dropped,
       ``StepResult.skipped`` says where), or is ``"ignore"``d (the loss is then not waited for in ``step``).
+    - ``seed``: what dropout draws from: each layer's forward of a micro-batch is seeded by (seed, step,
+      micro-batch, layer) (stages/rng.py), so every schedule, split and recomputation draws the unpipelined
+      model's masks over the same micro-batches; default: rank 0's ``torch.initial_seed()``. A resumed loop
+      sets ``pipe.steps_done`` to the steps done, so the masks continue.
     - ``flight``: a ``resilience.flight.Recorder`` that keeps each op's and message's last events (for a crash
       report); default: none.
 
@@ -153,8 +158,10 @@ class Pipeline:
                  init: Callable | None = None, measure_memory: bool = False, mesh=None, nonfinite: str = "raise",
                  flight=None, fsdp: int = 1, tp: int = 1, tp_plan=None, parallelize: Callable | None = None,
                  reshard_after_forward: bool = False, ep: int = 1, overlap: Callable | bool | None = None,
-                 parallelism: Parallelism | None = None):
+                 parallelism: Parallelism | None = None, seed: int | None = None):
         check_timeout(timeout)
+        if seed is not None:
+            check_seed(seed)
         check_device(device)
         check_autocast(autocast)
         check_recompute(recompute)
@@ -215,7 +222,9 @@ class Pipeline:
         self._evaluator: Executor | None = None
         self.params = [p for st in self.stages.values() for p in st.parameters()]
         self.last_outcome: StepOutcome | None = None  #: the executor's view of the last step (per-mb losses)
-        self.steps_done = 0  #: steps run (each ``step`` call), for messages
+        #: steps run (each ``step`` call): messages and dropout's seeds; a resumed loop sets it to the steps done
+        self.steps_done = 0
+        self.seed = _agreed_seed(seed, self.device)  #: what dropout draws from (stages/rng.py)
         self._broken: str | None = None  # why the last step failed part-way (messages and activations are lost)
         self._rows: tuple | None = None  # the batch rows every rank agreed on (static_shapes: checked once)
 
@@ -404,7 +413,14 @@ class Pipeline:
                            meter=None if forward_only else self.meter, after=self._after(forward_only),
                            before=self.sharded.before if self.sharded is not None else None, flight=self.flight,
                            overlap=None if forward_only else self._overlap,
-                           exchanging=self.ep.exchanging if self.ep is not None else frozenset())
+                           exchanging=self.ep.exchanging if self.ep is not None else frozenset(),
+                           draws=self._draws)
+
+    def _draws(self, mb: int):
+        """Micro-batch ``mb``'s forward here: dropout seeded by (seed, step, micro-batch over every replica,
+        layer), whatever the schedule (stages/rng.py)."""
+        step = max(self.steps_done - 1, 0)  # ``step`` counts itself before its program runs
+        return rng.forward(self.seed, step, self.topo.data_index * self.schedule.microbatches + mb, self.device)
 
     def _after(self, forward_only: bool) -> Callable | None:
         """What runs after each op: tensor parallel's partial-gradient sums, then FSDP's reduce-scatter (or
@@ -577,6 +593,17 @@ def _overlap_hook(overlap, ep) -> Callable | None:
     if callable(overlap):
         return overlap
     return interleave if ep is not None and ep.blocks else None
+
+
+def _agreed_seed(seed: int | None, device) -> int:
+    """``seed``, or rank 0's ``torch.initial_seed()`` on every rank (a collective: ranks of one stage must draw
+    one dropout mask)."""
+    if seed is not None:
+        return seed
+    t = torch.tensor([rng.default_seed()], dtype=torch.int64,
+                     device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.broadcast(t, src=0)
+    return int(t.item())
 
 
 def _rows(tree) -> int | None:

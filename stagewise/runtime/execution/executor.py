@@ -56,6 +56,7 @@ class RankContext:
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
     overlap: Callable | None = None  #: runs each F&B pair (overlap.py); None: its forward, then its backward
     exchanging: frozenset = frozenset()  #: stages whose F, B and I all-to-all over ep inside them (ep.py)
+    draws: Callable | None = None  #: mb -> the context a forward of it runs in (seeded dropout: stages/rng.py)
 
 
 @dataclass(kw_only=True)
@@ -218,7 +219,8 @@ class Executor:
         record = splitter.record((s, mb) in self.plan.split) if splitter is not None else nullcontext()
         last = self.plan.is_last(s)
         autocast = self.ctx.autocast() if self.ctx.autocast is not None else nullcontext()
-        with self._saving(), record as rec, autocast:
+        draws = self.ctx.draws(mb) if self.ctx.draws is not None else nullcontext()
+        with self._saving(), record as rec, autocast, draws:
             out = self.ctx.stages[s](x)
             if not last:
                 root = out

@@ -22,6 +22,12 @@ RESHARD and REDUCE_GRAD actions:
 Gradients are summed, not averaged (``set_gradient_divide_factor(1)`` with sum-only collectives, which
 gloo also runs): the pipeline's loss is already divided by the number of data shards.
 
+A layer may hand a tensor on unchanged (a timestep, an encoder output): FSDP's pre-forward makes every input
+of a unit a view (its post-backward hook's autograd function returns its inputs as views), so such a layer
+returns a view, and torch warns that an in-place op on it "can cause backward to fail or produce wrong
+gradients". Nothing here writes into a layer's output (the next layer reads it, the executor sends or
+differentiates it) and the gradients are right, so that one warning is silenced where stages are sharded.
+
 Each gather, reduction and reshard is written to the flight recorder as it is issued, under the lowering's
 names (``1UNSHARD``, ``1REDUCE_GRAD``, ``1RESHARD``: stagewise/lowering/comms.py).
 """
@@ -29,6 +35,7 @@ names (``1UNSHARD``, ``1REDUCE_GRAD``, ``1RESHARD``: stagewise/lowering/comms.py
 from __future__ import annotations
 
 import time
+import warnings
 
 from torch import nn
 
@@ -43,6 +50,8 @@ class Sharded:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         self.stages, self.raf, self.flight = stages, reshard_after_forward, flight
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor",
+                                category=UserWarning)  # a pass-through input (see above): no in-place op follows
         self.units: dict[int, list] = {}  # stage -> its FSDP modules (layers, then the stage itself)
         for s, st in stages.items():
             for layer in st.layers:

@@ -1,7 +1,11 @@
-"""The unpipelined reference: the same layers, data and optimizer in one process, whole batch at once.
+"""The unpipelined reference: the same layers, data and optimizer in one process, micro-batch after micro-batch.
 
 This is the correctness oracle: every schedule's loss and gradients must equal
 these. The tied weight here is one parameter used twice, as in a plain model.
+The batch runs as ``microbatches`` micro-batches one after another, their
+gradients accumulated, each forward seeded as a pipeline's (stages/rng.py), so
+a model with dropout draws the masks every schedule draws; a batch they do not
+split evenly (which no pipeline runs) runs whole.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from torch import nn
 from ..resilience.checkpoint_manifest import FORMAT
 from .config import RunConfig, RunError
 from .result import RunResult
-from ..stages.stage import logical_names
+from ..stages import pytree, rng
+from ..stages.stage import Stage, logical_names
 from .worker import optimizer
 
 
@@ -23,7 +28,10 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     cfg.check()
     spec = cfg.model.layers()
     layers = spec.build_all()  # one process: each tie one shared Parameter
-    model = nn.Sequential(*layers)
+    model = Stage(0, layers, 0)  # nn.Sequential, its layers' dropout seeded by layer (rng.py)
+    m = micro_batches(cfg)
+    seed = getattr(cfg.model, "seed", None)
+    seed = rng.default_seed() if seed is None else seed
     names = {lg: (i, n) for i, uses in enumerate(logical_names(layers)) for n, lg in uses}
     params = list(model.parameters())
     opt = optimizer(cfg, params)
@@ -34,8 +42,12 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     for step in range(first, cfg.steps):
         inputs, targets = cfg.model.batch(step, cfg.batch)
         t0 = time.perf_counter()
-        loss = cfg.model.loss(model(inputs), targets)
-        loss.backward()
+        loss = torch.zeros((), dtype=torch.float64)
+        for mb, (x, y) in enumerate(zip(pytree.split(inputs, m, "inputs"), pytree.split(targets, m, "targets"))):
+            with rng.forward(seed, step, mb):
+                part = cfg.model.loss(model(x), y) * (1.0 / m)  # as the executor scales it
+            part.backward()
+            loss += part.detach().double()
         if cfg.clip is not None:
             torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         if step == 0 and "grads" in cfg.collect:
@@ -49,9 +61,15 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     params_out = None
     if "params" in cfg.collect:
         params_out = {lg: [_get(layers, i, n).detach().numpy().copy()] for lg, (i, n) in names.items()}
-    return RunResult(schedule="none", ranks=1, microbatches=1, losses=tuple(losses), step_time_s=tuple(times),
+    return RunResult(schedule="none", ranks=1, microbatches=m, losses=tuple(losses), step_time_s=tuple(times),
                      measured_bubble_fraction=0.0, predicted_bubble_fraction=0.0, grads=grads, params=params_out,
                      checkpoint=info)
+
+
+def micro_batches(cfg: RunConfig) -> int:
+    """The micro-batches the reference runs one after another: `microbatches` where they split `batch` evenly
+    (as every pipeline's do), else 1 (a pipeline refuses that batch: there is no run to match)."""
+    return cfg.microbatches if cfg.batch % cfg.microbatches == 0 else 1
 
 
 def resume(cfg: RunConfig, spec, layers, opt) -> tuple[int, dict]:

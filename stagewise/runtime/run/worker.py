@@ -137,7 +137,8 @@ class RankTrainer:
                                     overlap=None if cfg.overlap else False, device=env.device,
                                     recompute=cfg.recompute, static_shapes=True, timeout=cfg.timeout,
                                     measure_memory=cfg.measure_memory, flight=self.flight,
-                                    nonfinite="skip" if cfg.skip_nonfinite else "raise")
+                                    nonfinite="skip" if cfg.skip_nonfinite else "raise",
+                                    seed=getattr(cfg.model, "seed", None))
         self.device_peak = 0  # torch.cuda.max_memory_allocated over the steps (GPU only)
         self.optimizer = optimizer(cfg, pipe.parameters(), pipe.group("dp") if cfg.zero else None)
         self.state_bytes: dict | None = None  # parameter, gradient and optimizer bytes here (after step 1)
@@ -150,6 +151,7 @@ class RankTrainer:
                                        device=env.device, recorder=self.flight,
                                        export=getattr(cfg.model, "export", None))
         self.first_step = self.checkpoints.restore() if cfg.resume else 0  # a resume continues after its step
+        pipe.steps_done = self.first_step  # dropout's masks continue too
 
     def step(self, k: int) -> tuple[float, float]:
         """Step ``k``: the pipeline's step (program, replica and loss collectives), clipping, the optimizer.

@@ -132,7 +132,9 @@ class Names:
             local = self.local(holders)
             if not local:
                 continue
-            name, p = self.original(logical), local[0]
+            # the copy whose state this rank keeps: under ZeRO-1 a tie's copies (embedding and head on one
+            # stage) may fall in different ranks' partitions, and each rank gives what it holds
+            name, p = self.original(logical), next((q for q in local if state.get(q)), local[0])
             for k, v in state.get(p, {}).items():
                 out[f"state.{name}.{k}"] = v
             for k, v in groups.get(id(p), {}).items():

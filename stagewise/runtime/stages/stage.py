@@ -19,6 +19,7 @@ from torch import nn
 
 from ...schedule import Schedule
 from ..run.config import RunError
+from . import rng
 
 
 def partition(num_layers: int, stages: int, split=None) -> tuple[range, ...]:
@@ -136,7 +137,8 @@ class Stage(nn.Module):
         self.layers = nn.ModuleList(layers)
 
     def forward(self, x):
-        for layer in self.layers:
+        for k, layer in enumerate(self.layers):
+            rng.enter_layer(self.first_layer + k)  # dropout keyed by the layer, not by where it runs (rng.py)
             x = layer(x)
         return x
 
