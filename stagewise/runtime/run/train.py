@@ -156,9 +156,7 @@ def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
     backend = groups.default_backend()
     _set_threads(cfgs[0], int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     timeout = timedelta(seconds=max(c.timeout for c in cfgs))
-    store = groups.torchrun_attempt_store(timedelta(seconds=groups.startup_s(timeout.total_seconds())))
-    groups.init_group(backend, timeout=timeout, **({"store": store, "rank": rank, "world_size": world} if store
-                                                   else {"init_method": "env://"}))
+    groups.init_torchrun(backend, timeout)
     box = tempfile.mkdtemp(prefix="stagewise-flight-")
     path = flight.rank_file(box, rank)
     try:
