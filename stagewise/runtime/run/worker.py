@@ -27,7 +27,7 @@ from ..pipeline import Pipeline, gather_full
 from ..execution.recompute import recompute_stages
 from ..resilience import flight
 from ..resilience.checkpoint import Checkpoints
-from ..resilience.preempt import Notice, Preempted
+from ..resilience.preempt import Preempted, StopNotice
 from ..parallel.memory import held_bytes, predicted_bytes
 from .result import Memory, RunResult
 from ..stages.stage import partition
@@ -264,7 +264,7 @@ class RankTrainer:
 def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> RunResult:
     """Train ``cfg`` on this rank; rank 0's result holds the losses, step times and timelines. With
     ``save_on_signal``, a stop notice to any rank saves after the step in flight and raises ``Preempted``."""
-    notice = Notice(cfg.save_on_signal, env.device) if cfg.save_on_signal is not None else None
+    notice = StopNotice(cfg.save_on_signal, env.device) if cfg.save_on_signal is not None else None
     try:
         trainer = RankTrainer(env, cfg)
         for k in range(trainer.first_step, cfg.steps):
