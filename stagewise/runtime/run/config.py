@@ -285,7 +285,9 @@ class RunConfig:
         if not low <= self.world <= high:
             raise RunError(f"`elastic` {low}:{high}: the run starts on {self.world} ranks, outside MIN:MAX; give a "
                            f"range that holds {self.world}")
-        if self.max_restarts < 1:
+        from ..launching.groups import is_torchrun
+
+        if self.max_restarts < 1 and not is_torchrun():  # under torchrun, torchrun restarts (its --max-restarts)
             raise RunError(f"`elastic` {low}:{high} re-plans the layout when a restart finds fewer ranks: give "
                            "`max_restarts` >= 1")
 

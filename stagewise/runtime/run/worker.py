@@ -205,6 +205,7 @@ class RankTrainer:
         built = self._gather(self.pipe.built_layers)
         return RunResult(schedule=self.schedule.name, ranks=self.schedule.ranks,
                          microbatches=self.schedule.microbatches, losses=tuple(self.losses),
+                         first_step=self.first_step,
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
                          measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
                          parallelism=self.pipe.parallelism,
