@@ -292,6 +292,8 @@ def torchrun_attempt(cfg, world: int, attempt: int = 1):
     checkpoint and the two layouts; ``timed`` adds its times)."""
     import os
 
+    import torch._dynamo  # noqa: F401 - the group imports it anyway (groups.init_group): not the re-plan's time
+
     from ..resilience import checkpoint_files as files
 
     start, t0 = cfg, time.time()
@@ -315,18 +317,19 @@ def torchrun_attempt(cfg, world: int, attempt: int = 1):
 
 def timed(rec: dict, checkpoint: dict | None, started_at: float, met_at: float, first_step_at: float | None
           ) -> dict:
-    """A torchrun attempt's record with its times: ``started_at`` (this worker process's start, epoch seconds),
-    ``start_s`` (from it to the ranks' group: imports, torchrun's rendezvous of the workers), ``load_s`` and
-    ``reshard_s`` (the checkpoint's restore), ``first_step_s`` (the restore's end, or the group, to the end of
-    the first step) and ``first_step_at``. What came before the worker started (the death, torchrun's detection
-    and its agents' rendezvous) only torchrun saw: from a death at time T, the time to the first step is
-    ``first_step_at - T``."""
-    restore = (checkpoint or {}).get("restore_s") or {}
-    ready = met_at
-    if (checkpoint or {}).get("restore_started_at") is not None:
-        ready = checkpoint["restore_started_at"] + sum(restore.values())
-    return {**rec, "started_at": started_at, "start_s": max(0.0, met_at - started_at), "load_s": restore.get("load"),
-            "reshard_s": restore.get("reshard"),
+    """A torchrun attempt's record with its times: ``started_at`` (this worker process's start, epoch seconds);
+    ``start_s``, from it to the ranks' group, the re-plan apart (imports, checks, the workers' group);
+    ``build_s``, the group to the restore (the stages and optimizer built); ``load_s`` and ``reshard_s``, the
+    checkpoint's restore; ``first_step_s``, from the restore's end (without one, the group) to the end of the
+    first step, at ``first_step_at``. What came before the worker started (the death, torchrun's detection
+    and its agents' new rendezvous) only torchrun saw: from a death at T, the first step came
+    ``first_step_at - T`` later."""
+    ck = checkpoint or {}
+    restore, restored_at = ck.get("restore_s") or {}, ck.get("restore_started_at")
+    ready = met_at if restored_at is None else restored_at + sum(restore.values())
+    return {**rec, "started_at": started_at, "start_s": max(0.0, met_at - started_at - rec["replan_s"]),
+            "build_s": None if restored_at is None else max(0.0, restored_at - met_at),
+            "load_s": restore.get("load"), "reshard_s": restore.get("reshard"),
             "first_step_s": None if first_step_at is None else max(0.0, first_step_at - ready),
             "first_step_at": first_step_at}
 
