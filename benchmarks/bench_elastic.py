@@ -108,6 +108,11 @@ def two_agents(conf: str) -> dict:
             saved = Path(d) / "step-00000002" / "manifest.json"
             while not saved.exists() and a.poll() is None and b.poll() is None:
                 time.sleep(0.02)
+            if not saved.exists():
+                for p in agents:
+                    if p.poll() is not None:
+                        raise SystemExit(f"a node ended before step 2 was saved ({p.returncode}):\n"
+                                         f"{p.communicate()[1][-3000:]}")
             killed = time.time()
             os.killpg(b.pid, signal.SIGKILL)  # node B is gone for good
             out, err = a.communicate(timeout=300)
@@ -143,7 +148,8 @@ def main() -> None:
     print()
     print(f"torchrun, two agents of 2 ranks (--nnodes 1:2, c10d store on node A), pp 2 x dp 2 -> pp 2; node B "
           f"killed after the step-2 checkpoint; medians of {args.torchrun_reps} runs, seconds")
-    print(f"{'--rdzv-conf':<44}" + "".join(f"{c.removesuffix('_s'):>12}" for c in cols))
+    print(f"{'--rdzv-conf':<44}" + "".join(f"{c.removesuffix('_s').replace('kill_to_first_step', 'kill->step'):>12}"
+                                            for c in cols))
     for name, conf in RDZV:
         runs = [two_agents(conf) for _ in range(args.torchrun_reps)]
         med = {c: statistics.median(r[c] for r in runs) for c in cols}
