@@ -85,9 +85,11 @@ class RunResult:
     def to_json(self) -> dict:
         """The ``train --json`` object: the keys tests and users read, sections only when the run has them."""
         out = {"schedule": self.schedule, "ranks": self.ranks, "microbatches": self.microbatches,
-               "losses": list(self.losses), "steps": self.steps, "step_time_s": list(self.step_time_s),
+               "losses": list(self.losses), "step_time_s": list(self.step_time_s),
                "measured_bubble_fraction": self.measured_bubble_fraction,
                "predicted_bubble_fraction": self.predicted_bubble_fraction}
+        if self.first_step:  # a resumed run, a torchrun-restarted attempt: its losses' step numbers
+            out["steps"] = self.steps
         if self.dp is not None:
             out.update(dp=self.dp, fsdp=self.fsdp, tp=self.tp, zero=self.zero, recompute=list(self.recompute or ()))
             out["parallelism"] = self.parallelism.to_dict()  # the layout run, as the planner's JSON writes it

@@ -140,16 +140,15 @@ def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: st
 
 def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
     """This process is one rank of a torchrun launch (env:// rendezvous)."""
-    from .worker import preflight as check
-
     from . import restart
+    from .worker import preflight as check
 
     rank, world = groups.torchrun_env()
     parent_death_signal(signal.SIGKILL)  # torchrun forwards SIGTERM itself; a SIGKILLed torchrun would orphan us
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     records = None
     # torchrun's --max-restarts restarted us, or a fresh launch brought fewer ranks than an --elastic layout's
-    if attempt > 0 or any(c.elastic is not None and c.world != world for c in cfgs):
+    if attempt > 0 or any(c.elastic is not None and c.world > world for c in cfgs):
         cfgs, records = zip(*(restart.torchrun_attempt(c, world, attempt) for c in cfgs))
         if rank == 0:
             print(f"stagewise: {restart.say_torchrun(records[0])}", file=sys.stderr, flush=True)
