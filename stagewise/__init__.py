@@ -3,7 +3,8 @@
 The core is this package's own modules (actions, schedule, validate, engine, simulate, timeline, costs,
 explain, limits, layout, parallelism, ...): the schedule IR and everything that needs no torch. The
 runtime's public API (``Pipeline``, ``Layers``, ``StepResult``, ``launch``, the MoE block ``MoE`` and its
-helpers ``moe``; docs/api.md) is re-exported here and loads torch only when first used.
+helpers ``moe``, ``StopNotice`` and ``Preempted``: a save on SIGTERM; docs/api.md) is re-exported here and
+loads torch only when first used.
 
 May import: `stagewise.schedules`, `stagewise.lowering` (``simulate`` plays lowered programs), `stagewise.render`
 (the notebook's pictures), `stagewise.cli` (``python -m stagewise``); never torch, matplotlib, the runtime or the planner.
@@ -23,13 +24,14 @@ __all__ = [
     "Action", "Pair", "parse", "Costs", "Lane", "Schedule", "generate", "names",
     "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "StagewiseError", "validate", "Split",
     "Parallelism", "ParallelismError",
-    "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe",
+    "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe", "StopNotice", "Preempted",
 ]
 
 #: the runtime's public API, imported with torch on first use, and ``Split`` (the layout's parser, which no
 #: `stagewise simulate` needs): name -> module
 _LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.stages.layers",
-         "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe", "Split": ".layout"}
+         "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe", "Split": ".layout",
+         "StopNotice": ".runtime.resilience.preempt", "Preempted": ".runtime.resilience.preempt"}
 #: public runtime modules, imported with torch on first use: ``stagewise.moe`` (pack, unpack, with_aux)
 _LAZY_MODULES = {"moe": ".runtime.stages.moe"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -34,6 +35,31 @@ def test_a_notice_during_step_5_saves_step_5_which_resumes_bit_for_bit(capsys, t
     resumed = train(elastic_config(resume=str(tmp_path / "ck")))
     assert resumed.checkpoint["rng_restored"]
     assert resumed.losses == uninterrupted_elastic_run.losses[5:]  # bit for bit
+
+    # resumed in a fresh torchrun launch where only 2 ranks are free: --elastic re-plans as a restart does (the
+    # global batch kept) and says so; a notice there saves step 6, said once (rank 0), every worker exits 143
+    fresh = _fresh_torchrun_launch(tmp_path, *ELASTIC_RUN, "--steps", "7", "--resume", "ck", "--save", "ck",
+                                   "--save-on-signal", "20", "--elastic", "2:4")
+    assert fresh.stderr.count("stagewise: launched on 2 ranks, the layout configured needs 4: resuming from ck "
+                              "(step 5); re-planned pp 2 x dp 2, m 2 -> pp 2, m 4 (dropped 1 of 2 dp replicas") == 1, \
+        fresh.stderr[-3000:]
+    [line] = [x for x in fresh.stdout.splitlines() if x.startswith("step ")]
+    assert line.startswith("step 6/7  loss ")
+    assert abs(float(line.split()[3]) - uninterrupted_elastic_run.losses[5]) < 1.5e-4  # to the 4 decimals shown
+    assert fresh.stderr.count("stagewise train: stopped by SIGTERM after step 6: saved ck/step-00000006; resume "
+                              "with --resume ck") == 1
+    assert fresh.stderr.count("exitcode  : 143") == 2 and (tmp_path / "ck/step-00000006/manifest.json").exists()
+
+
+def _fresh_torchrun_launch(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc-per-node 2 -m stagewise train ARGS` in ``tmp_path``, a notice (SIGTERM) to
+    its rank 1 in step 6."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed")
+    return subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "stagewise", "train", *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "STAGEWISE_FAULT": "term:rank=1:action=1F0:step=6"})
 
 
 def _notices_after(monkeypatch, step: int, count: int) -> None:

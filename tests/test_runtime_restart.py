@@ -121,6 +121,10 @@ def test_under_torchrun_max_restarts_each_worker_resumes_the_last_complete_check
     res = json.loads(proc.stdout)  # the restarted attempt's: from the checkpoint after step 2 on
     assert res["checkpoint"]["resumed_from"].endswith("ck/step-00000002")
     assert max(abs(a - b) for a, b in zip(res["losses"], uninterrupted_elastic_run.losses[2:4])) < 1e-5
+    assert res["steps"] == [3, 4]  # the steps this attempt ran, numbered
+    [r] = res["restarts"]  # with what the restarted worker measured of its way back
+    assert all(r[k] >= 0 for k in ("start_s", "replan_s", "load_s", "reshard_s", "first_step_s"))
+    assert r["started_at"] + r["start_s"] <= r["first_step_at"]
 
 
 @pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun not installed")

@@ -38,3 +38,9 @@ def test_frozen_and_copies_merge_in_rank_order():
     merged = merge_copies([{"w": [1]}, None, {"w": [2], "b": [3]}])
     assert merged == {"w": [1, 2], "b": [3]} and merge_copies([None, None]) is None
     assert BASE.with_copies(merged, None).grads == merged and BASE.last_timeline is None
+
+
+def test_a_run_that_starts_after_step_0_numbers_its_losses():
+    resumed = dataclasses.replace(BASE, first_step=5)
+    assert resumed.steps == [6, 7] and resumed.to_json()["steps"] == [6, 7]
+    assert BASE.steps == [1, 2] and "steps" not in BASE.to_json()  # from step 1: the list's order says it

@@ -144,16 +144,17 @@ def cmd_train(args) -> int:
     if args.trace:
         check_timeline_output("--trace", args.trace)
     train_hf.check_plain(args)
+    speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
     try:
         cfg = train_scale.apply(train_moe.apply(train_safety.apply(config_from(args), args), args), args)
         if args.hf:
             train_hf.check_tp_plan(cfg)
-        speaks = not is_torchrun() or os.environ.get("RANK") == "0"  # under torchrun, rank 0 reports
         with _progress(cfg.steps, enabled=speaks and not args.json) as report:
             res = train(cfg, report)
-    except Preempted as e:  # --save-on-signal: every rank saved the step it finished
-        sys.stderr.write(f"stagewise train: stopped by SIGTERM after step {e.step}: saved {e.folder}; resume "
-                         f"with --resume {args.save}\n")
+    except Preempted as e:  # --save-on-signal: every rank saved the step it finished; one says so
+        if speaks:
+            sys.stderr.write(f"stagewise train: stopped by SIGTERM after step {e.step}: saved {e.folder}; resume "
+                             f"with --resume {args.save}\n")
         return e.code
     except Stopped as e:  # SIGTERM/SIGHUP: every rank is stopped; the conventional status
         sys.stderr.write(f"stagewise train: stopped by {e.name}; every rank stopped\n")

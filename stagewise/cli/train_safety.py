@@ -37,8 +37,9 @@ def add_args(p) -> None:
                    help="when a rank dies, errs or hangs past --timeout, restart every rank from the last complete "
                    "checkpoint of --save, up to N times (default 0)")
     g.add_argument("--elastic", metavar="MIN:MAX", type=_range, default=None,
-                   help="with --max-restarts: a restart on fewer ranks (>= MIN) re-plans the layout (fewer dp "
-                   "replicas first, else fewer stages), keeps the global batch, and reshards the checkpoint into it")
+                   help="with --max-restarts (under torchrun, alone): a restart, or a torchrun launch, on fewer ranks "
+                   "(>= MIN) re-plans the layout (fewer dp replicas first, else fewer stages), keeps the global "
+                   "batch, and reshards the checkpoint into it")
     g.add_argument("--skip-nonfinite", action="store_true",
                    help="on a nan/inf loss skip that step's update on every rank and go on (default: stop)")
 
@@ -67,9 +68,9 @@ def lines(res) -> list[str]:
         out.append(f"saved {folder} ({seconds * 1e3:.0f} ms)")
     for r in res.restarts or ():
         cost = f", {r['time_lost_s']:.2f} s lost" if r.get("time_lost_s") is not None else ""
-        if r["event"] == "torchrun restart":
-            out.append(f"torchrun restart {r['attempt']}: resumed at step {r['resumed_step']} on "
-                       f"{r['new_layout']['text']}")
+        if r["event"] in ("torchrun restart", "launch on fewer ranks"):
+            what = f"torchrun restart {r['attempt']}" if r["attempt"] else f"launched on {r['world']} ranks"
+            out.append(f"{what}: resumed at step {r['resumed_step']} on {r['new_layout']['text']}")
             continue
         if r["event"] == "grow":
             slots = f"{r['slots_back']} slot{'s' if r['slots_back'] != 1 else ''}"

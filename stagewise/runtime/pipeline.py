@@ -526,14 +526,13 @@ def _process_group(timeout: float) -> tuple[int, int]:
     if not dist.is_initialized():
         from datetime import timedelta
 
-        from .launching.groups import close_groups, default_backend, init_group, is_torchrun, torchrun_env
+        from .launching.groups import close_groups, default_backend, init_torchrun, is_torchrun
 
         if not is_torchrun():
             raise RunError("no process group: run the script under torchrun (torchrun --nproc-per-node N "
                            "script.py), start it with stagewise.launch(fn, ranks=N), or call "
                            "torch.distributed.init_process_group first")
-        torchrun_env()  # RANK and WORLD_SIZE make sense, or no rendezvous waits for them
-        init_group(default_backend(), init_method="env://", timeout=timedelta(seconds=timeout))
+        init_torchrun(default_backend(), timedelta(seconds=timeout))  # as `train` does: a restart's own keys
         atexit.register(close_groups)  # gloo threads joined while the interpreter is alive (groups.py)
     return dist.get_rank(), dist.get_world_size()
 

@@ -44,6 +44,17 @@ def torchrun_attempt_store(timeout: timedelta):
     return dist.PrefixStore(f"stagewise/attempt-{attempt}", store)
 
 
+def init_torchrun(backend: str, timeout: timedelta) -> tuple[int, int]:
+    """Make this torchrun rank's group (``stagewise train`` under torchrun, a ``Pipeline`` built there without
+    one): on the agent's store under this attempt's prefix (``torchrun_attempt_store``), else ``env://``.
+    (RANK, WORLD_SIZE)."""
+    rank, world = torchrun_env()  # RANK and WORLD_SIZE make sense, or no rendezvous waits for them
+    store = torchrun_attempt_store(timedelta(seconds=startup_s(timeout.total_seconds())))
+    init_group(backend, timeout=timeout, **({"store": store, "rank": rank, "world_size": world} if store
+                                            else {"init_method": "env://"}))
+    return rank, world
+
+
 def startup_s(timeout_s: float = 0.0) -> float:
     """Seconds the ranks may take to meet: ``STAGEWISE_STARTUP_S`` (default 300), at least ``timeout_s``."""
     from ..run.config import RunError

@@ -113,7 +113,7 @@ class Injector:
         if f.how == "term":
             import signal
 
-            os.kill(os.getpid(), signal.SIGTERM)  # handled by preempt.Notice at the next bytecode
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by preempt.StopNotice at the next bytecode
             return
         if f.how == "raise":
             raise InjectedFault(f"injected on purpose at {f.action} (step {step})")

@@ -1,6 +1,6 @@
 """A stop notice (SIGTERM: a spot instance's notice, a scheduler's eviction) saves the run before it ends.
 
-With ``--save-on-signal GRACE`` every rank installs a ``Notice``: the first SIGTERM only sets a flag, so the
+With ``--save-on-signal GRACE`` every rank installs a ``StopNotice``: the first SIGTERM only sets a flag, so the
 step in flight runs to its end on every rank (a step is never cut halfway: its messages and collectives
 would be left in flight). After each step the ranks agree (one all-reduce of the flag: the notice may reach
 one rank, or reach them at different moments), and if any rank has it every rank writes a checkpoint of the
@@ -10,6 +10,17 @@ manifest, so no resume ever takes it. A second SIGTERM ends the rank at once.
 
 The local launcher forwards its own SIGTERM to its ranks (launch.py); torchrun forwards it itself. torch is
 imported only by ``agreed``: the launcher, which raises ``Preempted`` for the whole run, needs none.
+
+Your own loop gets the same: ``stagewise.StopNotice`` is this watch, and ``stagewise.Preempted`` the exit::
+
+    with stagewise.StopNotice(grace=60) as notice:
+        for step in range(start, steps):
+            pipe.step(x, y); opt.step(); opt.zero_grad()
+            stop = notice.agreed()                     # a collective: has any rank had SIGTERM?
+            if stop or (step + 1) % 100 == 0:
+                save(step + 1)
+            if stop:
+                raise stagewise.Preempted(step + 1, folder)   # exit 143
 """
 
 from __future__ import annotations
@@ -24,20 +35,28 @@ EXIT_CODE = 128 + signal.SIGTERM
 
 
 class Preempted(SystemExit):
-    """Every rank saved after a stop notice; ``step``: the steps done (the checkpoint's), ``folder``: where."""
+    """Every rank saved after a stop notice; ``step``: the steps done (the checkpoint's), ``folder``: where.
+    Raised uncaught, the process exits 143 without a traceback (a ``SystemExit``)."""
 
-    def __init__(self, step: int, folder: str | None):
+    def __init__(self, step: int, folder: str | None = None):
         super().__init__(EXIT_CODE)
         self.step, self.folder = step, folder
 
 
-class Notice:
-    """One rank's watch for SIGTERM. Mutable: when the notice came (None: not yet).
+class StopNotice:
+    """One rank's watch for SIGTERM (``stagewise.StopNotice``; ``train --save-on-signal``'s). Mutable: when the
+    notice came (None: not yet).
 
-    Installed only in a process's main thread (Python sets handlers there only); elsewhere it never fires.
+    ``grace``: seconds from the notice to the end of this rank (exit 143), whatever it is doing: the bound on
+    the step in flight and the save. ``device``: where the flag is all-reduced (default: the current GPU under
+    NCCL, else the CPU). A context manager: leaving restores the SIGTERM handler it replaced. Installed only
+    in a process's main thread (Python sets handlers there only); elsewhere it never fires.
     """
 
-    def __init__(self, grace: float, device):
+    def __init__(self, grace: float = 30.0, device=None):
+        from ..run.config import check_positive_number
+
+        check_positive_number("`grace`", grace)
         self.grace, self.device = grace, device
         self.at: float | None = None
         self.signals = 0  # received here (a notice another rank had, learnt by agreeing, is not one)
@@ -64,6 +83,9 @@ class Notice:
         import torch
         import torch.distributed as dist
 
+        if self.device is None:
+            self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else \
+                torch.device("cpu")
         flag = torch.tensor([0 if self.at is None else 1], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item():  # a rank that did not get it starts its clock now
@@ -75,3 +97,10 @@ class Notice:
         if self.old is not None:
             signal.signal(signal.SIGTERM, self.old)
             self.old = None
+
+    def __enter__(self) -> "StopNotice":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False

@@ -6,6 +6,7 @@ No torch here, so options are checked before any process starts.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -285,7 +286,8 @@ class RunConfig:
         if not low <= self.world <= high:
             raise RunError(f"`elastic` {low}:{high}: the run starts on {self.world} ranks, outside MIN:MAX; give a "
                            f"range that holds {self.world}")
-        if self.max_restarts < 1:
+        # a worker of torchrun's elastic agent: torchrun restarts it (its own --max-restarts)
+        if self.max_restarts < 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") is None:
             raise RunError(f"`elastic` {low}:{high} re-plans the layout when a restart finds fewer ranks: give "
                            "`max_restarts` >= 1")
 

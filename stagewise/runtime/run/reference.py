@@ -61,7 +61,8 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     params_out = None
     if "params" in cfg.collect:
         params_out = {lg: [_get(layers, i, n).detach().numpy().copy()] for lg, (i, n) in names.items()}
-    return RunResult(schedule="none", ranks=1, microbatches=m, losses=tuple(losses), step_time_s=tuple(times),
+    return RunResult(schedule="none", ranks=1, microbatches=m, losses=tuple(losses), first_step=first,
+                     step_time_s=tuple(times),
                      measured_bubble_fraction=0.0, predicted_bubble_fraction=0.0, grads=grads, params=params_out,
                      checkpoint=info)
 

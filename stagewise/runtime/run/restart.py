@@ -144,6 +144,7 @@ def _finished(res, steps: dict, records: list):
         r.pop("restarted_at", None)
         r.pop("died_at", None)
     return dataclasses.replace(res, losses=tuple(l for l, _ in before) + tuple(res.losses),
+                               first_step=min((k for k in steps if k < first), default=res.first_step),
                                step_time_s=tuple(s for _, s in before) + tuple(res.step_time_s),
                                restarts=tuple(records))
 
@@ -282,17 +283,21 @@ def _step_of(found: str | None) -> int:
 
 
 def torchrun_attempt(cfg, world: int, attempt: int = 1):
-    """A worker that torchrun restarted (``--max-restarts``; ``attempt``: its TORCHELASTIC_RESTART_COUNT): resume
-    from the newest complete checkpoint written since torchrun's agent (this process's parent, alive across its
-    restarts) started, else as configured; with ``elastic``, re-planned when torchrun's rendezvous brought
-    another number of ranks (a node gone: fewer; back: the layout as configured). (config, the transition's
-    record: what this attempt knows of it, the checkpoint and the two layouts)."""
+    """A torchrun worker's config for the ranks torchrun brought (WORLD_SIZE ``world``). ``attempt``: its
+    TORCHELASTIC_RESTART_COUNT. A restarted worker (``--max-restarts``) resumes from the newest complete
+    checkpoint written since torchrun's agent (this process's parent, alive across its restarts) started, else
+    as configured; with ``elastic``, any attempt on another number of ranks than configured is re-planned (a
+    node gone: fewer; back: the layout as configured), a fresh launch on fewer ranks too (a preempted run
+    resumed where fewer are free). (config, the transition's record: what this attempt knows of it, the
+    checkpoint and the two layouts; ``timed`` adds its times)."""
     import os
+
+    import torch._dynamo  # noqa: F401 - the group imports it anyway (groups.init_group): not the re-plan's time
 
     from ..resilience import checkpoint_files as files
 
-    start = cfg
-    if cfg.save and Path(cfg.save).is_dir():
+    start, t0 = cfg, time.time()
+    if attempt > 0 and cfg.save and Path(cfg.save).is_dir():
         try:
             born = os.stat(f"/proc/{os.getppid()}").st_ctime  # the agent's start: what is older is not ours
         except OSError:
@@ -304,13 +309,51 @@ def torchrun_attempt(cfg, world: int, attempt: int = 1):
     why = "same layout"
     if cfg.elastic is not None and world != cfg.world:
         cfg, why = _next_layout(cfg, cfg, world)
-    rec = {"event": "torchrun restart", "attempt": attempt, "world": world, "resumed_from": cfg.resume,
-           "resumed_step": _step_of(cfg.resume), "old_layout": layout_of(start), "new_layout": layout_of(cfg),
-           "replan": why}
-    return dataclasses.replace(cfg, fault=None), rec
+    rec = {"event": "torchrun restart" if attempt > 0 else "launch on fewer ranks", "attempt": attempt,
+           "world": world, "resumed_from": cfg.resume, "resumed_step": _step_of(cfg.resume),
+           "old_layout": layout_of(start), "new_layout": layout_of(cfg), "replan": why, "replan_s": time.time() - t0}
+    return dataclasses.replace(cfg, fault=None) if attempt > 0 else cfg, rec
+
+
+def timed(rec: dict, checkpoint: dict | None, started_at: float, met_at: float, first_step_at: float | None
+          ) -> dict:
+    """A torchrun attempt's record with its times: ``started_at`` (this worker process's start, epoch seconds);
+    ``start_s``, from it to the ranks' group, the re-plan apart (imports, checks, the workers' group);
+    ``build_s``, the group to the restore (the stages and optimizer built); ``load_s`` and ``reshard_s``, the
+    checkpoint's restore; ``first_step_s``, from the restore's end (without one, the group) to the end of the
+    first step, at ``first_step_at``. What came before the worker started (the death, torchrun's detection
+    and its agents' new rendezvous) only torchrun saw: from a death at T, the first step came
+    ``first_step_at - T`` later."""
+    ck = checkpoint or {}
+    restore, restored_at = ck.get("restore_s") or {}, ck.get("restore_started_at")
+    ready = met_at if restored_at is None else restored_at + sum(restore.values())
+    return {**rec, "started_at": started_at, "start_s": max(0.0, met_at - started_at - rec["replan_s"]),
+            "build_s": None if restored_at is None else max(0.0, restored_at - met_at),
+            "load_s": restore.get("load"), "reshard_s": restore.get("reshard"),
+            "first_step_s": None if first_step_at is None else max(0.0, first_step_at - ready),
+            "first_step_at": first_step_at}
+
+
+def process_started_at() -> float:
+    """This process's start (epoch seconds), from /proc (Linux); now elsewhere."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: the start, in clock ticks after boot
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def say_torchrun(rec: dict) -> str:
-    """The line a torchrun-restarted rank 0 prints: where it resumed, and on which layout."""
+    """The line a torchrun worker's rank 0 prints when it restarted, or was launched on fewer ranks than
+    configured: where it resumes, and on which layout."""
     where, layout = _where(rec)
+    if rec["event"] == "launch on fewer ranks":
+        configured = rec["old_layout"]["world"]
+        return (f"launched on {_n(rec['world'], 'rank')}, the layout configured needs {configured}: "
+                f"{'resuming ' + where if rec['resumed_from'] else 'starting at step 0'}{layout}")
     return f"torchrun restart {rec['attempt']} on {_n(rec['world'], 'rank')}: resuming {where}{layout}"

@@ -44,6 +44,7 @@ class RunResult:
     ranks: int  #: p, ranks of one pipeline replica
     microbatches: int  #: m
     losses: tuple[float, ...]  #: per step, the mean loss over the step's batch
+    first_step: int = 0  #: steps done before ``losses[0]`` (a resumed run's, a torchrun-restarted attempt's)
     step_time_s: tuple[float, ...]  #: per step, seconds (program, collectives, optimizer)
     timelines: tuple = ()  #: per step, the measured Timeline (rank 0 only)
     measured_bubble_fraction: float | None = None  #: over the steps after the first (rank 0)
@@ -72,6 +73,11 @@ class RunResult:
     ep = property(lambda self: 1 if self.parallelism is None else self.parallelism.ep, doc="expert parallel degree")
 
     @property
+    def steps(self) -> list[int]:
+        """The step number (from 1) of each of ``losses``."""
+        return list(range(self.first_step + 1, self.first_step + len(self.losses) + 1))
+
+    @property
     def last_timeline(self):
         """The last step's measured timeline, or None (not rank 0, or no step)."""
         return self.timelines[-1] if self.timelines else None
@@ -82,6 +88,8 @@ class RunResult:
                "losses": list(self.losses), "step_time_s": list(self.step_time_s),
                "measured_bubble_fraction": self.measured_bubble_fraction,
                "predicted_bubble_fraction": self.predicted_bubble_fraction}
+        if self.first_step:  # a resumed run, a torchrun-restarted attempt: its losses' step numbers
+            out["steps"] = self.steps
         if self.dp is not None:
             out.update(dp=self.dp, fsdp=self.fsdp, tp=self.tp, zero=self.zero, recompute=list(self.recompute or ()))
             out["parallelism"] = self.parallelism.to_dict()  # the layout run, as the planner's JSON writes it

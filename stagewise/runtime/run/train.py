@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from datetime import timedelta
 from typing import Callable, Sequence
 
@@ -139,32 +140,41 @@ def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: st
 
 def _as_torchrun_rank(cfgs, report) -> list[RunResult]:
     """This process is one rank of a torchrun launch (env:// rendezvous)."""
+    from . import restart
     from .worker import preflight as check
 
     rank, world = groups.torchrun_env()
     parent_death_signal(signal.SIGKILL)  # torchrun forwards SIGTERM itself; a SIGKILLed torchrun would orphan us
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     records = None
-    if attempt > 0:  # torchrun's --max-restarts restarted us
-        from .restart import say_torchrun, torchrun_attempt
-
-        cfgs, records = zip(*(torchrun_attempt(c, world, attempt) for c in cfgs))
+    # torchrun's --max-restarts restarted us, or a fresh launch brought fewer ranks than an --elastic layout's
+    if attempt > 0 or any(c.elastic is not None and c.world > world for c in cfgs):
+        cfgs, records = zip(*(restart.torchrun_attempt(c, world, attempt) for c in cfgs))
         if rank == 0:
-            print(f"stagewise: {say_torchrun(records[0])}", file=sys.stderr, flush=True)
+            print(f"stagewise: {restart.say_torchrun(records[0])}", file=sys.stderr, flush=True)
     for c in cfgs:
         check(c, world, f"WORLD_SIZE={world}")  # every rank fails alike on bad options, before any message
     backend = groups.default_backend()
     _set_threads(cfgs[0], int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     timeout = timedelta(seconds=max(c.timeout for c in cfgs))
-    store = groups.torchrun_attempt_store(timedelta(seconds=groups.startup_s(timeout.total_seconds())))
-    groups.init_group(backend, timeout=timeout, **({"store": store, "rank": rank, "world_size": world} if store
-                                                   else {"init_method": "env://"}))
+    groups.init_torchrun(backend, timeout)
+    met_at, first_steps = time.time(), {}  # the first step's end of each job, for the records' times
+
+    def timed_report(job, k, loss, seconds):
+        first_steps.setdefault(job, time.time())
+        if report:
+            report(job, k, loss, seconds)
+
     box = tempfile.mkdtemp(prefix="stagewise-flight-")
     path = flight.rank_file(box, rank)
     try:
-        results = _run_jobs(rank, world, backend, cfgs, report, f"WORLD_SIZE={world}", str(path))
-        return results if records is None else [dataclasses.replace(r, restarts=(rec,))
-                                                for r, rec in zip(results, records)]
+        results = _run_jobs(rank, world, backend, cfgs, timed_report, f"WORLD_SIZE={world}", str(path))
+        if records is None:
+            return results
+        started = restart.process_started_at()
+        return [dataclasses.replace(r, restarts=(restart.timed(rec, r.checkpoint, started, met_at,
+                                                               first_steps.get(j)),))
+                for j, (r, rec) in enumerate(zip(results, records))]
     except Exception as e:  # one line naming this rank and its op, then its last events; torchrun stops the others
         user = is_user_error(e)
         records = {} if user else {rank: flight.read(path)}

@@ -27,7 +27,7 @@ from ..pipeline import Pipeline, gather_full
 from ..execution.recompute import recompute_stages
 from ..resilience import flight
 from ..resilience.checkpoint import Checkpoints
-from ..resilience.preempt import Notice, Preempted
+from ..resilience.preempt import Preempted, StopNotice
 from ..parallel.memory import held_bytes, predicted_bytes
 from .result import Memory, RunResult
 from ..stages.stage import partition
@@ -207,6 +207,7 @@ class RankTrainer:
         built = self._gather(self.pipe.built_layers)
         return RunResult(schedule=self.schedule.name, ranks=self.schedule.ranks,
                          microbatches=self.schedule.microbatches, losses=tuple(self.losses),
+                         first_step=self.first_step,
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
                          measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
                          parallelism=self.pipe.parallelism,
@@ -266,7 +267,7 @@ class RankTrainer:
 def run_job(env: Env, cfg: RunConfig, report: Callable | None = None) -> RunResult:
     """Train ``cfg`` on this rank; rank 0's result holds the losses, step times and timelines. With
     ``save_on_signal``, a stop notice to any rank saves after the step in flight and raises ``Preempted``."""
-    notice = Notice(cfg.save_on_signal, env.device) if cfg.save_on_signal is not None else None
+    notice = StopNotice(cfg.save_on_signal, env.device) if cfg.save_on_signal is not None else None
     try:
         trainer = RankTrainer(env, cfg)
         for k in range(trainer.first_step, cfg.steps):
