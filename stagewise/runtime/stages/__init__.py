@@ -3,5 +3,5 @@ forms a model comes in), ``stage`` (cutting layers into stages, ``StageMap``), `
 ties by name, state dicts and the optimizer's flattened form), ``pytree`` (what crosses a boundary) and
 ``moe`` (the MoE block, ``stagewise.MoE``). A rank builds only its own layers.
 
-May import: the core, `stagewise.runtime.parallel`, `stagewise.runtime.run`, `torch`.
+May import: the core, `stagewise.runtime.dtensor`, `stagewise.runtime.run`, `torch`.
 """
