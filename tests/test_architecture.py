@@ -192,7 +192,7 @@ def test_files_are_named_by_their_job():
     commands, seen = _commands(), {}
     for mod in _modules():
         name = mod.rsplit(".", 1)[-1]
-        parent = mod.rsplit(".", 2)[-2]
+        parent = mod.split(".")[-2] if "." in mod else ""
         if mod == "stagewise" or name in SAME_KIND or name == parent \
                 or (mod.startswith("stagewise.cli.") and name in commands):  # plan/auto/auto.py: the folder's own
             continue
