@@ -1,8 +1,8 @@
 """The play engine: runs every rank's program in order against durations.
 
 An action starts when its rank is free and its dependencies (``F(s)`` after ``F(s-1)``, ``B|I(s)`` after
-``F(s)`` and the gradient of ``s+1``, ``W(s)`` after ``I(s)``) have arrived; sends are asynchronous, so a message adds link time to the receiver's
-ready time but never occupies the sender. An op's duration depends on the op
+``F(s)`` and the gradient of ``s+1``, ``W(s)`` after ``I(s)``) have arrived; sends are asynchronous, so a
+message adds link time to the receiver's ready time but never occupies the sender. An op's duration depends on the op
 alone (compute, its all-to-all, and for an F&B pair what of that is hidden:
 ``overlap``), never on when it runs. Start times do not depend on the
 order in which ranks are advanced, so a plain work list (no event heap) gives
