@@ -265,6 +265,14 @@ def test_every_runtime_module_has_a_test_file_named_after_it():
     assert not missing, missing
 
 
+def test_every_profiling_module_has_a_test_file_named_after_it():
+    """profiling/measure.py -> tests/test_profiling_measure.py, as the runtime's modules are found."""
+    tests = {p.name for p in Path(__file__).parent.glob("test_*.py")}
+    missing = sorted(p.relative_to(ROOT).as_posix() for p in (PKG / "profiling").rglob("*.py")
+                     if p.name != "__init__.py" and f"test_profiling_{p.stem}.py" not in tests)
+    assert not missing, missing
+
+
 # ---- each subpackage's docstring says its job and what it may import
 
 def _may_import(init: Path) -> tuple[bool, tuple[str, ...]]:
