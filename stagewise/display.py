@@ -7,7 +7,7 @@ display and not before: ``import stagewise`` loads no drawing code.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 _drawers: dict[tuple[type, str], Callable] = {}
 _load: list[Callable[[], object]] = []
