@@ -10,6 +10,7 @@ May import: `stagewise.schedules`, `stagewise.lowering` (``simulate`` plays lowe
 (the notebook's pictures), `stagewise.cli` (``python -m stagewise``); never torch, matplotlib, the runtime or the planner.
 """
 
+from . import display
 from .actions import Action, Pair, parse
 from .costs import Costs
 from .errors import StagewiseError
@@ -34,6 +35,13 @@ _LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "La
          "StopNotice": ".runtime.resilience.preempt", "Preempted": ".runtime.resilience.preempt"}
 #: public runtime modules, imported with torch on first use: ``stagewise.moe`` (pack, unpack, with_aux)
 _LAZY_MODULES = {"moe": ".runtime.stages.moe"}
+
+
+def _notebook() -> None:  # Jupyter display: the notebook module registers its drawers (stagewise.display)
+    from . import notebook  # noqa: F401
+
+
+display.loads_with(_notebook)
 
 
 def __getattr__(name: str):

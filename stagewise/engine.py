@@ -4,7 +4,8 @@ One engine plays both a schedule's compute programs (``play``) and a lowered sch
 ops with their transfers and collectives (``lowering.play``); a compute-only schedule is a lowered program
 without communication whose messages take their link's time.
 
-- An op starts when its rank is free and its inputs (DESIGN.md) have arrived. A message not lowered adds
+- An op starts when its rank is free and its inputs have arrived (``F(s)`` after ``F(s-1)``, ``B|I(s)`` after
+  ``F(s)`` and the gradient of ``s+1``, ``W(s)`` after ``I(s)``). A message not lowered adds
   the link's time (``costs.message``) to the receiver's ready time and never occupies the sender. An op's
   duration depends on the op alone (compute, its all-to-all, and for an F&B pair what of that is hidden:
   ``overlap``), never on when it runs.

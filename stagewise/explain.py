@@ -1,6 +1,6 @@
 """Why a rank waits: for each idle gap of a timeline, the action it waits for and the chain back to its cause.
 
-An op starts when its rank is free and its inputs have arrived (DESIGN.md's
+An op starts when its rank is free and its inputs have arrived (the
 dependency rules, as the engine applies them: ``F(s)`` needs ``F(s-1)``, ``B|I(s)``
 need ``F(s)`` and the gradient of ``s+1``, ``W(s)`` needs ``I(s)``; lanes start and
 end where the engine's do). An op that starts after its rank was free waited for

@@ -2,7 +2,7 @@
 
 Vocabulary, one meaning each: a *split* is the layers per stage of one model
 copy (``Split``: counts, ranges and text are three views of it); a *layout*
-is a split's text; *partition* is the planner's search for a split (plan/partition.py);
+is a split's text; *partition* is the planner's search for a split (plan/search/partition.py);
 a *chunk* is one of a rank's stages (``-v``). No torch here: the runtime
 (``Pipeline(split=...)``, ``train --split``) and the planner share this value.
 

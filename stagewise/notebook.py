@@ -1,7 +1,8 @@
 """Jupyter display: timelines, schedules and comparisons draw themselves.
 
-``Timeline`` and ``Schedule`` have tiny ``_repr_html_``/``_repr_svg_`` methods
-that import this module only when a notebook asks, so the core stays light.
+``Timeline`` and ``Schedule`` have tiny ``_repr_html_``/``_repr_svg_`` methods that ask
+``stagewise.display``; this module registers the drawing there (its last lines), and is loaded on the
+first display only, so the core stays light and never imports its view.
 The look is the workshop page's: the same summary row (makespan, simulated
 bubble next to the closed form, peak activations per rank) over the timeline
 drawn by ``stagewise.render.svg`` in the shared palette, memory strips included.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Sequence
 
+from . import display
 from .costs import Costs
 from .formulas import bubble_fraction
 from .render import palette
@@ -117,3 +119,7 @@ def compare(names: Sequence[str], ranks: int, microbatches: int, chunks: int | N
 
     entries = compare_families(names, ranks, microbatches, chunks, costs)
     return Comparison(timelines=tuple(e.timeline for e in entries))
+
+
+display.register(Timeline, html=timeline_html, svg=timeline_image)
+display.register(Schedule, html=schedule_html, svg=schedule_image)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from collections.abc import Iterator
 
+from . import display
 from .actions import Action, Op, Pair, actions_of
 
 
@@ -135,15 +136,11 @@ class Schedule:
         return Schedule(name=f"{self.name} (forward only)", programs=progs, placement=self.placement,
                         microbatches=self.microbatches, lanes=self.lanes, params=dict(self.params))
 
-    def _repr_html_(self) -> str:  # Jupyter: simulated at the seed costs; loads the drawing code only then
-        from .notebook import schedule_html
-
-        return schedule_html(self)
+    def _repr_html_(self) -> str:  # Jupyter: simulated at the seed costs (stagewise.display)
+        return display.draw(self, "html")
 
     def _repr_svg_(self) -> str | None:
-        from .notebook import schedule_image
-
-        return schedule_image(self)
+        return display.draw(self, "svg")
 
     def __str__(self) -> str:
         return "\n".join(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import sub
 
+from . import display
 from .actions import Pair, actions_of
 from .costs import freed
 from .overlap import Comm, kinds, totals
@@ -44,15 +45,11 @@ class Timeline:
     def ranks(self) -> int:
         return self.schedule.ranks
 
-    def _repr_html_(self) -> str:  # Jupyter; the drawing code loads only when asked
-        from .notebook import timeline_html
-
-        return timeline_html(self)
+    def _repr_html_(self) -> str:  # Jupyter; the drawing code loads only when asked (stagewise.display)
+        return display.draw(self, "html")
 
     def _repr_svg_(self) -> str:
-        from .notebook import timeline_image
-
-        return timeline_image(self)
+        return display.draw(self, "svg")
 
     @cached_property
     def spans(self) -> tuple[tuple[float, float] | None, ...]:

@@ -89,6 +89,118 @@ def _cycles(graph: dict[str, set[str]], keep) -> list[list[str]]:
     return out
 
 
+# ---- the house as a whole: floors, no circle at any level, files named by their job
+
+#: the package's floors, from the top down: a room (a top-level module or subpackage) imports only rooms on
+#: lower floors; the core's rooms (every top-level module, ``schedules``, ``lowering``, ``render``) import each
+#: other without a circle. A new subpackage is given its floor here.
+FLOORS = (("__main__",), ("cli",), ("workshop", "profiling"), ("hf",), ("runtime",), ("plan",), ("*core",))
+#: the runtime's floors, from the top down: its driver (``run``) on top, ``pipeline`` (a rank's step) under it,
+#: then its parts; at the bottom its errors and config, argument checks, schedule resolution, result, DTensors
+RUNTIME_FLOORS = (("run",), ("pipeline",), ("launching",), ("parallel",), ("execution",), ("messages",),
+                  ("resilience",), ("stages",), ("config", "arguments", "resolve", "result", "dtensor"))
+
+
+def _room(mod: str, pkg: str) -> str | None:
+    """The room of ``pkg`` that holds ``mod`` (its child module or subpackage), None outside or for the face."""
+    if not mod.startswith(pkg + "."):
+        return None
+    return mod[len(pkg) + 1:].split(".")[0]
+
+
+def _room_arrows(pkg: str) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """(room, room) -> the module imports behind that arrow, between different rooms of ``pkg``."""
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for m, ds in _graph().items():
+        a = _room(m, pkg)
+        for d in ds:
+            b = _room(d, pkg)
+            if a and b and a != b:
+                out.setdefault((a, b), []).append((m, d))
+    return out
+
+
+def test_no_circle_at_any_level_of_the_package():
+    """In every package, its rooms (modules and subpackages) import each other without a circle, lazy imports
+    included: whatever folder one looks into, each room stands above all it imports."""
+    modules = _modules()
+    bad = []
+    for pkg in sorted(m for m, p in modules.items() if p.name == "__init__.py"):
+        arrows = _room_arrows(pkg)
+        graph: dict[str, set[str]] = {}
+        for a, b in arrows:
+            graph.setdefault(a, set()).add(b)
+            graph.setdefault(b, set())
+        for cycle in _cycles(graph, lambda m: True):
+            ties = sorted(f"{pkg}.{a} -> {pkg}.{b}: {arrows[a, b][0][0]} imports {arrows[a, b][0][1]}"
+                          for a in cycle for b in cycle if (a, b) in arrows)
+            bad.append(f"circle in {pkg}: " + "; ".join(ties))
+    assert not bad, "\n".join(bad)
+
+
+def _floor_of(room: str, floors: tuple, pkg: str) -> int:
+    for i, names in enumerate(floors):
+        if room in names or ("*core" in names and room not in {n for f in floors for n in f}):
+            return i
+    raise AssertionError(f"{pkg}.{room} stands on no floor: give it one in tests/test_architecture.py")
+
+
+def _floor_arrows_up(pkg: str, floors: tuple) -> list[str]:
+    bad = []
+    for (a, b), why in sorted(_room_arrows(pkg).items()):
+        fa, fb = _floor_of(a, floors, pkg), _floor_of(b, floors, pkg)
+        if fb < fa or (fb == fa and "*core" not in floors[fa] and len(floors[fa]) > 1 and fa < len(floors) - 1):
+            bad.append(f"{pkg}.{a} (floor {len(floors) - fa}) imports {pkg}.{b} (floor {len(floors) - fb}): "
+                       f"{why[0][0]} imports {why[0][1]}")
+    return bad
+
+
+def test_every_import_runs_down_the_floors():
+    """The package's floors (``FLOORS``) and the runtime's (``RUNTIME_FLOORS``), declared: no import runs back
+    up, and two rooms of one floor do not import each other (but the core's rooms and the runtime's floor)."""
+    modules = _modules()
+    for floors, pkg in ((FLOORS, "stagewise"), (RUNTIME_FLOORS, "stagewise.runtime")):
+        rooms = {_room(m, pkg) for m in modules} - {None, "__init__"}
+        for room in rooms:
+            _floor_of(room, floors, pkg)
+        assert not _floor_arrows_up(pkg, floors), "\n".join(_floor_arrows_up(pkg, floors))
+
+
+#: names several modules may bear, because they are the same kind of thing (a CLI module may also bear its
+#: command's name: ``cli/train.py`` parses ``stagewise train``, which ``runtime/run/train.py`` runs)
+SAME_KIND = {
+    "errors": "a package's errors",
+    "search": "each planner's configuration search (plan/search from a profile, plan/cluster from a model)",
+    "lowered": "each planner's data-parallel traffic played as lowered actions",
+    "written": "each planner's plan written down (one format)",
+    "verdict": "why each planner's winner wins",
+}
+
+
+def _commands() -> set[str]:
+    """The CLI's command modules (``cli.COMMANDS``' keys)."""
+    for node in ast.parse((PKG / "cli" / "__init__.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "COMMANDS" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("cli/__init__.py has no COMMANDS")
+
+
+def test_files_are_named_by_their_job():
+    """No two modules or packages share a name across packages unless they are the same kind of thing
+    (``SAME_KIND``, a CLI command module named after its command, a folder's main module named after the
+    folder): one name, one meaning."""
+    commands, seen = _commands(), {}
+    for mod in _modules():
+        name = mod.rsplit(".", 1)[-1]
+        parent = mod.split(".")[-2] if "." in mod else ""
+        if mod == "stagewise" or name in SAME_KIND or name == parent \
+                or (mod.startswith("stagewise.cli.") and name in commands):  # plan/auto/auto.py: the folder's own
+            continue
+        seen.setdefault(name, []).append(mod)
+    shared = {n: ms for n, ms in seen.items() if len(ms) > 1}
+    assert not shared, shared
+
+
 def test_the_planner_imports_no_runtime_module():
     bad = sorted((m, d) for m, ds in _graph().items() if m.startswith("stagewise.plan")
                  for d in ds if d.startswith("stagewise.runtime"))
@@ -150,6 +262,14 @@ def test_every_runtime_module_has_a_test_file_named_after_it():
     tests = {p.name for p in Path(__file__).parent.glob("test_*.py")}
     missing = sorted(p.relative_to(ROOT).as_posix() for p in (PKG / "runtime").rglob("*.py")
                      if p.name != "__init__.py" and f"test_runtime_{p.stem}.py" not in tests)
+    assert not missing, missing
+
+
+def test_every_profiling_module_has_a_test_file_named_after_it():
+    """profiling/measure.py -> tests/test_profiling_measure.py, as the runtime's modules are found."""
+    tests = {p.name for p in Path(__file__).parent.glob("test_*.py")}
+    missing = sorted(p.relative_to(ROOT).as_posix() for p in (PKG / "profiling").rglob("*.py")
+                     if p.name != "__init__.py" and f"test_profiling_{p.stem}.py" not in tests)
     assert not missing, missing
 
 

@@ -21,6 +21,7 @@ from ..validate import ScheduleError
 from .comms import COLLECTIVES, RECV_B, RECV_F, RECVS, RESHARD, SENDS, UNSHARD, CommAction
 from .lower import Lowered
 from .rules import message_in
+from .stuck import describe_stuck
 
 
 def check(low: Lowered) -> Lowered:
@@ -158,36 +159,3 @@ def _check_deadlock(low: Lowered) -> None:
         play_lowered(low, costs.resolve(low.schedule.stages), costs)
     except Stuck as stuck:
         raise ScheduleError(describe_stuck(low, stuck)) from None
-
-
-def describe_stuck(low: Lowered, stuck: Stuck) -> str:
-    """The wait cycle of a stuck lowered play: each blocked rank, what it waits at, and whose move that is."""
-    heads = {b.rank: b for b in stuck.blocked}
-    links, seen = [], []
-    r = stuck.blocked[0].rank
-    while r in heads and r not in seen:
-        seen.append(r)
-        b = heads[r]
-        a = low.programs[r][b.position]
-        other = _waits_on(low, r, a)
-        what = (f"rank {other}" if other is not None else "an action no rank runs")
-        links.append(f"rank {r} position {b.position} ({a}) waits for {what}")
-        r = other
-    cycle = r in seen
-    text = "; ".join(links[seen.index(r):] if cycle else links)
-    return f"deadlock: wait cycle: {text}; back to rank {r}" if cycle else f"deadlock: {text}"
-
-
-def _waits_on(low: Lowered, r: int, a) -> int | None:
-    sched = low.schedule
-    place, first, last = sched.placement, sched.first_stages, sched.last_stages
-    if type(a) is CommAction:
-        if a.kind in RECVS:
-            return a.peer
-        members = [x for x in low.members(r, a) if x != r]
-        return members[0] if members else None
-    for act in actions_of(a):
-        got = message_in(act, first, last)
-        if got is not None and place[got[1]] != r:
-            return place[got[1]]
-    return None

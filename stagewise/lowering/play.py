@@ -95,7 +95,7 @@ def simulate_lowered(low: Lowered, costs: Costs | None = None, *, check: bool = 
     deadlock."""
     from ..simulate import timeline
     from ..validate import ScheduleError, check_structure
-    from .check import describe_stuck
+    from .stuck import describe_stuck
 
     costs = a2a_costs(low, costs or Costs())
     sched = low.schedule

@@ -4,7 +4,7 @@ One track per rank, one complete event ("X") per action with its real start
 and duration (an overlapped F&B pair gives two events over the same interval,
 the backward nested under the forward), categories per kind, a counter track
 of live activations per rank, and a flow arrow from each send to its receive.
-Sends follow the dependency rules of DESIGN.md within each lane:
+Sends follow the engine's dependency rules (engine.py) within each lane:
 ``F(s, mb) -> F(s+1, mb)`` and ``B|I(s+1, mb) -> B|I(s, mb)``, only where the
 two stages sit on different ranks (a hand-over on one rank is no message).
 Expert-parallel all-to-all (``Timeline.comm``) gets a track of its own per rank,

@@ -39,7 +39,8 @@ from .parallel.ep import ExpertParallel
 from .execution.overlap import interleave
 from .parallel.grid import Grid
 from ..parallelism import Parallelism, ParallelismError
-from .parallel.tp import TensorParallel, is_dtensor
+from .dtensor import is_dtensor
+from .parallel.tp import TensorParallel
 from .execution.executor import Executor, RankContext, StepOutcome
 from .resilience.flight import NO_FLIGHT, SYNC, intervals
 from .resilience.nonfinite import NonFiniteLoss, locate_nonfinite

@@ -2,7 +2,7 @@
 
 One stage per rank, split backward. Start times are continuous; each pair of
 actions on a rank that no dependency already orders gets a binary (which runs
-first) with big-M disjunctions. Dependencies and link times are DESIGN.md's.
+first) with big-M disjunctions. Dependencies and link times are the engine's (engine.py).
 The optimum is over orders that run each stage's forwards, input-gradient and
 weight-gradient backwards in micro-batch order (every named family does; the
 micro-batches are identical, so this only removes relabelled copies). A memory

@@ -3,6 +3,6 @@ marks), ``executor`` walks it op by op knowing no family, ``split_backward`` (I 
 ``activation_memory`` (the bytes held, measured), ``timing`` (measured timelines) and ``overlap`` (an F&B
 pair's halves interleaved at their all-to-alls).
 
-May import: the core, `stagewise.lowering`, `stagewise.runtime.messages`, `stagewise.runtime.parallel`,
+May import: the core, `stagewise.lowering`, `stagewise.runtime.messages`, `stagewise.runtime.dtensor`,
 `stagewise.runtime.resilience`, `stagewise.runtime.run`, `stagewise.runtime.stages`, `torch`.
 """

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..parallel.tp import is_dtensor
+from ..dtensor import is_dtensor
 
 #: op kinds the prediction reads: F, I, and R (the forward replayed by recomputation)
 KINDS = ("F", "I", "R")

@@ -9,7 +9,7 @@ gradient at each holder output. ``W`` then differentiates each holder output
 with respect to that holder's own parameters only, seeded with the saved
 gradient (for a plain ``nn.Linear`` directly as the one product g^T x, with
 the input it saw, which autograd keeps anyway); nothing of the input-gradient
-path runs again (tests/test_runtime_split.py counts it).
+path runs again (tests/test_runtime_split_backward.py counts it).
 
 Assumption: within one stage a holder runs once per forward and no parameter
 is shared by two holders (the stage builder unties shared weights). A holder

@@ -4,6 +4,6 @@ dimensions, torch's DeviceMesh of it), ``dp`` (replicas' gradient sums), ``fsdp`
 duplicated copies, the global norm) and ``memory`` (the state bytes each rank holds, and its share). dp, fsdp,
 ep and replicas write each collective they issue to the rank's flight recorder, under the lowering's name.
 
-May import: the core, `stagewise.runtime.execution`, `stagewise.runtime.resilience` (the flight recorder),
+May import: the core, `stagewise.runtime.dtensor`, `stagewise.runtime.execution`, `stagewise.runtime.resilience` (the flight recorder),
 `stagewise.runtime.run`, `stagewise.runtime.stages`, `torch`.
 """

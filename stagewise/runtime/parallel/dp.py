@@ -27,7 +27,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ...schedule import Schedule
 from ..resilience.flight import NO_FLIGHT
-from .tp import local
+from ..dtensor import local
 
 
 class DataParallel:

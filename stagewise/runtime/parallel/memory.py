@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .tp import is_dtensor, local
+from ..dtensor import is_dtensor, local
 
 #: optimizers whose state the prediction knows: two moments the size of each parameter
 ADAM = ("adam", "adamw")

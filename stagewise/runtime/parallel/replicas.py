@@ -20,7 +20,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..resilience.flight import NO_FLIGHT
 from ..stages.stage import StageMap, Stage
-from .tp import is_dtensor, local
+from ..dtensor import is_dtensor, local
 
 
 class Replicas:

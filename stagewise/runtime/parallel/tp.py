@@ -19,13 +19,13 @@ tp group at the stage's end of backward (``after``), before any data-parallel re
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..dtensor import local
 from ..run.config import RunError, check_divides
 
 #: the partial-gradient style (module kept as is; its gradients summed over tp at the end of the backward)
@@ -190,14 +190,3 @@ def _check_matched(plan, layers: list[tuple[str, nn.Module]], strict: bool) -> N
                        "matches the end of a module's original name, * for one part")
     if not matched:
         raise RunError(f"`tp_plan` matches no module of the model{hint}, so tensor parallel would shard nothing")
-
-
-def is_dtensor(t) -> bool:
-    """``t`` is a DTensor (without importing DTensor, which takes a second, when no DTensor can exist)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (a view of its storage), or the tensor itself."""
-    return t.to_local() if is_dtensor(t) else t

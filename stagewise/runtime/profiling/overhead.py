@@ -1,4 +1,4 @@
-"""Measure the per-step work outside the profiled layers on the runtime (plan/overhead.py fits it).
+"""Measure the per-step work outside the profiled layers on the runtime (plan/search/overhead.py fits it).
 
 Runs 1F1B on two local ranks at two micro-batch counts through ``plan --verify``'s runner and hands the
 measured timelines to the planner's torch-free fit (``plan.overhead.fit_overhead``, ``fit_slowdown``).

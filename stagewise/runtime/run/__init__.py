@@ -5,7 +5,7 @@ resolution), ``train`` (where the ranks come from), ``worker`` (``RankTrainer``:
 ``result`` (``RunResult`` and its JSON) and ``restart`` (a run that outlives its ranks: restarts, and the
 layout re-planned for the ranks left by ``stagewise.plan.elastic``).
 
-May import: the core, `stagewise.schedules`, `stagewise.plan.elastic`, `stagewise.runtime.pipeline`, `stagewise.runtime.execution`,
+May import: the core, `stagewise.schedules`, `stagewise.plan.elastic`, `stagewise.runtime.pipeline`, `stagewise.runtime.dtensor`, `stagewise.runtime.execution`,
 `stagewise.runtime.launching`, `stagewise.runtime.parallel`, `stagewise.runtime.resilience`,
 `stagewise.runtime.stages`, `torch`.
 """

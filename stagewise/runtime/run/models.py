@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import limits
-from ..parallel.tp import is_dtensor
+from ..dtensor import is_dtensor
 from ..stages.layers import Layers
 from ..stages.moe import MoE, check_moe, pack, unpack
 from .config import RunError, check_count

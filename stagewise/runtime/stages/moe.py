@@ -21,7 +21,14 @@ What crosses a stage boundary after the first MoE block is the pair ``WithAux(hi
 ``hidden`` may be the layer's own pytree, such as ``(hidden, mask)``, which ``unpack`` never mistakes for the pair):
 the running sum of the blocks' losses travels with the activations and the loss function adds it
 (``with_aux``), so the aux loss reaches the loss through any schedule like the rest of the model, and its
-gradient flows back through the same boundaries (docs/architecture.md says why it is not a side channel).
+gradient flows back through the same boundaries. Why not a side channel (Megatron-LM's
+``MoEAuxLossAutoScaler``, which injects the aux gradient in the backward): (1) the unpipelined model
+(``nn.Sequential`` of the same layers) computes the same loss value by construction, and the reported loss is
+the model's whole loss; (2) nothing global: the side channel needs the loss scale (1/m micro-batches, 1/data
+shards) set in a process-wide variable before each backward, while the pair is scaled with the loss it
+belongs to, and recomputation, split backward, DualPipe's copies and every schedule treat it as any other
+leaf; (3) a loss that is not a sum of per-layer terms (transformers' load-balancing loss is a product of sums
+over all layers) can be carried as its sums. The cost is one scalar per boundary and micro-batch each way.
 
 Example::
 

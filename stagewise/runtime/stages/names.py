@@ -234,7 +234,7 @@ def _non_persistent(layer: nn.Module, bname: str) -> set:
 def copy_into(p: torch.Tensor, value: torch.Tensor) -> None:
     """``p.copy_(value)`` for a parameter that may be sharded: a whole tensor gives each rank its own shard
     (computed locally: every rank has the whole value), a DTensor of the same placement its local shard."""
-    from ..parallel.tp import is_dtensor, local
+    from ..dtensor import is_dtensor, local
 
     if not is_dtensor(p):
         p.copy_(value.full_tensor() if is_dtensor(value) else value)
