@@ -124,6 +124,32 @@ def recompute_modes(job: Job) -> tuple[str, ...]:
     return tuple(m for m in modes if runners(job, m))
 
 
+def unrun(job: Job) -> str | None:
+    """Why no framework asked for runs any recomputation asked together with a sharding asked (None: some
+    pair runs), in one line naming each framework's modes: the search has nothing to offer, whatever memory."""
+    moe = job.spec.moe is not None
+    said = []
+    for fw in job.frameworks:
+        if job.async_tp and not fw.async_tp:
+            continue
+        modes = [m for m in fw.recompute if not (moe and m == "full" and fw.stage_recompute)]
+        shards = [s for s in shardings(job, fw) if not (moe and s == "hsdp")]
+        if any(m in modes for m in job.recompute) and shards:
+            return None
+        why = []
+        if fw.name == "torchtitan" and "selective" in job.recompute:
+            why.append("its selective checkpointing is per operator, not the attention core the plan costs")
+        if moe and fw.stage_recompute and "full" in job.recompute:
+            why.append("its full recomputation replays a whole stage, which it does not for expert-parallel stages")
+        if moe and "hsdp" in shardings(job, fw):
+            why.append("HSDP is not searched for a mixture of experts")
+        runs = [s for s in fw.sharding if not (moe and s == "hsdp")]
+        said.append(f"{fw.title} recomputes {', '.join(modes)} and shards {', '.join(runs)}"
+                    + (f" ({'; '.join(why)})" if why else ""))
+    asked = f"--recompute {','.join(job.recompute)}" + (f" --sharding {','.join(job.sharding)}" if job.sharding else "")
+    return f"{asked}: no framework asked for runs that together: " + "; ".join(said)
+
+
 def _selective_drops(job: Job) -> bool:
     """Whether "selective" keeps less than "off" for this model: a flash-attention model keeps no scores, so
     recomputing the attention core alone drops nothing."""
