@@ -150,6 +150,27 @@ def unrun(job: Job) -> str | None:
     return f"{asked}: no framework asked for runs that together: " + "; ".join(said)
 
 
+def unsearched_recompute(job: Job) -> str | None:
+    """The recomputation asked for that nothing searched (no framework asked for that runs the schedules asked
+    runs it for this model), in one clause naming what those frameworks recompute; None when each was searched
+    (or, "selective" on a model where it keeps what "off" keeps, searched as "off")."""
+    moe = job.spec.moe is not None
+    fams = job.space.families or tuple(FAMILIES)
+    fws = [fw for fw in job.frameworks if any(fw.runs(f) for f in fams) and shardings(job, fw)
+           and (fw.async_tp or not job.async_tp)]
+    run = {m for fw in fws for m in fw.recompute if not (moe and m == "full" and fw.stage_recompute)}
+    if "off" in run and not _selective_drops(job):
+        run.add("selective")
+    missing = [m for m in job.recompute if m not in run]
+    if not missing or not fws:
+        return None
+    said = "; ".join(f"{fw.title} recomputes {', '.join(m for m in fw.recompute if m in run) or 'nothing'}"
+                     + (", its full recomputation replaying whole stages, not expert-parallel ones"
+                        if moe and fw.stage_recompute and "full" in fw.recompute else "") for fw in fws)
+    return (f"recomputation {', '.join(missing)} was not searched: of the frameworks asked, those that run "
+            f"--schedules {','.join(fams)} do not run it ({said})")
+
+
 def _selective_drops(job: Job) -> bool:
     """Whether "selective" keeps less than "off" for this model: a flash-attention model keeps no scores, so
     recomputing the attention core alone drops nothing."""

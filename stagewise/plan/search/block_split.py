@@ -102,11 +102,10 @@ def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) 
         return limit is None or all(rank_memory(r) <= limit * (1 + _EPS) for r, _ in held[k])
 
     def grown(k: int) -> float:
-        """The most memory a holder of piece k has with one more block in it (0 without a limit): ties in
-        load go to the piece that grows memory least, so of DualPipe's two pieces on the same two ranks the
-        one with fewer micro-batches in flight fills first."""
-        if limit is None:
-            return 0.0
+        """The most memory a holder of piece k has with one more block in it: ties in load go to the piece
+        that grows memory least, so of DualPipe's two pieces on the same two ranks the one with fewer
+        micro-batches in flight fills first (without a limit too: the same load, less memory, so the least a
+        split that fits nowhere needs is not overstated)."""
         n[k] += 1
         most = max(rank_memory(r) for r, _ in held[k])
         n[k] -= 1
