@@ -135,7 +135,8 @@ def _searcher(case: Case, cap: float | None):
 def _simulate(case: Case, counts: tuple[int, ...]) -> tuple[float, float]:
     """(simulated step, fullest GPU's bytes) of ``counts`` on a fresh, unbounded searcher (its own caches)."""
     s, c = _searcher(case, None)
-    s._split = lambda h, c: counts  # this split, not the partitioner's
+    s._split = lambda h, c: counts  # this split, not the partitioner's,
+    s._played_faster = lambda pre: pre  # and not its tie variant either
     pre = s.prepare(c)
     return s.finish(pre).step_time, max(pre.memory)
 
@@ -146,7 +147,7 @@ def run_case(case: Case) -> dict:
     s, c = _searcher(case, cap)
     h = s._schedules[(c.family, c.p, c.m, c.v)][1]
     t0 = time.perf_counter()
-    ours = s.prepare(c).counts
+    ours = s._played_faster(s.prepare(c)).counts  # the split the search plays (the block split or its tie)
     ours_s = time.perf_counter() - t0
     lc = s._layer_costs(c)
     t0 = time.perf_counter()

@@ -123,3 +123,13 @@ def test_busiest_floor_is_the_best_whole_block_split():
         assert busiest_floor(time, ranks, copies) == pytest.approx(brute(time, ranks, copies), rel=1e-8)
         assert busiest_floor(time, ranks, copies) <= brute(time, ranks, copies)
     assert busiest_floor([0.1, 1.0, 2.0, 0.1], 2) == 0.0  # blocks that differ: no bound beyond the average
+
+
+def test_ties_to_later_pieces_are_as_balanced_and_within_the_limit():
+    lc = layer_costs(gpt_profile(blocks=21, head=0.6), 1, False, 4.0)
+    h = holding(generate("interleaved-1f1b", 4, 8, 2))
+    first, later = block_split(lc, h, None), block_split(lc, h, None, later=True)
+    assert first != later and evaluate(lc, h, later).bottleneck == pytest.approx(evaluate(lc, h, first).bottleneck)
+    need = max(evaluate(lc, h, first).rank_memory)
+    tight = block_split(lc, h, need, later=True)
+    assert tight is not None and evaluate(lc, h, tight, need).fits

@@ -29,8 +29,10 @@ def is_block_model(lc: LayerCosts) -> bool:
     return len(runs) == 3 and runs[0] == (0, 1) and runs[2] == (len(lc.time) - 1, len(lc.time))
 
 
-def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, ...] | None:
-    """Layers per piece, or None when the greedy finds no split within ``limit`` bytes per rank."""
+def block_split(lc: LayerCosts, h: Holding, limit: float | None, later: bool = False) -> tuple[int, ...] | None:
+    """Layers per piece, or None when the greedy finds no split within ``limit`` bytes per rank. Of a rank's
+    pieces as loaded, the earlier takes the next block (``later``: the later one, a split as balanced that the
+    schedule may play faster: ``ClusterSearcher`` simulates both)."""
     S, L = h.pieces, len(lc.time)
     blocks, t = L - 2, lc.time[1]
     sums = _Sums(lc)
@@ -71,7 +73,7 @@ def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, .
     for _ in range(blocks - sum(n)):
         while heap:
             _, r = heapq.heappop(heap)
-            k = _place(r, pieces_of[r], n, ends, share, t, limit, memory)
+            k = _place(r, pieces_of[r], n, ends, share, t, limit, memory, later)
             if k is not None:
                 heapq.heappush(heap, (load(r), r))
                 break
@@ -140,9 +142,10 @@ def _by_load_then_growth(S: int, held, load, t: float, grown):
         i = j
 
 
-def _place(r, pieces, n, ends, share, t, limit, memory) -> int | None:
-    """Give rank r's lightest piece that still fits one more block; None if none fits."""
-    for _, k in sorted((share[k] * (ends[k] + t * n[k]), k) for k in pieces):
+def _place(r, pieces, n, ends, share, t, limit, memory, later: bool = False) -> int | None:
+    """Give rank r's lightest piece that still fits one more block (of equal ones the first, or the last with
+    ``later``); None if none fits."""
+    for _, _, k in sorted((share[k] * (ends[k] + t * n[k]), -k if later else k, k) for k in pieces):
         n[k] += 1
         if limit is None or memory(r) <= limit * (1 + _EPS):
             return k
