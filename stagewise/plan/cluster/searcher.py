@@ -244,7 +244,7 @@ class ClusterSearcher(Searcher):
         return counts if counts is not None else self._partition(h, c).counts
 
     def _tie(self, h, c: Config, counts: tuple[int, ...]) -> tuple[int, ...] | None:
-        """The block split with each rank's ties given to its later pieces (``block_split(later=True)``): as
+        """The block split with ties in load given to later ranks and pieces (``block_split(later=True)``): as
         balanced, within the same limit, where a rank holds several pieces (not DualPipe's shared ones); None
         where there is no other. Which piece takes a block changes the schedule's fill and drain, not the load."""
         if h.one_stage_per_rank or len(h.stage_piece) != h.pieces or self.space.split == "even":

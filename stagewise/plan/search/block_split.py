@@ -30,9 +30,9 @@ def is_block_model(lc: LayerCosts) -> bool:
 
 
 def block_split(lc: LayerCosts, h: Holding, limit: float | None, later: bool = False) -> tuple[int, ...] | None:
-    """Layers per piece, or None when the greedy finds no split within ``limit`` bytes per rank. Of a rank's
-    pieces as loaded, the earlier takes the next block (``later``: the later one, a split as balanced that the
-    schedule may play faster: ``ClusterSearcher`` simulates both)."""
+    """Layers per piece, or None when the greedy finds no split within ``limit`` bytes per rank. Of ranks as
+    loaded the first, and of its pieces as loaded the first, takes the next block (``later``: the last rank and
+    its last piece, a split as balanced that the schedule may play faster: ``ClusterSearcher`` plays both)."""
     S, L = h.pieces, len(lc.time)
     blocks, t = L - 2, lc.time[1]
     sums = _Sums(lc)
@@ -68,14 +68,14 @@ def block_split(lc: LayerCosts, h: Holding, limit: float | None, later: bool = F
 
     if limit is not None and any(memory(r) > limit * (1 + _EPS) for r in pieces_of):
         return None
-    heap = [(load(r), r) for r in pieces_of]
+    heap = [(load(r), -r if later else r, r) for r in pieces_of]
     heapq.heapify(heap)
     for _ in range(blocks - sum(n)):
         while heap:
-            _, r = heapq.heappop(heap)
+            _, _, r = heapq.heappop(heap)
             k = _place(r, pieces_of[r], n, ends, share, t, limit, memory, later)
             if k is not None:
-                heapq.heappush(heap, (load(r), r))
+                heapq.heappush(heap, (load(r), -r if later else r, r))
                 break
         else:
             return None
