@@ -184,9 +184,9 @@ def main(argv=None) -> int:
         print(_row(rows[-1]), flush=True)
     for r in rows:
         print(f"  {r['case']}: stagewise {r['stagewise']['counts']}, baseline {r['baseline']['counts']}")
-    print("\nmedian of baseline step / stagewise step (> 1: stagewise faster), per schedule:")
+    print("\nmedian of baseline step / stagewise step (> 1: stagewise faster), per schedule, where both fit:")
     for fam in dict.fromkeys(r["family"] for r in rows):
-        mine = [r["ratio"] for r in rows if r["family"] == fam]
+        mine = [r["ratio"] for r in rows if r["family"] == fam and r["baseline"]["fits"]]
         print(f"  {fam:<18}{statistics.median(mine):.3f} over {len(mine)} cases (worst {min(mine):.3f}, "
               f"best {max(mine):.3f})")
     capped = [r for r in rows if r["cap_gib"]]
