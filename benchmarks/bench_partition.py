@@ -28,8 +28,7 @@ from dataclasses import replace
 from itertools import accumulate
 from typing import NamedTuple
 
-from stagewise.plan.cluster import MEGATRON, Hardware, Job, Reserve, TransformerSpec
-from stagewise.plan.cluster.layouts import searchers
+from stagewise.plan.cluster import MEGATRON, Hardware, Job, Reserve, TransformerSpec, searchers
 from stagewise.plan.search import Space
 
 #: Megatron-LM's overlap rules with any schedule (the split, not the framework, is what is compared)

@@ -359,7 +359,7 @@ def _blocks(c) -> str:
 def _nothing_fits(job, res) -> str:
     from ..plan.search import fmt_bytes
 
-    from ..plan.cluster.layouts import unsearched_recompute
+    from ..plan.cluster import unsearched_recompute
 
     x = res.least_memory
     hw, need = job.hardware, max(x.memory)
