@@ -57,6 +57,19 @@ def test_dualpipe_pieces_on_two_ranks_are_split_within_the_limit():
     assert tight is not None and evaluate(lc, h, tight, need).fits
 
 
+def test_dualpipe_without_a_limit_breaks_load_ties_by_memory():
+    """Issue 45: without a limit DualPipe's greedy still fills, of two pieces as loaded, the one with fewer
+    micro-batches in flight first, so the split a plan reports when nothing fits needs what the same greedy
+    needs under any limit it meets, and less than the even split at no more time."""
+    lc = layer_costs(gpt_profile(blocks=30, head=0.6), 1, False, 4.0)
+    h = holding(generate("dualpipe", 8, 16, 2))
+    free = block_split(lc, h, None)
+    assert free == block_split(lc, h, 1e30)
+    even = (5,) + (4,) * 6 + (3,)  # 8 pieces: E + 4 blocks, 4 blocks each, 2 blocks + H
+    got, base = evaluate(lc, h, free), evaluate(lc, h, even)
+    assert max(got.rank_memory) < max(base.rank_memory) and got.bottleneck <= base.bottleneck * (1 + 1e-9)
+
+
 @pytest.mark.parametrize("family, p, m, v", [("1f1b", 4, 8, 1), ("interleaved-1f1b", 4, 8, 2), ("zb-v", 4, 8, 2),
                                              ("dualpipe", 4, 8, 2)])
 @pytest.mark.parametrize("recompute", [False, True])
@@ -110,3 +123,13 @@ def test_busiest_floor_is_the_best_whole_block_split():
         assert busiest_floor(time, ranks, copies) == pytest.approx(brute(time, ranks, copies), rel=1e-8)
         assert busiest_floor(time, ranks, copies) <= brute(time, ranks, copies)
     assert busiest_floor([0.1, 1.0, 2.0, 0.1], 2) == 0.0  # blocks that differ: no bound beyond the average
+
+
+def test_ties_to_later_pieces_are_as_balanced_and_within_the_limit():
+    lc = layer_costs(gpt_profile(blocks=21, head=0.6), 1, False, 4.0)
+    h = holding(generate("interleaved-1f1b", 4, 8, 2))
+    first, later = block_split(lc, h, None), block_split(lc, h, None, later=True)
+    assert first != later and evaluate(lc, h, later).bottleneck == pytest.approx(evaluate(lc, h, first).bottleneck)
+    need = max(evaluate(lc, h, first).rank_memory)
+    tight = block_split(lc, h, need, later=True)
+    assert tight is not None and evaluate(lc, h, tight, need).fits

@@ -359,8 +359,11 @@ def _blocks(c) -> str:
 def _nothing_fits(job, res) -> str:
     from ..plan.search import fmt_bytes
 
+    from ..plan.cluster import unsearched_recompute
+
     x = res.least_memory
     hw, need = job.hardware, max(x.memory)
+    note = unsearched_recompute(job)
     reserve = job.memory_reserve
     if need <= hw.memory and reserve.bytes(hw.memory) > 0:
         return (f"--memory-reserve: none of the {res.configurations} configurations fits in the "
@@ -371,4 +374,4 @@ def _nothing_fits(job, res) -> str:
     return (f"--hardware {hw.name}: none of the {res.configurations} configurations fits in "
             f"{fmt_bytes(job.usable)} per GPU ({fmt_bytes(hw.memory)} less the reserve of "
             f"{reserve.describe(hw.memory)}); the least any needs is {fmt_bytes(need)} ({x.config.label()}); "
-            f"give more --gpus or a GPU with more memory")
+            f"give more --gpus or a GPU with more memory" + (f"; {note}" if note else ""))

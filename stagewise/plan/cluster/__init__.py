@@ -30,7 +30,7 @@ from .frameworks import VERSIONS, block_counts, commands
 from .grid import PLACEMENTS, StageGrid, expert_layouts, group_nodes
 from .hardware import PRECISIONS, Fp8, Hardware, Reserve, parse_reserve
 from .job import Job, check_job, shardings, tensor_degrees
-from .layouts import recompute_modes, searchers
+from .layouts import recompute_modes, searchers, unsearched_recompute
 from .overlap import (DEEPSPEED, FRAMEWORKS, MEGATRON, STAGEWISE, TORCHTITAN, Framework, framework,
                       refusal)
 from .search import Result, cluster_search
@@ -49,4 +49,4 @@ __all__ = ["CHECKPOINT_BYTES_PER_PARAM", "ClusterCandidate", "ClusterSearcher", 
            "extend", "framework", "gathered_factor", "group_nodes", "kept_bytes", "markdown", "parse_reserve",
            "pipeline_bound", "recompute_modes", "reduce_scatter_time", "reduction_cost", "refusal", "score_bytes",
            "searchers", "sensitivity", "shardings", "shipped", "short_m", "state_factor", "tensor_degrees",
-           "tp_allreduce_time"]
+           "tp_allreduce_time", "unsearched_recompute"]

@@ -126,6 +126,53 @@ def recompute_modes(job: Job) -> tuple[str, ...]:
     return tuple(m for m in modes if runners(job, m))
 
 
+def unrun(job: Job) -> str | None:
+    """Why no framework asked for runs any recomputation asked together with a sharding asked (None: some
+    pair runs), in one line naming each framework's modes: the search has nothing to offer, whatever memory."""
+    moe = job.spec.moe is not None
+    said = []
+    for fw in job.frameworks:
+        if job.async_tp and not fw.async_tp:
+            continue
+        modes = [m for m in fw.recompute if not (moe and m == "full" and fw.stage_recompute)]
+        shards = [s for s in shardings(job, fw) if not (moe and s == "hsdp")]
+        if any(m in modes for m in job.recompute) and shards:
+            return None
+        why = []
+        if fw.name == "torchtitan" and "selective" in job.recompute:
+            why.append("its selective checkpointing is per operator, not the attention core the plan costs")
+        if moe and fw.stage_recompute and "full" in job.recompute:
+            why.append("its full recomputation replays a whole stage, which it does not for expert-parallel stages")
+        if moe and "hsdp" in shardings(job, fw):
+            why.append("HSDP is not searched for a mixture of experts")
+        runs = [s for s in fw.sharding if not (moe and s == "hsdp")]
+        said.append(f"{fw.title} recomputes {', '.join(modes)} and shards {', '.join(runs)}"
+                    + (f" ({'; '.join(why)})" if why else ""))
+    asked = f"--recompute {','.join(job.recompute)}" + (f" --sharding {','.join(job.sharding)}" if job.sharding else "")
+    return f"{asked}: no framework asked for runs that together: " + "; ".join(said)
+
+
+def unsearched_recompute(job: Job) -> str | None:
+    """The recomputation asked for that nothing searched (no framework asked for that runs the schedules asked
+    runs it for this model), in one clause naming what those frameworks recompute; None when each was searched
+    (or, "selective" on a model where it keeps what "off" keeps, searched as "off")."""
+    moe = job.spec.moe is not None
+    fams = job.space.families or tuple(FAMILIES)
+    fws = [fw for fw in job.frameworks if any(fw.runs(f) for f in fams) and shardings(job, fw)
+           and (fw.async_tp or not job.async_tp)]
+    run = {m for fw in fws for m in fw.recompute if not (moe and m == "full" and fw.stage_recompute)}
+    if "off" in run and not _selective_drops(job):
+        run.add("selective")
+    missing = [m for m in job.recompute if m not in run]
+    if not missing or not fws:
+        return None
+    said = "; ".join(f"{fw.title} recomputes {', '.join(m for m in fw.recompute if m in run) or 'nothing'}"
+                     + (", its full recomputation replaying whole stages, not expert-parallel ones"
+                        if moe and fw.stage_recompute and "full" in fw.recompute else "") for fw in fws)
+    return (f"recomputation {', '.join(missing)} was not searched: of the frameworks asked, those that run "
+            f"--schedules {','.join(fams)} do not run it ({said})")
+
+
 def _selective_drops(job: Job) -> bool:
     """Whether "selective" keeps less than "off" for this model: a flash-attention model keeps no scores, so
     recomputing the attention core alone drops nothing."""

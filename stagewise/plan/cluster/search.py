@@ -28,7 +28,7 @@ from ..errors import PlanError
 from ..search import Config
 from .candidate import ClusterCandidate
 from .job import Job, _nothing_to_search, check_job, state_factor
-from .layouts import searchers
+from .layouts import searchers, unrun
 from .searcher import ClusterSearcher, Prepared
 
 #: families that run another's stages and work with less memory and more bubble (the controllable-memory
@@ -84,7 +84,7 @@ def _search(job: Job, progress, keep: int, per_layout: bool, schedules: dict | N
     skipped: dict = {}
     found = searchers(job, skipped, schedules)
     if not found:
-        raise PlanError(_nothing_offered(job, skipped) or _weights_do_not_fit(job))
+        raise PlanError(unrun(job) or _nothing_offered(job, skipped) or _weights_do_not_fit(job))
     work = [(s, c) for s in found for c in s.configs(build=False)]
     if not work:
         raise PlanError(_nothing_to_search(job, skipped))

@@ -131,11 +131,11 @@ class ClusterSearcher(Searcher):
         """How many replicas split the optimizer step."""
         return 1 if self.sharding == "ddp" else self.parallelism.fsdp if self.sharding == "hsdp" else dp
 
-    def prepare(self, c: Config) -> Prepared:
-        """Split, memory and lower bound of ``c`` (no simulation)."""
+    def prepare(self, c: Config, counts: tuple[int, ...] | None = None) -> Prepared:
+        """Split (``counts``, else the searcher's), memory and lower bound of ``c`` (no simulation)."""
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl = self.profile, self.cluster
-        counts = self._split(h, c)
+        counts = counts or self._split(h, c)
         lc = self._layer_costs(c)
         part = evaluate(lc, h, counts, cl.memory)
         replay = self.replay.get(c.mbs, 0.0)
@@ -247,10 +247,48 @@ class ClusterSearcher(Searcher):
         counts = self._partitions[key]
         return counts if counts is not None else self._partition(h, c).counts
 
+    def _tie(self, h, c: Config, counts: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The block split with ties in load given to later ranks and pieces (``block_split(later=True)``): as
+        balanced, within the same limit, where a rank holds several pieces (not DualPipe's shared ones); None
+        where there is no other. Which piece takes a block changes the schedule's fill and drain, not the load."""
+        if h.one_stage_per_rank or len(h.stage_piece) != h.pieces or self.space.split == "even":
+            return None
+        key = ("tie", h, c.mbs, c.recompute, counts)
+        if key not in self._partitions:
+            lc = self._layer_costs(c)
+            alt = None
+            if is_block_model(lc) or self.experts:
+                fill = lc if is_block_model(lc) else _alike(lc)
+                room = self.cluster.memory - self.replay.get(c.mbs, 0.0)
+                alt = block_split(fill, h, room, later=True) or block_split(fill, h, None, later=True)
+                if alt == counts or alt is not None and evaluate(fill, h, alt).bottleneck > \
+                        evaluate(fill, h, counts).bottleneck * (1 + 1e-9):
+                    alt = None
+            self._partitions[key] = alt
+        return self._partitions[key]
+
+    def _played_faster(self, pre: Prepared) -> Prepared:
+        """``pre``, or its configuration with the tie split (``_tie``) where that fits and the schedule plays it
+        faster (once per configuration, for those simulated; the bound stays the block split's)."""
+        c = pre.config
+        key = ("played", c)
+        if key not in self._partitions:
+            sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
+            alt = self._tie(h, c, pre.counts) if pre.fits else None
+            other = self.prepare(c, alt) if alt is not None else None
+            if other is not None and other.fits:
+                mine, theirs = self._play(c, sched, pre.costs), self._play(c, sched, other.costs)
+                if theirs[1] < mine[1]:
+                    pre = other
+                self._timelines[(c, False)] = theirs if pre is other else mine
+            self._partitions[key] = pre
+        return self._partitions[key]
+
     def finish(self, pre: Prepared, fw: Framework | None = None) -> "ClusterCandidate":
         """Simulate a prepared configuration and add the data-parallel traffic as ``fw``'s rules say (the
         first of ``frameworks`` by default)."""
         fw = fw or self.frameworks[0]
+        pre = self._played_faster(pre)
         c = pre.config
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl, hw = self.profile, self.cluster, self.job.hardware
@@ -282,6 +320,7 @@ class ClusterSearcher(Searcher):
     def lowered(self, got: ClusterCandidate, pre: Prepared, fw: Framework) -> ClusterCandidate:
         """``got`` (``finish``'s) with its step from playing the lowered program under ``fw``'s rules
         (``lowered``: the same compute, the data-parallel traffic as actions on the layout's links)."""
+        pre = self._played_faster(pre)  # the split ``finish`` played
         c = pre.config
         h = self._schedules[(c.family, c.p, c.m, c.v)][1]
         _, makespan, _, (sched, span) = self._timelines[(c, fw.overlap.blocking_p2p)]

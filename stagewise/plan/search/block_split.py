@@ -29,8 +29,10 @@ def is_block_model(lc: LayerCosts) -> bool:
     return len(runs) == 3 and runs[0] == (0, 1) and runs[2] == (len(lc.time) - 1, len(lc.time))
 
 
-def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, ...] | None:
-    """Layers per piece, or None when the greedy finds no split within ``limit`` bytes per rank."""
+def block_split(lc: LayerCosts, h: Holding, limit: float | None, later: bool = False) -> tuple[int, ...] | None:
+    """Layers per piece, or None when the greedy finds no split within ``limit`` bytes per rank. Of ranks as
+    loaded the first, and of its pieces as loaded the first, takes the next block (``later``: the last rank and
+    its last piece, a split as balanced that the schedule may play faster: ``ClusterSearcher`` plays both)."""
     S, L = h.pieces, len(lc.time)
     blocks, t = L - 2, lc.time[1]
     sums = _Sums(lc)
@@ -66,14 +68,14 @@ def block_split(lc: LayerCosts, h: Holding, limit: float | None) -> tuple[int, .
 
     if limit is not None and any(memory(r) > limit * (1 + _EPS) for r in pieces_of):
         return None
-    heap = [(load(r), r) for r in pieces_of]
+    heap = [(load(r), -r if later else r, r) for r in pieces_of]
     heapq.heapify(heap)
     for _ in range(blocks - sum(n)):
         while heap:
-            _, r = heapq.heappop(heap)
-            k = _place(r, pieces_of[r], n, ends, share, t, limit, memory)
+            _, _, r = heapq.heappop(heap)
+            k = _place(r, pieces_of[r], n, ends, share, t, limit, memory, later)
             if k is not None:
-                heapq.heappush(heap, (load(r), r))
+                heapq.heappush(heap, (load(r), -r if later else r, r))
                 break
         else:
             return None
@@ -102,11 +104,10 @@ def _shared(sums, h: Holding, n: list[int], blocks: int, ends, t: float, limit) 
         return limit is None or all(rank_memory(r) <= limit * (1 + _EPS) for r, _ in held[k])
 
     def grown(k: int) -> float:
-        """The most memory a holder of piece k has with one more block in it (0 without a limit): ties in
-        load go to the piece that grows memory least, so of DualPipe's two pieces on the same two ranks the
-        one with fewer micro-batches in flight fills first."""
-        if limit is None:
-            return 0.0
+        """The most memory a holder of piece k has with one more block in it: ties in load go to the piece
+        that grows memory least, so of DualPipe's two pieces on the same two ranks the one with fewer
+        micro-batches in flight fills first (without a limit too: the same load, less memory, so the least a
+        split that fits nowhere needs is not overstated)."""
         n[k] += 1
         most = max(rank_memory(r) for r, _ in held[k])
         n[k] -= 1
@@ -141,9 +142,10 @@ def _by_load_then_growth(S: int, held, load, t: float, grown):
         i = j
 
 
-def _place(r, pieces, n, ends, share, t, limit, memory) -> int | None:
-    """Give rank r's lightest piece that still fits one more block; None if none fits."""
-    for _, k in sorted((share[k] * (ends[k] + t * n[k]), k) for k in pieces):
+def _place(r, pieces, n, ends, share, t, limit, memory, later: bool = False) -> int | None:
+    """Give rank r's lightest piece that still fits one more block (of equal ones the first, or the last with
+    ``later``); None if none fits."""
+    for _, _, k in sorted((share[k] * (ends[k] + t * n[k]), -k if later else k, k) for k in pieces):
         n[k] += 1
         if limit is None or memory(r) <= limit * (1 + _EPS):
             return k
