@@ -88,7 +88,7 @@ def test_rows_planned_as_they_ran_also_fit_with_the_memory_check_on(row):
     res = bench.cluster_search(bench.job_for(row._replace(memory_checked=True, mbs=mbs), hw, fixed=True), keep=1)
     assert res.ranking, (key, res.least_memory and max(res.least_memory.memory) / 2**30)
     best = res.ranking[0]
-    assert (best.t, best.config.p, best.config.dp) == (row.t, row.p, row.gpus // (row.t * row.p))
+    assert (best.parallelism.tp, best.config.p, best.config.dp) == (row.t, row.p, row.gpus // (row.t * row.p))
     assert max(best.candidate.memory) <= best.usable * (1 + 1e-9)
     if key in bench.OVER_MEMORY:  # the table's own size does not fit: that is why it is named
         res = bench.cluster_search(bench.job_for(row._replace(memory_checked=True), hw, fixed=True), keep=1)
