@@ -124,7 +124,7 @@ class Executor:
             if type(a) is CommAction:
                 handlers[a.kind](a)
             else:
-                self._compute(a)
+                self._op(a)
             out.executed.append(a)
         if not self.ended:
             self._step_end(None)
@@ -132,7 +132,7 @@ class Executor:
 
     # ---- one handler per kind
 
-    def _compute(self, op) -> None:
+    def _op(self, op) -> None:
         """F, B, I, W or an F&B pair: its inputs taken from the mailbox before its clock starts (waiting is idle
         time), its outputs left there for the SENDs after it."""
         ctx, plan = self.ctx, self.plan
