@@ -3,10 +3,10 @@
 Generic, as torch's ``_PipelineScheduleRuntime``: one handler per kind of action (the compute ops F, B, I, W
 and the F&B pair; SEND, RECV, UNSHARD, RESHARD, REDUCE_GRAD, ALL_TO_ALL; TIE_GRAD and STEP_END, the step's
 end), never a schedule family, and nothing regrouped: what runs is the program the lowering wrote
-(plan.py), in its order. A RECV takes its message (p2p.py) before the op that needs it, so a measured op
-spans compute only and waiting shows up as idle time, as in the simulator; an op's outputs wait in the
-rank's mailbox for their SEND, or for the op of a stage on this rank that takes them (handed over in
-memory). A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its
+(plan.py), in its order. A RECV posts its receive (p2p.py); the op that needs the message waits for it
+before its clock starts, so a measured op spans compute only and waiting shows up as idle time, as in the
+simulator. An op's outputs wait in the rank's mailbox for their SEND, or for the op of a stage on this rank
+that takes them (handed over in memory). A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its
 B or I; the meter (activation_memory.py) counts what each (stage, mb) holds. FSDP (parallel/fsdp.py) gathers
 at UNSHARD, waits for a stage's gathers before its op's clock starts, and reduces and frees at REDUCE_GRAD and
 RESHARD; data parallel (dp.py, ep.py) reduces at REDUCE_GRAD; tensor parallel sums a stage's partial
@@ -115,7 +115,7 @@ class Executor:
         self.inputs, self.targets = inputs, targets
         out = self.outcome = StepOutcome()
         self.losses: list = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
-        self.mail: dict = {}  # route -> (received, pytree): what a RECV took or an op produced, until used
+        self.mail: dict = {}  # route -> (True, its sender) once a RECV posted it, (False, the pytree) an op made
         self.ops, self.ended = 0, False
         if self.ctx.meter is not None:
             self.ctx.meter.start_step()
@@ -133,8 +133,8 @@ class Executor:
     # ---- one handler per kind
 
     def _op(self, op) -> None:
-        """F, B, I, W or an F&B pair: its inputs taken from the mailbox before its clock starts (waiting is idle
-        time), its outputs left there for the SENDs after it."""
+        """F, B, I, W or an F&B pair: its inputs taken before its clock starts (waiting for a message is idle
+        time), its outputs left in the mailbox for the SENDs after it."""
         ctx, plan = self.ctx, self.plan
         acts = (op.forward, op.backward) if type(op) is Pair else (op,)
         ctx.flight.start(op)
@@ -169,16 +169,18 @@ class Executor:
         if got is None:
             raise RuntimeError(f"rank {self.rank}: {a} needs {route.describe()}, which no RECV or op before it "
                                "brought; the programs disagree")
-        received, tree = got
-        return tree if received else self.ctx.p2p.hand_over(route, tree)
+        posted, value = got
+        return self.ctx.p2p.recv(route, value) if posted else self.ctx.p2p.hand_over(route, value)
 
     def _send(self, c: CommAction) -> None:
         route = route_of(c)
         self.ctx.p2p.send(route, self.mail.pop(route)[1], c.peer)
 
     def _recv(self, c: CommAction) -> None:
+        """Posted here, waited for by the op that takes it (as torch's runtime does)."""
         route = route_of(c)
-        self.mail[route] = (True, self.ctx.p2p.recv(route, c.peer))
+        self.ctx.p2p.post(route, c.peer)
+        self.mail[route] = (True, c.peer)
 
     def _unshard(self, c: CommAction) -> None:
         if self.ctx.sharded is not None and c.group == "fsdp":  # ZeRO-1's over dp is the optimizer's broadcast

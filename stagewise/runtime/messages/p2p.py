@@ -172,13 +172,19 @@ class P2P:
             self._sends.append((dist.isend(x, self.peers[dst], tag=self._tag(route, leaf=k)), x))
         self._sends = [s for s in self._sends if not s[0].is_completed()]
 
-    def recv(self, route: Route, src: int):
-        """The pytree of ``route`` from pipeline rank ``src``, waiting for it if needed (floating leaves that
-        carried a gradient need one). Posted in ``src``'s order: this and every earlier message of its channel."""
+    def post(self, route: Route, src: int) -> None:
+        """A RECV: post the receive of ``route`` from pipeline rank ``src`` (and of every earlier message of
+        its channel not posted yet: ``src``'s order) without waiting for it."""
         channel = self.plan.inbound[src]
         while route not in self._posted:
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
+
+    def recv(self, route: Route, src: int):
+        """The pytree of ``route`` from pipeline rank ``src``, waiting for it if needed (floating leaves that
+        carried a gradient need one)."""
+        channel = self.plan.inbound[src]
+        self.post(route, src)
         posted = self._posted.pop(route)
         if posted[0] == _HEADER:  # this step's header came first: now the data, in the shapes it gives
             self._wait(posted[1], route, self.peers[src])
