@@ -6,19 +6,19 @@ end), never a schedule family, and nothing regrouped: what runs is the program t
 (plan.py), in its order. A RECV posts its receive (p2p.py); the op that needs the message waits for it
 before its clock starts, so a measured op spans compute only and waiting shows up as idle time, as in the
 simulator. An op's outputs wait in the rank's mailbox for their SEND, or for the op of a stage on this rank
-that takes them (handed over in memory). A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its
-B or I; the meter (activation_memory.py) counts what each (stage, mb) holds. FSDP (parallel/fsdp.py) gathers
-at UNSHARD, waits for a stage's gathers before its op's clock starts, and reduces and frees at REDUCE_GRAD and
-RESHARD; data parallel (dp.py, ep.py) reduces at REDUCE_GRAD; tensor parallel sums a stage's partial
-gradients once its last backward ran. The step's end (the first TIE_GRAD or STEP_END, or the program's end)
-waits for the sends and hands over to the context's ``end`` (the reductions waited for, the copies summed).
-Inputs, outputs and what crosses a boundary are pytrees (pytree.py): the
-backward differentiates the output leaves that carry a gradient and sends back
-one gradient per input leaf that carries one. A forward-only executor (a
-program of F's, for evaluation) keeps nothing for a backward. An F&B pair runs
-its forward, then its backward, unless the context has an ``overlap`` hook
-(overlap.py: the halves interleaved at their all-to-alls); either way its outputs are sent after it, by the
-SENDs that follow it.
+that takes them (handed over in memory). FSDP (parallel/fsdp.py) gathers at UNSHARD, waits for a stage's
+gathers before its op's clock starts, reduces and frees at REDUCE_GRAD and RESHARD; data parallel (dp.py,
+ep.py) reduces at REDUCE_GRAD; tensor parallel sums a stage's partial gradients once its last backward ran.
+The step's end (the first TIE_GRAD or STEP_END, or the program's end) waits for the sends and hands over to
+the context's ``end`` (the reductions waited for, the copies summed).
+
+A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its B or I;
+the meter (activation_memory.py) counts what each (stage, mb) holds. Inputs, outputs and what crosses a
+boundary are pytrees (pytree.py): the backward differentiates the output leaves that carry a gradient and
+sends back one gradient per input leaf that carries one. A forward-only executor (a program of F's, for
+evaluation) keeps nothing for a backward. An F&B pair runs its forward, then its backward, unless the
+context has an ``overlap`` hook (overlap.py: the halves interleaved at their all-to-alls); either way its
+outputs are sent after it, by the SENDs that follow it.
 """
 
 from __future__ import annotations

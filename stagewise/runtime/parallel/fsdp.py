@@ -6,16 +6,16 @@ own per-call rhythm (gather before each forward, reduce-scatter after each backw
 lowered program's actions, which the executor hands here one by one (execution/executor.py), the way torch's
 ``_PipelineScheduleRuntime`` does with its UNSHARD, RESHARD and REDUCE_GRAD actions:
 
-- **gather** (``unshard`` at UNSHARD): the all-gather of a stage starts, asynchronously, when the rank begins the
-  first forward of the stage before it in its program (the first stage's at the step's first op), so it is
+- **gather** (``unshard`` at UNSHARD): the all-gather of a stage starts, asynchronously, when the rank begins
+  the first forward of the stage before it in its program (the first stage's at the step's first op), so it is
   in flight one stage ahead; an op of a stage waits for its gather before its clock starts.
 - the stage stays gathered while it has micro-batches left (``reshard_after_forward=False``, torchtitan's
   choice under pipeline parallel); ``reshard_after_forward=True`` frees each layer after each of its forwards
   and backwards, for an all-gather per layer per forward and backward (FSDP's own hooks, one layer at a
   time) and of the stage before each W. Either way the gradients stay whole until the stage's last backward.
-- **reduce** and **free** (``reduce`` at REDUCE_GRAD, ``reshard`` at RESHARD): after the stage's last backward (its last W under
-  split backward) its gradients are reduce-scattered (all-reduced over ``dp`` too with HSDP) and it is
-  resharded, where the lowered program has its REDUCE_GRAD and RESHARD. Until then the
+- **reduce** and **free** (``reduce`` at REDUCE_GRAD, ``reshard`` at RESHARD): after the stage's last
+  backward (its last W under split backward) its gradients are reduce-scattered (all-reduced over ``dp`` too
+  with HSDP) and it is resharded, where the lowered program has its REDUCE_GRAD and RESHARD. Until then the
   backward only accumulates into the gathered gradients (``set_requires_gradient_sync(False)``). W adds
   its gradients to the gathered parameters' ``.grad`` like autograd would, so FSDP reduces them alike.
 
@@ -56,7 +56,7 @@ class Sharded:
         self.pending: dict[int, list] = {}  # stage -> unshard handles in flight
         self.gathered: set[int] = set()
 
-    # ---- the executor's handlers
+    # ---- what the executor's handlers call
 
     def start_step(self) -> None:
         """Before a step: the backwards only accumulate; nothing is reduced until ``free``, nor resharded
