@@ -19,7 +19,8 @@ from pathlib import Path
 
 from stagewise.actions import Action
 from stagewise.runtime import RunConfig, train
-from stagewise.runtime.messages.p2p import Route, _brief, message_plan
+from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.messages.p2p import Route, _brief
 from stagewise.runtime.resilience.flight import SEND, Recorder
 from stagewise.runtime.run.models import GPTConfig
 from stagewise.schedules import generate
@@ -41,11 +42,10 @@ def event_cost(reps: int, n: int = 20_000) -> float:
 
 
 def events_per_step(schedule) -> list[int]:
-    plan = message_plan(schedule)
     out = []
     for r, prog in enumerate(schedule.programs):
-        sends = sum(len(v) for (src, _), v in plan.order.items() if src == r)
-        recvs = sum(len(v) for (_, dst), v in plan.order.items() if dst == r)
+        kinds = [str(getattr(a, "kind", "")) for a in lower(schedule, r).program]
+        sends, recvs = sum(k.startswith("SEND") for k in kinds), sum(k.startswith("RECV") for k in kinds)
         out.append(2 * len(prog) + 3 * recvs + sends + 3)
     return out
 

@@ -131,3 +131,18 @@ def grid_facts() -> dict:
                    "dp reduction's group": all(g is mesh.get_group("dp") for g in pipe.dp.groups.values()),
                    "dp ranks": pipe.topo.group_of("dp"), "loss": pipe.step(*batch(0)).loss}
     return out
+
+
+def executed_actions(cases: list[Case]) -> dict:
+    """Rank function: one step of each case; rank 0 returns {label: (schedule, parallelism, [(pipeline rank,
+    the actions the executor ran, as text) per rank])}."""
+    import torch.distributed as dist
+
+    out = {}
+    for case in cases:
+        pipe, _, step = _build(case, None)
+        step(0)
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, (pipe.topo.pipe, [str(a) for a in pipe.last_outcome.executed]))
+        out[case.label] = (pipe.schedule, pipe.parallelism, every)
+    return out

@@ -15,7 +15,8 @@ import torch
 from stagewise import torch_csv
 from stagewise.cli.flags import say
 from stagewise.runtime import RunConfig
-from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError, message_plan
+from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError
 from stagewise.runtime.launching.launch import RankFailure
 from stagewise.runtime.run.train import train_many
 from stagewise.runtime.run.models import GPTConfig
@@ -72,7 +73,7 @@ def test_a_shape_change_between_stages_names_the_stage_microbatch_and_both_shape
 
 
 def test_the_receiver_checks_every_header_against_the_learned_shape():
-    p2p = P2P(message_plan(generate("1f1b", 2, 4)), 1, torch.device("cpu"), 5.0)
+    p2p = P2P(lower(generate("1f1b", 2, 4), 1).messages, 1, torch.device("cpu"), 5.0)
     leaf = ((1, 16, 32), torch.float32, True)
     p2p._check(Route(ACT, 1, 0), None, (leaf,), "receives")
     p2p._check(Route(ACT, 1, 1), None, (leaf,), "receives")

@@ -30,3 +30,32 @@ def test_a_program_that_leaves_a_backward_out_is_named():
     with pytest.raises(RuntimeError, match=r"rank 0: \(stage, mb\) \(0, 1\) never finished its backward"):
         run_local(short, SMALL, meter=False)
     assert str(sched.programs[0][-1]) == str(parse("0B1"))
+
+
+WALKED = [("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("zb-v", 4, None), ("dualpipe-v", 4, None)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ranks, options", [(4, {"fsdp": 2}), (8, {"dp": 2, "tp": 2})])
+def test_every_rank_executes_its_lowered_program_action_by_action(ranks, options):
+    """pp 2 x fsdp 2 and pp 2 x dp 2 x tp 2 under four families: the actions each rank's executor ran (compute,
+    SEND, RECV, UNSHARD, REDUCE_GRAD, RESHARD, the step end) are its program as the core lowering writes it
+    (stagewise.lowering, stagewise's overlap rule), in order."""
+    import stagewise
+    from composed_helpers import Case, executed_actions
+    from stagewise.lowering import lower
+    from stagewise.lowering.options import FRAMEWORKS, LoweringOptions
+
+    cases = [Case(f"{name} {options}", name, m, v, options=dict(options)) for name, m, v in WALKED]
+    got = stagewise.launch(executed_actions, ranks, cases, timeout=120, threads=1)
+    for case in cases:
+        sched, par, every = got[case.label]
+        low = lower(sched, par, LoweringOptions(overlap=FRAMEWORKS["stagewise"]))
+        kinds = set()
+        for pipe_rank, executed in every:
+            want = [str(a) for a in low.programs[pipe_rank]]
+            assert executed == want, (case.label, pipe_rank)
+            kinds |= {a.kind for a in low.programs[pipe_rank] if hasattr(a, "peer")}
+        assert {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "STEP_END"} <= kinds, case.label
+        assert ("UNSHARD" in kinds and "RESHARD" in kinds) == ("fsdp" in options), case.label

@@ -1,5 +1,5 @@
-"""FSDP2 driven by the plan's points (runtime/parallel/fsdp.py), on a group of one rank: gathered where the plan
-says, gradients accumulated across micro-batches and reduced into the shards only where the plan reduces the stage."""
+"""FSDP2 driven by the lowered program's actions (runtime/parallel/fsdp.py), on a group of one rank: gathered at
+UNSHARD, gradients accumulated across micro-batches and reduced into the shards only at REDUCE_GRAD."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stagewise.actions import Action  # noqa: E402
-from stagewise.runtime.execution.plan import Step  # noqa: E402
 from stagewise.runtime.parallel.fsdp import Sharded  # noqa: E402
 from stagewise.runtime.stages.stage import Stage  # noqa: E402
 
@@ -16,11 +15,6 @@ from stagewise.runtime.stages.stage import Stage  # noqa: E402
 def layers():
     torch.manual_seed(0)
     return [torch.nn.Linear(4, 6), torch.nn.LayerNorm(6)]
-
-
-def step(kind: str, mb: int, **points) -> Step:
-    a = Action(kind, 0, mb)
-    return Step(op=a, actions=(a,), recv=(None,), send=(None,), **points)
 
 
 def test_gathered_before_its_forward_reduced_into_the_shards_after_its_last_backward(one_rank_group):
@@ -34,12 +28,16 @@ def test_gathered_before_its_forward_reduced_into_the_shards_after_its_last_back
     shards = list(stage.parameters())  # what the optimizer holds: the DTensor shards
     fsdp.start_step()
     for k, x in enumerate(xs):
-        fsdp.before(step("F", k, gather=(0,) if k == 0 else ()))
+        if k == 0:
+            fsdp.unshard(0)  # 0UNSHARD before the first forward
+        fsdp.ready(Action("F", 0, k))
         assert type(stage.layers[0].weight) is torch.nn.Parameter  # gathered: the whole weight, not a DTensor
         stage(x).pow(2).mean().backward()
         plain(x).pow(2).mean().backward()
         assert all(p.grad is None for p in shards)  # accumulated in the gathered weights only
-        fsdp.after(step("B", k, **({"reduce": (0,), "free": (0,)} if k == 1 else {})))
+        if k == 1:  # after the last backward: 0REDUCE_GRAD 0RESHARD
+            fsdp.reduce(0)
+            fsdp.reshard(0)
     assert type(stage.layers[0].weight).__name__ == "DTensor"  # freed: its shards are the parameters again
     assert list(stage.parameters()) == shards
     for p, q in zip(shards, plain.parameters()):

@@ -1,4 +1,4 @@
-"""The message plan derived from the programs: every cross-rank message once, in the sender's order."""
+"""The messages of the lowered programs: every cross-rank message once, in the sender's order."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stagewise.actions import actions_of
-from stagewise.runtime.messages.p2p import ACT, GRAD, Route, message_plan
+from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.messages.p2p import ACT, GRAD, Route
 from stagewise.schedules import FAMILIES, generate
 from stagewise.schedules.registry import ScheduleArgError
 
@@ -33,10 +34,15 @@ def expected_routes(sched) -> set[Route]:
     return out
 
 
+def channels(sched) -> dict:
+    """(sender, receiver) -> the routes the receiver's lowered program takes from it, in order."""
+    return {(src, dst): routes for dst in range(sched.ranks)
+            for src, routes in lower(sched, dst).messages.inbound.items()}
+
+
 @given(schedules())
 def test_every_cross_rank_message_is_planned_once_on_the_right_channel(sched):
-    plan = message_plan(sched)
-    seen = [(src, dst, r) for (src, dst), routes in plan.order.items() for r in routes]
+    seen = [(src, dst, r) for (src, dst), routes in channels(sched).items() for r in routes]
     assert len(seen) == len({r for _, _, r in seen})
     assert {r for _, _, r in seen} == expected_routes(sched)
     for src, dst, r in seen:
@@ -45,8 +51,7 @@ def test_every_cross_rank_message_is_planned_once_on_the_right_channel(sched):
 
 @given(schedules())
 def test_channels_follow_the_senders_program_order(sched):
-    plan = message_plan(sched)
-    for (src, dst), routes in plan.order.items():
+    for (src, dst), routes in channels(sched).items():
         produced = []
         for op in sched.programs[src]:
             for kind, s, mb in actions_of(op):
@@ -60,18 +65,18 @@ def test_channels_follow_the_senders_program_order(sched):
 
 @given(schedules())
 def test_gloo_tags_are_unique_per_stage_microbatch_and_direction(sched):
-    plan = message_plan(sched)
-    routes = [r for rs in plan.order.values() for r in rs]
+    plan = lower(sched, 0).messages
+    routes = [r for rs in channels(sched).values() for r in rs]
     tags = [plan.tag(r, h) for r in routes for h in (False, True)]
     assert len(tags) == len(set(tags)) and min(tags, default=0) >= 0
 
 
 def test_dualpipe_lanes_send_in_opposite_directions():
     sched = generate("dualpipe", 4, 8)
-    plan = message_plan(sched)
+    order = channels(sched)
     # lane 0 (stages 0..3 on ranks 0..3) and lane 1 (stages 4..7 on ranks 3..0) both use the 0<->1 link
-    down = {r.stage for r in plan.order[(0, 1)] if r.direction == ACT}
-    up = {r.stage for r in plan.order[(1, 0)] if r.direction == ACT}
+    down = {r.stage for r in order[(0, 1)] if r.direction == ACT}
+    up = {r.stage for r in order[(1, 0)] if r.direction == ACT}
     assert down == {1} and up == {7}
 
 
@@ -81,10 +86,10 @@ def test_a_shape_learned_in_an_earlier_step_is_named_with_its_step():
     import pytest
     import torch
 
-    from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError, message_plan
+    from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError
     from stagewise.schedules import generate
 
-    p2p = P2P(message_plan(generate("1f1b", 2, 4)), 1, torch.device("cpu"), 5.0, static=True)
+    p2p = P2P(lower(generate("1f1b", 2, 4), 1).messages, 1, torch.device("cpu"), 5.0, static=True)
     p2p._check(Route(ACT, 1, 0), None, (((1, 16, 32), torch.float32, True),), "receives")
     p2p.steps = 1  # the next step
     with pytest.raises(ShapeError, match=r"stage 1 micro-batch 0: receives activation \(stage 0 -> 1\) of shape "

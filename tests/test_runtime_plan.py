@@ -1,48 +1,81 @@
-"""The schedule lowered for one rank (runtime/execution/plan.py): messages and stage points, derived once."""
+"""The schedule lowered for one rank (runtime/execution/plan.py): the lowered program itself, with its channels."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
 from stagewise.actions import actions_of
+from stagewise.lowering.comms import CommAction
+from stagewise.lowering.rules import stage_points
 from stagewise.parallelism import Parallelism
 from stagewise.runtime.execution.plan import lower
-from stagewise.runtime.messages.p2p import ACT, GRAD, Route
+from stagewise.runtime.messages.p2p import ACT, GRAD, Route, route_of, route_out
 from stagewise.schedules import FAMILIES, generate
+
+
+def positions(plan) -> list[tuple[int, object]]:
+    """(index of the compute op it follows, -1 before the first; the CommAction) of each communication action."""
+    out, k = [], -1
+    for a in plan.program:
+        if type(a) is CommAction:
+            out.append((k, a))
+        else:
+            k += 1
+    return out
+
+
+def ops(plan) -> list:
+    return [a for a in plan.program if type(a) is not CommAction]
 
 
 def test_a_stage_reduction_starts_after_its_last_weight_gradient():
     sched = generate("zb-v", 2, 4)
-    plan = lower(sched, 0)
+    plan = lower(sched, 0, Parallelism(pp=2, dp=2))
     prog = sched.programs[0]
+    assert ops(plan) == list(prog)
     assert sorted(plan.last_backward) == sorted(sched.stages_of_rank(0)) == list(plan.stages)
+    reduced = {c.stage: k for k, c in positions(plan) if c.kind == "REDUCE_GRAD"}
     for s, k in plan.last_backward.items():
-        assert s in plan.steps[k].done and prog[k].kind == "W" and prog[k].stage == s
+        assert reduced[s] == k and prog[k].kind == "W" and prog[k].stage == s
         later = [b for op in prog[k + 1:] for b in actions_of(op) if b.stage == s and b.kind in "BW"]
         assert not later  # nothing adds to the stage's gradients after its reduction starts
     assert min(plan.last_backward.values()) < len(prog) - 1  # one stage's reduction overlaps the rest
 
 
 def test_first_forward_is_where_a_stage_starts_its_step():
-    plan = lower(generate("interleaved-1f1b", 2, 4, 2), 1)
-    for s, k in plan.first_forward.items():
-        assert plan.steps[k].op.kind == "F" and plan.steps[k].op.stage == s
-        assert all(a.stage != s for step in plan.steps[:k] for a in step.actions)
+    prog = lower(generate("interleaved-1f1b", 2, 4, 2), 1).schedule.programs[1]
+    for s, k in stage_points(prog).first_forward.items():
+        assert prog[k].kind == "F" and prog[k].stage == s
+        assert all(a.stage != s for op in prog[:k] for a in actions_of(op))
 
 
 def test_messages_of_a_1f1b_middle_rank():
     plan = lower(generate("1f1b", 3, 2), 1)
-    f0 = plan.steps[0]
-    assert str(f0.op) == "1F0" and f0.recv == (Route(ACT, 1, 0),) and f0.send == (Route(ACT, 2, 0),)
-    b0 = next(s for s in plan.steps if str(s.op) == "1B0")
-    assert b0.recv == (Route(GRAD, 1, 0),) and b0.send == (Route(GRAD, 0, 0),)
+    text = [str(a) for a in plan.program]
+    assert text[:3] == ["1RECV_F0", "1F0", "1SEND_F0"]
+    assert route_of(plan.program[0]) == Route(ACT, 1, 0) and route_of(plan.program[2]) == Route(ACT, 2, 0)
+    k = text.index("1B0")
+    assert route_of(plan.program[k - 1]) == Route(GRAD, 1, 0) and route_of(plan.program[k + 1]) == Route(GRAD, 0, 0)
 
 
 def test_an_fb_pair_moves_what_both_halves_move():
+    """The sends after an F&B pair are its halves' (each half whose next stage is on another rank)."""
     sched = generate("dualpipe", 4, 8)
+    place = sched.placement
     for r in range(4):
-        for step in lower(sched, r).steps:
-            assert len(step.actions) == len(step.recv) == len(step.send) == len(list(actions_of(step.op)))
+        plan = lower(sched, r)
+        for k, a in enumerate(plan.program):
+            if type(a) is CommAction or len(list(actions_of(a))) != 2:
+                continue
+            sends = []
+            for c in plan.program[k + 1:]:
+                if type(c) is not CommAction:
+                    break
+                if c.kind.startswith("SEND"):
+                    sends.append((c.stage, c.mb))
+            outs = [(h, route_out(h, sched.first_stages, sched.last_stages)) for h in actions_of(a)]
+            crossing = [(h.stage, h.mb) for h, out in outs if out is not None and place[out.stage] != r]
+            assert sends == crossing, (r, a)
 
 
 @settings(max_examples=40, deadline=None)
@@ -54,9 +87,11 @@ def test_every_route_is_received_once_and_sent_once(name, p, extra):
     sched = generate(name, p, m)
     sent, got = [], []
     for r in range(p):
-        for step in lower(sched, r).steps:
-            sent += [x for x in step.send if x is not None]
-            got += [x for x in step.recv if x is not None]
+        for _, c in positions(lower(sched, r)):
+            if c.kind.startswith("SEND"):
+                sent.append(route_of(c))
+            elif c.kind.startswith("RECV"):
+                got.append(route_of(c))
     assert sorted(sent) == sorted(got) and len(set(sent)) == len(sent)
 
 
@@ -69,16 +104,19 @@ def test_a_sharded_stage_is_gathered_one_stage_ahead_and_freed_after_its_last_ac
     sched = generate(name, p, 2 * p)
     for r in range(p):
         plan = lower(sched, r, Parallelism(pp=p, fsdp=2))
-        starts = {s: k for k, step in enumerate(plan.steps) for s in step.gather}
-        frees = [(s, k) for k, step in enumerate(plan.steps) for s in step.free]
+        comms = positions(plan)
+        starts = {c.stage: k + 1 for k, c in comms if c.kind == "UNSHARD"}  # before the op after k
+        frees = [(c.stage, k) for k, c in comms if c.kind == "RESHARD"]
+        reduced = {(c.stage, k) for k, c in comms if c.kind == "REDUCE_GRAD"}
         assert sorted(starts) == sorted(s for s, _ in frees) == list(plan.stages)
-        order = sorted(plan.first_forward, key=plan.first_forward.get)
+        first_forward = stage_points(sched.programs[r]).first_forward
+        order = sorted(first_forward, key=first_forward.get)
         assert starts[order[0]] == 0
         for before, s in zip(order, order[1:]):
-            assert starts[s] == plan.first_forward[before] < plan.first_forward[s]
+            assert starts[s] == first_forward[before] < first_forward[s]
         for s, k in frees:
-            assert k == max(i for i, step in enumerate(plan.steps) for a in step.actions if a.stage == s)
-            assert k == plan.last_backward[s] and s in plan.steps[k].done and s in plan.steps[k].reduce
+            assert k == max(i for i, op in enumerate(ops(plan)) for a in actions_of(op) if a.stage == s)
+            assert k == plan.last_backward[s] and (s, k) in reduced
 
 
 @settings(max_examples=20, deadline=None)
@@ -86,12 +124,10 @@ def test_a_sharded_stage_is_gathered_one_stage_ahead_and_freed_after_its_last_ac
        st.sampled_from([dict(fsdp=2), dict(fsdp=2, dp=2), dict(dp=2), dict(dp=2, zero=True), dict(fsdp=2, ep=2),
                         dict(fsdp=2, reshard_after_forward=True)]),
        st.sampled_from(["stagewise", "deepspeed", "megatron"]))
-def test_the_plan_gathers_reduces_and_frees_where_the_lowering_puts_them(name, p, extra, layout, framework):
-    """One set of rules: each op's gathers, reductions and frees are the lowered program's first UNSHARD over
-    fsdp (before it), REDUCE_GRAD and last RESHARD (after it), under each layout and framework's overlap rule
-    (stagewise.lowering; a drained reduction is the last op's)."""
+def test_the_plan_is_the_lowered_program(name, p, extra, layout, framework):
+    """One set of rules: the runtime walks the lowered program of each layout and framework's overlap rule
+    (stagewise.lowering) as it is, action for action, ending with the step end."""
     from stagewise.lowering import lower as lower_comms
-    from stagewise.lowering.comms import CommAction
     from stagewise.lowering.options import FRAMEWORKS, LoweringOptions
 
     try:
@@ -101,30 +137,11 @@ def test_the_plan_gathers_reduces_and_frees_where_the_lowering_puts_them(name, p
     par = Parallelism(pp=p, **layout)
     low = lower_comms(sched, par, LoweringOptions(overlap=FRAMEWORKS[framework]))
     for r in range(p):
-        plan, k, before = lower(sched, r, par, FRAMEWORKS[framework]), -1, []
-        marks: dict[int, dict[str, list[int]]] = {}
-        gathered, freed = set(), {}
-        for a in low.programs[r]:
-            if type(a) is not CommAction:
-                k += 1
-                marks[k] = {"gather": before, "reduce": [], "free": []}
-                before = []
-            elif a.kind == "UNSHARD" and a.group == "fsdp" and k + 1 < len(plan.steps):
-                if a.stage not in gathered:
-                    before.append(a.stage)
-                gathered.add(a.stage)
-            elif a.kind == "REDUCE_GRAD":
-                marks[k]["reduce"].append(a.stage)
-            elif a.kind == "RESHARD":
-                freed[a.stage] = k
-        for s, k in freed.items():
-            marks[k]["free"].append(s)
-        assert sum(len(m["reduce"]) for m in marks.values()) == (len(plan.stages) if par.world > 1 else 0)
-        for k, step in enumerate(plan.steps):
-            assert (sorted(marks[k]["gather"]), marks[k]["reduce"], sorted(marks[k]["free"])) == \
-                (list(step.gather), list(step.reduce), list(step.free)), (name, r, k)
-            assert all(type(c) is CommAction for c in step.comms)
-        assert list(plan.tail)[-1:] == [f"{min(plan.stages)}STEP_END"]
+        plan = lower(sched, r, par, FRAMEWORKS[framework])
+        assert plan.program == low.programs[r], (name, r)
+        reductions = [c for _, c in positions(plan) if c.kind == "REDUCE_GRAD"]
+        assert len({c.stage for c in reductions}) == (len(plan.stages) if par.world > 1 else 0)
+        assert str(plan.program[-1]) == f"{min(plan.stages)}STEP_END"
 
 
 def test_deepspeeds_rule_reduces_every_stage_after_the_drain_and_stagewises_after_each_last_backward():
@@ -133,6 +150,18 @@ def test_deepspeeds_rule_reduces_every_stage_after_the_drain_and_stagewises_afte
     from stagewise.lowering.options import FRAMEWORKS
 
     own, drained = lower(sched, 0, par), lower(sched, 0, par, FRAMEWORKS["deepspeed"])
-    assert [k for k, st in enumerate(own.steps) if st.reduce] == sorted(own.last_backward.values())
-    assert [k for k, st in enumerate(drained.steps) if st.reduce] == [len(drained.steps) - 1]
-    assert sorted(drained.steps[-1].reduce) == list(drained.stages)
+    at = {name: sorted({k for k, c in positions(plan) if c.kind == "REDUCE_GRAD"})
+          for name, plan in (("own", own), ("drained", drained))}
+    assert at["own"] == sorted(own.last_backward.values())
+    assert at["drained"] == [len(ops(drained)) - 1]
+    assert sorted(c.stage for k, c in positions(drained) if c.kind == "REDUCE_GRAD") == list(drained.stages)
+
+
+def test_the_channels_are_the_programs_receives_in_order():
+    """p2p posts each peer's messages in the order this rank's RECVs from it come (the sender's order)."""
+    sched = generate("dualpipe", 4, 8)
+    for r in range(4):
+        plan = lower(sched, r)
+        for peer, routes in plan.messages.inbound.items():
+            assert list(routes) == [route_of(c) for _, c in positions(plan)
+                                    if c.kind.startswith("RECV") and c.peer == peer]

@@ -1,7 +1,7 @@
 """``lower(schedule, parallelism, options)``: every rank's compute program with the communication it performs.
 
-The rules, each in one place here and in rules.py (the runtime's ``RankPlan`` is these programs grouped by op,
-runtime/execution/plan.py):
+The rules, each in one place here and in rules.py (the runtime's executor walks these programs as they are,
+runtime/execution/plan.py and executor.py):
 
 - **sends and receives**: an F sends its output on when the next stage of its lane is on another rank
   (``SEND_F``), a B or I sends its input gradient back (``SEND_B``); each send follows its op. A receive

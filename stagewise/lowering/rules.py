@@ -4,8 +4,8 @@
 output, a B's or I's input gradient); ``send_orders``: each sender's messages to each receiver in its program
 order (the order the receiver posts them: NCCL's FIFO per pair); ``stage_points``: each stage's first
 forward, last backward, last use and where its gather is issued. ``lower`` places sends, receives, gathers,
-reductions and frees by them; the runtime's routes and plan (runtime/messages/p2p.py,
-runtime/execution/plan.py) and the lowered programs' checks (check.py) read the same functions.
+reductions and frees by them; the runtime's routes (runtime/messages/p2p.py), its tensor-parallel sums
+(runtime/execution/plan.py) and the lowered programs' checks (check.py) read the same functions.
 
 Example:
     >>> from stagewise.schedules import generate
@@ -64,7 +64,7 @@ def message_in(a: Action, first, last) -> tuple | None:
 
 class StagePoints(NamedTuple):
     """Where a rank's work on each of its stages begins and ends in its program (op positions): the rules the
-    lowering places gathers, reductions and frees by, and the runtime's ``RankPlan`` reads."""
+    lowering places gathers, reductions and frees by."""
 
     first_forward: dict  #: stage -> its first F
     last_backward: dict  #: stage -> its last B or W (its weight gradients are complete after it)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import functools
 import math
 import os
 import time
@@ -204,7 +203,7 @@ class Pipeline:
             shard = grid.sub_mesh(("dp", "fsdp") if topo.dp > 1 else "fsdp")  # HSDP: replicate over dp
             self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward
                                    or grid.parallelism.reshard_after_forward, flight=self.flight)
-        #: the layout the schedule is lowered under (plan.py): the grid's, resharding as the stages do
+        #: the layout the schedule is lowered under (execution/plan.py): the grid's, resharding as the stages do
         self._lowered_as = dataclasses.replace(grid.parallelism, reshard_after_forward=True) \
             if self.sharded is not None and self.sharded.raf else grid.parallelism
         self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors
@@ -253,13 +252,7 @@ class Pipeline:
         try:
             if self.sharded is not None:
                 self.sharded.start_step()
-            done = self.last_outcome = self.executor.step(xs, ys)
-            self.flight.event(SYNC, "gradients and loss")
-            if self.sharded is not None:
-                self.sharded.finish()
-            if self.dp is not None:
-                self.dp.finish()
-            self.replicas.sync_grads()
+            done = self.last_outcome = self.executor.step(xs, ys)  # its end waits for and sums the gradients
         except BaseException as e:
             self._broken = f"{type(e).__name__}: {e}"  # messages in flight and saved activations are lost
             raise
@@ -282,8 +275,6 @@ class Pipeline:
         self.clock.start()
         t0 = self.clock.mark()
         done = self._evaluator.step(xs, ys)
-        if self.sharded is not None:
-            self.sharded.finish()
         has = bool(done.mb_losses) and self._counts_loss
         loss, counted = RankSum([done.loss if has else 0.0, float(has)], self.device).value()
         mbs = tuple(sorted(done.outputs))
@@ -405,17 +396,20 @@ class Pipeline:
     # ---- internals
 
     def _context(self, sched: Schedule, forward_only: bool) -> RankContext:
-        plan = lower(sched, self.topo.pipe, self._lowered_as)
+        exchanging = self.ep.exchanging if self.ep is not None else frozenset()
+        plan = lower(sched, self.topo.pipe, self._lowered_as, exchanging=exchanging)
         p2p = P2P(plan.messages, self.topo.pipe, self.device, self.timeout, tags=dist.get_backend() == "gloo",
                   peers=self.topo.pipe_ranks, static=self._static, flight=self.flight)
+        tp = self.tensor_parallel
         return RankContext(plan=plan, stages=self.stages, p2p=p2p,
                            loss=self._loss, clock=self.clock, autocast=self._autocast, forward_only=forward_only,
                            recompute=None if forward_only else Recompute(self.recompute, self.device),
-                           meter=None if forward_only else self.meter, after=self._after(forward_only),
-                           before=self.sharded.before if self.sharded is not None else None, flight=self.flight,
-                           overlap=None if forward_only else self._overlap,
-                           exchanging=self.ep.exchanging if self.ep is not None else frozenset(),
-                           draws=self._draws)
+                           meter=None if forward_only else self.meter, sharded=self.sharded,
+                           reducers=tuple(x for x in (self.sharded, self.dp) if x is not None),
+                           complete=tp.complete if tp is not None and any(tp.partial.values()) and not forward_only
+                           else None,
+                           end=self._finish_eval if forward_only else self._finish_grads, flight=self.flight,
+                           overlap=None if forward_only else self._overlap, draws=self._draws)
 
     def _draws(self, mb: int):
         """Micro-batch ``mb``'s forward here: dropout seeded by (seed, step, micro-batch over every replica,
@@ -423,19 +417,17 @@ class Pipeline:
         step = max(self.steps_done - 1, 0)  # ``step`` counts itself before its program runs
         return rng.forward(self.seed, step, self.topo.data_index * self.schedule.microbatches + mb, self.device)
 
-    def _after(self, forward_only: bool) -> Callable | None:
-        """What runs after each op: tensor parallel's partial-gradient sums, then FSDP's reduce-scatter (or
-        data parallel's all-reduce) of each stage whose backward is complete; evaluating, FSDP's reshard."""
-        hooks = []
-        if not forward_only and self.tensor_parallel is not None and any(self.tensor_parallel.partial.values()):
-            hooks.append(self.tensor_parallel.after)
+    def _finish_grads(self) -> None:
+        """The step's end (the executor's, after its sends): the reductions waited for, the copies summed."""
+        self.flight.event(SYNC, "gradients and loss")
+        self._finish_eval()
+        if self.dp is not None:
+            self.dp.finish()
+        self.replicas.sync_grads()
+
+    def _finish_eval(self) -> None:
         if self.sharded is not None:
-            hooks.append(functools.partial(self.sharded.after, training=not forward_only))
-        if not forward_only and self.dp is not None:
-            hooks.append(self.dp.after)
-        if len(hooks) < 2:
-            return hooks[0] if hooks else None
-        return lambda step: [hook(step) for hook in hooks]
+            self.sharded.finish()
 
     def _check_usable(self) -> None:
         if self._broken is not None:

@@ -1,20 +1,24 @@
-"""The executor: walk one rank's program, op by op, with real tensors.
+"""The executor: walk one rank's lowered program, action by action, with real tensors.
 
-Generic: it knows the four action kinds and the overlapped pair, never a
-schedule family. What an op needs from other stages (an activation for F, a
-gradient for B or I) is received before its clock starts, so a measured op
-spans compute only and waiting shows up as idle time, as in the simulator.
-A stage that recomputes (recompute.py) keeps only its input from F and
-replays the forward at its B or I; the meter (activation_memory.py) counts
-what each (stage, mb) holds; ``before`` hears of each op before its receives (fsdp.py gathers
-there) and ``after`` as it ends (dp.py, fsdp.py reduce there).
-Inputs, outputs and what crosses a boundary are pytrees (pytree.py): the
-backward differentiates the output leaves that carry a gradient and sends back
-one gradient per input leaf that carries one. A forward-only executor (a
-program of F's, for evaluation) keeps nothing for a backward. An F&B pair runs
-its forward, then its backward, unless the context has an ``overlap`` hook
-(overlap.py: the halves interleaved at their all-to-alls); either way each
-action's output is sent once it is computed, in the program's order.
+Generic, as torch's ``_PipelineScheduleRuntime``: one handler per kind of action (the compute ops F, B, I, W
+and the F&B pair; SEND, RECV, UNSHARD, RESHARD, REDUCE_GRAD, ALL_TO_ALL; TIE_GRAD and STEP_END, the step's
+end), never a schedule family, and nothing regrouped: what runs is the program the lowering wrote
+(plan.py), in its order. A RECV posts its receive (p2p.py); the op that needs the message waits for it
+before its clock starts, so a measured op spans compute only and waiting shows up as idle time, as in the
+simulator. An op's outputs wait in the rank's mailbox for their SEND, or for the op of a stage on this rank
+that takes them (handed over in memory). FSDP (parallel/fsdp.py) gathers at UNSHARD, waits for a stage's
+gathers before its op's clock starts, reduces and frees at REDUCE_GRAD and RESHARD; data parallel (dp.py,
+ep.py) reduces at REDUCE_GRAD; tensor parallel sums a stage's partial gradients once its last backward ran.
+The step's end (the first TIE_GRAD or STEP_END, or the program's end) waits for the sends and hands over to
+the context's ``end`` (the reductions waited for, the copies summed).
+
+A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its B or I;
+the meter (activation_memory.py) counts what each (stage, mb) holds. Inputs, outputs and what crosses a
+boundary are pytrees (pytree.py): the backward differentiates the output leaves that carry a gradient and
+sends back one gradient per input leaf that carries one. A forward-only executor (a program of F's, for
+evaluation) keeps nothing for a backward. An F&B pair runs its forward, then its backward, unless the
+context has an ``overlap`` hook (overlap.py: the halves interleaved at their all-to-alls); either way its
+outputs are sent after it, by the SENDs that follow it.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from typing import Callable
 
 import torch
 
-from ...actions import Action
+from ...actions import Action, Pair
+from ...lowering.comms import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END,
+                               TIE_GRAD, UNSHARD, CommAction)
 from ..stages import pytree
 from .activation_memory import ActivationMeter
 from .plan import RankPlan
-from ..messages.p2p import P2P
+from ..messages.p2p import P2P, route_in, route_of, route_out
 from ..run.config import RunError
 from ..resilience.flight import NO_FLIGHT
 from .overlap import run_pair
@@ -42,20 +48,21 @@ from ..stages.stage import Stage
 class RankContext:
     """What one rank runs with. Mutable only through the objects it holds (stages, p2p)."""
 
-    plan: RankPlan  #: the rank's lowered program (plan.py): its ops with their messages and stage points
+    plan: RankPlan  #: the rank's lowered program (plan.py)
     stages: dict[int, Stage]
     p2p: P2P
     loss: Callable  #: (output, target) -> mean loss of one micro-batch
     clock: object  #: timing.WallClock or timing.CudaClock
     recompute: Recompute | None = None  #: stages whose F keeps only the input (recompute.py)
     meter: ActivationMeter | None = None  #: counts activation bytes (activation_memory.py)
-    after: Callable | None = None  #: called with each Step once it ran (data parallel starts reductions)
-    before: Callable | None = None  #: called with each Step before its receives (sharded stages are gathered)
+    sharded: object = None  #: fsdp.Sharded: gathers at UNSHARD, frees at RESHARD, an op waits for its gathers
+    reducers: tuple = ()  #: what reduces a stage at REDUCE_GRAD, in order (fsdp.Sharded, dp.DataParallel)
+    complete: Callable | None = None  #: called with each stage once its weight gradients are complete (tp sums)
+    end: Callable | None = None  #: the step's end, after the sends: the reductions waited for, the copies summed
     flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
     autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
     overlap: Callable | None = None  #: runs each F&B pair (overlap.py); None: its forward, then its backward
-    exchanging: frozenset = frozenset()  #: stages whose F, B and I all-to-all over ep inside them (ep.py)
     draws: Callable | None = None  #: mb -> the context a forward of it runs in (seeded dropout: stages/rng.py)
 
 
@@ -75,11 +82,12 @@ class Saved:
 class StepOutcome:
     """One step on one rank: op times (clock marks, aligned with the program) and the local loss."""
 
-    marks: list = field(default_factory=list)  #: (start, end) mark per op
+    marks: list = field(default_factory=list)  #: (start, end) mark per compute op
     loss: float = 0.0  #: sum of the micro-batch losses computed on this rank
     mb_losses: dict = field(default_factory=dict)  #: F action -> its loss tensor (names a non-finite one)
     outputs: dict = field(default_factory=dict)  #: forward-only: mb -> the last stage's output (detached)
     overlaps: list = field(default_factory=list)  #: overlap.Overlapped (the op, its events) of each pair run by a hook
+    executed: list = field(default_factory=list)  #: every action of the lowered program, as its handler ran it
 
 
 class Executor:
@@ -92,6 +100,12 @@ class Executor:
         self.splitters = {s: Splitter(st, s) for s, st in ctx.stages.items() if s in plan.split_stages}
         self.saved: dict[tuple[int, int], Saved] = {}
         self.scale = 1.0 / plan.schedule.microbatches
+        self.completes: dict[int, list[int]] = {}  # compute op index -> stages complete after it
+        for s, k in sorted(plan.last_backward.items()):
+            self.completes.setdefault(k, []).append(s)
+        self.handlers = {SEND_F: self._send, SEND_B: self._send, RECV_F: self._recv, RECV_B: self._recv,
+                         UNSHARD: self._unshard, RESHARD: self._reshard, REDUCE_GRAD: self._reduce_grad,
+                         ALL_TO_ALL: self._all_to_all, TIE_GRAD: self._step_end, STEP_END: self._step_end}
 
     def step(self, inputs: list | None, targets: list | None) -> StepOutcome:
         """Run the program on micro-batches ``inputs[mb]`` / ``targets[mb]``; gradients accumulate in .grad.
@@ -101,49 +115,108 @@ class Executor:
         """
         self.inputs, self.targets = inputs, targets
         out = self.outcome = StepOutcome()
-        losses = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
-        clock, meter, before, after = self.ctx.clock, self.ctx.meter, self.ctx.before, self.ctx.after
-        if meter is not None:
-            meter.start_step()
-        p2p = self.ctx.p2p
-        for step in self.plan.steps:
-            self.ctx.flight.start(step.op)
-            if before is not None:
-                before(step)
-            # what the op needs from other stages arrives before its clock starts: waiting is idle time
-            got = [None if r is None else p2p.recv(r) for r in step.recv]
-            start = clock.mark()
-            if self.ctx.overlap is not None and len(step.actions) == 2:
-                done = run_pair(self, step, got, self.ctx.overlap)
-                for (_, value), out_route in zip(done, step.send):  # after both halves, in program order
-                    self._send(out_route, value)
+        self.losses: list = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
+        self.mail: dict = {}  # route -> (True, its sender) once a RECV posted it, (False, the pytree) an op made
+        self.ops, self.ended = 0, False
+        if self.ctx.meter is not None:
+            self.ctx.meter.start_step()
+        handlers = self.handlers
+        for a in self.plan.program:
+            if type(a) is CommAction:
+                handlers[a.kind](a)
             else:
-                done = []
-                for a, g, out_route in zip(step.actions, got, step.send):
-                    done.append(self._run(a, g))
-                    self._send(out_route, done[-1][1])  # as soon as it is computed
-            for a, (mb_loss, _) in zip(step.actions, done):
-                if mb_loss is not None:
-                    losses.append(mb_loss)
-                    out.mb_losses[a] = mb_loss
-            out.marks.append((start, clock.mark()))
-            for a in step.actions:  # the all-to-alls ran inside the op; named after it, as the lowering has them
-                if a.stage in self.ctx.exchanging and a.kind != "W":
-                    self.ctx.flight.comm(f"{a.stage}ALL_TO_ALL{a.mb}")
-            self.ctx.flight.end(step.op)
-            if after is not None:
-                after(step)
-        self.ctx.p2p.finish_step()
-        if meter is not None:
-            meter.end_step()
-        if self.saved:
-            raise RuntimeError(f"rank {self.rank}: (stage, mb) {next(iter(self.saved))} never finished its backward")
-        out.loss = float(torch.stack(losses).sum()) if losses else 0.0
+                self._op(a)
+            out.executed.append(a)
+        if not self.ended:
+            self._step_end(None)
         return out
 
-    def _send(self, route, value) -> None:
-        if route is not None:
-            self.ctx.p2p.send(route, value)
+    # ---- one handler per kind
+
+    def _op(self, op) -> None:
+        """F, B, I, W or an F&B pair: its inputs taken before its clock starts (waiting for a message is idle
+        time), its outputs left in the mailbox for the SENDs after it."""
+        ctx, plan = self.ctx, self.plan
+        acts = (op.forward, op.backward) if type(op) is Pair else (op,)
+        ctx.flight.start(op)
+        first, last = plan.schedule.first_stages, plan.schedule.last_stages
+        got = [self._take(a, route_in(a, first, last)) for a in acts]
+        if ctx.sharded is not None:
+            for a in acts:
+                ctx.sharded.ready(a)
+        start = ctx.clock.mark()
+        if ctx.overlap is not None and len(acts) == 2:
+            done = run_pair(self, op, got, ctx.overlap)
+        else:
+            done = [self._run(a, g) for a, g in zip(acts, got)]
+        for a, (mb_loss, value) in zip(acts, done):
+            if mb_loss is not None:
+                self.losses.append(mb_loss)
+                self.outcome.mb_losses[a] = mb_loss
+            route = route_out(a, first, last)
+            if route is not None:
+                self.mail[route] = (False, value)
+        self.outcome.marks.append((start, ctx.clock.mark()))
+        ctx.flight.end(op)
+        for s in self.completes.get(self.ops, ()) if ctx.complete is not None else ():
+            ctx.complete(s)
+        self.ops += 1
+
+    def _take(self, a: Action, route):
+        """What ``a`` needs from another stage: received by a RECV, or handed over from an op on this rank."""
+        if route is None:
+            return None
+        got = self.mail.pop(route, None)
+        if got is None:
+            raise RuntimeError(f"rank {self.rank}: {a} needs {route.describe()}, which no RECV or op before it "
+                               "brought; the programs disagree")
+        posted, value = got
+        return self.ctx.p2p.recv(route, value) if posted else self.ctx.p2p.hand_over(route, value)
+
+    def _send(self, c: CommAction) -> None:
+        route = route_of(c)
+        self.ctx.p2p.send(route, self.mail.pop(route)[1], c.peer)
+
+    def _recv(self, c: CommAction) -> None:
+        """Posted here, waited for by the op that takes it (as torch's runtime does)."""
+        route = route_of(c)
+        self.ctx.p2p.post(route, c.peer)
+        self.mail[route] = (True, c.peer)
+
+    def _unshard(self, c: CommAction) -> None:
+        if self.ctx.sharded is not None and c.group == "fsdp":  # ZeRO-1's over dp is the optimizer's broadcast
+            self.ctx.sharded.unshard(c.stage)
+
+    def _reshard(self, c: CommAction) -> None:
+        if self.ctx.sharded is not None:
+            self.ctx.sharded.reshard(c.stage, training=not self.ctx.forward_only)
+
+    def _reduce_grad(self, c: CommAction) -> None:
+        for reducer in self.ctx.reducers:
+            reducer.reduce(c.stage)
+
+    def _all_to_all(self, c: CommAction) -> None:
+        self.ctx.flight.comm(str(c))  # it ran inside the op before it (parallel/ep.py); named as lowered
+
+    def _step_end(self, c: CommAction | None) -> None:
+        """TIE_GRAD, STEP_END or the program's end: the step's end, once (the copies are summed together, and
+        the loss's all-reduce is the pipeline's, which reads the loss)."""
+        if self.ended:
+            return
+        self.ended = True
+        self.ctx.p2p.finish_step()
+        if self.ctx.meter is not None:
+            self.ctx.meter.end_step()
+        if self.saved:
+            raise RuntimeError(f"rank {self.rank}: (stage, mb) {next(iter(self.saved))} never finished its backward")
+        if self.mail:
+            raise RuntimeError(f"rank {self.rank}: {next(iter(self.mail)).describe()} was never used; the programs "
+                               "disagree")
+        self.outcome.loss = float(torch.stack(self.losses).sum()) if self.losses else 0.0
+        if self.ctx.end is not None:
+            self.ctx.end()
+
+    # ---- the compute
 
     def _run(self, a: Action, got) -> tuple:
         """Run one action: (its micro-batch's loss or None, what it sends or None)."""

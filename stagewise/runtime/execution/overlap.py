@@ -186,9 +186,9 @@ def _current_stream(pair: OverlapPair):
     return torch.cuda.current_stream(p.device) if p is not None and p.device.type == "cuda" else None
 
 
-def run_pair(executor, step, got: list, hook: Callable) -> list:
-    """Run the F&B pair of ``step`` through ``hook``: [(loss, what to send)] per action, in program order."""
-    fa, ba = step.actions
+def run_pair(executor, op, got: list, hook: Callable) -> list:
+    """Run the F&B pair ``op`` through ``hook``: [(loss, what to send)] per action, in program order."""
+    fa, ba = op
     executor.prepare_backward(ba)  # a recomputed stage replays its forward first, outside the interleaving
     done: dict[int, tuple] = {}
 
@@ -201,12 +201,12 @@ def run_pair(executor, step, got: list, hook: Callable) -> list:
 
         return run
 
-    pair = OverlapPair(op=step.op, forward=Half(action=fa, stage=executor.ctx.stages[fa.stage], run=half(0, fa, got[0])),
+    pair = OverlapPair(op=op, forward=Half(action=fa, stage=executor.ctx.stages[fa.stage], run=half(0, fa, got[0])),
                        backward=Half(action=ba, stage=executor.ctx.stages[ba.stage], run=half(1, ba, got[1])))
     hook(pair)
     for k, a in enumerate((fa, ba)):
         if not done.get(k):
-            raise RunError(f"`overlap` hook returned without running the pair's {a} ({step.op}); a hook runs "
+            raise RunError(f"`overlap` hook returned without running the pair's {a} ({op}); a hook runs "
                            "pair.forward.run() and pair.backward.run() once each")
     executor.outcome.overlaps.append(Overlapped(pair.op, pair.events))
     return [done[0], done[1]]

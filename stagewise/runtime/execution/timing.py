@@ -75,7 +75,7 @@ def measured_timeline(schedule: Schedule, per_rank: Sequence[Sequence[tuple[floa
     lanes = None
     if comms is not None:
         lowered = lower(schedule, replace(parallelism, pp=schedule.ranks)) if parallelism is not None else None
-        lanes = tuple(tuple(Comm(op, a, start, end, exposed, a.kind)
+        lanes = tuple(tuple(Comm(max(op, 0), a, start, end, exposed, a.kind)  # play.lanes: the op before it
                             for op, a, start, end, exposed in _named(rank, lowered, r))
                       for r, rank in enumerate(comms))
         lanes = lanes if any(lanes) else None  # nothing communicated: no lanes, as simulated

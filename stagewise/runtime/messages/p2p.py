@@ -1,4 +1,4 @@
-"""Point-to-point messages between stages, derived from the programs.
+"""Point-to-point messages between stages: the lowered programs' SENDs and RECVs.
 
 A *route* is one message: the activation into stage ``s`` (sent by F of
 ``s-1``) or the gradient into stage ``s`` (sent by B or I of ``s+1``), for one
@@ -16,7 +16,7 @@ are learned from a small header (every step, or the first one only when
 shapes are static); the receiver checks every header, and the sender checks
 each message against what it learned before it sends, so a micro-batch that
 differs is named with the leaf and both shapes. Stages on the same rank hand
-tensors over in memory.
+tensors over in memory (``hand_over``, checked alike).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ...lowering.rules import message_in, message_out, send_orders
-from ...schedule import Schedule
+from ...lowering.comms import P2P as P2P_KINDS, RECVS, CommAction
+from ...lowering.rules import message_in, message_out
 from ..stages import pytree
 from ...errors import StagewiseError
 from ..resilience.flight import FLUSH, GOT, NO_FLIGHT, POST, SEND, WAIT
@@ -73,31 +73,35 @@ class Route(NamedTuple):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MessagePlan:
-    """Every cross-rank route, per (sender rank, receiver rank), in the sender's program order."""
+class Channels:
+    """One rank's messages, read from its lowered program: per peer, what it receives from it, in the order
+    its RECVs take them (the sender's program order: NCCL's FIFO per pair), and which messages carry a header."""
 
-    placement: tuple[int, ...]
+    inbound: dict  #: peer pipeline rank -> tuple of Routes, in the order they are received
     stages: int
     microbatches: int
-    order: dict  #: (src, dst) -> tuple of Routes
-    first: tuple[int, ...]  #: per stage, the first stage of its lane
-    last: tuple[int, ...]  #: per stage, the last stage of its lane
     headed: frozenset = frozenset()  #: the routes whose message carries a header: the first of each (direction,
-    #: stage) in its channel; the later micro-batches of a step have its shapes (the sender checks each one)
+    #: stage) in its channel, sent or received; the later micro-batches of a step have its shapes (the sender
+    #: checks each one)
 
     def tag(self, route: Route, header: bool = False) -> int:
         return ((header * 2 + route.direction) * self.stages + route.stage) * self.microbatches + route.mb
 
 
+def route_of(c) -> Route:
+    """The route of a lowered SEND or RECV (``lowering.comms.CommAction``)."""
+    return _route(c.key)
+
+
 def route_in(a, first, last) -> Route | None:
-    """What action ``a`` needs from another stage (the lowering's rule, ``lowering.lower.message_in``) as a
+    """What action ``a`` needs from another stage (the lowering's rule, ``lowering.rules.message_in``) as a
     Route. ``first``/``last``: per stage, the first and last stage of its lane."""
     got = message_in(a, first, last)
     return None if got is None else _route(got[0])
 
 
 def route_out(a, first, last) -> Route | None:
-    """What action ``a`` hands on (``lowering.lower.message_out``): F its output, B or I its input gradient."""
+    """What action ``a`` hands on (``lowering.rules.message_out``): F its output, B or I its input gradient."""
     key = message_out(a, first, last)
     return None if key is None else _route(key)
 
@@ -107,12 +111,16 @@ def _route(key: tuple) -> Route:
     return Route(ACT if d == "F" else GRAD, s, mb)
 
 
-def message_plan(schedule: Schedule) -> MessagePlan:
-    order = {pair: tuple(map(_route, keys)) for pair, keys in send_orders(schedule).items()}
+def channels(program, stages: int, microbatches: int) -> Channels:
+    """The ``Channels`` of one rank's lowered program (its SENDs and RECVs, with their peers)."""
+    ways: dict[tuple[str, int], list[Route]] = {}
+    for c in program:
+        if type(c) is CommAction and c.kind in P2P_KINDS:
+            ways.setdefault((c.kind in RECVS, c.peer), []).append(route_of(c))
     headed = {next(r for r in routes if (r.direction, r.stage) == key)
-              for routes in order.values() for key in {(r.direction, r.stage) for r in routes}}
-    return MessagePlan(placement=schedule.placement, stages=schedule.stages, microbatches=schedule.microbatches,
-                       order=order, first=schedule.first_stages, last=schedule.last_stages, headed=frozenset(headed))
+              for routes in ways.values() for key in {(r.direction, r.stage) for r in routes}}
+    return Channels(inbound={peer: tuple(routes) for (recv, peer), routes in ways.items() if recv},
+                    stages=stages, microbatches=microbatches, headed=frozenset(headed))
 
 
 class P2P:
@@ -125,11 +133,11 @@ class P2P:
     one step must agree).
     """
 
-    def __init__(self, plan: MessagePlan, rank: int, device: torch.device, timeout_s: float, tags: bool = True,
+    def __init__(self, plan: Channels, rank: int, device: torch.device, timeout_s: float, tags: bool = True,
                  peers: tuple[int, ...] | None = None, static: bool = True, flight=NO_FLIGHT):
         self.plan, self.rank, self.device = plan, rank, device
         # the global rank of each pipeline rank (parallel/mesh.py: this pipeline within the grid of ranks)
-        self.peers = tuple(peers) if peers is not None else tuple(range(max(plan.placement) + 1))
+        self.peers = tuple(peers) if peers is not None else range(1 << 30)  # one pipeline: the same ranks
         self.timeout = timedelta(seconds=timeout_s)
         self.tags = tags
         self.static = static
@@ -139,18 +147,19 @@ class P2P:
         self.steps = 0  # steps finished (a shape learned in an earlier one is named so)
         self._pos: dict[int, int] = defaultdict(int)  # sender rank -> next route index to post
         self._posted: dict[Route, tuple] = {}
-        self._local: dict[Route, object] = {}
         self._sends: list = []
 
-    def send(self, route: Route, tree) -> None:
-        """Post ``tree`` (a tensor or a pytree of them) along ``route``, or hand it over on this rank."""
+    def hand_over(self, route: Route, tree):
+        """``tree`` for a stage on this rank: checked as a message would be, handed over in memory (detached)."""
+        leaves, spec = pytree.flatten(tree)
+        self._check(route, spec, tuple(_meta(x) for x in leaves), "sends")
+        return pytree.detached(tree)
+
+    def send(self, route: Route, tree, dst: int) -> None:
+        """Post ``tree`` (a tensor or a pytree of them) along ``route`` to pipeline rank ``dst``."""
         leaves, spec = pytree.flatten(tree)
         metas = tuple(_meta(x) for x in leaves)
         self._check(route, spec, metas, "sends")
-        dst = self.plan.placement[route.stage]
-        if dst == self.rank:
-            self._local[route] = pytree.detached(tree)
-            return
         self.flight.event(SEND, _brief(route, self.peers[dst]))
         tensors = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
         if self.learning and route in self.plan.headed:
@@ -163,15 +172,19 @@ class P2P:
             self._sends.append((dist.isend(x, self.peers[dst], tag=self._tag(route, leaf=k)), x))
         self._sends = [s for s in self._sends if not s[0].is_completed()]
 
-    def recv(self, route: Route):
-        """The pytree of ``route``, waiting for it if needed (floating leaves that carried a gradient need one)."""
-        src = self.plan.placement[route.source]
-        if src == self.rank:
-            return self._local.pop(route)
-        channel = self.plan.order[(src, self.rank)]
+    def post(self, route: Route, src: int) -> None:
+        """A RECV: post the receive of ``route`` from pipeline rank ``src`` (and of every earlier message of
+        its channel not posted yet: ``src``'s order) without waiting for it."""
+        channel = self.plan.inbound[src]
         while route not in self._posted:
             self._post(src, channel[self._pos[src]])
             self._pos[src] += 1
+
+    def recv(self, route: Route, src: int):
+        """The pytree of ``route`` from pipeline rank ``src``, waiting for it if needed (floating leaves that
+        carried a gradient need one)."""
+        channel = self.plan.inbound[src]
+        self.post(route, src)
         posted = self._posted.pop(route)
         if posted[0] == _HEADER:  # this step's header came first: now the data, in the shapes it gives
             self._wait(posted[1], route, self.peers[src])
@@ -205,8 +218,8 @@ class P2P:
         for work, _ in self._sends:
             work.wait(self.timeout)
         self._sends, self._pos = [], defaultdict(int)
-        if self._posted or self._local:
-            left = next(iter(self._posted or self._local))
+        if self._posted:
+            left = next(iter(self._posted))
             raise RuntimeError(f"rank {self.rank}: {left.describe()} was never used; the programs disagree")
         self.learning = not self.static
         self.steps += 1

@@ -9,8 +9,8 @@ the replicas is the whole batch's gradient.
 Every pipeline rank has a process group of its dp copies (grid.py's, made once).
 A tensor-parallel stage's gradients are DTensors: each rank sums its own shard (its dp
 copies are sharded alike). A stage's gradients are complete after its last B or
-W on its rank; the executor reports each op as it ends, and the stage's
-all_reduce starts right then (async, one flat buffer per dtype), so it runs
+W on its rank; the lowered program's REDUCE_GRAD follows that op, and the stage's
+all_reduce starts there (async, one flat buffer per dtype), so it runs
 while the rank works through the rest of its program. ``finish`` waits for all
 of them before the step-end collectives (tied weights, clipping). Each stage's reduction is written to the
 flight recorder as it starts (``1REDUCE_GRAD``, the lowering's name).
@@ -44,17 +44,13 @@ class DataParallel:
         self.pending: list = []
         self.started: list[int] = []  #: stages whose reduction started this step, in order
 
-    def after(self, step) -> None:
-        """Called by the executor after each op (a plan.Step): start the reduction of each stage the lowered
-        program reduces there (``Step.reduce``: after the stage's last B or W, under stagewise's overlap rule)."""
-        for s in step.reduce:
-            self._start(s)
-
     def buckets(self, s: int) -> list:
         """(parameters, group) of stage ``s``: what is summed over which ranks (ep.py sums its experts apart)."""
         return [([p for p in self.stages[s].parameters() if p.requires_grad], self.groups[s])]
 
-    def _start(self, s: int) -> None:
+    def reduce(self, s: int) -> None:
+        """REDUCE_GRAD (the executor's handler, where the lowered program has it: after the stage's last B or W
+        under stagewise's overlap rule): start the stage's all-reduce."""
         self.flight.comm(f"{s}REDUCE_GRAD")
         for params, group in self.buckets(s):
             for p in params:

@@ -3,19 +3,19 @@
 Each layer of a stage that holds parameters is its own FSDP unit, and the stage is the root over them (what
 torchtitan does per model chunk). A rank runs several forwards and backwards of a stage per step, so FSDP's
 own per-call rhythm (gather before each forward, reduce-scatter after each backward) is replaced by the
-plan's points (execution/plan.py), the way torch's ``_PipelineScheduleRuntime`` does with its UNSHARD,
-RESHARD and REDUCE_GRAD actions:
+lowered program's actions, which the executor hands here one by one (execution/executor.py), the way torch's
+``_PipelineScheduleRuntime`` does with its UNSHARD, RESHARD and REDUCE_GRAD actions:
 
-- **gather** (``Step.gather``): the all-gather of a stage starts, asynchronously, when the rank begins the
-  first forward of the stage before it in its program (the first stage's at the step's first op), so it is
+- **gather** (``unshard`` at UNSHARD): the all-gather of a stage starts, asynchronously, when the rank begins
+  the first forward of the stage before it in its program (the first stage's at the step's first op), so it is
   in flight one stage ahead; an op of a stage waits for its gather before its clock starts.
 - the stage stays gathered while it has micro-batches left (``reshard_after_forward=False``, torchtitan's
   choice under pipeline parallel); ``reshard_after_forward=True`` frees each layer after each of its forwards
   and backwards, for an all-gather per layer per forward and backward (FSDP's own hooks, one layer at a
   time) and of the stage before each W. Either way the gradients stay whole until the stage's last backward.
-- **reduce** and **free** (``Step.reduce``, ``Step.free``): after the stage's last backward (its last W under
-  split backward) its gradients are reduce-scattered (all-reduced over ``dp`` too with HSDP) and it is
-  resharded, where the lowered program has its REDUCE_GRAD and RESHARD. Until then the
+- **reduce** and **free** (``reduce`` at REDUCE_GRAD, ``reshard`` at RESHARD): after the stage's last
+  backward (its last W under split backward) its gradients are reduce-scattered (all-reduced over ``dp`` too
+  with HSDP) and it is resharded, where the lowered program has its REDUCE_GRAD and RESHARD. Until then the
   backward only accumulates into the gathered gradients (``set_requires_gradient_sync(False)``). W adds
   its gradients to the gathered parameters' ``.grad`` like autograd would, so FSDP reduces them alike.
 
@@ -65,7 +65,7 @@ class Sharded:
         self.pending: dict[int, list] = {}  # stage -> unshard handles in flight
         self.gathered: set[int] = set()
 
-    # ---- the executor's points
+    # ---- what the executor's handlers call
 
     def start_step(self) -> None:
         """Before a step: the backwards only accumulate; nothing is reduced until ``free``, nor resharded
@@ -75,35 +75,36 @@ class Sharded:
             st.set_reshard_after_backward(self.raf)
             st.set_is_last_backward(False)
 
-    def before(self, step) -> None:
-        """Before an op (ahead of its receives): start the gathers the plan puts here; wait for the op's own.
-        With ``reshard_after_forward`` FSDP gathers one layer at a time itself in F, B and I; a W gathers its
-        stage (its weight gradients belong to the gathered parameters)."""
+    def unshard(self, s: int) -> None:
+        """UNSHARD: start the stage's gather (asynchronously, once while it stays gathered). With
+        ``reshard_after_forward`` FSDP gathers one layer at a time itself in F, B and I (see ``ready``)."""
         if not self.raf:
-            for s in step.gather:
-                self._gather(s)
-        for a in step.actions:
-            if self.raf and a.kind != "W":
-                continue
-            if self.raf:
-                self.gathered.discard(a.stage)
-            self._gather(a.stage)
-            self._wait(a.stage)
+            self._gather(s)
 
-    def after(self, step, training: bool = True) -> None:
-        """After an op: reduce-scatter each stage the lowered program reduces here, then release each it frees
-        here (evaluating, nothing is reduced and the release reshards)."""
-        for s in step.reduce if training else ():
-            self.flight.comm(f"{s}REDUCE_GRAD")
-            t0 = time.perf_counter()
-            self._reduce(s)
-            self.flight.done(f"{s}REDUCE_GRAD", time.perf_counter() - t0)
-        for s in step.free:
-            if not training:
-                for m in self.units[s]:
-                    m.reshard()
-            self.flight.comm(f"{s}RESHARD")
-            self.gathered.discard(s)
+    def ready(self, a) -> None:
+        """Before action ``a``'s clock starts: wait for its stage's gather (a W under ``reshard_after_forward``
+        gathers its stage first: its weight gradients belong to the gathered parameters)."""
+        if self.raf and a.kind != "W":
+            return
+        if self.raf:
+            self.gathered.discard(a.stage)
+        self._gather(a.stage)
+        self._wait(a.stage)
+
+    def reduce(self, s: int) -> None:
+        """REDUCE_GRAD: reduce-scatter the stage's gradients into its shards."""
+        self.flight.comm(f"{s}REDUCE_GRAD")
+        t0 = time.perf_counter()
+        self._reduce(s)
+        self.flight.done(f"{s}REDUCE_GRAD", time.perf_counter() - t0)
+
+    def reshard(self, s: int, training: bool = True) -> None:
+        """RESHARD: release the stage (evaluating, reshard it: no reduction did)."""
+        if not training:
+            for m in self.units[s]:
+                m.reshard()
+        self.flight.comm(f"{s}RESHARD")
+        self.gathered.discard(s)
 
     def finish(self) -> None:
         """After the program: no gather is left in flight (a stage the program never ran)."""

@@ -166,12 +166,11 @@ class TensorParallel:
             raise RunError(f"`tp` {self.tp} does not divide {name}'s {n} {kind} features "
                            f"({type(style).__name__}); use a `tp` that divides {n}")
 
-    def after(self, step) -> None:
-        """After an op: sum the partial gradients of each stage whose backward is complete over the tp group."""
-        for s in step.done:
-            grads = [p.grad for m in self.partial.get(s, ()) for p in m.parameters() if p.grad is not None]
-            for g in grads:
-                dist.all_reduce(local(g), group=self.group)
+    def complete(self, s: int) -> None:
+        """Stage ``s``'s backward is complete (after its last B or W): sum its partial gradients over the tp group."""
+        grads = [p.grad for m in self.partial.get(s, ()) for p in m.parameters() if p.grad is not None]
+        for g in grads:
+            dist.all_reduce(local(g), group=self.group)
 
 
 def _check_matched(plan, layers: list[tuple[str, nn.Module]], strict: bool) -> None:
