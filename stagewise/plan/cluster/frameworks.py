@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from ...layout import format_layout
 from ...parallelism import Parallelism
 from .candidate import ClusterCandidate
 from .job import Job
@@ -232,19 +233,23 @@ def stagewise_train_argv(c: ClusterCandidate, job: Job, csv_path: str | None = N
     """The ``stagewise train`` options that run ``c`` (after ``stagewise train``): the model and data
     placeholders, the schedule (its CSV when it round-trips, else the family and -v), -m, the degrees
     (``Parallelism.flags``), the batch, the sequence, the dtype the plan is costed in, the split as layout
-    text over the HF layers (E, t per block, N, H) and the whole-stage recomputation when planned."""
+    text over the HF layers (``stagewise_split``) and the whole-stage recomputation when planned."""
     g, spec, par = c.config, job.spec, c.parallelism
-    blocks = block_counts(c.candidate.counts)
-    pieces = [f"t*{b}" if b else "" for b in blocks]
-    pieces[0] = "+".join(x for x in ("E", pieces[0]) if x)
-    pieces[-1] = "+".join(x for x in (pieces[-1], "N", "H") if x)
     args = ["--hf", "MODEL_FOLDER", "--data", "TEXT_FILE"]
     args += ["--csv", csv_path] if csv_path else ["--schedule", g.family, "-v", str(g.v)]
     args += ["-m", str(g.m), *par.flags(), "--batch", str(g.m * g.mbs * par.data_shards), "--seq", str(spec.seq),
-             "--dtype", DTYPE, "--split", " | ".join(pieces)]
+             "--dtype", DTYPE, "--split", stagewise_split(c.candidate.counts, spec)]
     if c.recompute == "stage":
         args.append("--recompute")
     return args
+
+
+def stagewise_split(counts, spec) -> str:
+    """The split as layout text over the layers ``train --hf`` names: E, each block by its kind (``t`` dense,
+    ``m`` MoE: the model file's rule, as the HF config's own says for its layers), N, H; the profile's head
+    piece carries the final norm."""
+    symbols = ["E", *(spec.block_kind(i) for i in range(spec.layers)), "N", "H"]
+    return format_layout(symbols, [*counts[:-1], counts[-1] + 1])
 
 
 def stagewise_command(c: ClusterCandidate, job: Job, csv_path: str | None = None) -> str:
