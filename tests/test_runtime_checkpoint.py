@@ -224,8 +224,8 @@ def test_bad_checkpoint_options_exit_2_before_any_rank_starts(capsys, tmp_path, 
     for extra, needle in cases:
         rc, _, err = run_cli(capsys, *tiny, *extra)
         assert rc == 2 and err.count("\n") == 1 and needle in err, (extra, err)
-    rc, _, err = run_cli(capsys, "--schedule", "none", "--save", str(tmp_path / "s"))
-    assert rc == 2 and "--save needs a pipeline" in err
+    rc, _, err = run_cli(capsys, "--schedule", "none", "--save", str(tmp_path / "s"), "--save-on-signal", "5")
+    assert rc == 2 and "--save-on-signal needs a --schedule run on ranks" in err  # the reference saves (issue 44)
 
 
 def test_data_parallel_replicas_save_one_copy_that_a_single_pipeline_resumes(tmp_path):
