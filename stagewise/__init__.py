@@ -23,15 +23,16 @@ __all__ = [
     "Action", "Pair", "parse", "Costs", "Lane", "Schedule", "generate", "names",
     "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "StagewiseError", "validate", "Split",
     "Parallelism", "ParallelismError",
-    "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe",
+    "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe", "render",
 ]
 
 #: the runtime's public API, imported with torch on first use, and ``Split`` (the layout's parser, which no
 #: `stagewise simulate` needs): name -> module
 _LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.stages.layers",
          "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe", "Split": ".layout"}
-#: public runtime modules, imported with torch on first use: ``stagewise.moe`` (pack, unpack, with_aux)
-_LAZY_MODULES = {"moe": ".runtime.stages.moe"}
+#: public modules imported on first use: ``stagewise.moe`` (pack, unpack, with_aux; with torch) and
+#: ``stagewise.render`` (write_timeline, draw_text: pictures of a timeline, no torch)
+_LAZY_MODULES = {"moe": ".runtime.stages.moe", "render": ".render"}
 
 
 def __getattr__(name: str):

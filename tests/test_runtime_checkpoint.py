@@ -300,6 +300,15 @@ def test_overwrite_replaces_another_run_and_a_resume_saves_into_its_own_run(caps
     assert sorted(after) == ["step-00000001"] and json.loads(after["step-00000001"])["run"]["id"] not in ids
 
 
+def test_a_resumed_run_numbers_its_statistics_by_the_steps_it_ran(capsys, saved):
+    """Issue 44: after resuming at step 2, steps 3 and 4 run; the summary says so (it said "steps 2..2")."""
+    _, root = saved
+    rc, out, err = run_cli(capsys, *TINY_ARGS, "--steps", "4", "--resume", str(root))
+    assert rc == 0, err
+    assert "mean step" in out and "(step 3 excluded as warm-up)" in out and "bubble: measured" in out
+    assert "% (step 4), predicted" in out and "2..2" not in out, out
+
+
 def test_a_checkpoint_of_another_model_seed_or_data_is_refused_saying_what_differs(capsys, tmp_path, saved):
     _, root = saved
     text = tmp_path / "t.txt"
