@@ -37,7 +37,7 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
         first, info = resume(cfg, spec, layers, opt)
     elif cfg.save is not None:
         checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
-    saver = Saver(cfg, spec, layers, opt, (info or {}).get("run_id"))
+    saver = Saver(cfg, spec, layers, opt, first, (info or {}).pop("run_id", None))
     losses, times, grads = [], [], None
     for step in range(first, cfg.steps):
         inputs, targets = cfg.model.batch(step, cfg.batch)
@@ -52,7 +52,7 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-        if saver.due(step + 1):
+        if step + 1 in saver.steps:
             saver.save(step + 1)
         if report:
             report(step, losses[-1], times[-1])
@@ -97,20 +97,17 @@ def resume(cfg: RunConfig, spec, layers, opt) -> tuple[int, dict]:
 
 
 class Saver:
-    """The reference's saves: after every `save_every` steps and at the end, a step folder a pipeline of any
+    """The reference's saves (after the ``steps`` a pipeline would save at), each a step folder a pipeline of any
     layout resumes (its DCP files, RNG state and manifest, as ``resilience.checkpoint.Checkpoints`` writes for
     world 1), and the model's own export beside it (``export_whole``: an HF folder). Mutable: what it saved."""
 
-    def __init__(self, cfg: RunConfig, spec, layers, opt, run_id: str | None):
+    def __init__(self, cfg: RunConfig, spec, layers, opt, first: int, run_id: str | None):
         self.cfg, self.layers, self.opt, self.tree = cfg, layers, opt, named_tree(spec, layers)
         self.run_id, self.run, self.info = run_id or new_run_id(), None, {}
+        self.steps = set(checkpoint_files.saved_steps(cfg, first)) if cfg.save is not None else set()
         self.params = {lg: {"layer": int(lg.split(".", 1)[0]), "shape": list(p.shape), "dtype": str(p.dtype)}
                        for i, uses in enumerate(logical_names(layers)) for n, lg in uses
                        for p in [_get(layers, i, n)]}
-
-    def due(self, done: int) -> bool:
-        cfg = self.cfg
-        return cfg.save is not None and (done == cfg.steps or bool(cfg.save_every) and done % cfg.save_every == 0)
 
     def save(self, done: int) -> None:
         import torch.distributed.checkpoint as dcp
