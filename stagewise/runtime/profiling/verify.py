@@ -81,16 +81,20 @@ def _rebuilt(profile: Profile, key: str):
     """The model of the profile's ``meta.gpt`` or ``meta.hf``, checked: a field it does not have, a value out of
     its range, or not an object is named as the profile's (a hand-edited profile), not as a flag."""
     from ..run.config import RunError
-    from ..run.models import GPTConfig
-    from ...hf.run import HFRun
 
     raw = profile.meta[key]
     try:
         if not isinstance(raw, dict):
             raise TypeError(f"an object of its options, not {type(raw).__name__}")
-        model = GPTConfig(**raw) if key == "gpt" else HFRun.from_meta(raw)
         if key == "gpt":
+            from ..run.models import GPTConfig
+
+            model = GPTConfig(**raw)
             model.check()
+        else:  # transformers only for an HF profile
+            from ...hf.run import HFRun
+
+            model = HFRun.from_meta(raw)
     except (TypeError, ValueError, KeyError, RunError) as e:
         why = str(e).replace("GPTConfig.__init__() got an ", "").replace("`", "")
         raise PlanError(f"`verify`: profile {profile.model!r}: meta.{key} does not rebuild the model it was measured "
