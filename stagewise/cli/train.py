@@ -10,7 +10,7 @@ import os
 import sys
 
 from . import train_hf, train_moe, train_safety, train_scale
-from .common import UsageError, check_timeline_output, int_list, positive_int, print_json, whole_int
+from .common import UsageError, check_timeline_output, int_list, positive_int, print_json
 
 
 def register(sub) -> None:
@@ -41,7 +41,7 @@ def register(sub) -> None:
     g.add_argument("--dtype", default="float32", help="float32 (default), float64 or bfloat16")
     g.add_argument("--data", metavar="FILE", default=None,
                    help="train on this file's bytes (vocab 256); default: a seeded synthetic token stream")
-    g.add_argument("--seed", type=whole_int, default=0, help="weights and data, default 0")
+    g.add_argument("--seed", type=int, default=0, help="weights and data, default 0")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=positive_int, default=3, help="optimizer steps, default 3")
     g.add_argument("--batch", type=positive_int, default=None, help="sequences per step (default: 8, rounded up "

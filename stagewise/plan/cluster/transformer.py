@@ -379,7 +379,7 @@ def _moe(raw, where: str, layers: int) -> MoE:
         raise SpecError(f"{where}: top_k ({ints['top_k']}) must be at most experts ({ints['experts']})")
     if ints["dense_layers"] >= layers:
         raise SpecError(f"{where}: dense_layers ({ints['dense_layers']}) must be fewer than layers ({layers})")
-    every = number(raw, "every", where, integer=True, maximum=layers) if "every" in raw else 1
+    every = number(raw, "every", where, integer=True, maximum=limits.LAYERS.value) if "every" in raw else 1
     dense = raw.get("dense", [])
     if not isinstance(dense, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers
                                           for i in dense):
