@@ -25,7 +25,7 @@ __all__ = [
     "Action", "Pair", "parse", "Costs", "Lane", "Schedule", "generate", "names",
     "simulate", "Timeline", "Metrics", "metrics", "ScheduleError", "StagewiseError", "validate", "Split",
     "Parallelism", "ParallelismError",
-    "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe", "StopNotice", "Preempted",
+    "Pipeline", "Layers", "StepResult", "launch", "MoE", "moe", "StopNotice", "Preempted", "render",
 ]
 
 #: the runtime's public API, imported with torch on first use, and ``Split`` (the layout's parser, which no
@@ -33,8 +33,9 @@ __all__ = [
 _LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.stages.layers",
          "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe", "Split": ".layout",
          "StopNotice": ".runtime.resilience.preempt", "Preempted": ".runtime.resilience.preempt"}
-#: public runtime modules, imported with torch on first use: ``stagewise.moe`` (pack, unpack, with_aux)
-_LAZY_MODULES = {"moe": ".runtime.stages.moe"}
+#: public modules imported on first use: ``stagewise.moe`` (pack, unpack, with_aux; with torch) and
+#: ``stagewise.render`` (write_timeline, draw_text: pictures of a timeline, no torch)
+_LAZY_MODULES = {"moe": ".runtime.stages.moe", "render": ".render"}
 
 
 def _notebook() -> None:  # Jupyter display: the notebook module registers its drawers (stagewise.display)

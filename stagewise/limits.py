@@ -142,9 +142,9 @@ def check_schedule_size(ranks: int, microbatches: int, chunks: int, kinds: int, 
 
 
 def check_gpt_size(*, layers: int, d_model: int, heads: int, seq: int, vocab: int, batch: int,
-                   experts: int = 0) -> None:
-    """The built-in GPT's sizes (``batch``: sequences in one micro-batch; ``experts``: MLPs per block of a
-    mixture of experts, routed and shared), before a tensor is made."""
+                   experts: int = 0, shared: int = 0) -> None:
+    """The built-in GPT's sizes (``batch``: sequences in one micro-batch; ``experts`` and ``shared``: the routed
+    and shared MLPs per block of a mixture of experts, each named in the message), before a tensor is made."""
     LAYERS.check(layers, "`layers_n`")
     tensors = (
         ("`d_model` x 4 `d_model` (one block's MLP weight)", 4 * d_model * d_model),
@@ -155,8 +155,8 @@ def check_gpt_size(*, layers: int, d_model: int, heads: int, seq: int, vocab: in
     )
     for what, n in tensors:
         ELEMENTS.check(n, "", detail=f"{what} = {n}")
-    params = layers * (4 + 8 * max(1, experts)) * d_model * d_model + (vocab + seq) * d_model
-    moe = f" with {experts} expert MLPs a block" if experts else ""
+    params = layers * (4 + 8 * max(1, experts + shared)) * d_model * d_model + (vocab + seq) * d_model
+    moe = f" with `moe_experts` {experts} + `moe_shared` {shared} expert MLPs a block" if experts else ""
     PARAMETERS.check(params, "", detail=f"`layers_n` {layers} `d_model` {d_model}{moe} `vocab` {vocab} make about "
                      f"{params} parameters")
 

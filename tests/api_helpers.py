@@ -297,6 +297,12 @@ def mistake(kind: str):
     elif kind == "batch":
         pipe = stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(2)], F.mse_loss, microbatches=3)
         pipe.step(x, y)
+    elif kind == "split count":
+        stagewise.Pipeline("1f1b", [nn.Linear(4, 4) for _ in range(4)], F.mse_loss, microbatches=2, split=(1, 1, 2))
+    elif kind == "meta list":  # a sequence of meta-device layers, one with a bare parameter, no init=
+        with torch.device("meta"):
+            net = LooseNet()
+        stagewise.Pipeline("1f1b", [net.a, net.b], F.mse_loss, microbatches=2)
 
 
 def tied_by_name(i: int) -> nn.Module:

@@ -5,7 +5,12 @@ from a pinned commit) and its layer-count rules, and the planner requests the fr
 transformer_block.py) and ``PipelineParallelLayerLayout`` (pipeline_parallel_layer_layout.py) at the
 fixture's commit, and ``megatron_validate`` the pipeline rules of its ``validate_args`` (megatron/training/
 arguments.py): written from reading them, checked once against that source itself on 62 cases (planner rows and
-synthetic splits), with the fetched Megatron-LM imported.
+synthetic splits), with the fetched Megatron-LM imported. ``megatron_model_validate`` holds its model rules
+(``required_args`` and what it defaults otherwise): checked once by running Megatron-LM's own ``parse_args``,
+``validate_args`` and ``core_transformer_config_from_args`` (its GPU-only imports stubbed, an H100's
+capability, CUDA_DEVICE_MAX_CONNECTIONS=1) on 72 printed lines: two rows of each of the 32 shipped models and
+of four user-written ones (MoE every 2nd block with a dense list and a capacity, sliding windows and tied
+embeddings with dropout, MLA without a query rank with MTP, a head_dim of its own); all passed.
 """
 
 from __future__ import annotations
@@ -52,6 +57,70 @@ def megatron_validate(a: dict) -> None:
         assert p > 1, "an interleaved schedule needs --pipeline-model-parallel-size > 1"
     if "overlap-param-gather" in a:
         assert "use-distributed-optimizer" in a and "overlap-grad-reduce" in a
+
+
+#: the arguments Megatron-LM's validate_args requires of every GPT model (its ``required_args``)
+MEGATRON_REQUIRED = ("num-layers", "hidden-size", "num-attention-heads", "max-position-embeddings")
+
+
+def megatron_model_validate(a: dict, spec) -> None:
+    """The model rules of Megatron-LM's validate_args (and of the TransformerConfig it builds) that a printed line
+    meets, and the model it builds from the line is the model file's ``spec``: its defaults where a flag is
+    absent (gelu, 4h MLP, one query group per head, hidden / heads channels, tied embeddings, dropout 0.1, no
+    experts, no windows, the vocabulary of a tokenizer the line does not name)."""
+    for name in MEGATRON_REQUIRED:
+        assert name in a, f"--{name} is required by Megatron-LM's validate_args"
+    L, h, heads = int(a["num-layers"]), int(a["hidden-size"]), int(a["num-attention-heads"])
+    assert int(a["max-position-embeddings"]) >= int(a["seq-length"]) == spec.seq
+    assert "kv-channels" in a or h % heads == 0, "validate_args: hidden % heads without --kv-channels"
+    assert (L, h, heads) == (spec.layers, spec.hidden, spec.heads)
+    assert int(a.get("ffn-hidden-size", 0)) == spec.ffn, "Megatron-LM's default MLP width is not the model's"
+    assert ("swiglu" in a) == (spec.mlp == "swiglu") and ("untie-embeddings-and-output-weights" in a) != \
+        spec.tied_embeddings
+    assert a.get("tokenizer-type") == "NullTokenizer" and int(a["vocab-size"]) == spec.vocab and "mock-data" in a
+    assert (a.get("attention-dropout") == a.get("hidden-dropout") == "0") != spec.dropout
+    if spec.mla:
+        m = spec.mla
+        assert "multi-latent-attention" in a and a.get("position-embedding-type") == "rope"
+        assert (int(a["kv-lora-rank"]), int(a["qk-head-dim"]), int(a["qk-pos-emb-head-dim"]), int(a["v-head-dim"])) \
+            == (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim)
+        assert int(a.get("q-lora-rank", 0)) == (m.q_lora_rank or 0)
+    else:
+        groups = int(a["num-query-groups"]) if "group-query-attention" in a else heads
+        assert groups == spec.kv_heads and int(a.get("kv-channels", h // heads)) == spec.head_size
+    moe = [spec.moe is not None and spec.moe.is_moe(i) for i in range(L)]
+    if spec.moe:
+        e = spec.moe
+        assert (int(a["num-experts"]), int(a["moe-router-topk"]), int(a["moe-ffn-hidden-size"])) == \
+            (e.experts, e.top_k, e.expert_ffn)
+        assert int(a.get("moe-shared-expert-intermediate-size", 0)) == e.shared_experts * e.expert_ffn
+        freq = megatron_pattern_value(a.get("moe-layer-freq", "1"), L)
+        assert [bool(x) for x in freq] == moe
+        assert ("moe-expert-capacity-factor" in a) == (e.capacity_factor is not None)
+    else:
+        assert "num-experts" not in a
+    if spec.sliding_window is not None and spec.layer_types:
+        assert a["window-size"] == f"{spec.sliding_window - 1},0"
+        assert megatron_pattern_value(a["window-attn-skip-freq"], L) == [int(spec.sliding(i)) for i in range(L)]
+    else:
+        assert "window-size" not in a
+    assert int(a.get("mtp-num-layers", 0)) == spec.mtp_layers
+    if spec.mtp_layers:
+        assert a.get("position-embedding-type") in ("rope", "none"), "validate_args: MTP needs rope or none"
+    if "pipeline-model-parallel-layout" in a:  # TransformerConfig: the layout's MTP modules are mtp_num_layers
+        assert _stages(a["pipeline-model-parallel-layout"])[-1].count("m") == spec.mtp_layers
+
+
+def megatron_pattern_value(text: str, layers: int) -> list[int]:
+    """Megatron-LM's ``moe_freq_type``: N (every N-th layer, from the first) or a list expression of the
+    characters it admits, whose length must be the layers'."""
+    if "[" not in text:
+        n = int(text)
+        return [int(i % n == 0) for i in range(layers)]
+    assert not re.search(r"[^,\d\[\]()+*]", text), text
+    out = eval(text)  # noqa: S307 - checked to digits, brackets, commas, + and *, as Megatron-LM evaluates it
+    assert len(out) == layers, f"the pattern has {len(out)} layers, the model {layers}"
+    return out
 
 
 def _stages(layout: str) -> list[str]:

@@ -156,3 +156,42 @@ def test_a_raised_limit_is_honoured(tmp):
                               {"argv": argv, "env": {"STAGEWISE_MAX_MICROBATCHES": "70000"}}])
     assert low["rc"] == 2 and "STAGEWISE_MAX_MICROBATCHES" in low["err"]
     assert raised["rc"] == 0 and json.loads(raised["out"])["microbatches"] == 70000
+
+
+def _integer_options():
+    """(subcommand, option) of every option of every subcommand that takes a whole number."""
+    import argparse
+
+    from stagewise.cli import build_parser
+    from stagewise.cli.values import positive_int, whole_int
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = []
+    for name, sub in subs.choices.items():
+        for action in sub._actions:
+            if action.option_strings and (action.type is int or action.type in (positive_int, whole_int)
+                                          or getattr(action.type, "__name__", "") == "_count"):
+                out.append((name, max(action.option_strings, key=len), action.type, action.choices))
+    return out
+
+
+def test_every_integer_option_names_itself_for_a_31_digit_value(capsys):
+    """Issue 44, the class of a 31-digit `--moe-shared` whose message named the parameter count instead: every
+    whole-number option of every command refuses it in one line that names the option; none is a bare `int`
+    unless its choices bound it (or, --seed, its own check names it)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cli_helpers import fails
+
+    options = _integer_options()
+    # --seed stays int: its own check says torch's range, naming it, for any length (test_hf_cli)
+    bare = [o[:2] for o in options if o[2] is int and o[3] is None and o[1] != "--seed"]
+    assert len(options) > 40 and not bare, bare
+    for sub, flag, *_ in (o for o in options if o[1] != "--seed"):
+        err = fails(capsys, sub, flag, "1234567890123456789012345678901")
+        assert flag in err, (sub, flag, err)
+    err = fails(capsys, "train", "--schedule", "1f1b", "--moe-experts", "4", "--moe-shared", "999999999999999999")
+    assert "--moe-experts 4 + --moe-shared 999999999999999999 expert MLPs a block" in err, err

@@ -304,3 +304,51 @@ def test_a_layer_of_a_model_over_the_limit_is_never_built(root, monkeypatch):
         load(root / "good")
     monkeypatch.setenv("STAGEWISE_MAX_PARAMETERS", "143808")
     assert load(root / "good").parameter_count == 143808
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"rope_scaling": {"rope_type": "bogus", "factor": 2.0}}, "rope_scaling.rope_type is 'bogus'; transformers has "
+                                                              "the rotary types default, linear"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": -1}}, "rope_scaling.factor is -1; it must be a finite "
+                                                              "number >= 1"),
+    ({"rope_scaling": "x"}, "rope_scaling is 'x'; it must be null or an object"),
+    ({"rope_theta": "x"}, "rope_theta is 'x'; it must be a finite number > 0"),
+    ({"torch_dtype": "float99"}, "torch_dtype is 'float99'; it must be null, \"auto\" or a floating torch dtype"),
+    ({"eos_token_id": [1, "x"]}, "eos_token_id is [1, 'x']; it must be int or list[int] or null (transformers' "
+                                 "LlamaConfig)"),
+    ({"rope_parameters": {"rope_type": "yarn"}}, "rope_parameters is {'rope_type': 'yarn'}; transformers refuses "
+                                                 "it (KeyError: \"Missing required keys"),
+])
+def test_a_config_transformers_refuses_is_named_by_file_and_field(tmp_path, over, words):
+    """Issue 44: transformers' own validation (or its later failure inside a layer) is said as the file's field,
+    its value and the rule, not in transformers' internal words."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, **over}))
+    with pytest.raises(HFError) as e:
+        load(str(path))
+    assert str(e.value).startswith(f"`source` {path}: ") and words in str(e.value), str(e.value)
+
+
+def test_every_field_of_a_config_that_transformers_refuses_is_named(tmp_path):
+    """The class: every field of transformers' LlamaConfig and DeepseekV3Config set to a string, a negative
+    number or a list, as a hostile file would: accepted, or refused naming the file and that field, never in
+    transformers' type reprs or its 'Validation error' wording."""
+    import dataclasses
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path, refused = tmp_path / "config.json", 0
+    for kind in ("llama", "deepseek_v3"):
+        for field in dataclasses.fields(CONFIG_MAPPING[CONFIGS[kind]["model_type"]]):
+            if field.name in ("model_type", "architectures", "transformers_version"):
+                continue
+            for bad in ("x", -7, [1, "x"]):
+                path.write_text(json.dumps({**CONFIGS[kind], field.name: bad}))
+                try:
+                    load(str(path))
+                except HFError as e:
+                    text = str(e)
+                    assert text.startswith(f"`source` {path}: ") and field.name in text, (field.name, bad, text)
+                    assert "<class" not in text and "Validation error" not in text, (field.name, bad, text)
+                    refused += 1
+    assert refused > 100

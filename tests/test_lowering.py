@@ -206,6 +206,34 @@ def test_stagewise_lowering_passes_torchs_dry_run(name, v):
     S._simulate_comms_compute(acts, lambda s: sched.placement[s], sched.stages)
 
 
+def test_what_torchs_dry_run_takes_is_what_docs_schedules_says():
+    """docs/schedules.md, exactly (torch 2.13): `_simulate_comms_compute` takes compute and sends/receives, so
+    every family but the DualPipes (OVERLAP_F_B) passes at pp alone; it refuses UNSHARD and REDUCE_GRAD, of
+    stagewise's lowering and of torch's own alike, and the DualPipes' OVERLAP_F_B. torch's runtime loads them
+    all (test_torchs_runtime_loads_a_compute_comms_csv_as_written)."""
+    S = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from stagewise.lowering.torch_comms import dumps
+
+    def dry_run(acts, sched):
+        S._simulate_comms_compute(acts, lambda s: sched.placement[s], sched.stages)
+
+    def ours(name, par, v=None):
+        sched = generate(name, 4, 8, v)
+        rows = dumps(lower(sched, par)).strip().split("\n")
+        return {r: [S._Action.from_str(x) for x in row.split(",")] for r, row in enumerate(rows)}, sched
+
+    for name, v in (("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 2), ("zb-h1", None), ("zb-v", None)):
+        dry_run(*ours(name, Parallelism(pp=4), v))
+    for name, par, refused in (("1f1b", Parallelism(pp=4, fsdp=2), "UNSHARD"),
+                               ("1f1b", Parallelism(pp=4, dp=2), "REDUCE_GRAD"),
+                               ("dualpipe-v", Parallelism(pp=4), "OVERLAP_F_B")):
+        with pytest.raises(ValueError, match=f"Unsupported action type .*{refused}"):
+            dry_run(*ours(name, par))
+    sched = generate("1f1b", 4, 8)
+    with pytest.raises(ValueError, match="Unsupported action type .*UNSHARD"):
+        dry_run(_torch_lowered(sched)[1], sched)
+
+
 # ---- explain names the transfer a gap waits on
 
 

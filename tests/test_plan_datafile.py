@@ -40,6 +40,11 @@ CASES = [
     ("hardware-gpus-per-node", _with("--hardware", "{tmp}/node.json"), ["gpus_per_node", "STAGEWISE_MAX_GPUS"]),
     ("hardware-peak-tiny", _with("--hardware", "{tmp}/peak.json"), ["--hardware", "peak_flops must be >= 1e+09"]),
     ("hardware-reserve-all", _with("--hardware", "{tmp}/reserve.json"), ["reserve", "leaves nothing"]),
+    # issue 44: a field the file does not have (a typo, or one it cannot set) is refused, not silently unused
+    ("hardware-unknown-field", _with("--hardware", "{tmp}/unknown.json"),
+     ["--hardware", "unknown field 'expert_efficiency'; the fields are format, version, name"]),
+    ("hardware-reserve-typo", _with("--hardware", "{tmp}/reserve_typo.json"),
+     ["reserve: unknown field 'fragmentaton'; the fields are context, communication, fragmentation"]),
     ("gpus-18-digits", _with("--gpus", "999999999999999989"), ["--gpus 999999999999999989", "STAGEWISE_MAX_GPUS"]),
     ("gpus-2-to-40", _with("--gpus", str(2**40)), ["--gpus 1099511627776", "STAGEWISE_MAX_GPUS"]),
     ("tokens-400-digits", _with("--global-batch-tokens", "9" * 400), ["--global-batch-tokens", "24 characters"]),
@@ -88,6 +93,8 @@ def tmp(tmp_path_factory):
     (d / "peak.json").write_text(json.dumps({**hw, "peak_flops": 1e-300}))
     (d / "reserve.json").write_text(json.dumps({**hw, "reserve": {"context": 2**30, "fragmentation": 0.5,
                                                                   "communication": hw["memory"] / 2}}))
+    (d / "unknown.json").write_text(json.dumps({**hw, "expert_efficiency": float("nan")}))
+    (d / "reserve_typo.json").write_text(json.dumps({**hw, "reserve": {"fragmentaton": 0.9}}))
     prof = json.loads((ROOT / PROFILE).read_text())
     huge = json.loads(json.dumps(prof))
     for layer in huge["layers"]:
@@ -130,3 +137,40 @@ def test_plan_says_where_the_default_output_went(tmp_path, monkeypatch, capsys):
     assert rc == 0, err
     assert "wrote plan.csv" in out and "the default -o, in the current folder" in out
     assert (tmp_path / "plan.csv").is_file()
+
+
+def _numeric_fields(d: dict, path: tuple = ()):
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "sources":
+            yield from _numeric_fields(v, (*path, k))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "version":
+            yield (*path, k)
+
+
+def test_every_numeric_field_of_a_model_or_hardware_file_is_finite_and_in_range(tmp_path, capsys):
+    """Issue 44, the class (a hardware file's `efficiency: NaN` planned): every number of a shipped hardware file
+    and of model files with MoE, MLA, MTP and sliding windows, set to NaN, infinity, -1 or 1e300, is refused by
+    `plan` in one line naming the file and the field."""
+    import copy
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cli_helpers import fails
+
+    seen = 0
+    for kind, name, flag in (("hardware", "h100", "--hardware"), ("models", "deepseek-v3", "--model"),
+                             ("models", "gpt-oss-20b", "--model")):
+        base = json.loads((ROOT / f"stagewise/plan/cluster/data/{kind}/{name}.json").read_text())
+        for path in _numeric_fields(base):
+            for bad in (float("nan"), float("inf"), -1, 1e300):
+                data = copy.deepcopy(base)
+                node = data
+                for k in path[:-1]:
+                    node = node[k]
+                node[path[-1]] = bad
+                f = tmp_path / f"{name}.json"
+                f.write_text(json.dumps(data))
+                err = fails(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in _with(flag, str(f))])
+                assert f"{flag} {f}" in err and path[-1] in err, (path, bad, err)
+                seen += 1
+    assert seen > 150

@@ -12,11 +12,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
-from framework_helpers import megatron_args, megatron_builds, megatron_validate, planned, rows  # noqa: E402
+from framework_helpers import (megatron_args, megatron_builds, megatron_model_validate, megatron_validate,  # noqa: E402
+                               planned, rows)
 
 from stagewise import Parallelism  # noqa: E402
-from stagewise.plan.cluster.frameworks import (block_counts, deepspeed_config, megatron_options, megatron_split,  # noqa: E402
-                                       refusal, stagewise_train_argv, torchtitan_options, torchtitan_parts)
+from stagewise.plan.cluster.frameworks import (block_counts, deepspeed_config, megatron_model,  # noqa: E402
+                                               megatron_options, megatron_split, refusal, stagewise_train_argv,
+                                               torchtitan_options, torchtitan_parts)
+from stagewise.plan.cluster.transformer import from_json  # noqa: E402
 
 
 def _placed(built: list[list[int]], p: int) -> list[int]:
@@ -32,6 +35,7 @@ def test_megatron_builds_every_layer_of_every_plan():
         assert cmd, note
         a = megatron_args(cmd)
         megatron_validate(a)
+        megatron_model_validate(a, job.spec)
         built = megatron_builds(a)
         assert sum(map(sum, built)) == job.spec.layers
         p = c.config.p
@@ -56,6 +60,75 @@ def test_megatron_split_builds_the_planned_blocks(p, v, base, ends, bump):
     a = megatron_args(shlex.join(flags))
     megatron_validate(a)
     assert _placed(megatron_builds(a), p) == blocks
+
+
+SHIPPED = sorted(p.stem for p in (Path(__file__).parents[1] / "stagewise/plan/cluster/data/models").glob("*.json"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_megatron_lines_carry_every_shipped_models_shape(name):
+    """Issue 44: Megatron-LM's validate_args requires the model's shape, and without it builds another model."""
+    from stagewise.plan.cluster import TransformerSpec
+
+    spec = TransformerSpec.load(name)
+    megatron_model_validate(megatron_args(shlex.join([*megatron_model(spec), "--pipeline-model-parallel-size", "1"])),
+                            spec)
+
+
+@st.composite
+def _model_files(draw):
+    """A user's model file: dense or MoE (dense first blocks, every k-th, dense indices, shared experts, a
+    capacity), grouped-query or latent attention (with or without a query rank), a head size of its own, sliding
+    windows per block, MTP modules, tied embeddings, dropout."""
+    layers, heads = draw(st.integers(1, 40)), draw(st.sampled_from([4, 8, 16]))
+    d = {"name": "mine", "layers": layers, "hidden": heads * draw(st.sampled_from([16, 24, 64])), "heads": heads,
+         "kv_heads": heads // draw(st.sampled_from([1, 2, 4])), "ffn": draw(st.integers(64, 4096)),
+         "vocab": draw(st.integers(256, 200_000)), "seq": draw(st.sampled_from([512, 4096])),
+         "mlp": draw(st.sampled_from(["gelu", "swiglu"])), "tied_embeddings": draw(st.booleans()),
+         "dropout": draw(st.booleans()), "mtp_layers": draw(st.integers(0, 2))}
+    if draw(st.booleans()):
+        d["head_dim"] = draw(st.sampled_from([32, 128]))
+    if draw(st.booleans()):
+        first = draw(st.integers(0, layers - 1))  # the first MoE block, kept MoE
+        d["moe"] = {"experts": draw(st.integers(2, 64)), "top_k": 2, "expert_ffn": draw(st.integers(16, 2048)),
+                    "shared_experts": draw(st.integers(0, 2)), "dense_layers": first, "every": draw(st.integers(1, 3)),
+                    "dense": sorted(draw(st.sets(st.integers(0, layers - 1), max_size=3)) - {first})}
+        if draw(st.booleans()):
+            d["moe"] |= {"capacity_factor": 1.25, "pad": draw(st.booleans())}
+    if draw(st.booleans()):
+        d["mla"] = {"q_lora_rank": draw(st.sampled_from([None, 64])), "kv_lora_rank": 32, "qk_rope_head_dim": 16,
+                    "qk_nope_head_dim": 32, "v_head_dim": 32}
+        d["kv_heads"] = heads
+    elif draw(st.booleans()):
+        d["sliding_window"] = draw(st.integers(2, 512))
+        d["layer_types"] = draw(st.lists(st.sampled_from(["full_attention", "sliding_attention"]), min_size=layers,
+                                         max_size=layers))
+    return from_json({"format": "stagewise-model", "version": 1, **d}, "mine.json")
+
+
+@settings(max_examples=80, deadline=None)
+@given(spec=_model_files())
+def test_megatron_lines_carry_any_model_files_shape(spec):
+    """Any model file a user writes: its line has what validate_args requires, and Megatron-LM builds that model."""
+    megatron_model_validate(megatron_args(shlex.join([*megatron_model(spec), "--pipeline-model-parallel-size", "1"])),
+                            spec)
+
+
+def test_a_moe_model_files_megatron_line_from_the_cli_runs_in_megatron(tmp_path):
+    """Issue 44 as reported: `plan --model` of a Qwen3-30B-A3B-like model file, its Megatron-LM line checked as
+    Megatron-LM parses and validates it (layout rules and model rules)."""
+    from stagewise.cli import main
+    from stagewise.plan.cluster import TransformerSpec
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "qwen3-30b-a3b", "--hardware", "h100", "--gpus", "64", "--global-batch-tokens",
+                 "1M", "--framework", "megatron", "--tensor", "2", "--pipeline", "2", "--json", "-o", str(out)]) == 0
+    mega = json.loads(out.read_text())["frameworks"]["megatron"]
+    a = megatron_args(mega["command"])
+    megatron_validate(a)
+    megatron_model_validate(a, TransformerSpec.load("qwen3-30b-a3b"))
+    assert a["num-experts"] == "128" and a["moe-ffn-hidden-size"] == "768" and a["num-query-groups"] == "4"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in mega["note"] and "--mock-data" in mega["note"]
 
 
 def test_llama3_8b_on_64_gpus_is_never_interleaved_on_one_stage(capsys):

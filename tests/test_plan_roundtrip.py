@@ -8,6 +8,10 @@ degree > 1 becomes 2, dp then doubled up to 8 ranks), its model a tiny Hugging F
 (Llama, Mixtral), its micro-batches, batch, sequence and v cut to fit, float32 instead of bfloat16 (so the
 losses compare at 1e-4), and the split even; everything else is the line as printed, parsed by `stagewise
 train`'s own parser. One launch of 8 ranks runs all three; each equals the unpipelined run of its model.
+
+MoE model files (a Qwen3-MoE-like one, every block MoE, and a DeepSeek-V3-like one, a dense block first) are
+planned at 8 GPUs through `stagewise plan --json` and their lines run as printed, the split included (its
+symbols must be the ones `train --hf` names: `m` for an MoE block), only the placeholders and the dtype replaced.
 """
 
 from __future__ import annotations
@@ -145,3 +149,49 @@ def test_the_printed_lines_shrunk_run_and_equal_the_unpipelined_run(folders):
         assert res.parallelism == cfg.parallelism
         for a, b in zip(res.losses, alone.losses, strict=True):
             assert abs(a - b) <= 1e-4 * abs(b), (label, res.losses, alone.losses)
+
+
+#: model files of the tiny HF MoE models' shape: every block MoE (Qwen3-MoE), and a dense first block before
+#: MoE ones with MLA and a shared expert (DeepSeek-V3), so the printed split names both kinds of block
+MODEL_FILES = {
+    "qwen3_moe": {"layers": 2, "head_dim": 16, "kv_heads": 2, "moe": {"experts": 4, "top_k": 2, "expert_ffn": 32}},
+    "deepseek_v3": {"layers": 3, "kv_heads": 4, "moe": {"experts": 4, "top_k": 2, "expert_ffn": 32, "shared_experts": 1,
+                                                        "dense_layers": 1},
+                    "mla": {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                            "v_head_dim": 16}},
+}
+
+
+def test_a_moe_model_files_printed_line_runs_as_printed_and_equals_the_unpipelined_run(tmp_path, folders):
+    """`plan --model FILE.json` of an MoE model file -> its stagewise line, split and all (only the placeholders
+    and the dtype replaced), through `stagewise train`'s parser -> equal to the unpipelined run."""
+    import json
+    import shlex
+
+    from stagewise.cli import main
+    from stagewise.runtime.run.train import train, train_many
+
+    _, text = folders
+    cfgs, splits = [], []
+    for kind, shape in MODEL_FILES.items():
+        hf = save_tiny(kind, tmp_path / kind, num_hidden_layers=shape["layers"])
+        model = tmp_path / f"{kind}.json"
+        model.write_text(json.dumps({"format": "stagewise-model", "version": 1, "name": f"tiny-{kind}", "hidden": 64,
+                                     "heads": 4, "ffn": 128, "vocab": 256, "seq": SEQ, "mlp": "swiglu",
+                                     "tied_embeddings": False, **shape}))
+        out = tmp_path / f"{kind}-plan.json"
+        assert main(["plan", "--model", str(model), "--hardware", "h100", "--gpus", str(WORLD), "--pipeline", "2",
+                     "--global-batch-tokens", "512", "--framework", "stagewise", "--json", "-o", str(out)]) == 0
+        line = shlex.split(json.loads(out.read_text())["frameworks"]["stagewise"]["command"])
+        argv = line[line.index("train") + 1:]
+        splits.append(argv[argv.index("--split") + 1])
+        sizes = {"MODEL_FOLDER": str(hf), "TEXT_FILE": text, "bfloat16": "float32"}
+        cfg = run_config([sizes.get(a, a) for a in argv])
+        assert cfg.parallelism.world == WORLD, (kind, cfg.parallelism)
+        cfgs.append(dataclasses.replace(cfg, steps=2, measure_memory=False, timeout=120))
+    assert "m" in splits[0] and "t" not in splits[0] and "E+t+m" in splits[1].replace(" ", ""), splits
+    for kind, cfg, res in zip(MODEL_FILES, cfgs, train_many(cfgs)):
+        alone = train(dataclasses.replace(cfg, schedule=None, csv=None, chunks=None, parallelism=Parallelism(pp=1),
+                                          recompute=False))
+        for a, b in zip(res.losses, alone.losses, strict=True):
+            assert abs(a - b) <= 1e-4 * abs(b), (kind, res.losses, alone.losses)

@@ -95,3 +95,24 @@ def test_demo_writes_the_comparison_and_the_report(tmp_path, capsys):
     assert rc == 0
     for name in ("compare.svg", "report.html"):  # the pure-Python renderer: no matplotlib start-up
         assert (tmp_path / name).stat().st_size > 10_000 and f"wrote {tmp_path / name}" in out
+
+
+def test_stagewise_render_draws_a_timeline_as_the_api_docs_say(tmp_path):
+    """Issue 44: docs/api.md says to draw a step's timeline with `stagewise.render`; it exports the writers
+    (the format by the suffix) and the terminal text, and importing it loads neither torch nor matplotlib."""
+    import json
+    import subprocess
+    import sys
+
+    import stagewise
+
+    tl = stagewise.simulate(stagewise.generate("1f1b", 2, 4))
+    assert set(stagewise.render.__all__) == {"write_timeline", "write_comparison", "draw_text", "OutputError"}
+    assert stagewise.render.write_timeline(tl, tmp_path / "t.svg").read_text().lstrip().startswith("<")
+    assert "traceEvents" in json.loads(stagewise.render.write_timeline(tl, tmp_path / "t.json").read_text())
+    assert "rank 0" in stagewise.render.draw_text(tl, color=False)
+    with pytest.raises(stagewise.StagewiseError, match="unknown suffix '.gif'"):
+        stagewise.render.write_timeline(tl, tmp_path / "t.gif")
+    code = "import sys, stagewise; stagewise.render.draw_text; print('torch' in sys.modules, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

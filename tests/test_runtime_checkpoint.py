@@ -224,8 +224,8 @@ def test_bad_checkpoint_options_exit_2_before_any_rank_starts(capsys, tmp_path, 
     for extra, needle in cases:
         rc, _, err = run_cli(capsys, *tiny, *extra)
         assert rc == 2 and err.count("\n") == 1 and needle in err, (extra, err)
-    rc, _, err = run_cli(capsys, "--schedule", "none", "--save", str(tmp_path / "s"))
-    assert rc == 2 and "--save needs a pipeline" in err
+    rc, _, err = run_cli(capsys, "--schedule", "none", "--save", str(tmp_path / "s"), "--save-on-signal", "5")
+    assert rc == 2 and "--save-on-signal needs a --schedule run on ranks" in err  # the reference saves (issue 44)
 
 
 def test_data_parallel_replicas_save_one_copy_that_a_single_pipeline_resumes(tmp_path):
@@ -298,6 +298,15 @@ def test_overwrite_replaces_another_run_and_a_resume_saves_into_its_own_run(caps
     assert "exported" not in out  # the built-in GPT writes no HF folder, so none is announced
     after = manifests_of(mine)
     assert sorted(after) == ["step-00000001"] and json.loads(after["step-00000001"])["run"]["id"] not in ids
+
+
+def test_a_resumed_run_numbers_its_statistics_by_the_steps_it_ran(capsys, saved):
+    """Issue 44: after resuming at step 2, steps 3 and 4 run; the summary says so (it said "steps 2..2")."""
+    _, root = saved
+    rc, out, err = run_cli(capsys, *TINY_ARGS, "--steps", "4", "--resume", str(root))
+    assert rc == 0, err
+    assert "mean step" in out and "(step 3 excluded as warm-up)" in out and "bubble: measured" in out
+    assert "% (step 4), predicted" in out and "2..2" not in out, out
 
 
 def test_a_checkpoint_of_another_model_seed_or_data_is_refused_saying_what_differs(capsys, tmp_path, saved):
@@ -557,6 +566,10 @@ def _hostile(root: Path, tmp_path: Path, marker: Path) -> dict[str, tuple[Path, 
                         "its parameter or buffer 1.fc.weight has shape (256, 32); this model's has (128, 32)"),
         "no exp_avg": (lambda s: _write_index(s, index_edit(_index(s), "optim")),
                        "it holds no optimizer state exp_avg of 1.fc.weight"),
+        "absurd frame length": (lambda s: ((s / ".metadata").write_bytes(b"\x80\x05\x95" + b"\xff" * 8 + b"N."),
+                                           _rehash(s, ".metadata")),
+                                ".metadata is not the index of a DCP checkpoint (not a pickle DCP wrote "
+                                "(OverflowError))"),
         "zeroed data": (lambda s: ((s / "__0_0.distcp").write_bytes(bytes((s / "__0_0.distcp").stat().st_size)),
                                    _rehash(s, "__0_0.distcp")),
                         "__0_0.distcp does not read as the tensors .metadata says it holds (damaged, or not a DCP "
@@ -615,6 +628,19 @@ def test_hostile_checkpoints_are_one_line_from_the_cli(capsys, saved, tmp_path):
     assert rc == 2 and err.count("\n") == 1 and f"every rank: --resume {step}: {words}" in err, err
     assert "CheckpointException" not in err and "Traceback" not in err
     assert not marker.exists()
+
+
+def test_a_garbled_rng_file_is_refused_by_name_in_one_line(capsys, saved, tmp_path):
+    """Issue 44, the class of 'a garbled file ends in a traceback': RNG files whose bytes (rehashed into the
+    manifest) are no RNG state are named, on the ranks that read them, in one line with exit 2."""
+    _, root = saved
+    bad = copy_of(root, tmp_path) / "step-00000002"
+    for rank in (0, 1):
+        (bad / files.rng_file(rank)).write_bytes(b"\x80\x02}q\x00.")  # an empty dict: no generator in it
+        _rehash(bad, files.rng_file(rank))
+    rc, _, err = run_cli(capsys, *TINY_ARGS, "--steps", "3", "--resume", str(bad))
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"--resume {bad}: rng-rank-0000" in err and "is not an RNG state of a checkpoint (" in err, err
 
 
 # ---- --overwrite deletes only what a checkpoint's manifest lists

@@ -66,6 +66,9 @@ def test_a_crafted_index_is_refused_before_any_of_its_code_runs(tmp_path, payloa
     (b"", "not a pickle DCP wrote"),
     (b"\x80\x04garbage", "not a pickle DCP wrote"),
     (pickle.dumps([1, 2]), "it holds a list, not DCP's Metadata"),
+    # lengths past what the machine can hold (issue 44: OverflowError escaped): a frame, bytes, a string
+    *((b"\x80\x05" + op + b"\xff" * 8 + b"N.", r"not a pickle DCP wrote \(OverflowError\)") for op in
+      (b"\x95", b"\x8e", b"\x8d", b"\x96")),
 ])
 def test_bytes_that_are_not_an_index_are_refused_in_words(tmp_path, raw, words):
     (tmp_path / ".metadata").write_bytes(raw)

@@ -156,6 +156,27 @@ def test_bad_options_name_the_argument(kw, needle):
     assert needle in str(e.value)
 
 
+@pytest.mark.parametrize("call, needle", [
+    (lambda: MoE(None, 4, 2, 12), "`d_model` must be a whole number; got None"),
+    (lambda: MoE("8", 4, 2, 12), "`d_model` must be a whole number; got '8'"),
+    (lambda: MoE(8, 4, 2, 12, aux=None), "`aux` must be a finite number >= 0; got None"),
+    (lambda: MoE(8, 4, 2, 12, aux="0.1"), "`aux` must be a finite number >= 0; got '0.1'"),
+    (lambda: MoE(8, 4, 2, 12, capacity=1.0, pad="yes"), "`pad` must be True or False; got 'yes'"),
+    (lambda: moe_mod.with_aux(None), "stagewise.moe.with_aux: `loss_fn` must be a function (output, target) -> loss"),
+    (lambda: moe_mod.with_aux("cross_entropy"), "`loss_fn` must be a function (output, target) -> loss, such as "
+                                                "torch.nn.functional.cross_entropy; got str"),
+    (lambda: moe_mod.pack(torch.zeros(2), "0.1"), "stagewise.moe.pack: `aux` must be the running aux loss as a "
+                                                  "tensor, or None; got str"),
+])
+def test_every_argument_of_the_moe_api_is_checked_as_the_librarys_error(call, needle):
+    """Issue 44: `with_aux(None)` (or a string) and its kin were a bare TypeError, late, from torch or a call."""
+    import stagewise
+
+    with pytest.raises(stagewise.StagewiseError) as e:
+        call()
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_the_width_and_the_input_are_checked_before_any_division():
     with pytest.raises(RunError, match="`d_model` must be >= 1; got 0"):
         MoE(0, 4, 2, 12)

@@ -21,8 +21,26 @@ def fails(kind: str) -> str:
     with pytest.raises(RankFailure) as err:
         stagewise.launch(mistake, 2, kind, threads=1)
     assert err.value.user, str(err.value)
+    assert isinstance(err.value, stagewise.StagewiseError)  # the library's error type, as in one process
     assert "\n" not in str(err.value)
     return str(err.value)
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("split count", "every rank: `split` has 3 counts; the schedule has 2 stages per model copy"),
+    ("batch", "every rank: inputs has 8 rows (dimension 0 of shape (8, 4)); it must split into 3 equal micro-batches"),
+    ("meta list", "layer '0' built on the meta device: 0.pos is initialised by no reset_parameters"),
+])
+def test_bad_input_on_a_rank_is_a_stagewise_error_with_no_launcher_traceback(kind, words):
+    """Issue 44: what the user got wrong inside `stagewise.launch` comes back as the library's error type, its one
+    line naming the rank, its traceback only the caller's line (no launcher frames under it)."""
+    import traceback
+
+    with pytest.raises(stagewise.StagewiseError) as err:
+        stagewise.launch(mistake, 2, kind, threads=1)
+    assert words in str(err.value) and "\n" not in str(err.value) and str(err.value).startswith(("rank", "every"))
+    frames = [f.filename for f in traceback.extract_tb(err.value.__traceback__)]
+    assert not any("launching/launch.py" in f for f in frames) and err.value.__suppress_context__, frames
 
 
 def test_a_module_without_split_points_says_how_to_give_them():

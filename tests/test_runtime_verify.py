@@ -49,3 +49,29 @@ def test_verify_refuses_what_the_runtime_cannot_run():
     prof = gpt_profile()
     with pytest.raises(PlanError, match="does not say how to rebuild it"):
         verify(prof, [], 1, log=None)
+
+
+@pytest.mark.parametrize("meta, words", [
+    ({"gpt": {"layers_n": 2, "bogus": 1}}, "meta.gpt does not rebuild the model it was measured on (unexpected keyword "
+                                           "argument 'bogus')"),
+    ({"gpt": {"layers_n": 2, "d_model": float("nan")}}, "meta.gpt does not rebuild the model it was measured on "
+                                                        "(d_model must be a whole number; got nan"),
+    ({"gpt": "gpt"}, "meta.gpt does not rebuild the model it was measured on (an object of its options, not str)"),
+    ({"hf": {"source": "x", "seq": float("nan")}}, "meta.hf does not rebuild the model it was measured on"),
+    ({"gpt": {"layers_n": 2}, "threads": float("nan")}, "meta.threads must be a whole number from 1 to"),
+    ({"gpt": {"layers_n": 2}, "optimizer": ["adam"]}, "meta.optimizer must be a torch.optim class name"),
+])
+def test_a_hand_edited_profile_is_refused_naming_its_field(meta, words):
+    """Issue 44: a profile's numbers and options are checked as the profile's (not as flags, not a TypeError)."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from plan_fixtures import gpt_profile
+    from stagewise.plan.errors import PlanError
+
+    prof = dataclasses.replace(gpt_profile(), meta=meta)
+    with pytest.raises(PlanError, match="meta") as err:
+        verify(prof, [], 1, log=None)
+    assert words in str(err.value) and "\n" not in str(err.value), str(err.value)

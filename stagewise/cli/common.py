@@ -7,7 +7,7 @@ import sys
 
 from ..costs import CostError, Costs, rank_share_weights, scaled
 from ..errors import StagewiseError
-from .values import UsageError, finite_float, per_stage_value, positive_int  # noqa: F401 (their home)
+from .values import UsageError, finite_float, per_stage_value, positive_int, whole_int  # noqa: F401 (their home)
 
 
 #: errors that are the user's input, not our bug: one line on stderr, exit 2

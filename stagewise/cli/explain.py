@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import add_cost_args, add_schedule_args, costs_from, print_json, read_checked, schedule_from
+from .common import add_cost_args, add_schedule_args, costs_from, print_json, read_checked, schedule_from, whole_int
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
                        "per cause.")
     add_schedule_args(p)
     add_cost_args(p)
-    p.add_argument("--rank", type=int, default=None, metavar="R", help="only the gaps of rank R")
+    p.add_argument("--rank", type=whole_int, default=None, metavar="R", help="only the gaps of rank R")
     p.add_argument("--json", action="store_true", help="print the gaps as JSON")
     p.set_defaults(func=cmd_explain)
 

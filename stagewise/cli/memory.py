@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 
 from ..costs import Costs, MemoryCap, transformer_activation, with_transformer_memory
-from .values import UsageError, finite_float
+from .values import UsageError, finite_float, whole_int
 
 
 def _fraction(text: str) -> float:
@@ -15,16 +15,6 @@ def _fraction(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be a fraction from 0 to 1; got {text!r}")
     return value
-
-
-def _whole(text: str) -> int:
-    """A whole number of at most 18 digits (the sizes' own rules, >= 1, are checked where they are used)."""
-    if len(text.strip()) > 18:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at most 18 digits; got {text[:24]!r}...")
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number; got {text!r}") from None
 
 
 def _positive(text: str) -> float:
@@ -41,13 +31,13 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
         "micro-batch's activations of one stage)")
     g.add_argument("--free-at-i", type=_fraction, default=None,
                    help="fraction of an activation freed at I (the rest at W), default 0")
-    g.add_argument("--hidden-size", type=_whole, default=None,
+    g.add_argument("--hidden-size", type=whole_int, default=None,
                    help="with --heads and --seq-length: activation bytes per stage and --free-at-i from the Zero "
                         "Bubble paper's M_B = (34h + 5as)sb and M_W = 32hsb per layer; with --moe-tokens: the "
                         "all-to-all's token size")
-    g.add_argument("--heads", type=_whole, default=None, help="attention heads (a)")
-    g.add_argument("--seq-length", type=_whole, default=None, help="sequence length (s)")
-    g.add_argument("--micro-batch-size", type=_whole, default=1, help="sequences per micro-batch (b), default 1")
+    g.add_argument("--heads", type=whole_int, default=None, help="attention heads (a)")
+    g.add_argument("--seq-length", type=whole_int, default=None, help="sequence length (s)")
+    g.add_argument("--micro-batch-size", type=whole_int, default=1, help="sequences per micro-batch (b), default 1")
     g.add_argument("--layers-per-stage", type=_positive, default=1.0, help="layers in one stage, default 1")
     g.add_argument("--cap", default=None, metavar="N[,N..]",
                    help="most activation per rank in chunk-units, one number or one per rank")

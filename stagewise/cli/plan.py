@@ -10,7 +10,7 @@ import math
 import time
 
 from .. import limits
-from .common import UsageError, family_names, finite_float, positive_int, print_json
+from .common import UsageError, family_names, finite_float, positive_int, print_json, whole_int
 from .planning import Destinations, ProgressBar, csv_round_trips, destinations, said_default, whole_numbers
 
 
@@ -71,7 +71,7 @@ def register(sub) -> None:
                    help="memory kept free on every device, e.g. 6GiB or 10%% (with --model: default the hardware "
                         "file's reserve, CUDA context + communication buffers + fragmentation; with --memory: 0)")
     p.add_argument("--auto", action="store_true", help="also search an `auto` order for the best configurations")
-    p.add_argument("--verify", type=int, nargs="?", const=3, default=None, metavar="K",
+    p.add_argument("--verify", type=whole_int, nargs="?", const=3, default=None, metavar="K",
                    help="run the top K (default 3) runnable configurations for real and compare")
     p.add_argument("--steps", type=positive_int, default=5, help="steps per verified run and round, default 5")
     p.add_argument("--rounds", type=positive_int, default=2,

@@ -193,16 +193,20 @@ def _output(args, res) -> None:
 
 
 def summary(res) -> str:
-    """Mean step time and measured vs predicted bubble, the first step excluded when there are several."""
+    """Mean step time and measured vs predicted bubble, the first step run excluded when there are several
+    (numbered as the run counts its steps: a resumed run's first is the one after its checkpoint's)."""
     times = res.step_time_s[1:] or res.step_time_s
-    warm = " (step 1 excluded as warm-up)" if len(res.step_time_s) > 1 else ""
+    first = (res.checkpoint or {}).get("resumed_step", 0) + 1
+    last = first + len(res.step_time_s) - 1
+    warm = f" (step {first} excluded as warm-up)" if len(res.step_time_s) > 1 else ""
     shape = (f"p={res.ranks} m={res.microbatches}" if res.schedule != "none" else
               "the unpipelined reference, one process over the whole batch at once" if res.microbatches == 1 else
               f"the unpipelined reference, one process over {res.microbatches} micro-batches one after another "
               "(a pipeline's, its dropout masks too)")
     lines = [f"{res.schedule}: {shape}, mean step {_sec(sum(times) / len(times))}{warm}"]
     if res.ranks > 1:
-        over = "the mean over steps 2.." + str(len(res.step_time_s)) if len(res.step_time_s) > 1 else "step 1"
+        over = (f"step {last}" if last == first + 1 else f"the mean over steps {first + 1}..{last}") \
+            if len(res.step_time_s) > 1 else f"step {first}"
         lines.append(f"bubble: measured {res.measured_bubble_fraction:.1%} ({over}), predicted "
                      f"{res.predicted_bubble_fraction:.1%} (simulator fed the measured mean cost of each action "
                      "kind per stage)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .common import UsageError, finite_float, positive_int
+from .common import UsageError, finite_float, positive_int, whole_int
 from .flags import add_layout_options
 
 #: the options that shape the built-in GPT's MoE blocks (argparse name -> GPTConfig field)
@@ -25,7 +25,7 @@ def add_args(p) -> None:
                    help="routed experts of every block (default: the dense MLP); a multiple of --ep")
     g.add_argument("--moe-top-k", type=positive_int, metavar="K", default=None,
                    help="experts each token is routed to, default 2")
-    g.add_argument("--moe-shared", type=int, metavar="N", default=None,
+    g.add_argument("--moe-shared", type=whole_int, metavar="N", default=None,
                    help="shared experts every token goes through as well, default 0")
     g.add_argument("--moe-capacity", type=finite_float, metavar="C", default=None,
                    help="tokens an expert takes from a sequence, as a multiple of its fair share (seq x top-k / "

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import os
 
-from .common import positive_int
+from .common import positive_int, whole_int
 
 FAULT_ENV = "STAGEWISE_FAULT"  # stagewise.runtime.resilience.faults.ENV, without importing the runtime
 
@@ -96,9 +96,10 @@ def _grace(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit():
+    value = whole_int(text)  # at most 18 digits
+    if value < 0:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 0; got {text!r}")
-    return int(text)
+    return value
 
 
 def _range(text: str) -> tuple[int, int]:

@@ -26,6 +26,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def whole_int(text: str) -> int:
+    """A whole number of at most 18 digits, of either sign: each option's own range is checked where it is used,
+    in a message naming it (a 31-digit count must never reach a size computation in another option's words)."""
+    if len(text.strip()) > 18:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at most 18 digits; got {text[:24]!r}...")
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number; got {text!r}") from None
+
+
 def finite_float(text: str) -> float:
     """A finite number (inf and nan would make every time and JSON output meaningless)."""
     value = _float(text)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import UsageError
+from .common import UsageError, whole_int
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
                        "cap; play a step in time, ask any idle gap why it waits (in plain words first), move the "
                        "actions yourself, and follow a lesson per idea, each ending with a question the page "
                        "checks. Ctrl-C stops it.")
-    p.add_argument("--port", type=int, default=8765,
+    p.add_argument("--port", type=whole_int, default=8765,
                    help="port on 127.0.0.1 (default 8765; 0 picks a free one)")
     p.add_argument("--no-browser", action="store_true", help="print the address but do not open a browser")
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +116,8 @@ def check(raw: Any, where: str) -> Dims:
     dims = _gpt2_dims(values) if gpt2 else _llama_dims(values)
     if not gpt2:
         _check_llama(values, dims)
+        _check_rope(values)
+    _check_dtype(values)
     if model_type in _MOE:
         dims = _check_moe(values, dims, model_type)
     _check_sizes(dims, where)
@@ -209,6 +212,107 @@ def _check_llama(v: _Values, d: Dims) -> None:
     pad = v.get("pad_token_id")
     if pad is not None and not (_is_int(pad) and -d.vocab <= pad < d.vocab):
         raise v.fail("pad_token_id", f"it must be null or a token id of the vocabulary (vocab_size {d.vocab})")
+
+
+def _check_rope(v: _Values) -> None:
+    """Rotary positions: ``rope_theta`` a finite number > 0; ``rope_scaling`` (or ``rope_parameters``) null or an
+    object whose type transformers has and whose ``factor`` is a finite number >= 1 (transformers only warns of
+    a smaller one, and an unknown type fails deep inside its rotary embedding)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if "rope_theta" in v.raw and not _finite(v.raw["rope_theta"], above=0.0):
+        raise v.fail("rope_theta", "it must be a finite number > 0 (the rotary base)")
+    for name in ("rope_scaling", "rope_parameters"):
+        rope = v.raw.get(name)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            raise v.fail(name, "it must be null or an object such as {\"rope_type\": \"linear\", \"factor\": 2.0}")
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        kinds = ("default", *ROPE_INIT_FUNCTIONS)
+        if kind not in kinds:
+            raise HFError(f"{v.where}: {name}.rope_type is {shown(kind)}; transformers has the rotary types "
+                          f"{', '.join(kinds)}")
+        if "factor" in rope and not (_finite(rope["factor"]) and rope["factor"] >= 1):
+            raise HFError(f"{v.where}: {name}.factor is {shown(rope['factor'])}; it must be a finite number >= 1 "
+                          "(the context's stretch)")
+        if "rope_theta" in rope and not _finite(rope["rope_theta"], above=0.0):
+            raise HFError(f"{v.where}: {name}.rope_theta is {shown(rope['rope_theta'])}; it must be a finite number "
+                          "> 0 (the rotary base)")
+
+
+def _check_dtype(v: _Values) -> None:
+    """``torch_dtype`` (or ``dtype``): null, "auto" or a floating torch dtype's name."""
+    import torch
+
+    for name in ("torch_dtype", "dtype"):
+        x = v.raw.get(name)
+        if x is None or x == "auto":
+            continue
+        dtype = getattr(torch, x, None) if isinstance(x, str) else None
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise v.fail(name, "it must be null, \"auto\" or a floating torch dtype such as \"bfloat16\"")
+
+
+def _finite(x: Any, *, above: float = -math.inf) -> bool:
+    """A finite number (not a bool), greater than ``above``."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > above
+
+
+def refusal(raw: dict, where: str, who: str, e: BaseException, rebuild=None) -> HFError:
+    """transformers' refusal of the config ``raw`` (``who``: its config class, or the layer it was building) in
+    our words: the field it is about (named in its message, or whose value it quotes, or, given ``rebuild``, the
+    one without which ``rebuild(config)`` succeeds), its value and the types transformers takes; its own reason
+    in one line only when no field can be told."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    text = re.sub(r"^Validation error for field '\w+': ", "", text)
+    text = text if len(text) <= 160 else text[:157] + "..."
+    field = _field_of(raw, text) or (_field_without(raw, rebuild) if rebuild else None)
+    if field is None:
+        return HFError(f"{where}: transformers' {who} refuses this config: {type(e).__name__}: {text}")
+    types = re.search(r"doesn't match any type in \((.*?)\)\.", text)
+    if types:
+        names = [re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", t.strip())
+                 for t in re.split(r",\s*(?![^\[]*\])", types[1])]
+        rule = "it must be " + " or ".join("null" if n == "NoneType" else n for n in names)
+    else:
+        rule = f"transformers refuses it ({type(e).__name__}: {text})"
+    return HFError(f"{where}: {field} is {shown(_value_at(raw, field))}; {rule} (transformers' {who})")
+
+
+def _field_of(raw: dict, text: str) -> str | None:
+    """The field transformers' message is about: one it names (quoted, backticked), else one whose value it
+    quotes (a nested object's as ``rope_scaling.rope_type``)."""
+    aliases = {"rope_parameters": "rope_scaling"}  # transformers renames the file's rope_scaling
+    for name in re.findall(r"[`'\"](\w+)[`'\"]", text):
+        for key in (name, aliases.get(name)):
+            if key in raw:
+                return key
+    for key, value in raw.items():
+        pairs = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in pairs:
+            if isinstance(v, (str, int, float)) and not isinstance(v, bool) and len(str(v)) >= 3 and (
+                    f"'{v}'" in text or f" {v}" in text):
+                return key if sub is None else f"{key}.{sub}"
+    return None
+
+
+def _field_without(raw: dict, rebuild) -> str | None:
+    """The one field whose absence (transformers' default in its place) lets ``rebuild`` succeed."""
+    for key in raw:
+        if key == "model_type":
+            continue
+        try:
+            rebuild({k: v for k, v in raw.items() if k != key})
+        except Exception:  # noqa: BLE001 - still refused: not this field
+            continue
+        return key
+    return None
+
+
+def _value_at(raw: dict, field: str) -> Any:
+    key, _, sub = field.partition(".")
+    return raw[key][sub] if sub else raw[key]
 
 
 def _check_moe(v: _Values, d: Dims, model_type: str) -> Dims:

@@ -10,6 +10,8 @@ embedding, the last as the head, and the two copies start from the same tensor.
 
 from __future__ import annotations
 
+import copy
+
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,7 +23,7 @@ from . import configs
 from .errors import HFError, within
 from .experts import assemble, sources
 from .families import MOE, Family, family_of, moe_layer
-from .files import inside, one_line, read_json
+from .files import inside, read_json
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 ATTENTION = ("sdpa", "eager")
@@ -202,9 +204,9 @@ class HFModel:
             try:
                 module = make_layer(self.config, prefix, i)
                 finish_decoder(module, self.config, prefix, i - 1, "meta")
-            except Exception as e:  # noqa: BLE001 - transformers' own refusal of a config, said in one line
-                raise HFError(f"{self.where}: transformers cannot build layer {i} ({self.prefixes[i]}) from this "
-                              f"config: {type(e).__name__}: {one_line(e)}") from None
+            except Exception as e:  # noqa: BLE001 - transformers' own refusal of a config, said in our words
+                raise configs.refusal(self.config.to_dict(), self.where, f"layer {i} ({self.prefixes[i]})",
+                                      e) from None
             out[kind] = ({local: tuple(p.shape) for local, p in module.named_parameters(remove_duplicate=False)},
                          {local: tuple(module.get_buffer(local).shape) for local in _kept_buffers(module)})
         return out
@@ -383,7 +385,8 @@ def _config(raw, where: str):
     configs.check(raw, where)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    cls = CONFIG_MAPPING[raw["model_type"]]
     try:
-        return CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
-    except Exception as e:  # noqa: BLE001 - transformers' own validation, said in one line
-        raise HFError(f"{where}: transformers refuses this config: {one_line(e)}") from None
+        return cls.from_dict(copy.deepcopy(raw))  # transformers rewrites rope fields in place
+    except Exception as e:  # noqa: BLE001 - transformers' own validation, said in our words
+        raise configs.refusal(raw, where, cls.__name__, e, lambda r: cls.from_dict(copy.deepcopy(r))) from None

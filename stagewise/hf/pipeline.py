@@ -53,9 +53,8 @@ def save_pretrained(pipe, model: HFModel, folder: str | Path) -> Path:
     owned = gather_full(pipe.names.owned_state_dict())
     mine = {name: t for name, t in owned.items() if model.source(name) == name}
     n = pipe.topo.p
-    if dist.get_rank() == 0:  # an earlier save's shards must not join this one's index
-        for old in [*folder.glob("model-*-of-*.safetensors"), folder / "model.safetensors.index.json"]:
-            old.unlink(missing_ok=True)
+    if dist.get_rank() == 0:
+        _clear_shards(folder)
     dist.barrier()
     writes = all(pipe.topo.coords.get(d, 0) == 0 for d in ("dp", "fsdp", "tp"))  # one rank per pipeline rank
     if writes and mine:
@@ -65,3 +64,21 @@ def save_pretrained(pipe, model: HFModel, folder: str | Path) -> Path:
         write_index(folder, n, model.config)
     dist.barrier()
     return folder
+
+
+def save_whole(model: HFModel, state: dict, folder: str | Path) -> Path:
+    """Write one process's whole model (HF names -> tensors: the unpipelined reference's) as an HF folder, the
+    same files ``save_pretrained`` writes for one pipeline rank; returns the folder."""
+    from .weights import save_shard, write_index
+
+    folder = Path(folder)
+    _clear_shards(folder)
+    save_shard(folder, 0, 1, {name: t for name, t in state.items() if model.source(name) == name})
+    write_index(folder, 1, model.config)
+    return folder
+
+
+def _clear_shards(folder: Path) -> None:
+    """An earlier save's shards must not join this one's index."""
+    for old in [*folder.glob("model-*-of-*.safetensors"), folder / "model.safetensors.index.json"]:
+        old.unlink(missing_ok=True)

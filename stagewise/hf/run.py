@@ -144,5 +144,11 @@ class HFRun:
 
         return save_pretrained(pipe, self.model(), folder)
 
+    def export_whole(self, state: dict, folder: str | Path) -> Path:
+        """The unpipelined model (HF names -> tensors) as the same HF folder (one process)."""
+        from .pipeline import save_whole
+
+        return save_whole(self.model(), state, folder)
+
 
 _MODELS: dict = {}

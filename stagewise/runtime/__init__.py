@@ -13,8 +13,8 @@ May import: the core, `torch`.
 """
 
 from .run.config import RunConfig, RunError
-from .launching.launch import RankFailure
+from .launching.launch import RankFailure, RankInputError
 from .run.train import train, train_many
 from .run.result import Memory, RunResult
 
-__all__ = ["RunConfig", "RunError", "RankFailure", "RunResult", "Memory", "train", "train_many"]
+__all__ = ["RunConfig", "RunError", "RankFailure", "RankInputError", "RunResult", "Memory", "train", "train_many"]

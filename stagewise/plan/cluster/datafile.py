@@ -96,9 +96,9 @@ def label(data: dict, key: str, where: str, default: str) -> str:
     return v
 
 
-def whole(data: dict, key: str, where: str, *, default: int) -> int:
-    """An optional whole number >= 0 field (``default`` when absent)."""
-    return number(data, key, where, positive=False, integer=True) if key in data else default
+def whole(data: dict, key: str, where: str, *, default: int, maximum: float | None = None) -> int:
+    """An optional whole number >= 0 field, at most ``maximum`` (``default`` when absent)."""
+    return number(data, key, where, positive=False, integer=True, maximum=maximum) if key in data else default
 
 
 def flag(data: dict, key: str, where: str) -> bool:

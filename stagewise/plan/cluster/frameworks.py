@@ -5,7 +5,9 @@ the candidate's ``Parallelism`` (``ClusterCandidate.parallelism``: the planner's
 once, by ``Parallelism.of_plan``). Every line is written for a named version of its framework and checked by
 that framework's own parser in the tests (``VERSIONS``):
 
-- Megatron-LM (``pretrain_gpt.py``): 1F1B and its interleaved schedule. The split is said the way Megatron
+- Megatron-LM (``pretrain_gpt.py``): 1F1B and its interleaved schedule, the model file's shape in its flags
+  (``megatron_model``: what its ``validate_args`` requires, and what it would otherwise default to another
+  model), on its synthetic data at the model's vocabulary (the note says what to add). The split is said the way Megatron
   builds it: even, even with the embedding and the loss counted as a layer each, uneven first and last
   *pipeline ranks* (``--decoder-first/last-pipeline-num-layers`` count every chunk of that rank), or the
   ``--pipeline-model-parallel-layout`` string of every stage (``E`` the embedding, ``t`` a block, ``L`` the
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import json
 import shlex
+from itertools import groupby
 
+from ...layout import format_layout
 from ...parallelism import Parallelism
 from .candidate import ClusterCandidate
 from .job import Job
@@ -68,10 +72,10 @@ def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
     if why:
         return None, why
     blocks = block_counts(c.candidate.counts)
-    args = ["--num-layers", str(spec.layers), "--tensor-model-parallel-size", str(par.tp),
+    args = [*megatron_model(spec), "--tensor-model-parallel-size", str(par.tp),
             "--pipeline-model-parallel-size", str(par.pp), "--micro-batch-size", str(g.mbs),
-            "--global-batch-size", str(job.global_batch), "--seq-length", str(spec.seq), "--bf16"]
-    args += megatron_split(c.candidate.counts, g.p, g.v)
+            "--global-batch-size", str(job.global_batch), "--bf16"]
+    args += megatron_split(c.candidate.counts, g.p, g.v, spec.mtp_layers)
     if job.sequence_parallel and par.tp > 1:
         args.append("--sequence-parallel")
     if par.zero:
@@ -79,8 +83,7 @@ def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
     elif par.data_shards > 1:
         args.append("--overlap-grad-reduce")
     if par.ep > 1:  # experts over ep x tp / etp GPUs of a stage, each cut over etp (MoE parallel folding)
-        args += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
-                 "--expert-model-parallel-size", str(par.expert_degree)]
+        args += ["--expert-model-parallel-size", str(par.expert_degree)]
         if par.expert_tp != par.tp:
             args += ["--expert-tensor-parallel-size", str(par.expert_tp)]
         if c.expert_placement == "across":  # the pipeline inside a node, an expert group across nodes
@@ -93,7 +96,76 @@ def megatron_options(c: ClusterCandidate, job: Job) -> tuple[str | None, str]:
     if c.recompute == "full":  # every block its own checkpoint, as the analytic profile assumes
         args += ["--recompute-granularity", "full", "--recompute-method", "block",
                  "--recompute-num-layers", str(max(1, max(blocks)))]
-    return shlex.join(args), ""
+    env = ("CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment (Megatron-LM requires it with tensor parallelism "
+           "before Blackwell); ") if par.tp > 1 else ""
+    return shlex.join(args), env + MEGATRON_NOTE
+
+
+#: what a Megatron-LM line leaves to the user (the model file does not say it, or it is the user's data)
+MEGATRON_NOTE = ("synthetic data (--mock-data, NullTokenizer): give --data-path and your tokenizer for text; add "
+                 "your model's --position-embedding-type and --normalization (a model file does not say them)")
+
+
+def megatron_model(spec) -> list[str]:
+    """The model's shape in Megatron-LM's words (what its ``validate_args`` requires and what it would otherwise
+    default to another shape): sizes, heads and query groups, the MLP kind, MLA, the experts and which blocks
+    have them, sliding windows, MTP, the vocabulary (NullTokenizer over synthetic data), dropout."""
+    args = ["--num-layers", str(spec.layers), "--hidden-size", str(spec.hidden), "--ffn-hidden-size", str(spec.ffn),
+            "--num-attention-heads", str(spec.heads), "--seq-length", str(spec.seq),
+            "--max-position-embeddings", str(spec.seq)]
+    if spec.mla:
+        m = spec.mla
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim",
+                 str(m.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim), "--v-head-dim",
+                 str(m.v_head_dim), "--position-embedding-type", "rope"]  # MLA's keys carry rotary positions
+        args += ["--q-lora-rank", str(m.q_lora_rank)] if m.q_lora_rank else []
+    else:
+        args += ["--kv-channels", str(spec.head_size)] if spec.head_size * spec.heads != spec.hidden else []
+        args += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)] if spec.kv_heads < spec.heads \
+            else []
+    args += ["--swiglu"] if spec.mlp == "swiglu" else []
+    args += [] if spec.tied_embeddings else ["--untie-embeddings-and-output-weights"]
+    if spec.sliding_window is not None and spec.layer_types:
+        args += ["--window-size", f"{spec.sliding_window - 1},0", "--window-attn-skip-freq",
+                 megatron_pattern([int(spec.sliding(i)) for i in range(spec.layers)])]
+    if spec.moe:
+        args += _megatron_experts(spec)
+    if spec.mtp_layers:  # Megatron-LM's MTP needs rotary positions
+        args += ["--mtp-num-layers", str(spec.mtp_layers)]
+        args += [] if spec.mla else ["--position-embedding-type", "rope"]
+    if not spec.dropout:  # Megatron-LM's default 0.1 would keep masks the plan does not count
+        args += ["--attention-dropout", "0", "--hidden-dropout", "0"]
+    args.append("--disable-bias-linear")  # the plan counts no biases (and Megatron's MoE takes none with etp > 1)
+    return args + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(spec.vocab), "--mock-data"]
+
+
+def _megatron_experts(spec) -> list[str]:
+    """The MoE blocks: experts, top-k, an expert's width, shared experts, which blocks are MoE, capacity."""
+    moe = spec.moe
+    args = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k),
+            "--moe-ffn-hidden-size", str(moe.expert_ffn)]
+    if moe.shared_experts:
+        args += ["--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.expert_ffn)]
+    kinds = [int(spec.block_kind(i) == "m") for i in range(spec.layers)]
+    args += ["--moe-layer-freq", megatron_pattern(kinds)] if not all(kinds) else []
+    if moe.capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", f"{moe.capacity_factor:g}"]
+        args += ["--moe-pad-expert-input-to-capacity"] if moe.pad else []
+    return args
+
+
+def megatron_pattern(bits: list[int]) -> str:
+    """A per-block 0/1 list as Megatron-LM's pattern expression, the shortest of: its period repeated
+    ('[1,0]*12'), its runs ('[0]*3+[1]*58'), the list itself.
+
+    >>> megatron_pattern([1, 0] * 3), megatron_pattern([0] * 3 + [1] * 58)[:12], megatron_pattern([0, 1, 0, 0])
+    ('[1,0]*3', '[0]*3+[1]*58', '[0,1,0,0]')
+    """
+    n = len(bits)
+    period = next(k for k in range(1, n + 1) if n % k == 0 and bits == bits[:k] * (n // k))
+    forms = [f"[{','.join(map(str, bits))}]", "+".join(f"[{b}]*{len(list(g))}" for b, g in groupby(bits))]
+    forms += [f"[{','.join(map(str, bits[:period]))}]*{n // period}"] if period < n else []
+    return min(forms, key=len)
 
 
 def _megatron_precision(job: Job) -> list[str]:
@@ -103,10 +175,11 @@ def _megatron_precision(job: Job) -> list[str]:
     return out + (["--tp-comm-overlap"] if job.async_tp else [])
 
 
-def megatron_split(counts, p: int, v: int) -> list[str]:
+def megatron_split(counts, p: int, v: int, mtp: int = 0) -> list[str]:
     """Megatron-LM's flags for these pieces (model order, stage s on rank s mod p, chunk s // p): even blocks;
     even with the embedding and the loss counted as a layer each; uneven first and last pipeline ranks around
-    even middle ones (each rank's chunks equal); else the layout string of every stage."""
+    even middle ones (each rank's chunks equal); else the layout string of every stage (``mtp`` MTP modules
+    with the loss, as the plan costs them with the head)."""
     blocks = block_counts(tuple(counts))
     vpp = ["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else []
     if p == 1 or len(set(blocks)) == 1:
@@ -117,14 +190,15 @@ def megatron_split(counts, p: int, v: int) -> list[str]:
                 "--decoder-last-pipeline-num-layers", str(sum(last))] + vpp
     if len(set(counts)) == 1:
         return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"] + vpp
-    return ["--pipeline-model-parallel-layout", megatron_layout(blocks)]  # the layout implies v
+    return ["--pipeline-model-parallel-layout", megatron_layout(blocks, mtp)]  # the layout implies v
 
 
-def megatron_layout(blocks: list[int]) -> str:
-    """'Et*7|t*8|...|t*7L': Megatron-LM's layout string, stages in model (= virtual) order."""
+def megatron_layout(blocks: list[int], mtp: int = 0) -> str:
+    """'Et*7|t*8|...|t*7L': Megatron-LM's layout string, stages in model (= virtual) order; its ``m`` are the MTP
+    modules (Megatron-LM requires them in the layout, before the loss)."""
     parts = [("t*%d" % b if b > 1 else "t" if b == 1 else "") for b in blocks]
     parts[0] = "E" + parts[0]
-    parts[-1] = parts[-1] + "L"
+    parts[-1] = parts[-1] + "m" * mtp + "L"
     return "|".join(parts)
 
 
@@ -232,19 +306,23 @@ def stagewise_train_argv(c: ClusterCandidate, job: Job, csv_path: str | None = N
     """The ``stagewise train`` options that run ``c`` (after ``stagewise train``): the model and data
     placeholders, the schedule (its CSV when it round-trips, else the family and -v), -m, the degrees
     (``Parallelism.flags``), the batch, the sequence, the dtype the plan is costed in, the split as layout
-    text over the HF layers (E, t per block, N, H) and the whole-stage recomputation when planned."""
+    text over the HF layers (``stagewise_split``) and the whole-stage recomputation when planned."""
     g, spec, par = c.config, job.spec, c.parallelism
-    blocks = block_counts(c.candidate.counts)
-    pieces = [f"t*{b}" if b else "" for b in blocks]
-    pieces[0] = "+".join(x for x in ("E", pieces[0]) if x)
-    pieces[-1] = "+".join(x for x in (pieces[-1], "N", "H") if x)
     args = ["--hf", "MODEL_FOLDER", "--data", "TEXT_FILE"]
     args += ["--csv", csv_path] if csv_path else ["--schedule", g.family, "-v", str(g.v)]
     args += ["-m", str(g.m), *par.flags(), "--batch", str(g.m * g.mbs * par.data_shards), "--seq", str(spec.seq),
-             "--dtype", DTYPE, "--split", " | ".join(pieces)]
+             "--dtype", DTYPE, "--split", stagewise_split(c.candidate.counts, spec)]
     if c.recompute == "stage":
         args.append("--recompute")
     return args
+
+
+def stagewise_split(counts, spec) -> str:
+    """The split as layout text over the layers ``train --hf`` names: E, each block by its kind (``t`` dense,
+    ``m`` MoE: the model file's rule, as the HF config's own says for its layers), N, H; the profile's head
+    piece carries the final norm."""
+    symbols = ["E", *(spec.block_kind(i) for i in range(spec.layers)), "N", "H"]
+    return format_layout(symbols, [*counts[:-1], counts[-1] + 1])
 
 
 def stagewise_command(c: ClusterCandidate, job: Job, csv_path: str | None = None) -> str:

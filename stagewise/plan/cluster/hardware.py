@@ -146,13 +146,26 @@ def _ranged(data: dict, key: str, where: str, **kw) -> float:
     return number(data, key, where, minimum=low or None, maximum=high, unit=unit, **kw)
 
 
+#: a hardware file's fields (an unknown one is refused: a typo's value would be silently unused)
+FIELDS = ("format", "version", "name", "description", "peak_flops", "memory", "memory_bandwidth", "gpus_per_node",
+          "intra", "inter", "efficiency", "fp8", "step_overhead", "memory_band", "band", "reserve", "sources")
+
+
+def _known(raw: dict, fields, where: str) -> None:
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise SpecError(f"{where}: unknown field {unknown[0]!r}; the fields are {', '.join(fields)}")
+
+
 def from_json(data: dict, where: str) -> Hardware:
+    _known(data, FIELDS, where)
     links = {}
     for key in ("intra", "inter"):
         raw = data.get(key)
         if not isinstance(raw, dict):
             raise SpecError(f"{where}: {key} must be an object {{\"bandwidth\": bytes/s, \"latency\": s}}; "
                             f"got {str(raw)[:60]!r}")
+        _known(raw, ("bandwidth", "latency"), f"{where}: {key}")
         links[key] = Link(bandwidth=_ranged(raw, "bandwidth", f"{where}: {key}"),
                           latency=_ranged(raw, "latency", f"{where}: {key}", positive=False))
     per_node = number(data, "gpus_per_node", where, integer=True)
@@ -208,6 +221,7 @@ def _reserve(data: dict, memory: float, where: str) -> Reserve:
         raise SpecError(f"{where}: reserve must be an object {{\"context\": bytes, \"communication\": bytes, "
                         f"\"fragmentation\": fraction}}; got {str(raw)[:60]!r}")
     ctx = f"{where}: reserve"
+    _known(raw, ("context", "communication", "fragmentation"), ctx)
     got = Reserve(**{k: number(raw, k, ctx, positive=False, maximum=memory if k != "fragmentation" else 0.5)
                      for k in ("context", "communication", "fragmentation") if k in raw})
     if got.bytes(memory) >= memory:

@@ -315,7 +315,8 @@ def from_json(data: dict, where: str) -> TransformerSpec:
     mla = _mla(data["mla"], f"{where}: mla") if data.get("mla") is not None else None
     window, types = _sliding(data, where, ints["layers"])
     return TransformerSpec(name=label(data, "name", where, where), mlp=mlp, moe=moe, head_dim=head_dim, mla=mla,
-                           mtp_layers=whole(data, "mtp_layers", where, default=0), sliding_window=window,
+                           mtp_layers=whole(data, "mtp_layers", where, default=0, maximum=_MAXIMUM["mtp_layers"]),
+                           sliding_window=window,
                            layer_types=types, **ints, **flags)
 
 
@@ -366,23 +367,25 @@ def _moe(raw, where: str, layers: int) -> MoE:
     unknown = sorted(set(raw) - set(_MOE_FIELDS))
     if unknown:
         raise SpecError(f"{where}: unknown field {unknown[0]!r}; the fields are {', '.join(_MOE_FIELDS)}")
-    ints = {k: number(raw, k, where, integer=True) for k in ("experts", "top_k", "expert_ffn")}
+    ints = {k: number(raw, k, where, integer=True, maximum=_MAXIMUM["ffn"] if k == "expert_ffn" else None)
+            for k in ("experts", "top_k", "expert_ffn")}
     try:  # ep degrees are the experts' divisors: a count past the limit is refused before any search
         limits.EXPERTS.check(ints["experts"], "", detail=f"{where}: experts {ints['experts']}")
     except limits.LimitError as e:
         raise SpecError(str(e)) from None
-    for k in ("shared_experts", "dense_layers"):
-        ints[k] = whole(raw, k, where, default=0)
+    for k in ("shared_experts", "dense_layers"):  # as many shared experts as routed ones at most; dense: < layers
+        ints[k] = whole(raw, k, where, default=0, maximum=limits.EXPERTS.value if k == "shared_experts" else None)
     if ints["top_k"] > ints["experts"]:
         raise SpecError(f"{where}: top_k ({ints['top_k']}) must be at most experts ({ints['experts']})")
     if ints["dense_layers"] >= layers:
         raise SpecError(f"{where}: dense_layers ({ints['dense_layers']}) must be fewer than layers ({layers})")
-    every = number(raw, "every", where, integer=True) if "every" in raw else 1
+    every = number(raw, "every", where, integer=True, maximum=limits.LAYERS.value) if "every" in raw else 1
     dense = raw.get("dense", [])
     if not isinstance(dense, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers
                                           for i in dense):
         raise SpecError(f"{where}: dense must be a list of block indices from 0 to {layers - 1}; got {str(dense)[:60]}")
-    limit = number(raw, "node_limit", where, integer=True) if raw.get("node_limit") is not None else None
+    limit = (number(raw, "node_limit", where, integer=True, maximum=limits.GPUS.value)
+             if raw.get("node_limit") is not None else None)
     nbytes = number(raw, "dispatch_bytes", where, maximum=4) if "dispatch_bytes" in raw else 2.0
     imbalance = number(raw, "imbalance", where, minimum=1.0, maximum=64.0) if "imbalance" in raw else 1.0
     cap = (number(raw, "capacity_factor", where, maximum=64.0) if raw.get("capacity_factor") is not None else None)

@@ -60,6 +60,11 @@ class RankFailure(RuntimeError):
         self.last_event: dict[int, float] = {}  #: rank -> time.time() of its flight recorder's last event
 
 
+class RankInputError(RankFailure, StagewiseError):
+    """A rank's bad input (a ``StagewiseError`` raised there): the library's error type, its one-line message
+    with the rank named, and still a ``RankFailure`` (``user`` is True)."""
+
+
 class Stopped(SystemExit):
     """The launcher was told to stop by ``signum`` (SIGTERM, SIGHUP): its ranks are stopped; exit 128 + signum."""
 
@@ -259,7 +264,7 @@ def _failure(errors: dict[int, tuple[str, str, bool]], world: int, box: str | No
         if errors[ranks[0]][0] == "CommTimeout":
             msg += "".join(f"; rank {r} stalled {flight.where(es)}" for r, es in records.items()
                            if r not in errors and es and es[-1].kind in (flight.START, flight.GOT))
-    return RankFailure(f"{who}: {msg}", user=user, ranks=tuple(ranks))
+    return (RankInputError if user else RankFailure)(f"{who}: {msg}", user=user, ranks=tuple(ranks))
 
 
 def _is_echo(message: str) -> bool:
@@ -394,4 +399,4 @@ def _library_modules() -> list:
     return mods + ([torch] if torch is not None else [])
 
 
-__all__ = ["spawn", "start_early", "RankFailure", "Stopped", "fail_to_launcher", "die_with_launcher", "describe"]
+__all__ = ["spawn", "start_early", "RankFailure", "RankInputError", "Stopped", "fail_to_launcher", "die_with_launcher", "describe"]

@@ -36,6 +36,8 @@ def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, thr
     """Run ``fn(*args, **kwargs)`` on ``ranks`` ranks; returns rank 0's return value.
 
     ``timeout``: seconds a rank waits for a peer; ``threads``: torch threads per rank (default cores / ranks).
+    A rank's bad input (a ``StagewiseError`` there) is raised here as ``RankInputError``, a ``StagewiseError``
+    with its message and the rank named; any other failure of a rank is a ``RankFailure`` naming it.
 
     Example::
 
@@ -56,7 +58,11 @@ def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, thr
     check_timeout(timeout)
     check_importable(fn, "the function")
     job = [Job(fn=fn, args=args, kwargs=kwargs, threads=threads, timeout=timeout)]
-    return pickle.loads(launcher.spawn(job, ranks, _rank_main, timeout=timeout)[0]["value"])
+    try:
+        results = launcher.spawn(job, ranks, _rank_main, timeout=timeout)
+    except launcher.RankInputError as e:  # a rank's bad input reads as in one process: no launcher frames
+        raise e.with_traceback(None) from None
+    return pickle.loads(results[0]["value"])
 
 
 def check_importable(fn: Callable, what: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
+from ... import limits
 from ...schedules import FAMILIES
 from ...plan.search import fmt_bytes
 from ...plan.errors import PlanError
@@ -61,16 +62,44 @@ def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, 
 def model_of(profile: Profile):
     """The model a profile was measured on, rebuilt from what it recorded (``ModelConfig.profile_meta``)."""
     meta = profile.meta
-    if meta.get("gpt"):
-        from ..run.models import GPTConfig
-
-        return GPTConfig(**meta["gpt"])
-    if meta.get("hf"):
-        from ...hf.run import HFRun
-
-        return HFRun.from_meta(meta["hf"])
+    threads, optimizer = meta.get("threads"), meta.get("optimizer", "adamw")
+    most = limits.THREADS.value
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most):
+        raise PlanError(f"`verify`: profile {profile.model!r}: meta.threads must be a whole number from 1 to {most} "
+                        f"(torch threads per rank); got {str(threads)[:40]}")
+    if not isinstance(optimizer, str) or not optimizer.isidentifier():
+        raise PlanError(f"`verify`: profile {profile.model!r}: meta.optimizer must be a torch.optim class name; got "
+                        f"{str(optimizer)[:40]!r}")
+    for key in ("gpt", "hf"):
+        if meta.get(key):
+            return _rebuilt(profile, key)
     raise PlanError(f"`verify` reruns the model a profile was measured on; profile {profile.model!r} does not say "
                     "how to rebuild it (profiles from `stagewise profile`, of the built-in GPT or --hf, do)")
+
+
+def _rebuilt(profile: Profile, key: str):
+    """The model of the profile's ``meta.gpt`` or ``meta.hf``, checked: a field it does not have, a value out of
+    its range, or not an object is named as the profile's (a hand-edited profile), not as a flag."""
+    from ..run.config import RunError
+
+    raw = profile.meta[key]
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError(f"an object of its options, not {type(raw).__name__}")
+        if key == "gpt":
+            from ..run.models import GPTConfig
+
+            model = GPTConfig(**raw)
+            model.check()
+        else:  # transformers only for an HF profile
+            from ...hf.run import HFRun
+
+            model = HFRun.from_meta(raw)
+    except (TypeError, ValueError, KeyError, RunError) as e:
+        why = str(e).replace("GPTConfig.__init__() got an ", "").replace("`", "")
+        raise PlanError(f"`verify`: profile {profile.model!r}: meta.{key} does not rebuild the model it was measured "
+                        f"on ({why[:200]}); profile it again with `stagewise profile`") from None
+    return model
 
 
 def _run_config(c: Candidate, model, profile: Profile, steps: int):

@@ -75,8 +75,8 @@ class Checkpoints:
             reshard = time.perf_counter() - t1
         rng = m["layout"] == self.layout_key and self.world == m["world"]
         if rng:
-            data = files.read_verified(folder, files.rng_file(self.rank), m)
-            set_rng_state(torch.load(io.BytesIO(data), weights_only=True), self.device)
+            restore_rng(folder, files.rng_file(self.rank), files.read_verified(folder, files.rng_file(self.rank), m),
+                        self.device)
         self.info.update(resumed_from=str(folder), resumed_step=m["step"], rng_restored=rng,
                          skipped=list(found.skipped), restore_started_at=started,
                          restore_s={"load": time.perf_counter() - t0 - reshard, "reshard": reshard})
@@ -301,6 +301,16 @@ def rng_state(device) -> dict:
         name, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
         state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
     return state
+
+
+def restore_rng(folder, name: str, data: bytes, device) -> None:
+    """Set this process's generators from an RNG file's ``data`` (``RunError`` naming the file when its bytes,
+    though the manifest's, are not an RNG state: a garbled or crafted file)."""
+    try:
+        set_rng_state(torch.load(io.BytesIO(data), weights_only=True), device)
+    except Exception as e:  # noqa: BLE001 - whatever a garbled file raises, it is not one of ours
+        raise RunError(f"`resume` {folder}: {name} is not an RNG state of a checkpoint ({type(e).__name__}); resume "
+                       "from another checkpoint") from None
 
 
 def set_rng_state(state: dict, device) -> None:

@@ -256,13 +256,18 @@ class RunConfig:
 
     def _check_resilience(self) -> None:
         """`save`, `save_every`, `resume` (checkpoint_files.py; the test fault: worker.preflight). The
-        unpipelined reference may resume a checkpoint (any layout's), not save one."""
+        unpipelined reference resumes and saves checkpoints of any layout; restarts and stop notices are the
+        ranks'."""
         if self.save_every is not None:
             check_count("`save_every`", self.save_every, 1)
+        ranks_only = [name for name, given in (("`save_on_signal`", self.save_on_signal is not None),
+                                               ("`max_restarts`", bool(self.max_restarts)),
+                                               ("`elastic`", self.elastic is not None),
+                                               ("`grow_after`", self.grow_after is not None)) if given]
+        if not self.pipelined and ranks_only:
+            raise RunError(f"{ranks_only[0]} needs a `schedule` run on ranks; the unpipelined reference runs in one "
+                           "process")
         self._check_restarts()
-        if not self.pipelined and self.save:
-            raise RunError("`save` needs a pipeline (a `schedule` and `ranks` >= 2); the unpipelined reference "
-                           "keeps no checkpoints (it resumes them: `resume`)")
 
     def _check_restarts(self) -> None:
         """`save_on_signal`, `max_restarts`, `elastic` (run/restart.py, resilience/preempt.py)."""

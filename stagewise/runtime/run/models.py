@@ -200,7 +200,7 @@ class GPTConfig:
     def check_sizes(self, sequences: int) -> None:
         """Tensor and parameter sizes against the limits (``sequences``: one micro-batch's), before building."""
         limits.check_gpt_size(layers=self.layers_n, d_model=self.d_model, heads=self.heads, seq=self.seq,
-                              vocab=self.vocab, batch=sequences, experts=self.moe_experts + self.moe_shared)
+                              vocab=self.vocab, batch=sequences, experts=self.moe_experts, shared=self.moe_shared)
 
     def identity(self) -> dict:
         """The model's options, as a checkpoint records them (seed and data are the run's: checkpoint_manifest)."""

@@ -13,7 +13,7 @@ passes into one:
   expanded into its items) are the layers, and its forward must be
   those layers applied in turn. Built on the meta device (``torch.device("meta")``),
   a rank materializes only its own layers (``to_empty``, then ``reset_parameters``
-  of each submodule, or ``init``).
+  of each submodule, or ``init``); so does a sequence of meta-device modules.
 
 Each layer takes one argument, the previous layer's output (a tensor or any
 pytree), and returns the next one; the first layer gets a micro-batch of the
@@ -23,6 +23,7 @@ inputs and the loss function gets the last layer's output.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -127,7 +128,10 @@ def as_layers(model, split=None, init: Callable | None = None, device=None) -> L
         if bad is not None:
             raise RunError(f"layer {bad} of the model is a {type(layers[bad]).__name__}; every layer must be an "
                            "nn.Module")
-        return Layers.from_modules([(str(k), m) for k, m in enumerate(layers)])
+        out = Layers.from_modules([(str(k), m) for k, m in enumerate(layers)])
+        if any(p.is_meta for m in layers for p in m.parameters()):  # made real as a module's layers are
+            out = dataclasses.replace(out, build=lambda i: materialize(copy.deepcopy(layers[i]), str(i), init, device))
+        return out
     if isinstance(model, nn.Module):
         return _module_layers(model, split, init, device)
     if callable(model):

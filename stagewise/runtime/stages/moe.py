@@ -98,6 +98,7 @@ class MoE(nn.Module):
     def __init__(self, d_model: int, experts: int, top_k: int, hidden: int, *, shared: int = 0,
                  capacity: float | None = None, pad: bool = False, aux: float = 0.01):
         super().__init__()
+        check_count("`d_model`", d_model, 1)  # here always given (check_moe skips it for GPTConfig's)
         check_moe(experts=experts, top_k=top_k, hidden=hidden, shared=shared, capacity=capacity, pad=pad, aux=aux,
                   prefix="", d_model=d_model)
         self.d_model = d_model
@@ -197,6 +198,8 @@ def check_moe(*, experts: int, top_k: int, hidden: int, shared: int = 0, capacit
                                  or not 0 < capacity < math.inf):
         raise RunError(f"{n['capacity']} must be a finite number > 0 (a multiple of an expert's fair share); got "
                        f"{capacity!r}")
+    if not isinstance(pad, bool):
+        raise RunError(f"{n['pad']} must be True or False; got {pad!r}")
     if pad and capacity is None:
         raise RunError(f"{n['pad']} pads every expert's buffer to its capacity: give {n['capacity']} too")
     if isinstance(aux, bool) or not isinstance(aux, (int, float)) or not 0 <= aux < math.inf:
@@ -240,11 +243,17 @@ def unpack(x) -> tuple[Any, torch.Tensor | None]:
 def pack(hidden, aux: torch.Tensor | None):
     """What a layer passes on: its output (a tensor or its own pytree), with the running aux loss when there is
     one (a ``WithAux``)."""
+    if aux is not None and not isinstance(aux, torch.Tensor):
+        raise RunError(f"stagewise.moe.pack: `aux` must be the running aux loss as a tensor, or None; got "
+                       f"{type(aux).__name__}")
     return hidden if aux is None else WithAux(hidden, aux)
 
 
 def with_aux(loss_fn: Callable) -> Callable:
     """``loss_fn(output, target)`` plus the aux loss the output carries (none: ``loss_fn``'s alone)."""
+    if not callable(loss_fn):
+        raise RunError(f"stagewise.moe.with_aux: `loss_fn` must be a function (output, target) -> loss, such as "
+                       f"torch.nn.functional.cross_entropy; got {type(loss_fn).__name__}")
 
     def loss(output, target):
         out, aux = unpack(output)
