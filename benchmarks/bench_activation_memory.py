@@ -81,7 +81,7 @@ def overhead(d_model: int, seq: int, name: str, reps: int = 15) -> float:
     import torch
 
     from stagewise.runtime.execution.activation_memory import ActivationMeter
-    from stagewise.runtime.execution.plan import lower
+    from stagewise.runtime.execution.program import lower
     from stagewise.runtime.messages.p2p import P2P
     from stagewise.runtime.execution.executor import Executor, RankContext
     from stagewise.runtime.run.models import GPTConfig

@@ -27,7 +27,7 @@ def collectives(stage_bytes: float, tie_bytes: float, act_bytes: float, repeats:
     import torch
     import torch.distributed as dist
 
-    from stagewise.runtime.profiling.link import ping_pong
+    from stagewise.profiling.link import ping_pong
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 renames the *_tensor collectives
     out = {}

@@ -37,7 +37,7 @@ from pathlib import Path
 from stagewise.cli.common import costs_from
 from stagewise.cli.core import compare_entries
 from stagewise.cli.demo import Sizes, demo_run
-from stagewise.render.files import write_comparison
+from stagewise.render.output import write_comparison
 from stagewise.render.html import report_html
 
 if __name__ == "__main__":  # the ranks import this file again: only the launcher runs it

@@ -10,7 +10,7 @@ and here, on CPU with tiny widths (what the test suite runs, so the script canno
     .venv/bin/python benchmarks/bench_device_layers.py --tiny
 
 Each case writes an HF config with a shipped model's widths and two blocks, measures it with
-``stagewise.runtime.profiling.measure.profile_model`` (each layer alone, the median of timed F and B, and the
+``stagewise.profiling.measure.profile_model`` (each layer alone, the median of timed F and B, and the
 bytes autograd saves), and prices the same config with the cluster planner's ``analytic_profile`` on the
 ``h100`` hardware file (tensor parallel 1, no recomputation). Printed per block and micro-batch size:
 measured / predicted F, B and kept bytes, and the tokens each routed expert multiplies.
@@ -80,8 +80,8 @@ def hf_config(spec: TransformerSpec) -> dict:
 
 
 def measure(spec: TransformerSpec, sizes: tuple[int, ...], device: str, dtype: str, repeats: int):
-    from stagewise.hf.run import HFRun
-    from stagewise.runtime.profiling.measure import profile_model
+    from stagewise.hf.hf_run import HFRun
+    from stagewise.profiling.measure import profile_model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stagewise.actions import Action
 from stagewise.runtime import RunConfig, train
-from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.execution.program import lower
 from stagewise.runtime.messages.p2p import Route, _brief
 from stagewise.runtime.resilience.flight import SEND, Recorder
 from stagewise.runtime.run.models import GPTConfig

@@ -80,7 +80,7 @@ class OurPipe:
     def __init__(self, sched, model, args):
         import torch
 
-        from stagewise.hf.pipeline import pipeline
+        from stagewise.hf.pipelined import pipeline
 
         self.pipe = pipeline(model, sched, static_shapes=True)
         self.opt = torch.optim.AdamW(self.pipe.parameters(), lr=1e-3)

@@ -5,7 +5,7 @@ Each family runs the same model (``--costs-per rank``: t_f = 1, t_b = 2, t_i = t
 a chunk of a v-chunk schedule 1/v of it), and every forward pays an all-to-all of r x t_f (dispatch +
 combine); a backward pays as much again (the same tokens go back along the same routes, so its ratio to its
 own compute is r / 2). A plain F, B or I pays its all-to-all after its compute; an F&B pair hides one half's
-behind the other's compute (``stagewise.overlap``). r runs from 0 to 2.
+behind the other's compute (``stagewise.all_to_all``). r runs from 0 to 2.
 
 Checked against the sources (printed at the end): at r = 0 the simulated idle time of 1F1B, ZB-H1 and
 DualPipe/DualPipeV is the DualPipe README's table, (PP-1)(F+B), (PP-1)(F+B-2W) and (PP/2-1)(F&B+B-3W);

@@ -2,11 +2,11 @@
 
 Two ranks form one expert-parallel group (pp 1 x ep 2): each holds two stages of MoE blocks and runs a
 schedule of F&B pairs, ``(0F(k+1);1B(k))`` and ``(1F(k+1);0B(k))`` (read from torch's CSV text). The same
-steps run with the generic overlap (execution/overlap.py: the backward on a second thread, the halves
+steps run with the generic overlap (execution/fb_pair.py: the backward on a second thread, the halves
 handing over at every all-to-all) and with ``overlap=False`` (the forward, then the backward: F + B), in
 alternation. Measured: the median pair time of each, and of the plain F and B ops; the all-to-all alone
 (the same dispatch/combine sizes, the same group); so each half's compute is its plain op minus its
-all-to-alls. The simulator's pair (``stagewise.overlap.pair_time``) of those compute and all-to-all
+all-to-alls. The simulator's pair (``stagewise.all_to_all.pair_time``) of those compute and all-to-all
 times is the bound an ideal interleaving reaches; the measured interleaved pair is compared with it and
 with F + B. The sizes put one forward's all-to-all near its compute (``--hidden`` tunes the ratio).
 
@@ -141,7 +141,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import stagewise
-    from stagewise.overlap import pair_time
+    from stagewise.all_to_all import pair_time
 
     out = stagewise.launch(rank_main, 2, args.steps, args.d, args.hidden, args.tokens, args.blocks, args.experts,
                            args.top_k, timeout=120, threads=1)
@@ -166,7 +166,7 @@ def main() -> None:
     busy = med["overlap"] - med["waited"]
     print(f"  its compute (pair - waits)          {busy * 1e3:8.2f} ms   vs c_F + c_B = {(c_f + c_b) * 1e3:.2f} ms "
           f"sequential: {busy / (c_f + c_b):.2f}x while the transfers run beside it")
-    print(f"  simulator's pair (stagewise.overlap) {sim * 1e3:7.2f} ms   {sim / fb:.3f}x of F + B; measured / simulated "
+    print(f"  simulator's pair (stagewise.all_to_all) {sim * 1e3:7.2f} ms   {sim / fb:.3f}x of F + B; measured / simulated "
           f"{med['overlap'] / sim:.2f}")
     print(f"  the step ({len(sched.programs[0])} ops): measured {med['step overlap'] * 1e3:.1f} ms interleaved, "
           f"{med['step sequential'] * 1e3:.1f} ms sequential; simulated with --tf {c_f * 1e3:.1f} --tb {c_b * 1e3:.1f} "

@@ -42,8 +42,8 @@ def rank_main(form: dict, args, live: bool) -> dict:
     import torch
     import torch.distributed as dist
 
-    from stagewise.runtime.launching.memory import keep_freed_memory
-    from stagewise.runtime.run.config import RunConfig
+    from stagewise.runtime.launching.allocator import keep_freed_memory
+    from stagewise.runtime.config import RunConfig
     from stagewise.runtime.run.models import GPTConfig
     from stagewise.runtime.run.worker import Env, RankTrainer
 

@@ -24,12 +24,12 @@ import os
 from dataclasses import replace
 
 from stagewise.plan.search import Cluster
-from stagewise.runtime.profiling.link import measure_link
-from stagewise.runtime.profiling.measure import profile_model
+from stagewise.profiling.link import measure_link
+from stagewise.profiling.measure import profile_model
 from stagewise.plan.search import KEY
-from stagewise.runtime.profiling.overhead import measure_overhead
+from stagewise.profiling.step_overhead import measure_overhead
 from stagewise.plan.search import Searcher, Space, search
-from stagewise.runtime.profiling.verify import verify, verify_table
+from stagewise.profiling.verify import verify, verify_table
 
 
 def main() -> None:

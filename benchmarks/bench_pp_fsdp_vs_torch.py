@@ -99,7 +99,7 @@ class TorchFSDPPipe:
 def compare(rank, world, name, cls_name, model, args, mesh) -> dict:
     import torch
 
-    from stagewise.runtime.run.config import RunConfig
+    from stagewise.runtime.config import RunConfig
     from stagewise.runtime.run.worker import Env, RankTrainer
 
     cfg = RunConfig(schedule=name, ranks=args.p, fsdp=args.fsdp, microbatches=args.m, batch=args.batch,
@@ -128,7 +128,7 @@ def rank_main(args) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from stagewise.runtime.launching.memory import keep_freed_memory
+    from stagewise.runtime.launching.allocator import keep_freed_memory
     from stagewise.runtime.run.models import GPTConfig
 
     keep_freed_memory()

@@ -89,7 +89,7 @@ def compare(rank, world, name, cls_name, model, args) -> dict:
     """Both runtimes built side by side, stepped alternately (who goes first alternates too)."""
     import torch
 
-    from stagewise.runtime.run.config import RunConfig
+    from stagewise.runtime.config import RunConfig
     from stagewise.runtime.run.worker import Env, RankTrainer
 
     # torch counts no activation bytes: neither does stagewise here unless --measure-memory
@@ -122,7 +122,7 @@ def rank_main(args) -> dict:
     """One rank (started by ``stagewise.launch``, gloo initialised): both runtimes, schedule by schedule."""
     import torch.distributed as dist
 
-    from stagewise.runtime.launching.memory import keep_freed_memory
+    from stagewise.runtime.launching.allocator import keep_freed_memory
     from stagewise.runtime.run.models import GPTConfig
 
     keep_freed_memory()  # both runtimes run in this process with the same allocator settings

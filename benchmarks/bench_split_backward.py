@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from stagewise.runtime.launching.memory import keep_freed_memory
+from stagewise.runtime.launching.allocator import keep_freed_memory
 from stagewise.runtime.run.models import GPTConfig
 from stagewise.runtime.execution.split_backward import Splitter, input_grad, weight_grad
 from stagewise.runtime.stages.stage import Stage

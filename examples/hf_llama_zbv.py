@@ -21,7 +21,7 @@ import torch.distributed as dist
 import stagewise
 from stagewise.hf import load
 from stagewise.hf.data import TextData
-from stagewise.hf.pipeline import pipeline, save_pretrained
+from stagewise.hf.pipelined import pipeline, save_pretrained
 
 
 def tiny_llama(folder: Path) -> Path:

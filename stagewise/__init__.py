@@ -31,7 +31,7 @@ __all__ = [
 #: the runtime's public API, imported with torch on first use, and ``Split`` (the layout's parser, which no
 #: `stagewise simulate` needs): name -> module
 _LAZY = {"Pipeline": ".runtime.pipeline", "StepResult": ".runtime.pipeline", "Layers": ".runtime.stages.layers",
-         "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe", "Split": ".layout",
+         "launch": ".runtime.launching.local", "MoE": ".runtime.stages.moe", "Split": ".split",
          "StopNotice": ".runtime.resilience.preempt", "Preempted": ".runtime.resilience.preempt"}
 #: public modules imported on first use: ``stagewise.moe`` (pack, unpack, with_aux; with torch) and
 #: ``stagewise.render`` (write_timeline, draw_text: pictures of a timeline, no torch)

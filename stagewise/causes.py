@@ -72,7 +72,7 @@ def plain(gap, timeline) -> str:
         return progs[at.rank][at.pos]
 
     if gap.cause == "collective" and gap.comm is not None:
-        from .lowering.comms import describe
+        from .comm_actions import describe
 
         c, q, start, end = gap.comm
         t0 = timeline.origin

@@ -10,7 +10,7 @@ time of a forward (dispatch and combine of the stage's MoE layers), mirrored by
 the backward (B or I; W has none); ``expert_all_to_all`` derives it from the
 model's shape and the link. A plain action pays its compute and its all-to-all
 in turn; an overlapped F&B pair hides one half's all-to-all behind the other's
-compute (``overlap.pair_time``), so its duration is derived; ``t_fb`` still sets
+compute (``all_to_all.pair_time``), so its duration is derived; ``t_fb`` still sets
 it by hand (without all-to-all only: the two do not mix).
 
 Memory, as the Zero Bubble paper models it: F allocates a stage's activation
@@ -120,7 +120,7 @@ class StageCosts:
     b: list[float]
     i: list[float]
     w: list[float]
-    fb: list[float] | None  #: a pair's duration set by hand; None: derived (``overlap.pair_time``)
+    fb: list[float] | None  #: a pair's duration set by hand; None: derived (``all_to_all.pair_time``)
     message: list[float]  #: time to send stage s's activation (or gradient) to a neighbour rank
     activation: list[float]
     activation_bytes: list[float] | None

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from .actions import Action, Pair
 from .costs import StageCosts
-from .overlap import pair_parts, pair_time
+from .all_to_all import pair_parts, pair_time
 
 
 @dataclass(frozen=True)
@@ -488,7 +488,7 @@ class Engine:
 
 def _comm_kinds() -> tuple:
     """What the loop tells communication actions by: their type and kinds (the lowering's)."""
-    from .lowering.comms import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
+    from .comm_actions import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
 
     return CommAction, SENDS, RECVS, SEND_B, RECV_B, UNSHARD, ALL_TO_ALL
 

@@ -7,7 +7,7 @@ line with exit code 2. A message names an argument in backticks, in the library'
     `microbatches` 2: fewer than the 4 ranks of 1f1b; give microbatches >= 4
 
 The Python API shows it as written; each front end says it in its own words with ``translate`` (the CLI
-maps ``microbatches`` to ``-m``: cli/flags.py), so one message serves both and neither names the other's
+maps ``microbatches`` to ``-m``: flags.py), so one message serves both and neither names the other's
 options. No torch here.
 
 Example:

@@ -326,7 +326,7 @@ def _collective_waits(tl: Timeline):
     low, played = tl.meta.get("lowered"), tl.meta.get("played")
     if low is None or played is None:
         return None
-    from .lowering.comms import P2P, CommAction
+    from .comm_actions import P2P, CommAction
 
     ops = [[p for p, a in enumerate(prog) if type(a) is not CommAction] for prog in low.programs]
 
@@ -352,7 +352,7 @@ def _end_why(w: _Waits, tl: Timeline, free: float):
 
 
 def _comm_text(got, w: _Waits) -> str:
-    from .lowering.comms import describe
+    from .comm_actions import describe
 
     c, r, start, end = got
     return f"waits for {describe(c, r)} on rank {r}, in flight from {_n(start - w.t0)} to {_n(end - w.t0)}"

@@ -17,7 +17,7 @@ the largest idle time of a rank, makespan - busy.
 from __future__ import annotations
 
 from .costs import Costs
-from .overlap import pair_time
+from .all_to_all import pair_time
 from .schedules.forms import Uniform
 from .schedules.registry import FAMILIES
 

@@ -36,11 +36,11 @@ def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -
 
 
 def lowered_memory(low, costs: Costs) -> dict:
-    """What each rank of a lowered run holds at its peak, in bytes, by kind (``lowering.memory``): activations
+    """What each rank of a lowered run holds at its peak, in bytes, by kind (``lowering.rank_memory``): activations
     where their bytes are given (else none are counted: ``activations_in_bytes`` false), gathered weights,
     unsharded gradients, received buffers."""
     from .costs import per_stage
-    from .lowering.memory import lowered_memory as walk
+    from .lowering.rank_memory import lowered_memory as walk
 
     S = low.schedule.stages
     sc = costs.resolve(S)

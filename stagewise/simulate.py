@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .costs import Costs
 from .engine import Stuck, play
-from .overlap import comm_lanes
+from .all_to_all import comm_lanes
 from .schedule import Schedule
 from .timeline import Metrics, Timeline, metrics
 from .validate import ScheduleError, check_structure, describe_deadlock
@@ -13,15 +13,13 @@ from .validate import ScheduleError, check_structure, describe_deadlock
 def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = True) -> Timeline:
     """Timeline of ``schedule`` under ``costs`` (default ``t_f=1, t_b=2``).
 
-    With ``costs.comm`` (``lowering.Communication``) the schedule is lowered and the engine plays the lowered
-    programs (``lowering.play``), else the schedule's own (``engine.play``). Raises ``ScheduleError`` for an
+    With ``costs.comm`` (``lowering.Communication``, which the core does not import) the schedule is lowered and
+    the engine plays the lowered programs (``Communication.simulate``), else the schedule's own (``engine.play``). Raises ``ScheduleError`` for an
     invalid or deadlocking schedule.
     """
     costs = costs or Costs()
     if costs.comm is not None:  # communication as actions: the lowered programs, transfers on their resources
-        from .lowering.play import simulate_lowered
-
-        return simulate_lowered(costs.comm.lower(schedule), costs, check=check)
+        return costs.comm.simulate(schedule, costs, check=check)
     sc = costs.resolve(schedule.stages)
     if check:
         check_structure(schedule)

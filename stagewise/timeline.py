@@ -15,7 +15,7 @@ from operator import sub
 from . import display
 from .actions import Pair, actions_of
 from .costs import freed
-from .overlap import Comm, kinds, totals
+from .all_to_all import Comm, kinds, totals
 from .schedule import Schedule
 
 

@@ -27,11 +27,11 @@ def fails(capsys, *argv: str) -> str:
 
 @contextmanager
 def raises_said(exc, pattern: str):
-    """``pytest.raises(exc)`` whose message, said in the CLI's words (cli/flags.py), matches ``pattern``: a
+    """``pytest.raises(exc)`` whose message, said in the CLI's words (flags.py), matches ``pattern``: a
     library error names `microbatches`, the CLI -m; one expectation checks both the rule and the wording."""
     import re
 
-    from stagewise.cli.flags import say
+    from stagewise.flags import say
 
     with pytest.raises(exc) as info:
         yield info

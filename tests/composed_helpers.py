@@ -83,7 +83,7 @@ def _build(case: Case, hf_folder: str | None):
         options["mesh"] = init_device_mesh("cpu", shape, mesh_dim_names=names)
     if case.model == "llama":
         from stagewise.hf import load
-        from stagewise.hf.pipeline import pipeline
+        from stagewise.hf.pipelined import pipeline
 
         pipe = pipeline(load(hf_folder), case.schedule, microbatches=case.microbatches, chunks=case.chunks,
                         **options)

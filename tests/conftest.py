@@ -52,7 +52,7 @@ def elastic_config(**changes):
     import dataclasses
 
     from stagewise import Parallelism
-    from stagewise.runtime.run.config import RunConfig
+    from stagewise.runtime.config import RunConfig
     from stagewise.runtime.run.models import GPTConfig
 
     cfg = RunConfig(schedule="1f1b", parallelism=Parallelism(pp=2, dp=2), microbatches=2, batch=8,

@@ -109,7 +109,7 @@ def pipelined_cases(folder: str, text: str, cases, steps: int, batch_rows: int, 
     from stagewise.hf import load
     from stagewise.hf.data import TextData
     from stagewise.hf.model import _CHECKPOINTS
-    from stagewise.hf.pipeline import pipeline
+    from stagewise.hf.pipelined import pipeline
 
     data = TextData(path=text, seq=seq)
     out, reads = {}, {}
@@ -139,7 +139,7 @@ def save_and_logits(folder: str, text: str, out: str, name: str, m: int, seq: in
     """Train one step under ``name``, save as an HF folder, and return the pipeline's logits on a fixed batch."""
     from stagewise.hf import load
     from stagewise.hf.data import TextData
-    from stagewise.hf.pipeline import pipeline, save_pretrained
+    from stagewise.hf.pipelined import pipeline, save_pretrained
 
     data = TextData(path=text, seq=seq)
     model = load(folder)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from stagewise.runtime.execution.activation_memory import ActivationMeter
-from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.execution.program import lower
 from stagewise.runtime.messages.p2p import P2P
 from stagewise.runtime.execution.executor import Executor, RankContext
 from stagewise.runtime.run.models import GPTConfig

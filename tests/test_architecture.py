@@ -250,7 +250,7 @@ def test_each_planner_folder_is_entered_through_its_face():
 
 def test_the_planner_runs_with_torch_blocked():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import stagewise.plan.search.search, stagewise.plan.cluster.search, stagewise.plan.auto.auto, stagewise.layout\n"
+            "import stagewise.plan.search.search, stagewise.plan.cluster.search, stagewise.plan.auto.auto, stagewise.split\n"
             "bad = [m for m, v in sys.modules.items() if v is not None and m.startswith(('torch', 'stagewise.runtime'))]\n"
             "assert not bad, bad\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -258,7 +258,7 @@ def test_the_planner_runs_with_torch_blocked():
 
 
 def test_every_runtime_module_has_a_test_file_named_after_it():
-    """A module's tests are found by its name: runtime/execution/plan.py -> tests/test_runtime_plan.py."""
+    """A module's tests are found by its name: runtime/execution/program.py -> tests/test_runtime_program.py."""
     tests = {p.name for p in Path(__file__).parent.glob("test_*.py")}
     missing = sorted(p.relative_to(ROOT).as_posix() for p in (PKG / "runtime").rglob("*.py")
                      if p.name != "__init__.py" and f"test_runtime_{p.stem}.py" not in tests)

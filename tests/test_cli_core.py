@@ -219,7 +219,7 @@ def test_simulate_without_communication_options_imports_no_lowering():
     code = ("import sys; sys.argv = ['stagewise', 'simulate', '1f1b', '-p', '2', '-m', '2']\n"
             "from stagewise.cli import main\nmain()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('stagewise.lowering', 'stagewise.torch_csv', "
-            "'torch', 'matplotlib', 'stagewise.plan', 'stagewise.runtime', 'stagewise.layout', 'stagewise.render', "
+            "'torch', 'matplotlib', 'stagewise.plan', 'stagewise.runtime', 'stagewise.split', 'stagewise.render', "
             "'shutil', 'lzma', 'bz2', 'json', 'typing'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.splitlines()[-1] == "[]", out

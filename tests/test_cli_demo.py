@@ -3,7 +3,7 @@
 import doctest
 
 from stagewise.cli import demo
-from stagewise.runtime.run.result import RunResult
+from stagewise.runtime.result import RunResult
 
 
 def result(name, measured, predicted, steps):

@@ -44,7 +44,7 @@ def _env() -> dict:
 
 
 #: what the blocks' processes import that takes seconds: imported once by the preloaded server they fork from
-PRELOAD = ("torch", "torch._dynamo", "stagewise.cli", "stagewise.runtime.run.worker", "stagewise.hf.run",
+PRELOAD = ("torch", "torch._dynamo", "stagewise.cli", "stagewise.runtime.run.worker", "stagewise.hf.hf_run",
            "transformers.loss.loss_utils", "transformers.masking_utils", "transformers.modeling_utils")
 
 

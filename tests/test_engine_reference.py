@@ -15,7 +15,7 @@ from stagewise.actions import Action, Pair
 from stagewise.costs import Costs
 from stagewise.engine import Stuck, op_time, play
 from stagewise.lowering import FRAMEWORKS, LoweringOptions, Network, Overlap, Sizes, lower
-from stagewise.lowering.comms import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
+from stagewise.comm_actions import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
 from stagewise.lowering.play import a2a_costs, play_lowered
 from stagewise.parallelism import Parallelism
 from stagewise.schedule import make

@@ -163,7 +163,7 @@ def _integer_options():
     import argparse
 
     from stagewise.cli import build_parser
-    from stagewise.cli.values import positive_int, whole_int
+    from stagewise.option_values import positive_int, whole_int
 
     parser = build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -174,7 +174,7 @@ def test_an_hf_run_and_a_gpt_run_are_one_run_path(capsys, files, tmp_path, monke
     from multiprocessing import forkserver
 
     from stagewise.cli.train_hf import RANK_IMPORTS
-    from stagewise.hf.run import RANK_IMPORTS as HF_RANK_IMPORTS
+    from stagewise.hf.hf_run import RANK_IMPORTS as HF_RANK_IMPORTS
 
     assert RANK_IMPORTS == HF_RANK_IMPORTS and set(RANK_IMPORTS) <= set(forkserver._forkserver._preload_modules)
     assert set(hf) - set(gpt) == {"read_bytes_per_rank"} and set(gpt) <= set(hf)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from capped_cli import run_capped  # noqa: E402
 from hf_helpers import CONFIGS, save_tiny  # noqa: E402
 
-from stagewise.cli.flags import say  # noqa: E402
+from stagewise.flags import say  # noqa: E402
 from stagewise.hf import HFError, load  # noqa: E402
 from stagewise.hf.data import TextData  # noqa: E402
 from stagewise.hf.model import _CHECKPOINTS  # noqa: E402
@@ -39,7 +39,7 @@ INDEX = "model.safetensors.index.json"
 LLAMA = {k: v for k, v in CONFIGS["llama"].items()}
 
 #: (category, case id, --hf (under the root), --data (under the root), --tokenizer, environment, words)
-#: words are in the library's terms; the CLI's line must hold them as the CLI says them (cli/flags.py)
+#: words are in the library's terms; the CLI's line must hold them as the CLI says them (flags.py)
 CASES = [
     # files outside the folder the user named
     ("outside", "index-absolute", "abs", "t.txt", None, {},

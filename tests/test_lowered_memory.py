@@ -1,4 +1,4 @@
-"""What a rank holds over its lowered program (lowering/memory.py), the planner's sharded memory from it (the
+"""What a rank holds over its lowered program (lowering/rank_memory.py), the planner's sharded memory from it (the
 configurations it lowers), and the CLI's report of it."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 
 from stagewise.cli import main
 from stagewise.lowering import LoweringOptions, Sizes, lower
-from stagewise.lowering.memory import lowered_memory
+from stagewise.lowering.rank_memory import lowered_memory
 from stagewise.parallelism import Parallelism
 from stagewise.plan.cluster import Hardware, Job, TransformerSpec, cluster_search
 from stagewise.plan.search import Space

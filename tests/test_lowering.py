@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from stagewise.costs import Costs
 from stagewise.lowering import FRAMEWORKS, LoweringOptions, Network, Sizes, lower
 from stagewise.lowering.check import check
-from stagewise.lowering.comms import CommAction, parse_comm
+from stagewise.comm_actions import CommAction, parse_comm
 from stagewise.lowering.play import simulate_lowered
 from stagewise.parallelism import Parallelism
 from stagewise.schedule import make
@@ -321,8 +321,8 @@ def test_torchs_runtime_loads_a_compute_comms_csv_as_written(tmp_path, name, v):
 
 
 def test_the_planners_framework_rules_are_the_lowerings():
-    """plan/cluster/overlap.py costs a cluster plan under the rules the lowering places transfers by."""
-    from stagewise.plan.cluster.overlap import FRAMEWORKS as PLANNED
+    """plan/cluster/overlap_rules.py costs a cluster plan under the rules the lowering places transfers by."""
+    from stagewise.plan.cluster.overlap_rules import FRAMEWORKS as PLANNED
 
     for name, rule in FRAMEWORKS.items():
         assert PLANNED[name].overlap == rule, name
@@ -489,7 +489,7 @@ def test_each_backward_reduces_what_it_made_under_the_each_rule():
     from dataclasses import replace
 
     from stagewise.lowering import Overlap
-    from stagewise.lowering.memory import lowered_memory
+    from stagewise.lowering.rank_memory import lowered_memory
 
     s = generate("1f1b", 1, 3)
     par = Parallelism(pp=1, fsdp=2, reshard_after_forward=True)

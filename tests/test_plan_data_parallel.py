@@ -84,7 +84,7 @@ def test_the_planners_reduction_rules_are_the_lowerings_played(name, p, v, rule,
     backward, or after the drain) is what playing the lowered program's REDUCE_GRADs on the same timeline leaves
     past the compute: one rule, two readings."""
     from stagewise.lowering import lower
-    from stagewise.lowering.comms import REDUCE_GRAD
+    from stagewise.comm_actions import REDUCE_GRAD
     from stagewise.lowering.options import LoweringOptions, Network, Overlap, Sizes
     from stagewise.lowering.play import simulate_lowered
     from stagewise.parallelism import Parallelism

@@ -112,14 +112,14 @@ def test_an_expert_group_lands_on_consecutive_gpus_pipeline_outermost():
 @pytest.mark.parametrize("placement", ["within", "across"])
 def test_node_spans_looked_at_over_one_period_equal_every_gpu_looked_at(placement):
     """grid's node counts read one period of ranks and pool positions; the oracle walks every GPU."""
-    from stagewise.plan.cluster import grid
+    from stagewise.plan.cluster import placement
 
     def every_gpu(node, p, pool, t, stride, count):
-        return max(len({grid._gpu(placement, p, pool, t, r, o + i * stride) // node for i in range(count)})
+        return max(len({placement._gpu(placement, p, pool, t, r, o + i * stride) // node for i in range(count)})
                    for r in range(p) for o in range(pool) if (o // stride) % count == 0)
 
     def crosses(node, p, pool, t, a, b):
-        return any(grid._gpu(placement, p, pool, t, a, q) // node != grid._gpu(placement, p, pool, t, b, q) // node
+        return any(placement._gpu(placement, p, pool, t, a, q) // node != placement._gpu(placement, p, pool, t, b, q) // node
                    for q in range(pool))
 
     for node in (1, 4, 6, 8):
@@ -128,10 +128,10 @@ def test_node_spans_looked_at_over_one_period_equal_every_gpu_looked_at(placemen
                 for dp in (1, 3, 4, 16):
                     pool = t * dp
                     for stride, count in {(1, c) for c in range(1, pool + 1) if pool % c == 0} | {(t, dp)}:
-                        assert grid._nodes.__wrapped__(node, p, pool, t, placement, stride, count) == \
+                        assert placement._nodes.__wrapped__(node, p, pool, t, placement, stride, count) == \
                             every_gpu(node, p, pool, t, stride, count), (node, p, t, dp, stride, count)
                     for a, b in ((0, p - 1), (p // 2, p - 1)):
-                        assert grid._pipeline_crosses.__wrapped__(node, p, pool, t, placement, a, b) == \
+                        assert placement._pipeline_crosses.__wrapped__(node, p, pool, t, placement, a, b) == \
                             crosses(node, p, pool, t, a, b)
 
 

@@ -290,7 +290,7 @@ def test_every_recompute_sharding_and_framework_plans_or_says_truly_why_not(caps
     blaming memory (the weights fit here)."""
     from cli_helpers import run
 
-    from stagewise.plan.cluster.overlap import FRAMEWORKS
+    from stagewise.plan.cluster.overlap_rules import FRAMEWORKS
 
     moe = model != "llama3-8b"
     for rc in ("off", "selective", "full"):

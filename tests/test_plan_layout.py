@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stagewise.layout import LayoutError, Split, format_layout, parse_layout
+from stagewise.split import LayoutError, Split, format_layout, parse_layout
 
 GPT = ["E"] + ["t"] * 32 + ["H"]
 

@@ -40,7 +40,7 @@ WORLD, M, SEQ = 8, 4, 16
 def planned(model: str, gpus: int, tokens: str):
     from stagewise.cli.plan_cluster import parse_tokens
     from stagewise.plan.cluster import Hardware, Job, TransformerSpec, cluster_search
-    from stagewise.plan.cluster.overlap import framework
+    from stagewise.plan.cluster.overlap_rules import framework
     from stagewise.plan.search import Space
 
     job = Job(spec=TransformerSpec.load(model), hardware=Hardware.load("h100"), gpus=gpus,

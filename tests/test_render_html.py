@@ -95,7 +95,7 @@ def test_the_summary_shows_exposed_and_hidden_all_to_all_when_there_is_any():
     parser.feed(report_html(es, costs))
     rows = parser.tables["summary"]
     assert rows[0][-2:] == ["exposed all-to-all (max per rank)", "all-to-all hidden"]
-    assert [r[-2:] for r in rows[1:]] == [["4", "0%"], ["3", "25%"]]  # tests/test_overlap.py's hand counts
+    assert [r[-2:] for r in rows[1:]] == [["4", "0%"], ["3", "25%"]]  # tests/test_all_to_all.py's hand counts
     assert {r[0]: r[1] for r in parser.tables["costs"][1:]}["a2a"] == "0.5"
     assert "exposed all-to-all" not in report_html(entries(2, 4), Costs())
 

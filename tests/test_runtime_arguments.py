@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import stagewise
-from stagewise.runtime.run.arguments import check_autocast, check_device
-from stagewise.runtime.run.config import RunError
+from stagewise.runtime.arguments import check_autocast, check_device
+from stagewise.runtime.config import RunError
 
 
 def _pipeline(**kw):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from stagewise.cli import main
-from stagewise.cli.flags import say
+from stagewise.flags import say
 from stagewise.runtime import RunConfig, RunError
 from stagewise.runtime.resilience import checkpoint_files as files
 from stagewise.runtime.resilience.checkpoint import rng_state, set_rng_state

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stagewise.runtime.resilience import checkpoint_files as files
-from stagewise.runtime.run.config import RunError
+from stagewise.runtime.config import RunError
 
 
 def test_an_atomic_write_leaves_the_file_and_its_entry_and_no_temporary(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stagewise.runtime.resilience.checkpoint_layers import _payload, home_layer  # noqa: E402
-from stagewise.runtime.run.config import RunError  # noqa: E402
+from stagewise.runtime.config import RunError  # noqa: E402
 
 
 def test_a_logical_name_lives_with_its_first_use():

@@ -135,7 +135,7 @@ def text(tmp_path_factory):
 def saved(tmp_path_factory, llama, text):
     """One launch of 4 ranks: the GPT at pp 2 x fsdp 2 uninterrupted and saving after step 2; at pp 2 x dp 2 with
     ZeRO-1 (one step); the tiny Llama at pp 2 x tp 2 uninterrupted and saving after step 2."""
-    from stagewise.hf.run import HFRun
+    from stagewise.hf.hf_run import HFRun
 
     root = tmp_path_factory.mktemp("composed")
     hf = dataclasses.replace(BASE, model=HFRun(source=str(llama), data=str(text), seq=16), fsdp=1, tp=2,

@@ -160,7 +160,7 @@ def test_the_planners_verify_and_train_command_run_dp_and_recompute(tmp_path):
     from stagewise.plan.search import train_command
     from stagewise.plan.search import Link
     from stagewise.plan.search import Searcher, Space, search
-    from stagewise.runtime.profiling.verify import _run_config
+    from stagewise.profiling.verify import _run_config
 
     prof = dataclasses.replace(gpt_profile(blocks=6), meta={"gpt": dataclasses.asdict(TINY), "threads": 1})
     link = Link(latency=1e-4, bandwidth=1e9)

@@ -16,7 +16,7 @@ import pytest
 
 from stagewise.runtime import RunConfig
 from stagewise.runtime.parallel.mesh import Topology
-from stagewise.runtime.run.config import RunError
+from stagewise.runtime.config import RunError
 from stagewise.runtime.run.models import GPTConfig
 from stagewise.runtime.run.train import train, train_many
 from runtime_helpers import rel_err

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from stagewise import torch_csv
-from stagewise.cli.flags import say
+from stagewise.flags import say
 from stagewise.runtime import RunConfig
-from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.execution.program import lower
 from stagewise.runtime.messages.p2p import ACT, P2P, Route, ShapeError
 from stagewise.runtime.launching.launch import RankFailure
 from stagewise.runtime.run.train import train_many

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from stagewise.actions import Action
 from stagewise.cli import main
-from stagewise.cli.flags import say
+from stagewise.flags import say
 from stagewise.runtime import RunConfig, RunError
 from stagewise.runtime.resilience import flight
 from stagewise.runtime.resilience.faults import Fault, parse_fault

@@ -79,7 +79,7 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
     import stagewise
     from runtime_helpers import flight_collectives
     from stagewise.lowering import lower
-    from stagewise.lowering.comms import P2P, CommAction
+    from stagewise.comm_actions import P2P, CommAction
     from stagewise.lowering.options import LoweringOptions, Sizes
     from stagewise.parallelism import Parallelism
     from stagewise.render.svg import timeline_svg

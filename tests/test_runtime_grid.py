@@ -16,7 +16,7 @@ from composed_helpers import grid_facts  # noqa: E402
 from stagewise import Parallelism  # noqa: E402
 from stagewise.runtime.parallel.grid import Grid  # noqa: E402
 from stagewise.runtime.pipeline import _grid  # noqa: E402
-from stagewise.runtime.run.config import RunError  # noqa: E402
+from stagewise.runtime.config import RunError  # noqa: E402
 
 CPU = torch.device("cpu")
 

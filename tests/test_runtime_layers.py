@@ -8,7 +8,7 @@ from torch import nn
 
 from api_helpers import Net, layers
 from stagewise import Layers, generate
-from stagewise.runtime.run.config import RunError
+from stagewise.runtime.config import RunError
 from stagewise.runtime.stages.layers import as_layers, build_own_stages, flat_layers, split_counts
 from stagewise.runtime.stages.stage import stage_ranges
 

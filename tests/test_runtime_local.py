@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 import stagewise  # noqa: E402
 from stagewise.runtime.launching.launch import RankFailure  # noqa: E402
-from stagewise.runtime.run.config import RunError  # noqa: E402
+from stagewise.runtime.config import RunError  # noqa: E402
 
 
 @pytest.mark.parametrize("ranks, words", [(0, "`ranks` must be a whole number >= 1; got 0"),

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stagewise.runtime.parallel.mesh import Topology  # noqa: E402
-from stagewise.runtime.run.config import RunError  # noqa: E402
+from stagewise.runtime.config import RunError  # noqa: E402
 
 
 class Mesh:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from stagewise.runtime.run.config import RunConfig, RunError
+from stagewise.runtime.config import RunConfig, RunError
 from stagewise.runtime.run.models import GPTConfig, synthetic_stream
 from cli_helpers import raises_said
 from runtime_helpers import TINY

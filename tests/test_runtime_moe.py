@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from stagewise.runtime.run.config import RunError
+from stagewise.runtime.config import RunError
 from stagewise.runtime.stages import moe as moe_mod
 from stagewise.runtime.stages.moe import MoE
 

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from stagewise.runtime.run.config import RunError  # noqa: E402
+from stagewise.runtime.config import RunError  # noqa: E402
 from stagewise.runtime.stages.layers import Layers  # noqa: E402
 from stagewise.runtime.stages.names import Names, gather_stage_map  # noqa: E402
 from stagewise.runtime.stages.stage import stage_ranges  # noqa: E402

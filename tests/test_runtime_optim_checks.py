@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from stagewise.runtime.run.config import RunError  # noqa: E402
+from stagewise.runtime.config import RunError  # noqa: E402
 from stagewise.runtime.stages.optim_checks import check_optimizer, check_state  # noqa: E402
 
 KEEPS = {"w": {"exp_avg": torch.zeros(2, 3), "exp_avg_sq": torch.zeros(2, 3), "step": torch.zeros(())}}

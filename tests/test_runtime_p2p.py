@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stagewise.actions import actions_of
-from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.execution.program import lower
 from stagewise.runtime.messages.p2p import ACT, GRAD, Route
 from stagewise.schedules import FAMILIES, generate
 from stagewise.schedules.registry import ScheduleArgError
@@ -105,7 +105,7 @@ def test_each_rank_sends_and_posts_its_receives_in_the_lowered_programs_order():
     import stagewise
     from api_helpers import flight_messages
     from stagewise.lowering import lower
-    from stagewise.lowering.comms import SEND_F, CommAction
+    from stagewise.comm_actions import SEND_F, CommAction
     from stagewise.schedules import generate
 
     cases = [("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("zb-v", 4, None), ("dualpipe-v", 4, None)]

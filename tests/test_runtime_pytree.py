@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stagewise.runtime.stages import pytree
-from stagewise.runtime.run.config import RunError
+from stagewise.runtime.config import RunError
 
 
 @dataclasses.dataclass

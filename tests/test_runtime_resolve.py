@@ -1,12 +1,12 @@
-"""The one place a schedule is resolved (runtime/run/resolve.py): one message per rule."""
+"""The one place a schedule is resolved (runtime/resolve.py): one message per rule."""
 
 from __future__ import annotations
 
 import pytest
 
 from stagewise import torch_csv
-from stagewise.runtime.run.config import RunError
-from stagewise.runtime.run.resolve import resolve_schedule
+from stagewise.runtime.config import RunError
+from stagewise.runtime.resolve import resolve_schedule
 from stagewise.schedules import generate
 
 

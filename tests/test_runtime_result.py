@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from stagewise import Parallelism
-from stagewise.runtime.run.result import Memory, RunResult, merge_copies
+from stagewise.runtime.result import Memory, RunResult, merge_copies
 
 BASE = RunResult(schedule="1f1b", ranks=2, microbatches=4, losses=(4.0, 3.5), step_time_s=(0.2, 0.1),
                  measured_bubble_fraction=0.3, predicted_bubble_fraction=0.25)

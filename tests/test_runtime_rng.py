@@ -82,7 +82,7 @@ def gpt2(tmp_path_factory):
 @pytest.mark.timeout(300)
 def test_train_hf_with_dropout_repeats_and_every_family_equals_the_reference(gpt2, capsys):
     pytest.importorskip("transformers")
-    from stagewise.hf.run import HFRun
+    from stagewise.hf.hf_run import HFRun
 
     config, text = gpt2
     argv = ["train", "--hf", str(config), "--data", str(text), "--seq", "16", "--seed", "0", "--steps", "2",

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stagewise.runtime.run.config import RunError
+from stagewise.runtime.config import RunError
 from stagewise.runtime.execution.split_backward import Splitter, input_grad, weight_grad
 from stagewise.runtime.stages.stage import Stage
 from runtime_helpers import TINY

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from stagewise.runtime.run.config import RunError
+from stagewise.runtime.config import RunError
 from stagewise.runtime.stages.stage import build_stages, check_cover, logical_names, partition, stage_map
 from stagewise.schedules import generate
 from runtime_helpers import TINY

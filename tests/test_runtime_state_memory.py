@@ -1,10 +1,10 @@
-"""What a rank holds of the model's state, counted and predicted (runtime/parallel/memory.py), unsharded."""
+"""What a rank holds of the model's state, counted and predicted (runtime/parallel/state_memory.py), unsharded."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from stagewise.runtime.parallel.memory import held_bytes, predicted_bytes  # noqa: E402
+from stagewise.runtime.parallel.state_memory import held_bytes, predicted_bytes  # noqa: E402
 
 
 def test_adam_holds_two_moments_and_the_prediction_agrees_without_sharding():

@@ -77,7 +77,7 @@ def test_the_options_are_checked_before_any_rank_starts(capsys):
 def test_a_hugging_face_model_says_which_heads_tp_must_divide(tmp_path):
     pytest.importorskip("transformers")
     from hf_helpers import CONFIGS, write_config
-    from stagewise.hf.run import HFRun
+    from stagewise.hf.hf_run import HFRun
 
     model = HFRun(source=str(write_config(tmp_path / "config.json", **CONFIGS["llama"])), seq=16)
     assert model.layers().tp_plan["layers.*.self_attn.q_proj"] == "colwise"  # the model's own base_model_tp_plan

@@ -1,11 +1,11 @@
 """The `stagewise` command: one entry point, a module per group of subcommands.
 
 Each module in ``MODULES`` has ``register(subparsers)``; a subcommand sets ``func(args) -> int``. User
-errors print one line and exit 2, never a traceback; ``flags`` says a library argument as its flag. The CLI
+errors print one line and exit 2, never a traceback; ``stagewise.flags`` says a library argument as its flag. The CLI
 is a client of every other part, imported lazily by the subcommand that needs it.
 
 May import: the core, `stagewise.schedules`, `stagewise.lowering`, `stagewise.render`, `stagewise.plan`, `stagewise.runtime`,
-`stagewise.hf`, `stagewise.workshop`, `torch`, `rich`.
+`stagewise.hf`, `stagewise.profiling`, `stagewise.workshop`, `torch`, `rich`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import importlib
 import sys
 
 from .common import USER_ERRORS, Parser
-from .flags import say
+from ..flags import say
 
 #: subcommand modules in --help order, each with its subcommands (tests/test_cli_core.py holds it to what
 #: ``register`` adds): a command builds only its own module's parser, so `stagewise simulate` never imports the

@@ -8,8 +8,8 @@ import argparse
 
 from ..costs import Costs
 from ..parallelism import Parallelism
-from .flags import add_layout_options
-from .values import finite_float, per_stage_value, positive_int
+from ..flags import add_layout_options
+from ..option_values import finite_float, per_stage_value, positive_int
 
 #: Parallelism fields offered here (pp is -p; ep is the all-to-all group's --ep)
 _DEGREES = ("dp", "fsdp", "tp", "zero", "reshard_after_forward")
@@ -98,7 +98,7 @@ def communication(args: argparse.Namespace, *, force: bool = False, moe: bool | 
 def _regrouped(low, par: Parallelism, opts):
     """A read CSV's gathers and reductions over the layout's group, with the sizes' bytes (the file says
     neither)."""
-    from ..lowering.comms import P2P, RESHARD, UNSHARD, REDUCE_GRAD, CommAction
+    from ..comm_actions import P2P, RESHARD, UNSHARD, REDUCE_GRAD, CommAction
     from ..lowering.lower import gradient_reduction
 
     sizes = opts.sizes.resolve(low.schedule.stages)

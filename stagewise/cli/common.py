@@ -7,7 +7,7 @@ import sys
 
 from ..costs import CostError, Costs, rank_share_weights, scaled
 from ..errors import StagewiseError
-from .values import UsageError, finite_float, per_stage_value, positive_int, whole_int  # noqa: F401 (their home)
+from ..option_values import UsageError, finite_float, per_stage_value, positive_int, whole_int  # noqa: F401 (their home)
 
 
 #: errors that are the user's input, not our bug: one line on stderr, exit 2
@@ -85,7 +85,7 @@ def int_list(option: str, text: str | None, example: str):
 
 def check_timeline_output(option: str, path: str) -> None:
     """Fail on a bad output path (suffix, folder, permissions) before any work is done."""
-    from ..render.files import TIMELINE_SUFFIXES, OutputError, check_path
+    from ..render.output import TIMELINE_SUFFIXES, OutputError, check_path
 
     try:
         check_path(path, TIMELINE_SUFFIXES)
@@ -125,7 +125,7 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                         "comparison across families)")
     from .comm import add_comm_args
     from .memory import add_memory_args
-    from .moe import add_a2a_args
+    from .expert_options import add_a2a_args
 
     add_memory_args(p)
     add_a2a_args(p)
@@ -136,7 +136,7 @@ def costs_from(args: argparse.Namespace, schedule=None) -> Costs:
     """The cost options; with ``--costs-per rank`` and a schedule, scaled to its stages' shares."""
     from .comm import comm_costs
     from .memory import memory_costs
-    from .moe import a2a_costs
+    from .expert_options import a2a_costs
 
     costs = comm_costs(args, a2a_costs(args, memory_costs(args, _base_costs(args))))
     if schedule is not None and getattr(args, "costs_per", "stage") == "rank":

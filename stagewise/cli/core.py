@@ -103,7 +103,7 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
 
 
 def cmd_compare(args) -> int:
-    from ..render.files import COMPARE_SUFFIXES, OutputError, check_path, write_comparison
+    from ..render.output import COMPARE_SUFFIXES, OutputError, check_path, write_comparison
 
     try:
         if args.output:

@@ -132,7 +132,7 @@ def demo_run(out: Path, sizes: Sizes | None = None, load: float | None = None) -
     except RankFailure as e:
         print(f"(real run failed: {e})")
         return
-    from ..render.files import write_timeline
+    from ..render.output import write_timeline
     from ..timeline import metrics
     from .train import summary
 
@@ -171,7 +171,7 @@ def verdict(results, *, cores: int, ranks: int, load: float, predicted: dict | N
     schedule's predicted step (``predicted_steps``); with it the second claim is that the measured order of
     the two steps is the predicted one, else that ZB-H1's step is the shorter (as with t_I + t_W = t_B).
 
-    >>> from stagewise.runtime.run.result import RunResult
+    >>> from stagewise.runtime.result import RunResult
     >>> a = RunResult(schedule="1f1b", ranks=2, microbatches=4, losses=(1.0,), step_time_s=(0.5, 0.30, 0.30),
     ...               measured_bubble_fraction=0.22, predicted_bubble_fraction=0.20)
     >>> b = RunResult(schedule="zb-h1", ranks=2, microbatches=4, losses=(1.0,), step_time_s=(0.5, 0.26, 0.27),

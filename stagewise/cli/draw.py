@@ -40,7 +40,7 @@ def register(sub) -> None:
 
 
 def cmd_draw(args) -> int:
-    from ..render.files import OutputError, write_timeline
+    from ..render.output import OutputError, write_timeline
     from ..simulate import simulate
 
     if args.width is not None:
@@ -77,7 +77,7 @@ def report_path(output: str) -> Path:
 
 
 def cmd_report(args) -> int:
-    from ..render.files import OutputError, check_path
+    from ..render.output import OutputError, check_path
     from ..render.html import report_html
     from .core import compare_entries
 

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 
 from ..costs import Costs, MemoryCap, transformer_activation, with_transformer_memory
-from .values import UsageError, finite_float, whole_int
+from ..option_values import UsageError, finite_float, whole_int
 
 
 def _fraction(text: str) -> float:
@@ -49,7 +49,7 @@ def memory_costs(args: argparse.Namespace, costs: Costs) -> Costs:
     """``costs`` with the memory options applied."""
     hidden, heads, seq = (getattr(args, k, None) for k in ("hidden_size", "heads", "seq_length"))
     given = [n for n, x in (("--hidden-size", hidden), ("--heads", heads), ("--seq-length", seq)) if x is not None]
-    from .moe import derives_a2a
+    from .expert_options import derives_a2a
 
     if given == ["--hidden-size"] and derives_a2a(args):
         given = []  # the hidden size is the all-to-all's here, not the memory model's

@@ -104,7 +104,7 @@ def cmd_plan(args) -> int:
 
 
 def _plan(args) -> int:
-    from ..layout import Split
+    from ..split import Split
     from ..plan.search import Profile
     from ..plan.search import Searcher, Space, search
 
@@ -161,7 +161,7 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
         command = plan_failures.saving(command, faults)
     verified = None
     if args.verify is not None:
-        from ..runtime.profiling.verify import verify
+        from ..profiling.verify import verify
 
         verified = verify(prof, cands, args.verify, steps=args.steps, rounds=args.rounds,
                           log=None if args.json else print)
@@ -187,7 +187,7 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
         print(line)
     print(f"run it: {command}")
     if verified:
-        from ..runtime.profiling.verify import verify_table
+        from ..profiling.verify import verify_table
 
         print("\n" + verify_table(verified))
     return 0

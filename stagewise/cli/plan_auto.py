@@ -131,7 +131,7 @@ def _write(args, schedule, costs) -> None:
         except OSError as e:
             raise UsageError(f"--csv {args.csv}: cannot write: {e.strerror}") from None
     if args.output:
-        from ..render.files import OutputError, write_timeline
+        from ..render.output import OutputError, write_timeline
         from ..simulate import simulate
 
         try:

@@ -20,7 +20,7 @@ def add_options(p) -> None:
     """The cluster options of `stagewise plan` (used instead of --profile, -N and -G)."""
     from ..parallelism import SHARDINGS
     from ..plan.cluster import FRAMEWORKS
-    from .flags import add_layout_options
+    from ..flags import add_layout_options
 
     g = p.add_argument_group("cluster scale (instead of --profile, -N, -G)")
     g.add_argument("--model", metavar="MODEL", default=None,
@@ -111,7 +111,7 @@ def run(args) -> int:
         raise UsageError(_nothing_fits(job, res))
     from dataclasses import replace
 
-    from .flags import say
+    from ..flags import say
 
     res = replace(res, not_offered={say(k): n for k, n in res.not_offered.items()})  # in the CLI's words
     reserve = job.memory_reserve.bytes(job.hardware.memory)
@@ -130,7 +130,7 @@ def _job(args):
     from ..plan.cluster import FRAMEWORKS
     from ..plan.search import Space
     from ..plan.cluster import TransformerSpec
-    from .flags import PLANNER_ALIASES
+    from ..flags import PLANNER_ALIASES
     from .planning import whole_numbers
 
     missing = [o for o, k in (("--model", "model"), ("--hardware", "hardware"), ("--gpus", "gpus"),

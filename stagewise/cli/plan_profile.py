@@ -19,7 +19,7 @@ def register(sub) -> None:
         "measure the point-to-point link between two local ranks (gloo) and the per-step work outside the layers "
         "(two short runs of the same model on 2 local ranks). `stagewise plan --profile FILE` reads the result. "
         "For your own model use the "
-        "Python API: stagewise.runtime.profiling.measure.profile_model(model), the model a runtime ModelConfig "
+        "Python API: stagewise.profiling.measure.profile_model(model), the model a runtime ModelConfig "
         "(stagewise.runtime.run.models.GPTConfig, LayerModel).")
     p.add_argument("-o", "--output", default="profile.json", help="where to write the profile, default profile.json")
     p.add_argument("--micro-batch-sizes", default="1,2,4", help="sizes to measure, default 1,2,4")
@@ -50,8 +50,8 @@ def cmd_profile(args) -> int:
     sizes = whole_numbers(args.micro_batch_sizes, "--micro-batch-sizes")
     _check_sizes(args, sizes)  # before torch is imported or anything allocated
     try:
-        from ..runtime.profiling.link import measure_link
-        from ..runtime.profiling.measure import profile_model
+        from ..profiling.link import measure_link
+        from ..profiling.measure import profile_model
     except ImportError as e:
         raise UsageError(f"stagewise profile needs torch ({e.name} is missing): pip install 'stagewise[torch]'") \
             from None
@@ -71,7 +71,7 @@ def cmd_profile(args) -> int:
                 from None
     if not args.no_overhead and prof.link is not None and args.device == "cpu":  # the check runs on gloo CPU ranks
         from ..plan.search import KEY
-        from ..runtime.profiling.overhead import measure_overhead
+        from ..profiling.step_overhead import measure_overhead
 
         fit = measure_overhead(prof, log=None if args.json else print)
         prof = replace(prof, meta={**prof.meta, KEY: fit})
@@ -134,7 +134,7 @@ def _gpt_model(args):
 
 def _hf_model(args):
     try:
-        from ..hf.run import HFRun
+        from ..hf.hf_run import HFRun
     except ImportError as e:
         raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
     model = HFRun(source=args.hf, seq=args.seq, dtype=args.dtype)  # random token ids: shapes, not meaning

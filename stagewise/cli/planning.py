@@ -33,7 +33,7 @@ class Destinations:
 
 def destinations(args) -> Destinations:
     """``-o``'s files, refused before any work if their folder is missing or not writable."""
-    from ..render.files import OutputError, check_path
+    from ..render.output import OutputError, check_path
 
     if args.output is not None and not args.output.strip():
         raise UsageError("-o '': give a file name (FILE.csv, FILE.md or FILE.json), or leave -o out for plan.csv")

@@ -66,7 +66,7 @@ def register(sub) -> None:
 
 def config_from(args):
     """The RunConfig of the parsed options (raises UsageError on a bad combination)."""
-    from ..runtime.run.config import RunConfig, default_batch
+    from ..runtime.config import RunConfig, default_batch
     from ..runtime.run.models import GPTConfig
 
     name, ranks, reference = schedule_choice(args, world_per_replica=False)
@@ -139,7 +139,7 @@ def cmd_train(args) -> int:
     from ..runtime import RankFailure, train
     from ..runtime.launching.launch import Stopped
     from ..runtime.resilience.preempt import Preempted
-    from .flags import say
+    from ..flags import say
 
     if args.trace:
         check_timeline_output("--trace", args.trace)
@@ -175,7 +175,7 @@ def _output(args, res) -> None:
     """Print ``res`` (a ``RunResult``): its JSON, or the summary and notes; write the trace."""
     last = res.last_timeline
     if args.trace and last is not None:
-        from ..render.files import write_timeline
+        from ..render.output import write_timeline
 
         write_timeline(last, args.trace)
     if args.json:

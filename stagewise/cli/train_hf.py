@@ -1,7 +1,7 @@
 """`stagewise train --hf`: a Hugging Face causal LM (folder or config.json) instead of the built-in GPT.
 
 Not a subcommand: ``train.py`` adds these options, and a ``--hf`` run is the same run as any other
-(``RunConfig`` -> every rank's ``RankTrainer`` -> ``RunResult``) with ``stagewise.hf.run.HFRun`` as its
+(``RunConfig`` -> every rank's ``RankTrainer`` -> ``RunResult``) with ``stagewise.hf.hf_run.HFRun`` as its
 model: each rank builds and reads only its own layers; checkpoints are the runtime's, with an HF folder
 exported into each step folder.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from .common import UsageError
 
-#: ``stagewise.hf.run.RANK_IMPORTS``, written here so that the forkserver starts importing them before this
+#: ``stagewise.hf.hf_run.RANK_IMPORTS``, written here so that the forkserver starts importing them before this
 #: process imports torch (held equal by tests/test_hf_cli.py)
-RANK_IMPORTS = ("stagewise.hf.run", "transformers.loss.loss_utils", "transformers.masking_utils",
+RANK_IMPORTS = ("stagewise.hf.hf_run", "transformers.loss.loss_utils", "transformers.masking_utils",
                 "transformers.modeling_utils")
 
 
@@ -41,7 +41,7 @@ def model(args):
     if not args.data:
         raise UsageError("--hf needs --data FILE (a text file to train on)")
     try:
-        from ..hf.run import HFRun
+        from ..hf.hf_run import HFRun
     except ImportError as e:
         raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
     return HFRun(source=args.hf, data=args.data, tokenizer=args.tokenizer, seq=args.seq, dtype=args.dtype,
@@ -51,9 +51,9 @@ def model(args):
 def check_tp_plan(cfg) -> None:
     """--tp with an HF model runs the model's own plan: one it cannot run is refused before any rank starts
     (after the config's own checks, which read the model)."""
-    from ..hf.run import HFRun
+    from ..hf.hf_run import HFRun
     from ..runtime.parallel.tp import check_plan
-    from ..runtime.run.config import RunError
+    from ..runtime.config import RunError
 
     if not isinstance(cfg.model, HFRun) or cfg.parallelism.tp < 2:
         return

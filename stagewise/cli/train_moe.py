@@ -1,6 +1,6 @@
 """`stagewise train`'s mixture-of-experts and expert-parallel options, and what it reports of them.
 
-Not a subcommand: ``train.py`` adds these options. The words are the simulator's (cli/moe.py): ``--moe-experts``,
+Not a subcommand: ``train.py`` adds these options. The words are the simulator's (cli/expert_options.py): ``--moe-experts``,
 ``--moe-top-k``, ``--ep``.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from .common import UsageError, finite_float, positive_int, whole_int
-from .flags import add_layout_options
+from ..flags import add_layout_options
 
 #: the options that shape the built-in GPT's MoE blocks (argparse name -> GPTConfig field)
 SHAPE = {"moe_experts": "moe_experts", "moe_top_k": "moe_top_k", "moe_shared": "moe_shared",

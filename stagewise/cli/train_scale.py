@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from .common import UsageError, int_list
-from .flags import add_layout_options
+from ..flags import add_layout_options
 
 
 def add_args(p) -> None:
@@ -50,7 +50,7 @@ def apply(cfg, args):
                               recompute=True if args.recompute else _stages(args.recompute_stages),
                               measure_memory=not args.no_memory)
     if args.batch is None and cfg.pipelined:  # the default batch, now that --dp, --fsdp and --ep are known
-        from ..runtime.run.config import default_batch
+        from ..runtime.config import default_batch
 
         cfg = dataclasses.replace(cfg, batch=default_batch(cfg.microbatches, cfg.shards))
     return cfg

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import limits
-from ..runtime.run.config import RunError
+from ..runtime.config import RunError
 
 
 class HFError(RunError):

@@ -84,7 +84,7 @@ class HFModel:
         (only its own tensors are read) or from the seeded initialisation."""
         import torch
 
-        from .layers import finish_decoder, make_layer
+        from .make_layers import finish_decoder, make_layer
 
         if not 0 <= i < self.num_layers:
             raise HFError(f"layer {i} is out of range; the model has layers 0..{self.num_layers - 1}")
@@ -193,7 +193,7 @@ class HFModel:
     @cached_property
     def _layouts(self) -> dict[str, tuple[dict, dict]]:
         """(parameters, persistent buffers) of each kind of layer, local name -> shape, from the meta device."""
-        from .layers import finish_decoder, make_layer
+        from .make_layers import finish_decoder, make_layer
 
         prefix = family_of(self.config.model_type)[1]
         out = {}
@@ -321,7 +321,7 @@ def _keep_fp32(module, config, prefix: str) -> None:
     router), kept so here too."""
     import torch
 
-    from .layers import modeling
+    from .make_layers import modeling
 
     keep = getattr(getattr(modeling(config.model_type), f"{prefix}PreTrainedModel", None),
                    "_keep_in_fp32_modules_strict", None) or ()

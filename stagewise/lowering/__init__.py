@@ -9,8 +9,9 @@ compute+comms CSV. No torch here.
 May import: the core.
 """
 
-from .comms import CommAction
+from ..comm_actions import CommAction
+from .communication import Communication
 from .lower import Lowered, lower
-from .options import FRAMEWORKS, Communication, LoweringOptions, Network, Overlap, Sizes
+from .options import FRAMEWORKS, LoweringOptions, Network, Overlap, Sizes
 
 __all__ = ["CommAction", "Lowered", "lower", "Communication", "FRAMEWORKS", "LoweringOptions", "Network", "Overlap", "Sizes"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..actions import actions_of
 from ..engine import Stuck
 from ..validate import ScheduleError
-from .comms import COLLECTIVES, RECV_B, RECV_F, RECVS, RESHARD, SENDS, UNSHARD, CommAction
+from ..comm_actions import COLLECTIVES, RECV_B, RECV_F, RECVS, RESHARD, SENDS, UNSHARD, CommAction
 from .lower import Lowered
 from .rules import message_in
 from .stuck import describe_stuck

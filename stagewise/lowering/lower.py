@@ -1,7 +1,7 @@
 """``lower(schedule, parallelism, options)``: every rank's compute program with the communication it performs.
 
 The rules, each in one place here and in rules.py (the runtime's executor walks these programs as they are,
-runtime/execution/plan.py and executor.py):
+runtime/execution/program.py and executor.py):
 
 - **sends and receives**: an F sends its output on when the next stage of its lane is on another rank
   (``SEND_F``), a B or I sends its input gradient back (``SEND_B``); each send follows its op. A receive
@@ -51,7 +51,7 @@ from ..actions import Pair, new
 from ..parallelism import Parallelism
 from ..schedule import Schedule
 from ..collector import gc_paused
-from .comms import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END, TIE_GRAD, UNSHARD,
+from ..comm_actions import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END, TIE_GRAD, UNSHARD,
                     CommAction)
 from .options import LoweringOptions
 from .rules import StagePoints, message_out, send_orders, stage_points

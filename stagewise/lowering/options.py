@@ -2,7 +2,7 @@
 sizes in bytes, the network.
 
 ``Overlap`` is one framework's rule for when a stage's gradient reduction starts and when sharded weights
-are gathered (the planner's ``Framework`` holds its framework's, plan/cluster/overlap.py):
+are gathered (the planner's ``Framework`` holds its framework's, plan/cluster/overlap_rules.py):
 
 - ``reduce``: ``layer`` (Megatron-LM ``--overlap-grad-reduce``: buckets reduced as the stage's last backward
   produces them, so the reduction runs during that backward), ``stage`` (torchtitan, stagewise: after the
@@ -176,37 +176,3 @@ class LoweringOptions:
     #: lower the sends and receives; False: each message is the cost model's link time between the ops, as
     #: ``engine.play`` takes it (for a caller whose boundaries carry no bytes: the planner)
     p2p: bool = True
-
-
-@dataclass(frozen=True, kw_only=True)
-class Communication:
-    """What ``Costs.comm`` holds: the layout around the pipeline (its ``pp`` is the schedule's ranks, whatever
-    it says here) and the lowering's options; ``simulate`` lowers the schedule with them and plays that."""
-
-    parallelism: Parallelism = field(default_factory=Parallelism)
-    options: LoweringOptions = field(default_factory=LoweringOptions)
-    given: "object | None" = None  #: programs already lowered (a compute+comms CSV): played as they are
-
-    def scaled(self, weights: list[float]) -> "Communication":
-        """The same with each stage's weights, gradients and dispatch bytes times its weight (``costs.scaled``:
-        sizes given for one rank's share of the model, so a chunk of a v-chunk schedule holds 1/v of them)."""
-        from dataclasses import replace
-
-        z = self.options.sizes
-        n = len(weights)
-        sizes = replace(z, params=[x * w for x, w in zip(per_stage("param_bytes", z.params, n), weights)],
-                        grads=None if z.grads is None else
-                        [x * w for x, w in zip(per_stage("grad_bytes", z.grads, n), weights)],
-                        a2a=[x * w for x, w in zip(per_stage("a2a_bytes", z.a2a, n), weights)])
-        return replace(self, options=replace(self.options, sizes=sizes))
-
-    def lower(self, schedule):
-        from dataclasses import replace
-
-        from .lower import lower
-
-        if self.given is not None and self.given.schedule.programs == schedule.programs:
-            return self.given
-        par = replace(self.parallelism, pp=schedule.ranks)
-        par.check()
-        return lower(schedule, par, self.options)

@@ -15,9 +15,9 @@ from operator import itemgetter
 from ..actions import new
 from ..costs import Costs, StageCosts
 from ..engine import Engine, Played, Stuck
-from ..overlap import Comm, comm_lanes
+from ..all_to_all import Comm, comm_lanes
 from ..collector import gc_paused
-from .comms import ALL_TO_ALL, CommAction
+from ..comm_actions import ALL_TO_ALL, CommAction
 from .lower import Lowered
 
 
@@ -40,7 +40,7 @@ def play_lowered(low: Lowered, sc: StageCosts, costs: Costs) -> Played:
 
 
 def lanes(low: Lowered, played: Played, sc: StageCosts, compute_starts, compute_ends):
-    """Per rank, the ``overlap.Comm`` of every transfer with a duration (the all-to-alls as ``overlap`` lays
+    """Per rank, the ``all_to_all.Comm`` of every transfer with a duration (the all-to-alls as ``all_to_all`` lays
     them out), kind set; None when there is none."""
     a2a = comm_lanes(low.schedule, sc, compute_starts, compute_ends)
     out, anything = [], False

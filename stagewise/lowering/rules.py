@@ -5,7 +5,7 @@ output, a B's or I's input gradient); ``send_orders``: each sender's messages to
 order (the order the receiver posts them: NCCL's FIFO per pair); ``stage_points``: each stage's first
 forward, last backward, last use and where its gather is issued. ``lower`` places sends, receives, gathers,
 reductions and frees by them; the runtime's routes (runtime/messages/p2p.py), its tensor-parallel sums
-(runtime/execution/plan.py) and the lowered programs' checks (check.py) read the same functions.
+(runtime/execution/program.py) and the lowered programs' checks (check.py) read the same functions.
 
 Example:
     >>> from stagewise.schedules import generate

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..actions import actions_of
 from ..engine import Stuck
-from .comms import RECVS, CommAction
+from ..comm_actions import RECVS, CommAction
 from .lower import Lowered
 from .rules import message_in
 

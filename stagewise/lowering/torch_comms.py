@@ -21,7 +21,7 @@ from ..actions import ParseError, parse
 from ..parallelism import Parallelism
 from ..schedule import Schedule, infer_placement
 from ..validate import ScheduleError
-from .comms import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, TORCH_KINDS, UNSHARD, CommAction, parse_comm
+from ..comm_actions import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, TORCH_KINDS, UNSHARD, CommAction, parse_comm
 from .lower import Lowered
 from .options import LoweringOptions
 

@@ -12,6 +12,6 @@ May import: the core, `stagewise.lowering` (a transfer's words), `matplotlib`, `
 """
 
 from .ascii import draw_text
-from .files import OutputError, write_comparison, write_timeline
+from .output import OutputError, write_comparison, write_timeline
 
 __all__ = ["write_timeline", "write_comparison", "draw_text", "OutputError"]

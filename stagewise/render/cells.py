@@ -88,10 +88,10 @@ def comm_cells(timeline: Timeline) -> list[CommCell]:
 
 def comm_label(c: CommCell) -> str:
     """What a lane cell is, in words: "all-to-all of 0F0", or a lowered transfer ("the all-gather of stage 0
-    over fsdp", ``lowering.comms.describe``)."""
+    over fsdp", ``comm_actions.describe``)."""
     if c.kind == "a2a":
         return f"all-to-all of {c.action}"
-    from ..lowering.comms import describe
+    from ..comm_actions import describe
 
     return describe(c.action, c.rank)
 

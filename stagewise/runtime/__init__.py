@@ -5,16 +5,18 @@ model stepped by the user's loop; everything else is a client of it or one of it
 ``stages`` (how a model becomes this rank's stages), ``execution`` (the schedule lowered for one rank and
 walked op by op), ``messages`` (every cross-rank message), ``parallel`` (mesh, dp, FSDP, tp, ep, ties),
 ``resilience`` (flight recorder, non-finite losses, checkpoints, injected faults), ``launching`` (local ranks
-and process groups), ``run`` (config-driven runs: ``RunConfig`` -> ``RunResult``, the CLI's path) and
-``profiling`` (measuring a model for the planner). This package exports the run API: ``train``,
+and process groups), ``run`` (the driver: config-driven runs,
+``RunConfig`` -> ``RunResult``, the CLI's path). At its floor, imported by every folder: ``config``
+(``RunError``, ``RunConfig``, the checks; no torch), ``arguments``, ``resolve`` (the one schedule resolution),
+``result`` (``RunResult``) and ``dtensor``. This package exports the run API: ``train``,
 ``RunConfig``, ``RunResult`` (docs/api.md).
 
-May import: the core, `torch`.
+May import: the core, `stagewise.schedules` (the schedule a run resolves), `torch`.
 """
 
-from .run.config import RunConfig, RunError
+from .config import RunConfig, RunError
 from .launching.launch import RankFailure, RankInputError
 from .run.train import train, train_many
-from .run.result import Memory, RunResult
+from .result import Memory, RunResult
 
 __all__ = ["RunConfig", "RunError", "RankFailure", "RankInputError", "RunResult", "Memory", "train", "train_many"]

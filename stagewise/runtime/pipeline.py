@@ -27,15 +27,14 @@ from ..timeline import Timeline
 from .stages import pytree, rng
 from .execution.activation_memory import ActivationMeter
 from .messages.p2p import P2P
-from .execution.plan import lower
-from .run.arguments import check_autocast, check_device
-from .run.config import RunError, check_positive_number, check_timeout
-from .run.models import check_seed
-from .run.resolve import resolve_schedule
+from .execution.program import lower
+from .arguments import check_autocast, check_device, check_seed
+from .config import RunError, check_positive_number, check_timeout
+from .resolve import resolve_schedule
 from .parallel.dp import DataParallel
 from .parallel.fsdp import Sharded
 from .parallel.ep import ExpertParallel
-from .execution.overlap import interleave
+from .execution.fb_pair import interleave
 from .parallel.grid import Grid
 from ..parallelism import Parallelism, ParallelismError
 from .dtensor import is_dtensor
@@ -126,7 +125,7 @@ class Pipeline:
     - ``ep``: expert parallel (parallel/ep.py): the ``ep`` ranks of a pipeline rank take different rows, like
       replicas, and share each MoE block's experts (world = ranks x dp x ep; or an ``ep`` dimension of ``mesh``).
     - ``overlap``: how an F&B pair runs: None (default) interleaves its halves at the all-to-alls of
-      expert-parallel MoE blocks when the rank holds any (execution/overlap.py), else forward then backward;
+      expert-parallel MoE blocks when the rank holds any (execution/fb_pair.py), else forward then backward;
       False: always forward then backward; a function ``fn(pair)``: your own (it runs ``pair.forward.run()``
       and ``pair.backward.run()`` once each).
     - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
@@ -203,7 +202,7 @@ class Pipeline:
             shard = grid.sub_mesh(("dp", "fsdp") if topo.dp > 1 else "fsdp")  # HSDP: replicate over dp
             self.sharded = Sharded(self.stages, shard, reshard_after_forward=reshard_after_forward
                                    or grid.parallelism.reshard_after_forward, flight=self.flight)
-        #: the layout the schedule is lowered under (execution/plan.py): the grid's, resharding as the stages do
+        #: the layout the schedule is lowered under (execution/program.py): the grid's, resharding as the stages do
         self._lowered_as = dataclasses.replace(grid.parallelism, reshard_after_forward=True) \
             if self.sharded is not None and self.sharded.raf else grid.parallelism
         self.replicas.capture()  # FSDP and tensor parallel made the parameters DTensors

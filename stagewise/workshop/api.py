@@ -28,7 +28,7 @@ from ..schedule import Schedule
 from ..schedules import FAMILIES, ScheduleArgError, generate
 from ..simulate import simulate
 from ..timeline import Timeline
-from ..cli.flags import say
+from ..flags import say
 from ..validate import ScheduleError
 
 #: page control -> the CLI option that means the same (messages name the CLI option)
@@ -413,7 +413,7 @@ def lanes(tl: Timeline) -> list[dict]:
     the rank spent idle). A lane is a ``key``, its ``label`` and ``rows`` (per rank); the page draws any number."""
     if tl.comm is None:
         return []
-    from ..lowering.comms import describe
+    from ..comm_actions import describe
 
     rows: list[list] = [[] for _ in range(tl.ranks)]
     comm: list[list] = [[] for _ in range(tl.ranks)]

@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from .. import limits
-from ..cli.flags import say
+from ..flags import say
 from . import api, editor, teach
 from .downloads import download
 from .gate import Gate

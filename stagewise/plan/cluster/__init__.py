@@ -4,7 +4,7 @@ A ``TransformerSpec`` (shipped names or a file: head sizes, MLA, MTP, dense and 
 ``Hardware`` type (rates, memory, links, FP8, the reserve, the calibrated efficiency, overhead and bands) make a
 ``Job``; ``cluster_search`` costs it analytically (``analytic_profile``) over every layout (``layouts``: t x p x
 dp, the expert layout and device order, sharding, recomputation) with the shared search machinery of
-``plan.search``, under each framework's overlap rules (``overlap``), and ranks ``ClusterCandidate``s. The rest
+``plan.search``, under each framework's overlap rules (``overlap_rules``), and ranks ``ClusterCandidate``s. The rest
 says the result: each framework's command (``commands``), what moves the winner (``sensitivity``), why it wins
 (``cluster_why``), the plan written down (``cluster_plan``, ``markdown``).
 
@@ -25,13 +25,13 @@ from .candidate import ClusterCandidate, MemoryParts
 from .data_parallel import (CHECKPOINT_BYTES_PER_PARAM, exposed_gather, exposed_reduction, gathered_factor, reduce_scatter_time, reduction_cost,
                             state_factor)
 from .datafile import SpecError, shipped
-from .explain import cluster_why
+from .verdict import cluster_why
 from .frameworks import VERSIONS, block_counts, commands
-from .grid import PLACEMENTS, StageGrid, expert_layouts, group_nodes
+from .placement import PLACEMENTS, StageGrid, expert_layouts, group_nodes
 from .hardware import PRECISIONS, Fp8, Hardware, Reserve, parse_reserve
 from .job import Job, check_job, shardings, tensor_degrees
 from .layouts import recompute_modes, searchers, unsearched_recompute
-from .overlap import (DEEPSPEED, FRAMEWORKS, MEGATRON, STAGEWISE, TORCHTITAN, Framework, framework,
+from .overlap_rules import (DEEPSPEED, FRAMEWORKS, MEGATRON, STAGEWISE, TORCHTITAN, Framework, framework,
                       refusal)
 from .search import Result, cluster_search
 from .searcher import ClusterSearcher, pipeline_bound

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...actions import Pair
-from ...lowering.memory import at_once
+from ...lowering.rank_memory import at_once
 from ...timeline import Timeline
 from ..search import Link
 
@@ -81,7 +81,7 @@ def gathered_factor(sharding: str) -> float:
 def held_gathered(layer_bytes: list[float], *, per_block: bool) -> float:
     """Bytes a sharded (FSDP, HSDP) stage whose layers hold these bf16 weight bytes holds only while gathered,
     at its peak: ``gathered_factor``'s 1 + 2 of the whole stage; block by block (``Framework.per_block``) its
-    two largest neighbouring layers' weights and gradients (``lowering.memory.at_once``: the one computing,
+    two largest neighbouring layers' weights and gradients (``lowering.rank_memory.at_once``: the one computing,
     the one prefetched or being reduced), since every backward reduce-scatters the gradients it makes as it
     leaves each layer (the lowering's "each" rule), whatever the micro-batches.
 

@@ -32,11 +32,11 @@ import json
 import shlex
 from itertools import groupby
 
-from ...layout import format_layout
+from ...split import format_layout
 from ...parallelism import Parallelism
 from .candidate import ClusterCandidate
 from .job import Job
-from .overlap import refusal
+from .overlap_rules import refusal
 
 #: the framework versions the printed lines are written for and tested against (tests/test_plan_frameworks.py)
 VERSIONS = {"megatron": "Megatron-LM d98e8a6 (2026-08-22)", "torchtitan": "torchtitan 0.3.0",

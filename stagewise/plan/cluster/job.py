@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from ... import limits
 from .analytic import DEFAULT_MODULES, RECOMPUTE, Compute
 from .data_parallel import state_factor
-from .grid import PLACEMENTS
+from .placement import PLACEMENTS
 from ..errors import PlanError
 from .hardware import Hardware, Reserve
 from ...parallelism import SHARDINGS
-from .overlap import FRAMEWORKS, Framework
+from .overlap_rules import FRAMEWORKS, Framework
 from ..search import Space
 from .transformer import TransformerSpec
 

@@ -1,9 +1,9 @@
 """The layouts a cluster job searches: one ``ClusterSearcher`` per tensor degree, recomputation, pipeline
 degree, expert layout (ep, etp and device order; ep 1 for a dense model) and data-parallel sharding that could
-fit, each with the frameworks that run it and express it (``overlap.refusal``).
+fit, each with the frameworks that run it and express it (``overlap_rules.refusal``).
 
 A mixture of experts is one more kind of layout, not another searcher: its (ep, etp, placement) come from
-``grid.expert_layouts`` and its profile from that layout, and everything after is the same search.
+``placement.expert_layouts`` and its profile from that layout, and everything after is the same search.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from ...parallelism import Parallelism
 from ...schedules import FAMILIES
 from .activations import dropped_modules
 from .analytic import ExpertParallel, TensorParallel, analytic_profile, replay_bytes
-from .grid import StageGrid, expert_layouts
+from .placement import StageGrid, expert_layouts
 from .job import Job, shardings, state_factor, tensor_degrees
-from .overlap import Framework, refusal
+from .overlap_rules import Framework, refusal
 from .searcher import ClusterSearcher
 
 WEIGHTS_TOO_BIG = "weights, gradients and optimizer state alone exceed the GPU's usable memory"

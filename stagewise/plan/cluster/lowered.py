@@ -26,14 +26,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...lowering import Communication, Lowered, LoweringOptions, Network, Overlap, Sizes
-from ...lowering.memory import lowered_memory
+from ...lowering.rank_memory import lowered_memory
 from ...lowering.options import PIPELINE_OUTERMOST
 from ...parallelism import DIMS, Parallelism
 from ..search import network as network_of, piece_layer_bytes, rank_fixed_bytes
 from .candidate import MemoryParts
 from .data_parallel import GRAD_BYTES_PER_PARAM_BYTE, gathered_factor
-from .grid import StageGrid
-from .overlap import Framework
+from .placement import StageGrid
+from .overlap_rules import Framework
 
 
 def overlap(fw: Framework, per_block: bool = False) -> Overlap:
@@ -66,7 +66,7 @@ def communication(par: Parallelism, stage_layers: list[list[float]], gather_scal
 
 def held_memory(low: Lowered, pre, h, profile, cluster, sharding: str) -> tuple[tuple[float, ...], MemoryParts]:
     """A sharded (FSDP, HSDP) configuration's memory per rank and the fullest rank's ``MemoryParts`` from its
-    lowered program (``lowering.memory``): each stage's gathered bf16 weights from its UNSHARD to its RESHARD and
+    lowered program (``lowering.rank_memory``): each stage's gathered bf16 weights from its UNSHARD to its RESHARD and
     its fp32 unsharded gradients from its first weight backward to its REDUCE_GRAD, beside the activations over
     the program, where ``prepare`` (``pre``) summed their peaks: an upper bound, as the lowered peak is never
     more, so ``fits`` stays decided by the sum."""

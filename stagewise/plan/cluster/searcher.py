@@ -17,7 +17,7 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from ...costs import Costs
-from ...layout import format_layout
+from ...split import format_layout
 from ...parallelism import Parallelism
 from ...schedules import FAMILIES
 from ...simulate import simulate
@@ -29,7 +29,7 @@ from .data_parallel import (exposed_gather, exposed_reduction, gathered_factor, 
                             reduction_cost)
 from .lowered import communication, held_memory, overlap
 from .job import Job
-from .overlap import Framework
+from .overlap_rules import Framework
 from .steady import extend, short_m
 
 

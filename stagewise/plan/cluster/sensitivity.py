@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..errors import PlanError
 from ..search import Link
-from .overlap import framework
+from .overlap_rules import framework
 from .search import cluster_search
 
 #: how much each sensitivity probe changes its input

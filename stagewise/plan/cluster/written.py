@@ -22,7 +22,7 @@ def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, rec, se
     from ... import __version__
     from ..search import RULE
     from .frameworks import VERSIONS
-    from .overlap import FRAMEWORKS
+    from .overlap_rules import FRAMEWORKS
 
     hw = job.hardware
     frameworks = {fw.name: {"title": fw.title, "families": fw.families, "sharding": fw.sharding,

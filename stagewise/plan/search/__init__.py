@@ -3,7 +3,7 @@
 A ``Profile`` (measured by ``stagewise profile``, or made analytically by ``plan.cluster``) and a ``Cluster`` of
 devices go into a ``Searcher``: every p x dp, family, v, micro-batch size and recomputation, each schedule's
 ``Holding`` split by the exact partitioner (``partition``; ``block_split`` for identical blocks) and simulated
-with ``stage_costs``. ``bands`` says which candidates tie and which one the planner recommends, ``explain``
+with ``stage_costs``. ``bands`` says which candidates tie and which one the planner recommends, ``verdict``
 what it prints, ``written`` the plan written down, ``lowered`` the data-parallel traffic as a lowered program.
 
 May import: the core, `stagewise.schedules`, `stagewise.lowering`, `stagewise.plan.errors`, `stagewise.plan.highs`.
@@ -15,12 +15,12 @@ Example:
 from .bands import (LOCAL_MEMORY_BAND, RESOLUTION, RULE, Recommendation, interval, memory_cell, profile_band,
                     recommend, tie, tied_with_first)
 from .block_split import block_split, busiest_floor, is_block_model
-from .cluster import Cluster, fmt_bytes, parse_bytes
-from .explain import fmt_seconds, table, train_command, why
+from .devices import Cluster, fmt_bytes, parse_bytes
+from .verdict import fmt_seconds, table, train_command, why
 from .holding import Holding, holding
-from .layers import LayerCosts, runs_of
+from .layer_costs import LayerCosts, runs_of
 from .lowered import exposure, local_data_parallel, network
-from .model import (blocking_p2p, layer_costs, piece_layer_bytes, rank_fixed_bytes, rank_optimizer_time,
+from .profile_costs import (blocking_p2p, layer_costs, piece_layer_bytes, rank_fixed_bytes, rank_optimizer_time,
                     rank_transient_bytes, stage_costs, stage_param_bytes, step_sync_time)
 from .overhead import KEY, fit_overhead, fit_slowdown, step_overhead
 from .partition import Partition, PartitionError, best_split, evaluate, partition

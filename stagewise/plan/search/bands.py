@@ -22,7 +22,7 @@ LOCAL_MEMORY_BAND = 0.054
 
 def memory_cell(nbytes: float, band: float | None) -> str:
     """A memory cell with its band: '39.9 GiB (37.7-42.1)' (no band: the bytes alone)."""
-    from .cluster import fmt_bytes
+    from .devices import fmt_bytes
 
     if band is None:
         return fmt_bytes(nbytes)

@@ -14,10 +14,10 @@ import math
 
 from ...costs import Costs
 from ...lowering import FRAMEWORKS, Communication, Lowered, LoweringOptions, Network, Sizes
-from ...lowering.comms import UNSHARD
+from ...comm_actions import UNSHARD
 from ...lowering.play import step_span
 from ...parallelism import DIMS, Parallelism
-from .cluster import Cluster
+from .devices import Cluster
 from .profile import Link
 
 

@@ -4,7 +4,7 @@ The layer profile times each layer alone; a real step also runs the executor's
 dispatch of every action, the loss all-reduce, the gather of op timings and
 the rest of the step's bookkeeping; and the layers themselves run slower in a
 run than timed alone (ranks and their communication threads share the cores and
-caches). ``runtime.profiling.overhead.measure_overhead`` runs the runtime on two local ranks (1F1B at two
+caches). ``profiling.step_overhead.measure_overhead`` runs the runtime on two local ranks (1F1B at two
 micro-batch counts) and takes from the measured timelines ``slowdown``, how much
 longer a rank's ops take than the profile says (mean op seconds per rank,
 measured / predicted - 1); it then subtracts the planner's prediction with the

@@ -22,7 +22,7 @@ from itertools import accumulate
 
 from ..errors import PlanError
 from .holding import Holding
-from .layers import LayerCosts, runs_of
+from .layer_costs import LayerCosts, runs_of
 
 _EPS = 1e-9
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from ..errors import PlanError
 from ..highs import highspy_module, linear, quiet_highs
 from .holding import Holding
-from .layers import LayerCosts, runs_of
+from .layer_costs import LayerCosts, runs_of
 
 
 class _Cuts:

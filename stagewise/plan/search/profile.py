@@ -1,6 +1,6 @@
 """A measured profile of a model: per-layer times and bytes, and the link between ranks.
 
-Written by ``stagewise profile`` (stagewise.runtime.profiling.measure, which needs torch),
+Written by ``stagewise profile`` (stagewise.profiling.measure, which needs torch),
 read by the planner with no torch at all. Times are seconds per layer for one
 micro-batch of each measured size; bytes are per micro-batch too. Loading is
 strict: a file that does not parse or lacks a field names the field and where.

@@ -22,12 +22,12 @@ from ...schedules.registry import ScheduleArgError, check_args
 from ...simulate import simulate
 from ...timeline import Timeline
 from .bands import LOCAL_MEMORY_BAND, profile_band
-from .cluster import Cluster
+from .devices import Cluster
 from ..errors import PlanError
 from .holding import Holding, holding
 from .lowered import local_data_parallel
-from ...layout import Split, format_layout
-from .model import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
+from ...split import Split, format_layout
+from .profile_costs import (layer_costs, rank_fixed_bytes, rank_optimizer_time, rank_transient_bytes, stage_costs,
                     stage_param_bytes, step_sync_time)
 from .overhead import step_overhead
 from .partition import SPLITS, Partition, best_split, evaluate, even_split

@@ -7,7 +7,7 @@ and output and, after a split backward's I, the gradients W still needs. Each
 storage counts once however many hold it, and stops counting when the last
 holder lets go (autograd drops saved tensors after the backward; the executor
 drops its references). The planner's profiler counts a layer's activation
-bytes with the same ``SavedBytes`` (stagewise.runtime.profiling.measure).
+bytes with the same ``SavedBytes`` (stagewise.profiling.measure).
 
 The prediction feeds the simulator what each (kind, stage) op was measured to
 add: F's bytes as ``activation_bytes``, the replayed forward's bytes and F's
@@ -161,7 +161,7 @@ def predicted_peaks(schedule, added: dict[str, dict[int, int]], recompute: froze
     F's bytes are held from F to the backward. A recomputed stage holds its
     input only (``recompute_keep``), and the largest replayed forward of the
     rank's recomputed stages is added to its peak as a transient (the planner's
-    model: stagewise.plan.search.model.rank_transient_bytes). A split stage's I
+    model: stagewise.plan.search.profile_costs.rank_transient_bytes). A split stage's I
     changes what it holds until W (W's gradients in, the output out): one
     ``free_at_i`` for all split stages, from their sums. Not modelled: a
     recomputed *split* stage holds its replayed forward from I to W, so with

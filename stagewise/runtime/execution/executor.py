@@ -17,7 +17,7 @@ the meter (activation_memory.py) counts what each (stage, mb) holds. Inputs, out
 boundary are pytrees (pytree.py): the backward differentiates the output leaves that carry a gradient and
 sends back one gradient per input leaf that carries one. A forward-only executor (a program of F's, for
 evaluation) keeps nothing for a backward. An F&B pair runs its forward, then its backward, unless the
-context has an ``overlap`` hook (overlap.py: the halves interleaved at their all-to-alls); either way its
+context has an ``overlap`` hook (fb_pair.py: the halves interleaved at their all-to-alls); either way its
 outputs are sent after it, by the SENDs that follow it.
 """
 
@@ -30,15 +30,15 @@ from typing import Callable
 import torch
 
 from ...actions import Action, Pair
-from ...lowering.comms import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END,
+from ...comm_actions import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END,
                                TIE_GRAD, UNSHARD, CommAction)
 from ..stages import pytree
 from .activation_memory import ActivationMeter
-from .plan import RankPlan
+from .program import RankPlan
 from ..messages.p2p import P2P, route_in, route_of, route_out
-from ..run.config import RunError
+from ..config import RunError
 from ..resilience.flight import NO_FLIGHT
-from .overlap import run_pair
+from .fb_pair import run_pair
 from .recompute import Recompute
 from .split_backward import Record, Splitter, input_grad, weight_grad
 from ..stages.stage import Stage
@@ -48,7 +48,7 @@ from ..stages.stage import Stage
 class RankContext:
     """What one rank runs with. Mutable only through the objects it holds (stages, p2p)."""
 
-    plan: RankPlan  #: the rank's lowered program (plan.py)
+    plan: RankPlan  #: the rank's lowered program (program.py)
     stages: dict[int, Stage]
     p2p: P2P
     loss: Callable  #: (output, target) -> mean loss of one micro-batch
@@ -62,7 +62,7 @@ class RankContext:
     flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
     autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
-    overlap: Callable | None = None  #: runs each F&B pair (overlap.py); None: its forward, then its backward
+    overlap: Callable | None = None  #: runs each F&B pair (fb_pair.py); None: its forward, then its backward
     draws: Callable | None = None  #: mb -> the context a forward of it runs in (seeded dropout: stages/rng.py)
 
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..run.config import RunError
+from ..config import RunError
 
 
 class Recompute:

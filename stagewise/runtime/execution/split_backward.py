@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..run.config import RunError
+from ..config import RunError
 
 
 @dataclass(kw_only=True)

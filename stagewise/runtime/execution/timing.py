@@ -17,10 +17,10 @@ from typing import Sequence
 
 from ...actions import Pair
 from ...costs import Costs
-from ...lowering.comms import CommAction, parse_comm
+from ...comm_actions import CommAction, parse_comm
 from ...lowering.lower import lower
 from ...parallelism import Parallelism
-from ...overlap import Comm
+from ...all_to_all import Comm
 from ...schedule import Schedule
 from ...simulate import simulate
 from ...timeline import Timeline, metrics

@@ -2,5 +2,5 @@
 the first failure ends them all, naming the rank), ``local`` is ``stagewise.launch`` (a user's function on
 local ranks), ``groups`` the process group's life, ``memory`` the CPU ranks' allocator settings.
 
-May import: the core, `stagewise.runtime.resilience`, `stagewise.runtime.run`, `torch`.
+May import: the core, `stagewise.runtime.resilience`, `stagewise.runtime.config`, `stagewise.runtime.result`, `torch`.
 """

@@ -57,7 +57,7 @@ def init_torchrun(backend: str, timeout: timedelta) -> tuple[int, int]:
 
 def startup_s(timeout_s: float = 0.0) -> float:
     """Seconds the ranks may take to meet: ``STAGEWISE_STARTUP_S`` (default 300), at least ``timeout_s``."""
-    from ..run.config import RunError
+    from ..config import RunError
 
     raw = os.environ.get(STARTUP_ENV, "")
     try:
@@ -77,7 +77,7 @@ def is_torchrun() -> bool:
 def torchrun_env() -> tuple[int, int]:
     """(RANK, WORLD_SIZE) of this torchrun rank, read once here: whole numbers, 0 <= RANK < WORLD_SIZE (else
     ``RunError`` naming the variable, before any rendezvous could wait for ranks that never come)."""
-    from ..run.config import RunError
+    from ..config import RunError
 
     values = {}
     for name in ("RANK", "WORLD_SIZE"):
@@ -151,7 +151,7 @@ def _late(what: str, startup: float, error: BaseException, kwargs: dict) -> Exce
     """``RunError``: the ranks did not all reach ``what`` in time, naming the missing one(s) when known."""
     import re
 
-    from ..run.config import RunError
+    from ..config import RunError
 
     rank = kwargs.get("rank", os.environ.get("RANK", "?"))
     missing = re.findall(r"/(\d+)(?:,|\s|$)", str(error).split("keys:", 1)[1]) if "keys:" in str(error) else []
@@ -167,7 +167,7 @@ def meet(what: str) -> None:
     out a collective; then the group's timeout becomes the step's (``settle``). Every rank calls it alike."""
     import torch.distributed as dist
 
-    from ..run.config import RunError
+    from ..config import RunError
 
     store = dist.distributed_c10d._get_default_store()
     rank, world = dist.get_rank(), dist.get_world_size()

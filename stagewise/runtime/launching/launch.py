@@ -275,7 +275,7 @@ def _is_echo(message: str) -> bool:
 def _merge(per_rank: list[list]) -> list:
     """Rank 0's results, with the collected parameter copies of all ranks merged (a ``RunResult`` each; a
     user's function under ``local.launch`` returns its own values, kept as they are)."""
-    from ..run.result import RunResult, merge_copies
+    from ..result import RunResult, merge_copies
 
     out = []
     for j, res in enumerate(per_rank[0]):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ... import limits
-from ..run.config import RunError, check_timeout
+from ..config import RunError, check_timeout
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ...lowering.comms import P2P as P2P_KINDS, RECVS, CommAction
+from ...comm_actions import P2P as P2P_KINDS, RECVS, CommAction
 from ...lowering.rules import message_in, message_out
 from ..stages import pytree
 from ...errors import StagewiseError
@@ -89,7 +89,7 @@ class Channels:
 
 
 def route_of(c) -> Route:
-    """The route of a lowered SEND or RECV (``lowering.comms.CommAction``)."""
+    """The route of a lowered SEND or RECV (``comm_actions.CommAction``)."""
     return _route(c.key)
 
 

@@ -5,5 +5,5 @@ duplicated copies, the global norm) and ``memory`` (the state bytes each rank ho
 ep and replicas write each collective they issue to the rank's flight recorder, under the lowering's name.
 
 May import: the core, `stagewise.runtime.dtensor`, `stagewise.runtime.execution`, `stagewise.runtime.resilience` (the flight recorder),
-`stagewise.runtime.run`, `stagewise.runtime.stages`, `torch`.
+`stagewise.runtime.config`, `stagewise.runtime.stages`, `torch`.
 """

@@ -8,7 +8,7 @@ the buffer is *dispatched* (each rank's rows for expert e go to the rank holding
 sizes, after one of the counts), run through the local experts, and *combined* (the reverse all-to-all).
 Both are autograd functions whose backward is the all-to-all the other way, so a backward (B, or I of a split
 backward) moves the gradients back along the same routes; W has none. Every all-to-all is posted
-asynchronously and waited through ``execution.overlap.wait``: inside an F&B pair the rank runs the other
+asynchronously and waited through ``execution.fb_pair.wait``: inside an F&B pair the rank runs the other
 micro-batch meanwhile.
 
 Gradients: a dense parameter's copies on the ep ranks took different rows, so they are summed over the
@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..execution import overlap
-from ..run.config import RunError
+from ..execution import fb_pair
+from ..config import RunError
 from ..stages.moe import MoE
 from .dp import DataParallel
 
@@ -36,7 +36,7 @@ from .dp import DataParallel
 def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group, name: str) -> torch.Tensor:
     """Rows ``x`` split by ``send`` (one count per rank of ``group``) exchanged for ``recv`` rows from each;
     differentiable (the backward sends the gradients back the other way), posted asynchronously and waited
-    through ``overlap.wait`` (``name``: "dispatch" or "combine", what an interleaved pair's events say)."""
+    through ``fb_pair.wait`` (``name``: "dispatch" or "combine", what an interleaved pair's events say)."""
     return _AllToAll.apply(x, send, recv, group, name)
 
 
@@ -55,7 +55,7 @@ class _AllToAll(torch.autograd.Function):
 def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group, name: str) -> torch.Tensor:
     out = x.new_empty((sum(recv), *x.shape[1:]))
     work = dist.all_to_all_single(out, x.contiguous(), recv, send, group=group, async_op=True)
-    overlap.wait(work, name)
+    fb_pair.wait(work, name)
     return out
 
 

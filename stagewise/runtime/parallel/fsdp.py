@@ -29,7 +29,7 @@ gradients". Nothing here writes into a layer's output (the next layer reads it, 
 differentiates it) and the gradients are right, so that one warning is silenced where stages are sharded.
 
 Each gather, reduction and reshard is written to the flight recorder as it is issued, under the lowering's
-names (``1UNSHARD``, ``1REDUCE_GRAD``, ``1RESHARD``: stagewise/lowering/comms.py).
+names (``1UNSHARD``, ``1REDUCE_GRAD``, ``1RESHARD``: stagewise/comm_actions.py).
 """
 
 from __future__ import annotations

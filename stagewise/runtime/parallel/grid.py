@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ...parallelism import DIMS, Parallelism
-from ..run.config import RunError
+from ..config import RunError
 from .mesh import Topology
 
 

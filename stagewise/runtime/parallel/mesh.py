@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from ...parallelism import DATA_DIMS, DIMS, Parallelism, ParallelismError  # noqa: F401 - DIMS read here
-from ..run.config import RunError
+from ..config import RunError
 
 
 @dataclass(frozen=True, kw_only=True)

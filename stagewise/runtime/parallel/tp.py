@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..dtensor import local
-from ..run.config import RunError, check_divides
+from ..config import RunError, check_divides
 
 #: the partial-gradient style (module kept as is; its gradients summed over tp at the end of the backward)
 PARTIAL = "replicated_with_grad_allreduce"

@@ -4,5 +4,5 @@ infinite loss stops or skips the step), ``checkpoint`` / ``checkpoint_files`` / 
 earlier layer-keyed checkpoints), ``preempt`` (a stop notice saves the step in flight: ``--save-on-signal``)
 and ``faults`` (failures on purpose, for tests).
 
-May import: the core, `stagewise.runtime.run`, `stagewise.runtime.stages`, `torch`, `numpy`.
+May import: the core, `stagewise.runtime.config`, `stagewise.runtime.stages`, `torch`, `numpy`.
 """

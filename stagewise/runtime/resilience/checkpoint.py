@@ -34,7 +34,7 @@ from . import checkpoint_index as index
 from . import checkpoint_layers
 from . import checkpoint_manifest as manifests
 from . import flight
-from ..run.config import RunError
+from ..config import RunError
 
 
 class Checkpoints:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ... import limits
 from . import checkpoint_manifest as manifests
-from ..run.config import RunError
+from ..config import RunError
 
 MANIFEST = "manifest.json"
 EXPORT = "hf"  #: the model in its own library's format, beside the checkpoint (HF: a from_pretrained folder)

@@ -15,7 +15,7 @@ import torch
 
 from . import checkpoint_files as files
 from .checkpoint_files import layer_file
-from ..run.config import RunError
+from ..config import RunError
 
 
 def home_layer(logical: str) -> int:

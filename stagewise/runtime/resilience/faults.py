@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from ...actions import Action, ParseError, actions_of, parse
-from ..run.config import RunError
+from ..config import RunError
 
 HOWS = ("exit", "raise", "hang", "nan", "lose", "term")
 EXIT_CODE = 3

@@ -3,7 +3,7 @@
 A ring buffer of fixed-size records (wall time, step, event, text) of the last
 ``capacity`` events of one rank: each op started and finished, each receive
 posted, waited for and received, each send, each collective as the lowering names it
-(``COMM``: ``1UNSHARD``, ``0REDUCE_GRAD``, ``1ALL_TO_ALL3``, ``0TIE_GRAD``, ``0STEP_END``; lowering/comms.py),
+(``COMM``: ``1UNSHARD``, ``0REDUCE_GRAD``, ``1ALL_TO_ALL3``, ``0TIE_GRAD``, ``0STEP_END``; comm_actions.py),
 the step-end flush and collectives, checkpoint saves. Under the local launcher the buffer is a shared
 file mapping in the launcher's temporary folder: a rank that dies (``os._exit``,
 a signal) or that the launcher terminates still leaves its last events there,

@@ -54,7 +54,7 @@ class StopNotice:
     """
 
     def __init__(self, grace: float = 30.0, device=None):
-        from ..run.config import check_positive_number
+        from ..config import check_positive_number
 
         check_positive_number("`grace`", grace)
         self.grace, self.device = grace, device

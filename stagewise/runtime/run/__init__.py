@@ -1,11 +1,12 @@
-"""Config-driven runs, the one run path of the CLI, ``plan --verify``, ``profile`` and the benchmarks:
-``config`` (``RunConfig``, ``ModelConfig`` and their checks, no torch), ``resolve`` (the one schedule
-resolution), ``train`` (where the ranks come from), ``worker`` (``RankTrainer``: one rank's loop around a
-``Pipeline``), ``models`` (the built-in GPT, ``LayerModel``), ``reference`` (the unpipelined oracle),
-``result`` (``RunResult`` and its JSON) and ``restart`` (a run that outlives its ranks: restarts, and the
+"""Config-driven runs, the one run path of the CLI, ``plan --verify``, ``profile`` and the benchmarks,
+the runtime's top: ``train`` (where the ranks come from), ``worker`` (``RankTrainer``: one rank's loop around a
+``Pipeline``), ``models`` (the built-in GPT, ``LayerModel``), ``reference`` (the unpipelined oracle)
+and ``restart`` (a run that outlives its ranks: restarts, and the
 layout re-planned for the ranks left by ``stagewise.plan.elastic``).
 
-May import: the core, `stagewise.schedules`, `stagewise.plan.elastic`, `stagewise.runtime.pipeline`, `stagewise.runtime.dtensor`, `stagewise.runtime.execution`,
+May import: the core, `stagewise.schedules`, `stagewise.plan.elastic`, `stagewise.runtime.pipeline`,
+the runtime's floor (`stagewise.runtime.config`, `stagewise.runtime.arguments`, `stagewise.runtime.resolve`,
+`stagewise.runtime.result`), `stagewise.runtime.dtensor`, `stagewise.runtime.execution`,
 `stagewise.runtime.launching`, `stagewise.runtime.parallel`, `stagewise.runtime.resilience`,
 `stagewise.runtime.stages`, `torch`.
 """

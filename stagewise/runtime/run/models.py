@@ -24,20 +24,13 @@ from ... import limits
 from ..dtensor import is_dtensor
 from ..stages.layers import Layers
 from ..stages.moe import MoE, check_moe, pack, unpack
-from .config import RunError, check_count
+from ..arguments import check_seed
+from ..config import RunError, check_count
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 #: the synthetic stream's length: --seq + 1 tokens must fit in it (a fact of the stream, not a limit)
 SYNTHETIC_TOKENS = 1 << 16
-MAX_SEED = (1 << 32) - 1  #: torch.manual_seed's range
-
-
-def check_seed(seed) -> None:
-    """A seed torch takes: a whole number 0..MAX_SEED (``RunError`` naming `seed` otherwise)."""
-    check_count("`seed`", seed, 0)
-    if seed > MAX_SEED:
-        raise RunError(f"`seed` {seed}: torch seeds are 0..{MAX_SEED}")
 
 
 class Embedding(nn.Module):
@@ -278,7 +271,7 @@ class LayerModel:
         model = LayerModel(name="mlp", layer_list=(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)),
                            make_batch=lambda step, n: (torch.randn(n, 16), torch.randn(n, 4)),
                            loss_fn=F.mse_loss)
-        stagewise.runtime.profiling.measure.profile_model(model, (1, 4))
+        stagewise.profiling.measure.profile_model(model, (1, 4))
     """
 
     name: str

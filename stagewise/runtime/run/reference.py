@@ -22,8 +22,8 @@ from torch import nn
 
 from ..resilience import checkpoint_files
 from ..resilience.checkpoint_manifest import FORMAT, new_run_id, run_section
-from .config import RunConfig, RunError
-from .result import RunResult
+from ..config import RunConfig, RunError
+from ..result import RunResult
 from ..stages import pytree, rng
 from ..stages.stage import Stage, logical_names
 from .worker import optimizer, optimizer_class

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..resilience.faults import LOST_CODE
-from .config import RunError
+from ..config import RunError
 
 
 def run(cfg, launch_once: Callable, report: Callable | None = None, notify: Callable | None = None):
@@ -212,13 +212,13 @@ def _next_layout(cfg, current, slots: int):
 def _layer_costs(model, optimizer: str) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
     """Per layer, (the multiply-adds of one token through it, the bytes of its model state), counted from its
     parameters built on the meta device (nothing allocated): the time from a matrix's parameters, not an
-    embedding's (a lookup); the state as weights, gradients and, for Adam, its two moments (parallel/memory.py's
+    embedding's (a lookup); the state as weights, gradients and, for Adam, its two moments (parallel/state_memory.py's
     rule; another optimizer's state is not counted). (None, None) when it cannot be built so: the partitioner then splits evenly."""
     try:
         import torch
         from torch import nn
 
-        from ..parallel.memory import ADAM
+        from ..parallel.state_memory import ADAM
 
         per_param = 4 if optimizer.lower() in ADAM else 2  # weight, gradient (and Adam's two moments)
         with torch.device("meta"):

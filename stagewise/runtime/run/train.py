@@ -26,8 +26,8 @@ from ..launching.launch import RankFailure, _is_echo, describe, die_with_launche
 from ..launching.launch import parent_death_signal
 from ..resilience import flight
 from ..resilience.preempt import Preempted
-from .config import RunConfig, RunError
-from .result import RunResult
+from ..config import RunConfig, RunError
+from ..result import RunResult
 
 
 def train(cfg: RunConfig, report: Callable | None = None) -> RunResult:
@@ -128,7 +128,7 @@ def _run_jobs(rank: int, world: int, backend: str, cfgs, report, launched_by: st
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        from ..launching.memory import keep_freed_memory
+        from ..launching.allocator import keep_freed_memory
 
         keep_freed_memory()
     env = Env(rank=rank, world=world, device=device, backend=backend, launched_by=launched_by,

@@ -20,16 +20,16 @@ import torch.distributed as dist
 from ...schedule import Schedule
 from ..resilience import checkpoint_files
 from ..execution.activation_memory import merge_added, predicted_peaks
-from .config import RunConfig, RunError, check_batch
-from .resolve import resolve_schedule
+from ..config import RunConfig, RunError, check_batch
+from ..resolve import resolve_schedule
 from ..resilience.faults import check_fault, injector_for, parse_fault
 from ..pipeline import Pipeline, gather_full
 from ..execution.recompute import recompute_stages
 from ..resilience import flight
 from ..resilience.checkpoint import Checkpoints
 from ..resilience.preempt import Preempted, StopNotice
-from ..parallel.memory import held_bytes, predicted_bytes
-from .result import Memory, RunResult
+from ..parallel.state_memory import held_bytes, predicted_bytes
+from ..result import Memory, RunResult
 from ..stages.stage import partition
 from ..execution.timing import bubbles
 

@@ -4,5 +4,5 @@ ties by name, state dicts and the optimizer's flattened form), ``pytree`` (what 
 ``moe`` (the MoE block, ``stagewise.MoE``) and ``rng`` (dropout seeded by layer and micro-batch, whatever the
 schedule). A rank builds only its own layers.
 
-May import: the core, `stagewise.runtime.dtensor`, `stagewise.runtime.run`, `torch`.
+May import: the core, `stagewise.runtime.dtensor`, `stagewise.runtime.config`, `torch`.
 """

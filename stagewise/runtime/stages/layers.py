@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 from torch import nn
 
 from ... import limits
-from ..run.config import RunError
+from ..config import RunError
 from .stage import Stage
 
 
@@ -198,7 +198,7 @@ def flat_layers(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module
 def split_counts(split, names: Sequence[str]) -> tuple[int, ...] | None:
     """Layers per stage from a ``Split``, counts, layout text (``E+t*7 | t*8``), or the names of the layers
     starting stages."""
-    from ...layout import LayoutError, Split
+    from ...split import LayoutError, Split
 
     if split is None:
         return None

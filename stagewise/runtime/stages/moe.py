@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import limits
-from ..run.config import RunError, check_count
+from ..config import RunError, check_count
 
 
 class Expert(nn.Module):

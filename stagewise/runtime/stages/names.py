@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...schedule import Schedule
-from ..run.config import RunError
+from ..config import RunError
 from .layers import Layers
 from .optim_checks import check_optimizer, check_state
 from .stage import StageMap, Stage, stage_map_of

@@ -11,7 +11,7 @@ Example::
 
     >>> check_state({"state": 5}, {"w": {"exp_avg": torch.zeros(2)}}, {"w"}, "AdamW")
     Traceback (most recent call last):
-    stagewise.runtime.run.config.RunError: `state` key 'state' is not state.NAME.KEY or param_groups.NAME.KEY ...
+    stagewise.runtime.config.RunError: `state` key 'state' is not state.NAME.KEY or param_groups.NAME.KEY ...
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..run.config import RunError
+from ..config import RunError
 
 
 def check_optimizer(optimizer, here: list[torch.Tensor]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..run.config import RunError
+from ..config import RunError
 
 LEAF = None  #: the spec of a leaf
 

@@ -18,14 +18,14 @@ from typing import NamedTuple, Sequence
 from torch import nn
 
 from ...schedule import Schedule
-from ..run.config import RunError
+from ..config import RunError
 from . import rng
 
 
 def partition(num_layers: int, stages: int, split=None) -> tuple[range, ...]:
     """Layer ranges of ``stages`` stages: even (earlier stages get the extra layers) or ``split`` (a ``Split`` or
     its counts)."""
-    from ...layout import Split
+    from ...split import Split
 
     if stages > num_layers:
         raise RunError(f"the model has {num_layers} layers but the schedule needs {stages} stages per model copy; "

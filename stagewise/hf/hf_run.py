@@ -21,7 +21,7 @@ from .model import HFModel, load
 #: what every rank of an HF run imports, whatever the model (transformers' modeling_utils: over 2 s of CPU;
 #: a model's own modeling module is a tenth of that): the local launcher's forkserver imports them once
 #: instead of each rank (``cli/train_hf.RANK_IMPORTS``, which starts it early, is held equal by a test)
-RANK_IMPORTS = ("stagewise.hf.run", "transformers.loss.loss_utils", "transformers.masking_utils",
+RANK_IMPORTS = ("stagewise.hf.hf_run", "transformers.loss.loss_utils", "transformers.masking_utils",
                 "transformers.modeling_utils")
 
 
@@ -41,7 +41,7 @@ class HFRun:
     dtype: str = "float32"
     seed: int = 0  #: random weights (a config.json alone) and the order of the text's windows
 
-    # ---- the model interface (runtime/run/config.py: ModelConfig)
+    # ---- the model interface (runtime/config.py: ModelConfig)
 
     def model(self) -> HFModel:
         """The model (config, weights folder), loaded once per process."""
@@ -96,7 +96,7 @@ class HFRun:
     def check(self) -> None:
         """The config, the weights folder and the text against the model, before any rank starts (every time:
         a limit raised or lowered since the model was loaded applies)."""
-        from ..runtime.run.models import check_seed
+        from ..runtime.arguments import check_seed
 
         check_seed(self.seed)  # before the seeded weights are made
         model = self.model()
@@ -140,13 +140,13 @@ class HFRun:
 
     def export(self, pipe, folder: str | Path) -> Path:
         """The pipelined model as an HF folder that ``from_pretrained`` loads (a collective)."""
-        from .pipeline import save_pretrained
+        from .pipelined import save_pretrained
 
         return save_pretrained(pipe, self.model(), folder)
 
     def export_whole(self, state: dict, folder: str | Path) -> Path:
         """The unpipelined model (HF names -> tensors) as the same HF folder (one process)."""
-        from .pipeline import save_whole
+        from .pipelined import save_whole
 
         return save_whole(self.model(), state, folder)
 

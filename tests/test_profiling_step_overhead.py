@@ -1,4 +1,4 @@
-"""The per-step work outside the layers, measured on the runtime (runtime/profiling/overhead.py)."""
+"""The per-step work outside the layers, measured on the runtime (profiling/step_overhead.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from stagewise.plan.search.overhead import KEY, step_overhead  # noqa: E402
 @pytest.mark.slow
 def test_profile_measures_the_overhead_on_the_runtime():
     """Two short 1F1B runs on 2 local ranks; the fit explains what the layers alone do not."""
-    from stagewise.runtime.profiling.link import measure_link
-    from stagewise.runtime.profiling.measure import profile_model
-    from stagewise.runtime.profiling.overhead import measure_overhead
+    from stagewise.profiling.link import measure_link
+    from stagewise.profiling.measure import profile_model
+    from stagewise.profiling.step_overhead import measure_overhead
     from stagewise.runtime.run.models import GPTConfig
 
     prof = profile_model(GPTConfig(layers_n=2, d_model=32, seq=8), (1,), repeats=3, threads=1)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
-from ... import limits
-from ...schedules import FAMILIES
-from ...plan.search import fmt_bytes
-from ...plan.errors import PlanError
-from ...plan.search import Profile
-from ...plan.search import Candidate
+from .. import limits
+from ..schedules import FAMILIES
+from ..plan.search import fmt_bytes
+from ..plan.errors import PlanError
+from ..plan.search import Profile
+from ..plan.search import Candidate
 
 
 def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, rounds: int = 2,
@@ -33,7 +33,7 @@ def verify(profile: Profile, cands: list[Candidate], k: int, *, steps: int = 6, 
     model = model_of(profile)
     if steps < 2:
         raise PlanError(f"`steps` must be >= 2 to verify (the first step warms up); got {steps}")
-    from ..run.train import train_many
+    from ..runtime.run.train import train_many
     picked, skipped = [], []
     for c in cands:
         if len(picked) == k:
@@ -80,19 +80,19 @@ def model_of(profile: Profile):
 def _rebuilt(profile: Profile, key: str):
     """The model of the profile's ``meta.gpt`` or ``meta.hf``, checked: a field it does not have, a value out of
     its range, or not an object is named as the profile's (a hand-edited profile), not as a flag."""
-    from ..run.config import RunError
+    from ..runtime.config import RunError
 
     raw = profile.meta[key]
     try:
         if not isinstance(raw, dict):
             raise TypeError(f"an object of its options, not {type(raw).__name__}")
         if key == "gpt":
-            from ..run.models import GPTConfig
+            from ..runtime.run.models import GPTConfig
 
             model = GPTConfig(**raw)
             model.check()
         else:  # transformers only for an HF profile
-            from ...hf.run import HFRun
+            from ..hf.hf_run import HFRun
 
             model = HFRun.from_meta(raw)
     except (TypeError, ValueError, KeyError, RunError) as e:
@@ -103,7 +103,7 @@ def _rebuilt(profile: Profile, key: str):
 
 
 def _run_config(c: Candidate, model, profile: Profile, steps: int):
-    from ..run.config import RunConfig
+    from ..runtime.config import RunConfig
 
     g = c.config
     # a family by name (each rank generates it); auto's order as the Schedule value itself

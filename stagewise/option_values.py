@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..errors import StagewiseError
+from .errors import StagewiseError
 
 
 class UsageError(StagewiseError):

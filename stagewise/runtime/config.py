@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from ... import limits
-from ...errors import StagewiseError
-from ...parallelism import Parallelism, ParallelismError
+from .. import limits
+from ..errors import StagewiseError
+from ..parallelism import Parallelism, ParallelismError
 
 
 class RunError(StagewiseError):
@@ -76,7 +76,7 @@ def check_timeout(value: float) -> None:
 @runtime_checkable
 class ModelConfig(Protocol):
     """The one model interface of a config-driven run: what ``RunConfig.model`` holds, what ``stagewise profile``
-    measures (``plan.measure.profile_model``) and ``plan --verify`` runs. Picklable when it travels to spawned
+    measures (``profiling.measure.profile_model``) and ``plan --verify`` runs. Picklable when it travels to spawned
     ranks. ``models.GPTConfig`` (the built-in GPT) and ``models.LayerModel`` (layers you built) are two.
 
     Optional, read where present: ``name`` (the profile's model name), ``symbols`` (layout letters, default
@@ -107,7 +107,7 @@ class RunConfig:
     parallelism: Parallelism = Parallelism(pp=4)
     microbatches: int = 8  #: m
     chunks: int | None = None  #: v (family default when None)
-    overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/overlap.py); False: F then B
+    overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/fb_pair.py); False: F then B
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
     steps: int = 1  #: optimizer steps
@@ -153,7 +153,7 @@ class RunConfig:
         None: even. Raises ``RunError`` naming `split`."""
         if self.split is None:
             return None
-        from ...layout import LayoutError, Split
+        from ..split import LayoutError, Split
 
         if isinstance(self.split, Split):
             return self.split

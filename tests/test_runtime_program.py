@@ -1,14 +1,14 @@
-"""The schedule lowered for one rank (runtime/execution/plan.py): the lowered program itself, with its channels."""
+"""The schedule lowered for one rank (runtime/execution/program.py): the lowered program itself, with its channels."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
 from stagewise.actions import actions_of
-from stagewise.lowering.comms import CommAction
+from stagewise.comm_actions import CommAction
 from stagewise.lowering.rules import stage_points
 from stagewise.parallelism import Parallelism
-from stagewise.runtime.execution.plan import lower
+from stagewise.runtime.execution.program import lower
 from stagewise.runtime.messages.p2p import ACT, GRAD, Route, route_of, route_out
 from stagewise.schedules import FAMILIES, generate
 

@@ -49,7 +49,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 from ..actions import Pair
 from ..costs import freed
-from .comms import RECV_B, RECV_F, REDUCE_GRAD, RESHARD, UNSHARD, CommAction
+from ..comm_actions import RECV_B, RECV_F, REDUCE_GRAD, RESHARD, UNSHARD, CommAction
 from .lower import Lowered
 
 #: the kinds a rank holds, in ``Held``'s order

@@ -1,4 +1,4 @@
-"""The overlapped F&B pair (execution/overlap.py): the halves interleaved at their all-to-alls.
+"""The overlapped F&B pair (execution/fb_pair.py): the halves interleaved at their all-to-alls.
 
 In one process, the baton with stand-in communications: who runs when, errors from either half, a
 communication from a third thread (autograd's) counted as the backward's. On 2 ranks (pp 1 x ep 2: one
@@ -15,8 +15,8 @@ import threading
 import pytest
 import torch
 
-from stagewise.runtime.execution import overlap
-from stagewise.runtime.execution.overlap import Half, OverlapPair, interleave
+from stagewise.runtime.execution import fb_pair
+from stagewise.runtime.execution.fb_pair import Half, OverlapPair, interleave
 
 
 class Work:
@@ -39,7 +39,7 @@ def _half(log: list, half: str, comms: list[str]):
     def run():
         for name in comms:
             log.append((half, "compute before", name))
-            overlap.wait(Work(log, f"{half} {name}"), name)
+            fb_pair.wait(Work(log, f"{half} {name}"), name)
         log.append((half, "compute to the end", ""))
     return run
 
@@ -61,7 +61,7 @@ def test_the_halves_hand_over_at_each_communication_backward_first():
     kinds = [(e.half, e.what, e.name) for e in pair.events]
     assert kinds[:4] == [("B", "start", ""), ("B", "post", "combine"), ("F", "start", ""), ("F", "post", "dispatch")]
     assert kinds[-1] == ("F", "end", "")
-    assert overlap._current is None  # outside a pair, a wait is a plain wait
+    assert fb_pair._current is None  # outside a pair, a wait is a plain wait
 
 
 def test_a_half_without_communication_runs_to_its_end_first():
@@ -76,7 +76,7 @@ def test_an_error_in_either_half_is_raised_on_the_callers_thread_after_both_stop
     log: list = []
 
     def boom():
-        overlap.wait(Work(log, "x"), "dispatch")
+        fb_pair.wait(Work(log, "x"), "dispatch")
         raise RuntimeError(f"{failing} failed")
 
     good = _half(log, "B" if failing == "F" else "F", ["combine"])
@@ -91,7 +91,7 @@ def test_a_communication_from_another_thread_inside_the_backward_counts_as_the_b
     log: list = []
 
     def backward():
-        t = threading.Thread(target=lambda: overlap.wait(Work(log, "B combine"), "combine"))
+        t = threading.Thread(target=lambda: fb_pair.wait(Work(log, "B combine"), "combine"))
         t.start()
         t.join()
 

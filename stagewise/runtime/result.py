@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ...parallelism import Parallelism
+from ..parallelism import Parallelism
 
 #: logical parameter name -> one numpy array per copy (every holder on every rank), as ``collect`` asks
 Copies = dict[str, list]
@@ -25,7 +25,7 @@ class Memory:
     peak_activation_bytes: tuple[float, ...] | None = None  #: measured peak per rank (every rank of the grid)
     predicted_peak_activation_bytes: tuple[float, ...] | None = None  #: the simulator's, per rank of one replica
     peak_memory_allocated_bytes: tuple[int, ...] | None = None  #: torch.cuda.max_memory_allocated per rank (GPU)
-    #: per rank, bytes held of {"parameters", "gradients", "optimizer"} after the first step (parallel/memory.py)
+    #: per rank, bytes held of {"parameters", "gradients", "optimizer"} after the first step (parallel/state_memory.py)
     state_bytes: tuple[dict, ...] | None = None
     #: per rank, the same as the parallelism says: each parameter over the ranks sharing it (the planner's rule)
     predicted_state_bytes: tuple[dict, ...] | None = None

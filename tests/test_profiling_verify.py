@@ -7,11 +7,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stagewise.plan.search.cluster import Cluster  # noqa: E402
-from stagewise.runtime.profiling.measure import profile_model  # noqa: E402
+from stagewise.plan.search.devices import Cluster  # noqa: E402
+from stagewise.profiling.measure import profile_model  # noqa: E402
 from stagewise.plan.search.profile import Link  # noqa: E402
 from stagewise.plan.search.search import Searcher, Space, search  # noqa: E402
-from stagewise.runtime.profiling.verify import verify, verify_table  # noqa: E402
+from stagewise.profiling.verify import verify, verify_table  # noqa: E402
 
 
 @pytest.mark.slow

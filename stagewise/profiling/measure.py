@@ -22,10 +22,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..execution.activation_memory import SavedBytes
-from ..run.config import ModelConfig
-from ..execution.split_backward import Splitter, input_grad, weight_grad
-from ...plan.search import LayerProfile, Profile
+from ..runtime.execution.activation_memory import SavedBytes
+from ..runtime.config import ModelConfig
+from ..runtime.execution.split_backward import Splitter, input_grad, weight_grad
+from ..plan.search import LayerProfile, Profile
 
 
 def profile_model(model: ModelConfig, micro_batch_sizes: Sequence[int] = (1,), *, repeats: int = 5, warmup: int = 2,
@@ -41,7 +41,7 @@ def profile_model(model: ModelConfig, micro_batch_sizes: Sequence[int] = (1,), *
     """
     if threads:
         torch.set_num_threads(threads)
-    from ..launching.memory import keep_freed_memory
+    from ..runtime.launching.allocator import keep_freed_memory
 
     keep_freed_memory()  # the runtime's ranks run with these allocator settings: time under the same
     dev = torch.device(device)
@@ -158,7 +158,7 @@ def _measure_layer(layer, x, loss, dev, repeats: int, warmup: int) -> dict:
 def _spread(totals: list[float]) -> float:
     """Half of (slowest - fastest) / median of the repeats: the profile's measured spread (``LayerProfile``),
     capped at what a profile holds (``MAX_SPREAD``), so a profile made on a loaded machine still reads."""
-    from ...plan.search import MAX_SPREAD
+    from ..plan.search import MAX_SPREAD
 
     mid = statistics.median(totals)
     return min((max(totals) - min(totals)) / (2 * mid), MAX_SPREAD) if mid > 0 else 0.0

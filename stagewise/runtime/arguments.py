@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import RunError
+from .config import RunError, check_count
 
 #: the dtypes ``torch.autocast`` runs forwards in
 AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -43,3 +43,13 @@ def check_autocast(autocast) -> None:
     if autocast not in AUTOCAST_DTYPES:
         raise RunError(f"`autocast` must be None or one of torch.bfloat16, torch.float16; got "
                        f"{type(autocast).__name__} {autocast!r}")
+
+
+MAX_SEED = (1 << 32) - 1  #: torch.manual_seed's range
+
+
+def check_seed(seed) -> None:
+    """A seed torch takes: a whole number 0..MAX_SEED (``RunError`` naming `seed` otherwise)."""
+    check_count("`seed`", seed, 0)
+    if seed > MAX_SEED:
+        raise RunError(f"`seed` {seed}: torch seeds are 0..{MAX_SEED}")

@@ -22,7 +22,7 @@ def pipeline(model: HFModel, schedule, *, device=None, **options):
     >>> pipe.step(ids, ids)                                                   # labels = ids, as in HF
     """
     from ..runtime.pipeline import Pipeline, _device, _process_group
-    from ..runtime.run.resolve import resolve_schedule
+    from ..runtime.resolve import resolve_schedule
 
     rank, world = _process_group(options.get("timeout", 30.0))  # the group exists (torchrun: made here)
     if options.get("mesh") is not None:

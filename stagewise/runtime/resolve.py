@@ -5,7 +5,7 @@ call ``resolve_schedule``; each rule has one message. No torch here.
 
 from __future__ import annotations
 
-from ...schedule import Schedule
+from ..schedule import Schedule
 from .config import RunError
 
 
@@ -32,7 +32,7 @@ def resolve_schedule(schedule, *, world: int, dp: int = 1, microbatches: int | N
                        f"{across} processes")
     p = world // dp
     if csv is not None:
-        from ... import torch_csv
+        from .. import torch_csv
 
         return _fits(torch_csv.load(csv), p, dp, launched_by, f"`csv` {csv}", across)
     if isinstance(schedule, Schedule):
@@ -48,7 +48,7 @@ def resolve_schedule(schedule, *, world: int, dp: int = 1, microbatches: int | N
                            f"{p} were launched{per} ({launched_by})")
         if microbatches is None:
             raise RunError(f"schedule {schedule!r} needs `microbatches` (micro-batches per step)")
-        from ...schedules import generate
+        from ..schedules import generate
 
         return generate(schedule, p, microbatches, chunks)
     raise RunError(f"`schedule` must be a family name or a Schedule; got {type(schedule).__name__}")

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from stagewise.actions import Pair
 from stagewise.costs import CostError, Costs
-from stagewise.overlap import pair_time
+from stagewise.all_to_all import pair_time
 from stagewise.report import result
 from stagewise.schedules import FAMILIES, ScheduleArgError, generate
 from stagewise.simulate import simulate

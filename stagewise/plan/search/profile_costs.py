@@ -11,7 +11,7 @@ from dataclasses import replace
 from itertools import accumulate
 
 from ...costs import Costs
-from .cluster import Cluster
+from .devices import Cluster
 from .holding import Holding
 from .partition import LayerCosts
 from .profile import Profile

@@ -1,16 +1,16 @@
 """Measure the per-step work outside the profiled layers on the runtime (plan/search/overhead.py fits it).
 
 Runs 1F1B on two local ranks at two micro-batch counts through ``plan --verify``'s runner and hands the
-measured timelines to the planner's torch-free fit (``plan.overhead.fit_overhead``, ``fit_slowdown``).
+measured timelines to the planner's torch-free fit (``plan.search.overhead.fit_overhead``, ``fit_slowdown``).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ...plan.search import Cluster
-from ...plan.search import fit_overhead, fit_slowdown
-from ...plan.search import Searcher, Space, search
+from ..plan.search import Cluster
+from ..plan.search import fit_overhead, fit_slowdown
+from ..plan.search import Searcher, Space, search
 from .verify import verify
 
 

@@ -1,4 +1,4 @@
-"""The point-to-point link between two local ranks (runtime/profiling/link.py)."""
+"""The point-to-point link between two local ranks (profiling/link.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 
 def test_link_fit():
-    from stagewise.runtime.profiling.link import fit_link
+    from stagewise.profiling.link import fit_link
 
     lat, bw = fit_link([(1e3, 1e-5 + 1e3 / 1e9), (1e6, 1e-5 + 1e6 / 1e9), (4e6, 1e-5 + 4e6 / 1e9)])
     assert lat == pytest.approx(1e-5, rel=1e-6) and bw == pytest.approx(1e9, rel=1e-6)
@@ -20,7 +20,7 @@ def test_link_fit():
 
 @pytest.mark.slow
 def test_measuring_uses_the_runtime_launcher():
-    from stagewise.runtime.profiling.link import measure_link
+    from stagewise.profiling.link import measure_link
     from stagewise.runtime.launching.launch import RankFailure
     from stagewise.runtime.launching.local import launch
 

@@ -1,4 +1,4 @@
-"""Measuring a model layer by layer (runtime/profiling/measure.py): one layer built at a time."""
+"""Measuring a model layer by layer (profiling/measure.py): one layer built at a time."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_measure_a_user_sequence_of_layers():
     torch = pytest.importorskip("torch")
     from torch import nn
 
-    from stagewise.runtime.profiling.measure import profile_model
+    from stagewise.profiling.measure import profile_model
     from stagewise.runtime.run.models import LayerModel
 
     torch.manual_seed(0)
@@ -43,7 +43,7 @@ def test_measure_a_user_sequence_of_layers():
 
 def test_measure_finds_the_tied_embedding_of_the_built_in_gpt():
     pytest.importorskip("torch")
-    from stagewise.runtime.profiling.measure import profile_model
+    from stagewise.profiling.measure import profile_model
     from stagewise.runtime.run.models import GPTConfig
 
     gpt = GPTConfig(layers_n=1, d_model=16, heads=2, seq=8, vocab=32)
@@ -57,7 +57,7 @@ def test_a_spread_measured_on_a_loaded_machine_is_capped_where_a_profile_reads_i
     """One repeat 80x the median (another process took the core) gives a spread a profile holds, not one the
     planner refuses: profile's output always loads."""
     from stagewise.plan.search import MAX_SPREAD
-    from stagewise.runtime.profiling.measure import _spread
+    from stagewise.profiling.measure import _spread
 
     assert _spread([1.0, 1.0, 1.0]) == 0.0
     assert _spread([1.0, 1.1, 1.2]) == pytest.approx(0.1 / 1.1)

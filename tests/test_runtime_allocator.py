@@ -1,4 +1,4 @@
-"""Host allocator settings for CPU ranks (runtime/launching/memory.py)."""
+"""Host allocator settings for CPU ranks (runtime/launching/allocator.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from stagewise.runtime.launching.memory import keep_freed_memory
+from stagewise.runtime.launching.allocator import keep_freed_memory
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

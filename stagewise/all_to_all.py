@@ -43,7 +43,7 @@ class Comm(namedtuple("Comm", ("op", "action", "start", "end", "exposed", "kind"
     ``op``: position of the op it belongs to in the rank's program; ``action``: whose all-to-all; ``start``,
     ``end``; ``exposed``: seconds of it during which the rank computes nothing (waits for it); ``kind``: what it
     is, "a2a" (an action's expert all-to-all, the default), or a lowered communication action's kind
-    (``lowering.comms``: SEND_F, UNSHARD, REDUCE_GRAD, ...; ``action`` is then that CommAction).
+    (``comm_actions``: SEND_F, UNSHARD, REDUCE_GRAD, ...; ``action`` is then that CommAction).
     """
 
     __slots__ = ()

@@ -14,8 +14,8 @@ DERIVE = (("--moe-tokens", "moe_tokens"), ("--hidden-size", "hidden_size"), ("--
 
 
 def add_a2a_args(p: argparse.ArgumentParser) -> None:
-    from .flags import add_layout_options
-    from .values import finite_float, per_stage_value, positive_int
+    from ..flags import add_layout_options
+    from ..option_values import finite_float, per_stage_value, positive_int
 
     g = p.add_argument_group(
         "expert-parallel all-to-all (MoE): its own resource beside compute; a plain F, B or I pays it after its "
@@ -45,7 +45,7 @@ def derives_a2a(args: argparse.Namespace) -> bool:
 
 def a2a_costs(args: argparse.Namespace, costs: Costs) -> Costs:
     """``costs`` with the all-to-all options applied."""
-    from .values import UsageError
+    from ..option_values import UsageError
 
     a2a, a2a_b = getattr(args, "a2a", None), getattr(args, "a2a_b", None)
     latency = getattr(args, "a2a_latency", None)

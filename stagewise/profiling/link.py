@@ -6,7 +6,7 @@ import statistics
 import time
 from typing import Sequence
 
-from ...plan.search import Link
+from ..plan.search import Link
 
 
 def measure_link(sizes: Sequence[int] = (1 << 10, 1 << 16, 1 << 20, 1 << 22), repeats: int = 10) -> Link:
@@ -14,8 +14,8 @@ def measure_link(sizes: Sequence[int] = (1 << 10, 1 << 16, 1 << 20, 1 << 22), re
 
     The ranks are started by the runtime's own launcher (``stagewise.launch``).
     """
-    from ..launching.launch import RankFailure
-    from ..launching.local import launch
+    from ..runtime.launching.launch import RankFailure
+    from ..runtime.launching.local import launch
 
     try:
         samples = launch(ping_pong, 2, tuple(sizes), repeats, timeout=120)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from ..errors import translate
-from ..parallelism import Parallelism
+from .errors import translate
+from .parallelism import Parallelism
 
 #: library argument (RunConfig, GPTConfig, Pipeline, the HF adapter, the planner) -> CLI flag
 FLAGS = {
@@ -54,7 +54,7 @@ def add_layout_options(group, names, *, defaults: bool = False, more: dict | Non
     adds a command's own words): a whole number >= 1, ``zero`` 0 or 1, a bool a switch. ``defaults``: the
     field's default (else None: the options say only what was given). ``tried``: the planner's form, each a
     comma-separated list of degrees to try (its metavar here), with its ``PLANNER_ALIASES`` flag."""
-    from .values import positive_int
+    from .option_values import positive_int
 
     by_name = {f.name: f for f in fields(Parallelism)}
     for name in names:

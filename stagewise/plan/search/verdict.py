@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 
 from .bands import memory_cell, tie
-from .cluster import fmt_bytes
-from ...layout import format_layout
+from .devices import fmt_bytes
+from ...split import format_layout
 from .profile import Profile
 from .search import Candidate
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..run.config import RunError
+from ..config import RunError
 
 
 class Event(NamedTuple):

@@ -1,8 +1,0 @@
-"""Measuring for the planner: ``measure`` (a model layer by layer: F, B, I, W, bytes), ``link`` (the
-point-to-point link between two local ranks), ``overhead`` (what a step costs outside the layers) and
-``verify`` (``plan --verify``: the top configurations run, predicted next to measured). It rebuilds the
-model a profile names, an HF one included.
-
-May import: the core, `stagewise.schedules`, `stagewise.plan`, `stagewise.hf`, `stagewise.runtime.execution`,
-`stagewise.runtime.launching`, `stagewise.runtime.run`, `torch`.
-"""
