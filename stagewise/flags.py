@@ -20,6 +20,8 @@ FLAGS = {
     "chunks": "--chunks",
     # the layout's degrees and options, from Parallelism's fields (pp is -p/--ranks)
     **{f.name: f.metadata["flag"] for f in fields(Parallelism)},
+    # the degrees the cluster planner tries (Job), said as the fields' flags
+    "tensor": "--tp", "pipeline": "--ranks", "expert": "--ep", "expert_tensor": "--etp",
     "split": "--split", "layout": "--layout", "recompute": "--recompute/--recompute-stages",
     # the run
     "steps": "--steps", "batch": "--batch", "lr": "--lr", "optimizer": "--optimizer", "clip": "--clip",
@@ -44,30 +46,38 @@ def say(message: str) -> str:
     return translate(message, FLAGS)
 
 
-#: the planner's earlier flags for the degrees it tries, still parsed (and the attribute each sets)
-PLANNER_ALIASES = {"pp": "--pipeline", "tp": "--tensor", "ep": "--expert", "etp": "--expert-tensor"}
+#: the planner's earlier flags for the degrees it tries, still parsed; each sets the attribute named as the
+#: ``Job`` argument (``planner_dest``), which its errors name: the field's flag in FLAGS
+PLANNER_ALIASES = {"tp": "--tensor", "pp": "--pipeline", "ep": "--expert", "etp": "--expert-tensor"}
 
 
-def add_layout_options(group, names, *, defaults: bool = False, more: dict | None = None,
+def planner_dest(name: str) -> str:
+    """The parsed attribute (and the ``Job`` argument) of field ``name``'s degrees to try: tp -> tensor."""
+    return PLANNER_ALIASES[name][2:].replace("-", "_")
+
+
+def add_layout_options(group, names, *, defaults: bool | dict = False, more: dict | None = None,
                        tried: dict | None = None) -> None:
-    """``names`` (``Parallelism`` fields) as options of ``group``, each with its field's flag and help (``more``
-    adds a command's own words): a whole number >= 1, ``zero`` 0 or 1, a bool a switch. ``defaults``: the
-    field's default (else None: the options say only what was given). ``tried``: the planner's form, each a
-    comma-separated list of degrees to try (its metavar here), with its ``PLANNER_ALIASES`` flag."""
+    """``names`` (``Parallelism`` fields) as options of ``group``, each with its field's flags (``-p``/``--ranks``
+    for pp) and help (``more`` adds a command's own words): a whole number >= 1, ``zero`` 0 or 1, a bool a
+    switch. ``defaults``: True the field's default, a dict a command's own (else None: the options say only what
+    was given). ``tried``: the planner's form, each a comma-separated list of degrees to try (its metavar here),
+    with its ``PLANNER_ALIASES`` flag."""
     from .option_values import positive_int
 
     by_name = {f.name: f for f in fields(Parallelism)}
     for name in names:
         f = by_name[name]
-        kw = dict(help=f.metadata["help"] + (f"; {more[name]}" if name in (more or {}) else ""),
-                  default=f.default if defaults else None)
+        default = defaults.get(name) if isinstance(defaults, dict) else f.default if defaults else None
+        kw = dict(help=f.metadata["help"] + (f"; {more[name]}" if name in (more or {}) else ""), default=default)
         if tried is not None:
             alias = PLANNER_ALIASES[name]
-            kw.update(dest=alias[2:].replace("-", "_"), metavar=tried[name], default=None)
+            kw.update(dest=planner_dest(name), metavar=tried[name], default=None)
         elif f.type in (bool, "bool"):
             kw.update(action="store_true")
         elif name == "zero":
             kw.update(type=int, choices=(0, 1))
         else:
             kw.update(type=positive_int)
-        group.add_argument(f.metadata["flag"], *([alias] if tried is not None else []), **kw)
+        group.add_argument(*f.metadata.get("short", ()), f.metadata["flag"], *([alias] if tried is not None else []),
+                           **kw)

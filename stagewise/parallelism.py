@@ -51,8 +51,8 @@ DATA_DIMS = ("dp", "fsdp", "ep")
 SHARDINGS = ("ddp", "zero1", "fsdp", "hsdp")
 
 
-def _degree(help_: str, flag: str) -> field:
-    return field(default=1, metadata={"help": help_, "flag": flag})
+def _degree(help_: str, flag: str, *short: str) -> field:
+    return field(default=1, metadata={"help": help_, "flag": flag, "short": short})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +63,7 @@ class Parallelism:
     mesh's names and shape (``of_mesh``) or from the planner's words (``of_plan``).
     """
 
-    pp: int = _degree("pipeline stages (ranks of one pipeline)", "--ranks")
+    pp: int = _degree("ranks of one pipeline (the pipeline-parallel degree)", "--ranks", "-p")
     dp: int = _degree("pipeline replicas (data parallel), each on its share of the batch, gradients all-reduced "
                       "per stage over them", "--dp")
     fsdp: int = _degree("sharded data parallel: torch's FSDP2 on each stage, gathered one stage ahead of its first "
@@ -285,12 +285,12 @@ class Parallelism:
     def flags(self) -> list[str]:
         """The layout as ``stagewise train`` options (``["-p", "2", "--dp", "2"]``): each degree > 1 and each
         option that is set; nothing the defaults already say."""
-        out = ["-p", str(self.pp)]
+        out = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "pp" or value == f.default or (f.name == "etp" and value == self.tp):
+            if f.name != "pp" and (value == f.default or (f.name == "etp" and value == self.tp)):
                 continue
-            flag = f.metadata["flag"]
+            flag = (*f.metadata.get("short", ()), f.metadata["flag"])[0]  # -p for pp
             out += [flag] if isinstance(value, bool) else [flag, str(value)]
         return out
 

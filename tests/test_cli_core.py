@@ -227,8 +227,8 @@ def test_simulate_without_communication_options_imports_no_lowering():
 
 def test_every_layout_option_is_generated_from_a_parallelism_field():
     """A degree has one flag and one help wherever a command takes it (cli/flags.add_layout_options, from
-    ``Parallelism``'s fields; -p/--ranks is the schedule's ranks, said by each command); the planner's earlier
-    --tensor, --pipeline, --expert and --expert-tensor still parse, as aliases of --tp, --ranks, --ep and --etp."""
+    ``Parallelism``'s fields; pp is -p/--ranks in every command); the planner's earlier --tensor, --pipeline,
+    --expert and --expert-tensor still parse, as aliases of --tp, --ranks, --ep and --etp."""
     from dataclasses import fields
 
     from stagewise.cli import build_parser
@@ -240,9 +240,9 @@ def test_every_layout_option_is_generated_from_a_parallelism_field():
     for name, parser in sub.choices.items():
         for action in parser._actions:
             for flag in set(action.option_strings) & set(helps):
-                if flag != "--ranks" or name == "plan":
-                    assert action.help.startswith(helps[flag]), (name, flag, action.help)
-                    seen.add(flag)
+                assert action.help.startswith(helps[flag]), (name, flag, action.help)
+                assert flag != "--ranks" or action.option_strings[0] == "-p", (name, action.option_strings)
+                seen.add(flag)
     assert seen == set(helps)
     plan = sub.choices["plan"]
     new = plan.parse_args(["--model", "llama3-8b", "--tp", "2,4", "--ranks", "2", "--ep", "4", "--etp", "1"])

@@ -78,6 +78,10 @@ def test_bad_inputs_are_one_line_exit_2(tmp_path, capsys):
     assert "plan needs --profile" in fails(capsys, "plan")
     assert "--recompute selective needs --model" in fails(capsys, "plan", "--profile", "x.json",
                                                          "--recompute", "selective")
+    for given, flag in (("-p", "--ranks"), ("--pipeline", "--ranks"), ("--tp", "--tp"), ("--expert", "--ep"),
+                        ("--etp", "--etp")):  # the degrees to try are the cluster planner's, said as --help lists them
+        assert f"{flag} belongs to planning with --model" in fails(capsys, "plan", "--profile", "x.json", "-N", "4",
+                                                                   "-G", "8", given, "2")
 
 
 def test_plan_a_cluster_with_selective_recomputation(tmp_path, capsys):
@@ -251,7 +255,7 @@ def test_split_even_is_the_frameworks_default_split_and_skips_what_it_cannot_div
 
 def test_split_bad_values_and_conflicts_exit_2(tmp_path, capsys):
     assert "invalid choice: 'lumpy'" in fails(capsys, *BASE, "--split", "lumpy")
-    assert "--pipeline 3: no pipeline degree divides --gpus 64" in fails(capsys, *BASE, "--pipeline", "3")
+    assert "--ranks 3: no pipeline degree divides --gpus 64" in fails(capsys, *BASE, "--pipeline", "3")
     assert "--layout fixes the split" in fails(capsys, "plan", "--profile", "x.json", "-N", "4", "-G", "8",
                                                 "--layout", "E+t | t+H", "--split", "even")
 

@@ -125,7 +125,7 @@ def test_recompute_choices_are_checked():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(tokens=2**21 + 1), "--global-batch-tokens 2097153 must be a multiple of the model's sequence length 8192"),
-    (dict(gpus=64, tensor=(16,)), "--gpus 64 with --tensor 16: no tensor-parallel degree divides both the GPU"),
+    (dict(gpus=64, tensor=(16,)), "--gpus 64 with `tensor` 16: no tensor-parallel degree divides both the GPU"),
     (dict(gpus=37), "no t x p x dp = --gpus 37 with dp x micro-batch size (1/2/4) dividing 256"),
     (dict(gpus=4096, tokens=8192 * 8), "no configuration: --global-batch-tokens 65536 is 8 sequences of 8192"),
 ])

@@ -209,12 +209,12 @@ def test_the_plan_table_and_the_frameworks_name_the_expert_degree(tiny, capsys, 
 
 
 def test_expert_degrees_are_checked(tiny, capsys):
-    with pytest.raises(PlanError, match="--expert 4: llama3-8b has no experts"):
+    with pytest.raises(PlanError, match="`expert` 4: llama3-8b has no experts"):
         cluster_search(Job(spec=TransformerSpec.load("llama3-8b"), hardware=H100, gpus=64,
                            global_batch_tokens=2**21, expert=(4,)))
     err = fails(capsys, "plan", "--model", tiny, "--hardware", "h100", "--gpus", "32", "--global-batch-tokens", "64K",
                 "--expert", "3")
-    assert "--expert 3: each expert-parallel degree must be >= 1 and divide the 16 experts of tiny-moe" in err
+    assert "--ep 3: each expert-parallel degree must be >= 1 and divide the 16 experts of tiny-moe" in err
 
 
 def test_deepseek_v3_plans_its_published_layout_and_the_no_tp_search_finds_one_of_its_family(capsys, tmp_path):

@@ -91,10 +91,10 @@ def test_a_moe_file_with_a_huge_expert_count_is_refused_at_once(tmp_path, capsys
 
 
 @pytest.mark.parametrize("option, words", [
-    ("--expert", "--expert '': expected whole numbers"),
+    ("--expert", "--ep '': expected whole numbers"),
     ("--sharding", "--sharding '': each must be one of"),
     ("-o", "-o '': give a file name"),
-    ("--tensor", "--tensor '': expected whole numbers"),
+    ("--tensor", "--tp '': expected whole numbers"),
     ("--chunks", "--chunks '': expected whole numbers"),
 ])
 def test_an_empty_option_is_refused_not_read_as_its_default(option, words, capsys):

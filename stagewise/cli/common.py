@@ -7,6 +7,7 @@ import sys
 
 from ..costs import CostError, Costs, rank_share_weights, scaled
 from ..errors import StagewiseError
+from ..flags import add_layout_options
 from ..option_values import UsageError, finite_float, per_stage_value, positive_int, whole_int  # noqa: F401 (their home)
 
 
@@ -97,12 +98,17 @@ def add_schedule_args(p: argparse.ArgumentParser, *, csv: bool = True, name_requ
     """NAME -p P -m M [-v V] and, optionally, --csv FILE instead of NAME."""
     p.add_argument("name", nargs=None if name_required else "?", metavar="NAME",
                    help="schedule family (see `stagewise list`)")
-    p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks (devices), default 4")
-    p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
-    p.add_argument("-v", "--chunks", type=positive_int, default=None,
-                   help="stages per rank for interleaved/V schedules (family default if omitted)")
+    add_shape_args(p)
     if csv:
         p.add_argument("--csv", metavar="FILE", help="read the schedule from torch's compute-only CSV instead of NAME")
+
+
+def add_shape_args(p: argparse.ArgumentParser, *,
+                   chunks: str = "stages per rank for interleaved/V schedules (family default if omitted)") -> None:
+    """-p P (``Parallelism.pp``'s option) -m M -v V, with the defaults every schedule command shares."""
+    add_layout_options(p, ("pp",), defaults={"pp": 4}, more={"pp": "default 4"})
+    p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
+    p.add_argument("-v", "--chunks", type=positive_int, default=None, help=chunks)
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:

@@ -7,8 +7,8 @@ from ..schedules import FAMILIES, generate
 from ..simulate import simulate
 from ..timeline import Timeline
 from .comm import add_layout_args
-from .common import (UsageError, add_cost_args, add_schedule_args, costs_basis, costs_from, family_names, positive_int,
-                     print_json, read_checked, schedule_from)
+from .common import (UsageError, add_cost_args, add_schedule_args, add_shape_args, costs_basis, costs_from,
+                     family_names, print_json, read_checked, schedule_from)
 
 
 def register(sub) -> None:
@@ -31,9 +31,7 @@ def register(sub) -> None:
                        description="Simulate every family (or --schedules) with the same p, m and costs and print "
                        "one row each; --costs-per rank makes the costs one rank's share of the model (the fair "
                        "same-model comparison); -o writes them on one time axis.")
-    p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks (devices), default 4")
-    p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
-    p.add_argument("-v", "--chunks", type=positive_int, default=None, help="chunks for the families that take v")
+    add_shape_args(p, chunks="chunks for the families that take v")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all that accept p, m)")
     add_cost_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per schedule")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from .. import limits
 from ..report import table
-from .common import (UsageError, add_cost_args, add_schedule_args, check_timeline_output, costs_from, positive_int,
-                     read_checked, schedule_from)
+from .common import (UsageError, add_cost_args, add_schedule_args, add_shape_args, check_timeline_output, costs_from,
+                     positive_int, read_checked, schedule_from)
 
 
 
@@ -29,9 +29,7 @@ def register(sub) -> None:
                        description="Simulate every family that accepts p and m (or --schedules) and write an "
                        "offline HTML page: figures, the table of bubble (simulated and closed form), makespan, "
                        "peak memory per rank, and the cost assumptions.")
-    p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks (devices), default 4")
-    p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
-    p.add_argument("-v", "--chunks", type=positive_int, default=None, help="chunks for the families that take v")
+    add_shape_args(p, chunks="chunks for the families that take v")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all that accept p, m)")
     add_cost_args(p)
     p.add_argument("-o", "--output", metavar="DIR", default=".",

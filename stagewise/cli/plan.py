@@ -110,6 +110,12 @@ def _plan(args) -> int:
 
     if args.global_batch < 1:
         raise UsageError(f"--global-batch must be >= 1; got {args.global_batch}")
+    from ..flags import FLAGS, PLANNER_ALIASES, planner_dest
+
+    for name in PLANNER_ALIASES:  # the degrees to try are the cluster planner's; the profile's tries every p x dp
+        if getattr(args, planner_dest(name)) is not None:
+            raise UsageError(f"{FLAGS[name]} belongs to planning with --model: from a measured profile every p x dp "
+                             "= -N is tried (no tensor or expert parallelism)")
     if args.layout is not None and args.split != "balanced":
         raise UsageError(f"--layout fixes the split; --split {args.split} cannot be given with it")
     if args.verify is not None and args.verify < 1:

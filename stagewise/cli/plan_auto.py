@@ -6,6 +6,7 @@ import sys
 import time
 
 from .. import limits
+from ..flags import add_layout_options
 from .common import UsageError, add_cost_args, costs_from, finite_float, positive_int, print_json
 
 
@@ -17,7 +18,7 @@ def register(sub) -> None:
         "with several warm-up limits and a local search; the best of those and of every named family is `auto`. "
         "--objective step minimises the shared step end, span each rank's own span (the Zero Bubble paper's "
         "measure). With --optimum (p <= 4, m <= 8) a mixed-integer program proves the best order.")
-    p.add_argument("-p", "--ranks", type=positive_int, default=4, help="ranks = stages (one per rank), default 4")
+    add_layout_options(p, ("pp",), defaults={"pp": 4}, more={"pp": "one stage each; default 4"})
     p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches, default 8")
     p.add_argument("--objective", choices=("step", "span"), default="step",
                    help="'step' (default): the shared step end; 'span': the longest rank's own span")

@@ -130,7 +130,7 @@ def _job(args):
     from ..plan.cluster import FRAMEWORKS
     from ..plan.search import Space
     from ..plan.cluster import TransformerSpec
-    from ..flags import PLANNER_ALIASES
+    from ..flags import FLAGS, PLANNER_ALIASES, planner_dest
     from .planning import whole_numbers
 
     missing = [o for o, k in (("--model", "model"), ("--hardware", "hardware"), ("--gpus", "gpus"),
@@ -169,8 +169,9 @@ def _job(args):
               else (2, 4, 8, 16, 32, 64))
     if args.fp8_all_gather and args.precision != "fp8":
         raise UsageError("--fp8-all-gather keeps the weights in FP8, which FP8 compute reads: give --precision fp8 too")
-    degrees = {dest: tuple(whole_numbers(getattr(args, dest), alias)) if getattr(args, dest) is not None else None
-               for dest, alias in ((a[2:].replace("-", "_"), a) for a in PLANNER_ALIASES.values())}
+    given = {planner_dest(name): (getattr(args, planner_dest(name)), FLAGS[name]) for name in PLANNER_ALIASES}
+    degrees = {dest: tuple(whole_numbers(text, flag)) if text is not None else None  # named as --help lists it
+               for dest, (text, flag) in given.items()}
     return Job(spec=TransformerSpec.load(args.model), hardware=hw, gpus=args.gpus,
                global_batch_tokens=parse_tokens(args.global_batch_tokens),
                sequence_parallel=not args.no_sequence_parallel, zero=not args.no_zero, **degrees,

@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..flags import FLAGS, PLANNER_ALIASES, planner_dest
 from .common import UsageError
 
 
@@ -59,7 +60,7 @@ _OPTIONS = (("--profile", "profile"), ("-N", "devices"), ("-G", "global_batch"),
             ("--per-node", "per_node"), ("--intra-bandwidth", "intra_bandwidth"), ("--intra-latency", "intra_latency"),
             ("--inter-bandwidth", "inter_bandwidth"), ("--inter-latency", "inter_latency"), ("--model", "model"),
             ("--hardware", "hardware"), ("--gpus", "gpus"), ("--global-batch-tokens", "global_batch_tokens"),
-            ("--tp", "tensor"), ("--ranks", "pipeline"), ("--ep", "expert"), ("--etp", "expert_tensor"),
+            *((FLAGS[name], planner_dest(name)) for name in PLANNER_ALIASES),  # --tp, --ranks, --ep, --etp
             ("--expert-placement", "expert_placement"),
             ("--recompute-modules", "recompute_modules"), ("--framework", "framework"),
             ("--sharding", "sharding"), ("--hsdp-shard", "hsdp_shard"), ("--schedules", "schedules"),

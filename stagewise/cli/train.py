@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import train_hf, train_moe, train_safety, train_scale
+from ..flags import add_layout_options
 from .common import UsageError, check_timeline_output, int_list, positive_int, print_json
 
 
@@ -25,8 +26,7 @@ def register(sub) -> None:
     g.add_argument("--schedule", metavar="NAME", default=None,
                    help="schedule family (see `stagewise list`), or 'none' for the unpipelined reference")
     g.add_argument("--csv", metavar="FILE", default=None, help="read the schedule from torch's compute-only CSV")
-    g.add_argument("-p", "--ranks", type=positive_int, default=None,
-                   help="ranks to launch, default 4 (under torchrun: WORLD_SIZE)")
+    add_layout_options(g, ("pp",), more={"pp": "default 4 (under torchrun: WORLD_SIZE / (dp x fsdp x ep x tp))"})
     g.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
     g.add_argument("-v", "--chunks", type=positive_int, default=None, help="stages per rank (family default)")
     g.add_argument("--split", default=None, metavar="SPLIT",

@@ -108,8 +108,8 @@ def _run_config(c: Candidate, model, profile: Profile, steps: int):
     g = c.config
     # a family by name (each rank generates it); auto's order as the Schedule value itself
     sched = dict(schedule=g.family, chunks=g.v) if g.family in FAMILIES else dict(schedule=c.schedule)
-    return RunConfig(**sched, ranks=g.p, dp=g.dp, recompute=g.recompute, microbatches=g.m, steps=steps,
-                     batch=g.m * g.mbs * g.dp,
+    return RunConfig(**sched, parallelism=c.parallelism, recompute=g.recompute, microbatches=g.m, steps=steps,
+                     batch=g.m * g.mbs * c.parallelism.data_shards,
                      model=model, split=c.split, threads=profile.meta.get("threads"),
                      optimizer=profile.meta.get("optimizer", "adamw"),
                      measure_memory=True)  # the runtime's meter: what autograd saves, counted as the profile did

@@ -28,13 +28,13 @@ from ..schedule import Schedule
 from ..schedules import FAMILIES, ScheduleArgError, generate
 from ..simulate import simulate
 from ..timeline import Timeline
-from ..flags import say
+from ..flags import FLAGS, say
 from ..validate import ScheduleError
 
-#: page control -> the CLI option that means the same (messages name the CLI option)
-OPTIONS = {"schedules": "--schedules", "p": "--ranks", "m": "--microbatches", "v": "--chunks", "tf": "--tf",
+#: page control -> the CLI option that means the same (messages name the CLI option; the degrees Parallelism's)
+OPTIONS = {"schedules": "--schedules", "p": FLAGS["pp"], "m": "--microbatches", "v": "--chunks", "tf": "--tf",
            "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "a2a": "--a2a", "latency": "--latency",
-           "skew": "skew", "per": "per", "free_at_i": "--free-at-i", "cap": "--cap", "fsdp": "--fsdp",
+           "skew": "skew", "per": "per", "free_at_i": "--free-at-i", "cap": "--cap", "fsdp": FLAGS["fsdp"],
            "bandwidth": "--intra-bandwidth"}
 #: the durations that take one number or one per stage (``1,1,1,2``), as the CLI's options do
 PER_STAGE = ("tf", "tb", "ti", "tw", "tfb", "a2a")

@@ -119,7 +119,8 @@ def tensor_degrees(job: Job) -> list[int]:
 
 
 def check_job(job: Job) -> None:
-    """The rules a job must meet before anything is searched; each message names the value and the rule."""
+    """The rules a job must meet before anything is searched; each message names the value and the rule (the
+    degrees tried by their ``Job`` argument in backticks, which the CLI says as its flag: `tensor` is --tp)."""
     seq = job.spec.seq
     if job.gpus < 1:
         raise PlanError(f"--gpus must be >= 1; got {job.gpus}")
@@ -155,22 +156,22 @@ def check_job(job: Job) -> None:
                         f"of {job.gpus} GPUs; set {limits.MICROBATCHES.env}=N to raise the limit")
     if job.expert is not None:
         if job.spec.moe is None:
-            raise PlanError(f"--expert {','.join(map(str, job.expert))}: {job.spec.name} has no experts (a model "
+            raise PlanError(f"`expert` {','.join(map(str, job.expert))}: {job.spec.name} has no experts (a model "
                             "file with an \"moe\" object has)")
         bad = [e for e in job.expert if not isinstance(e, int) or e < 1 or job.spec.moe.experts % e]
         if bad or not job.expert:
-            raise PlanError(f"--expert {bad[0] if bad else ''}: each expert-parallel degree must be >= 1 and divide "
+            raise PlanError(f"`expert` {bad[0] if bad else ''}: each expert-parallel degree must be >= 1 and divide "
                             f"the {job.spec.moe.experts} experts of {job.spec.name}")
     _check_precision(job)
     degrees = tensor_degrees(job)
     if not degrees:
         node = job.hardware.gpus_per_node
-        tried = f" with --tensor {','.join(map(str, job.tensor))}" if job.tensor else ""
+        tried = f" with `tensor` {','.join(map(str, job.tensor))}" if job.tensor else ""
         raise PlanError(f"--gpus {job.gpus}{tried}: no tensor-parallel degree divides both the GPU count and a node "
                         f"of {node} GPUs while splitting {job.spec.heads} heads and {job.spec.kv_heads} KV heads")
     if job.pipeline is not None and not any(job.gpus % (t * p) == 0 for t in degrees for p in job.pipeline):
-        raise PlanError(f"--pipeline {','.join(map(str, job.pipeline))}: no pipeline degree divides --gpus {job.gpus} / "
-                        f"t for t in {', '.join(map(str, degrees))} (t x p x dp = --gpus)")
+        raise PlanError(f"`pipeline` {','.join(map(str, job.pipeline))}: no pipeline degree divides --gpus {job.gpus} "
+                        f"/ t for t in {', '.join(map(str, degrees))} (t x p x dp = --gpus)")
 
 
 def _check_precision(job: Job) -> None:
@@ -194,10 +195,10 @@ def _check_precision(job: Job) -> None:
                         f"{', '.join(PLACEMENTS)}")
     if job.expert_tensor is not None:
         if job.spec.moe is None:
-            raise PlanError(f"--expert-tensor {','.join(map(str, job.expert_tensor))}: {job.spec.name} has no experts")
+            raise PlanError(f"`expert_tensor` {','.join(map(str, job.expert_tensor))}: {job.spec.name} has no experts")
         bad = [e for e in job.expert_tensor if not isinstance(e, int) or e < 1 or job.hardware.gpus_per_node % e]
         if bad or not job.expert_tensor:
-            raise PlanError(f"--expert-tensor {bad[0] if bad else ''}: each expert tensor-parallel degree must be >= 1 "
+            raise PlanError(f"`expert_tensor` {bad[0] if bad else ''}: each expert tensor-parallel degree must be >= 1 "
                             f"and divide a node of {job.hardware.gpus_per_node} GPUs")
 
 

@@ -38,15 +38,16 @@ def network(gpus_per_node: int, intra: Link, inter: Link, order: tuple[str, ...]
                    inter_bandwidth=bw(inter), inter_latency=inter.latency, order=order)
 
 
-def local_data_parallel(sched, costs: Costs, stage_bytes: list[float], dp: int, cluster: Cluster,
+def local_data_parallel(sched, costs: Costs, stage_bytes: list[float], par: Parallelism, cluster: Cluster,
                         compute_span: float) -> float:
-    """Seconds a local plan's dp all-reduce runs past its compute: the schedule lowered for ``dp`` replicas under
-    stagewise's rule, ``stage_bytes`` each stage's weights (and gradients: the same dtype), the replicas
-    ``p`` devices apart on the cluster's links (``Cluster``'s numbering: the mesh's, the pipeline inside)."""
-    if dp == 1:
+    """Seconds a local plan's dp all-reduce runs past its compute: the schedule lowered for ``par`` (p ranks x dp
+    replicas, ``Config.parallelism``) under stagewise's rule, ``stage_bytes`` each stage's weights (and gradients:
+    the same dtype), the replicas ``p`` devices apart on the cluster's links (``Cluster``'s numbering: the mesh's,
+    the pipeline inside)."""
+    if par.dp == 1:
         return 0.0
     net = network(cluster.per_node, cluster.intra, cluster.inter)
     opts = LoweringOptions(overlap=FRAMEWORKS["stagewise"], sizes=Sizes(params=stage_bytes, grads=stage_bytes),
                            network=net, moe=False, step_end=False, p2p=False)
-    comm = Communication(parallelism=Parallelism(pp=sched.ranks, dp=dp), options=opts)
+    comm = Communication(parallelism=par, options=opts)
     return exposure(comm.lower(sched), costs, compute_span)[0]

@@ -46,6 +46,12 @@ class Config:
     mbs: int  #: micro-batch size (samples)
     recompute: bool
 
+    @property
+    def parallelism(self) -> Parallelism:
+        """The layout as the one value runs are built from: p pipeline ranks x dp replicas (the local planner's
+        data parallelism is replicated; a cluster candidate holds its own, with t, the sharding and the experts)."""
+        return Parallelism(pp=self.p, dp=self.dp)
+
     def label(self) -> str:
         rc = " rc" if self.recompute else ""
         return f"{self.family} p={self.p} dp={self.dp} v={self.v} m={self.m} mbs={self.mbs}{rc}"
@@ -75,9 +81,8 @@ class Candidate:
 
     @property
     def parallelism(self) -> Parallelism:
-        """The layout as the one value runs are built from: p pipeline ranks x dp replicas (a local plan's
-        data parallelism is replicated)."""
-        return Parallelism(pp=self.config.p, dp=self.config.dp)
+        """The configuration's layout (``Config.parallelism``)."""
+        return self.config.parallelism
 
     @property
     def split(self) -> Split:
@@ -211,7 +216,8 @@ class Searcher:
         fixed = rank_fixed_bytes(prof, part.counts, h, cl.state_factor)
         transient = rank_transient_bytes(prof, part.counts, h, c.mbs, c.recompute)
         memory = tuple(f + a + t for f, a, t in zip(fixed, acts, transient))
-        exposed = local_data_parallel(sched, costs, stage_param_bytes(prof, part.counts, h), c.dp, cl, makespan)
+        exposed = local_data_parallel(sched, costs, stage_param_bytes(prof, part.counts, h), c.parallelism, cl,
+                                      makespan)
         allreduce = exposed + step_sync_time(prof, part.counts, h, cl, c.p, c.dp)
         opt = max(rank_optimizer_time(prof, part.counts, h))
         over = step_overhead(prof, max(len(p) for p in sched.programs), makespan)

@@ -63,14 +63,14 @@ def _val(x) -> str:
 
 def train_command(best: Candidate, profile: Profile, csv_path: str | None, global_batch: int) -> str:
     """The `stagewise train` line that runs the winner."""
-    c = best.config
+    c, par = best.config, best.parallelism
     gpt = profile.meta.get("gpt")
     if csv_path is not None:
-        args = ["stagewise", "train", "--csv", csv_path, "-p", str(c.p), "-m", str(c.m)]
+        args = ["stagewise", "train", "--csv", csv_path, "-m", str(c.m)]
     else:
-        args = ["stagewise", "train", "--schedule", c.family, "-p", str(c.p), "-m", str(c.m), "-v", str(c.v)]
-    args += ["--batch", str(c.m * c.mbs * c.dp), "--split", str(best.split)]
-    args += (["--dp", str(c.dp)] if c.dp > 1 else []) + (["--recompute"] if c.recompute else [])
+        args = ["stagewise", "train", "--schedule", c.family, "-m", str(c.m), "-v", str(c.v)]
+    args += ["--batch", str(c.m * c.mbs * par.data_shards), "--split", str(best.split)]
+    args += [*par.flags(), *(["--recompute"] if c.recompute else [])]  # the degrees as train takes them
     if gpt:
         for key, opt in (("layers_n", "--layers"), ("d_model", "--d-model"), ("heads", "--heads"), ("seq", "--seq"),
                          ("vocab", "--vocab"), ("dtype", "--dtype")):
