@@ -47,7 +47,7 @@ from .stages.names import Names, gather_stage_map
 from .execution.recompute import Recompute, check_recompute, recompute_stages
 from .parallel.replicas import Replicas
 from .stages.stage import stage_ranges
-from .execution.timing import CudaClock, WallClock, measured_timeline
+from .execution.timing import CudaClock, WallClock, measured_timeline, named
 from .launching.groups import meet
 
 
@@ -503,13 +503,12 @@ class Pipeline:
         tl = None
         if timeline:
             gathered = [None] * dist.get_world_size() if self.topo.rank == 0 else None
-            mine = (marks[:-1], intervals(self.flight.comms, self._host0))
+            mine = (marks[:-1], named(intervals(self.flight.comms, self._host0), self.executor.plan.program))
             dist.gather_object(mine, gathered, dst=0)
             if self.topo.rank == 0:
                 per = gathered[:self.topo.p]  # replica 0
                 tl = measured_timeline(self.schedule, [m for m, _ in per],
-                                       [c for _, c in per] if self.flight is not NO_FLIGHT else None,
-                                       self.parallelism)
+                                       [c for _, c in per] if self.flight is not NO_FLIGHT else None)
         return StepResult(total=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
                           timeline=tl)
 

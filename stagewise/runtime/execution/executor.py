@@ -23,6 +23,7 @@ outputs are sent after it, by the SENDs that follow it.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
@@ -116,7 +117,7 @@ class Executor:
         self.inputs, self.targets = inputs, targets
         out = self.outcome = StepOutcome()
         self.losses: list = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
-        self.mail: dict = {}  # route -> (True, its sender) once a RECV posted it, (False, the pytree) an op made
+        self.mail: dict = {}  # route -> (True, the RECV) once a RECV posted it, (False, the pytree) an op made
         self.ops, self.ended = 0, False
         if self.ctx.meter is not None:
             self.ctx.meter.start_step()
@@ -171,17 +172,24 @@ class Executor:
             raise RuntimeError(f"rank {self.rank}: {a} needs {route.describe()}, which no RECV or op before it "
                                "brought; the programs disagree")
         posted, value = got
-        return self.ctx.p2p.recv(route, value) if posted else self.ctx.p2p.hand_over(route, value)
+        if not posted:
+            return self.ctx.p2p.hand_over(route, value)
+        t0 = time.perf_counter()
+        tree = self.ctx.p2p.recv(route, value.peer)
+        self.ctx.flight.done(str(value), time.perf_counter() - t0)  # the RECV: issued at its post, done here
+        return tree
 
     def _send(self, c: CommAction) -> None:
         route = route_of(c)
-        self.ctx.p2p.send(route, self.mail.pop(route)[1], c.peer)
+        self.ctx.flight.issued(str(c))
+        self.ctx.p2p.send(route, self.mail.pop(route)[1], c.peer, str(c))
 
     def _recv(self, c: CommAction) -> None:
         """Posted here, waited for by the op that takes it (as torch's runtime does)."""
         route = route_of(c)
+        self.ctx.flight.issued(str(c))
         self.ctx.p2p.post(route, c.peer)
-        self.mail[route] = (True, c.peer)
+        self.mail[route] = (True, c)
 
     def _unshard(self, c: CommAction) -> None:
         if self.ctx.sharded is not None and c.group == "fsdp":  # ZeRO-1's over dp is the optimizer's broadcast
