@@ -10,7 +10,8 @@ that takes them (handed over in memory). FSDP (parallel/fsdp.py) gathers at UNSH
 gathers before its op's clock starts, reduces and frees at REDUCE_GRAD and RESHARD; data parallel (dp.py,
 ep.py) reduces at REDUCE_GRAD; tensor parallel sums a stage's partial gradients once its last backward ran.
 The step's end (the first TIE_GRAD or STEP_END, or the program's end) waits for the sends and hands over to
-the context's ``end`` (the reductions waited for, the copies summed).
+the context's ``end`` (the reductions waited for, the copies summed); where the context has a ``tie`` hook, each
+TIE_GRAD then all-reduces its rank set's copies (parallel/replicas.py), else ``end`` summed them all.
 
 A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its B or I;
 the meter (activation_memory.py) counts what each (stage, mb) holds. Inputs, outputs and what crosses a
@@ -60,6 +61,7 @@ class RankContext:
     reducers: tuple = ()  #: what reduces a stage at REDUCE_GRAD, in order (fsdp.Sharded, dp.DataParallel)
     complete: Callable | None = None  #: called with each stage once its weight gradients are complete (tp sums)
     end: Callable | None = None  #: the step's end, after the sends: the reductions waited for, the copies summed
+    tie: Callable | None = None  #: runs a TIE_GRAD (after the end): its set's copies summed; None: the end sums them
     flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
     autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
@@ -106,7 +108,7 @@ class Executor:
             self.completes.setdefault(k, []).append(s)
         self.handlers = {SEND_F: self._send, SEND_B: self._send, RECV_F: self._recv, RECV_B: self._recv,
                          UNSHARD: self._unshard, RESHARD: self._reshard, REDUCE_GRAD: self._reduce_grad,
-                         ALL_TO_ALL: self._all_to_all, TIE_GRAD: self._step_end, STEP_END: self._step_end}
+                         ALL_TO_ALL: self._all_to_all, TIE_GRAD: self._tie_grad, STEP_END: self._step_end}
 
     def step(self, inputs: list | None, targets: list | None) -> StepOutcome:
         """Run the program on micro-batches ``inputs[mb]`` / ``targets[mb]``; gradients accumulate in .grad.
@@ -205,6 +207,12 @@ class Executor:
 
     def _all_to_all(self, c: CommAction) -> None:
         self.ctx.flight.comm(str(c))  # it ran inside the op before it (parallel/ep.py); named as lowered
+
+    def _tie_grad(self, c: CommAction) -> None:
+        """The step's end (once), then this tie's all-reduce where the context runs ties as actions."""
+        self._step_end(c)
+        if self.ctx.tie is not None:
+            self.ctx.tie(c)
 
     def _step_end(self, c: CommAction | None) -> None:
         """TIE_GRAD, STEP_END or the program's end: the step's end, once (the copies are summed together, and
