@@ -40,18 +40,19 @@ WALKED = [("1f1b", 4, None), ("interleaved-1f1b", 4, 2), ("zb-v", 4, None), ("du
 @pytest.mark.parametrize("ranks, options", [(4, {"fsdp": 2}), (8, {"dp": 2, "tp": 2})])
 def test_every_rank_executes_its_lowered_program_action_by_action(ranks, options):
     """pp 2 x fsdp 2 and pp 2 x dp 2 x tp 2 under four families: the actions each rank's executor ran (compute,
-    SEND, RECV, UNSHARD, REDUCE_GRAD, RESHARD, the step end) are its program as the core lowering writes it
-    (stagewise.lowering, stagewise's overlap rule), in order."""
+    SEND, RECV, UNSHARD, REDUCE_GRAD, RESHARD, the tied weight's TIE_GRAD, the step end) are its program as the
+    core lowering writes it (stagewise.lowering, stagewise's overlap rule, the model's tie of its first and last
+    stage), in order."""
     import stagewise
     from composed_helpers import Case, executed_actions
     from stagewise.lowering import lower
-    from stagewise.lowering.options import FRAMEWORKS, LoweringOptions
+    from stagewise.lowering.options import FRAMEWORKS, LoweringOptions, Sizes
 
     cases = [Case(f"{name} {options}", name, m, v, options=dict(options)) for name, m, v in WALKED]
     got = stagewise.launch(executed_actions, ranks, cases, timeout=120, threads=1)
     for case in cases:
         sched, par, every = got[case.label]
-        low = lower(sched, par, LoweringOptions(overlap=FRAMEWORKS["stagewise"]))
+        low = lower(sched, par, LoweringOptions(overlap=FRAMEWORKS["stagewise"], sizes=Sizes(tie=1.0)))
         kinds = set()
         for pipe_rank, executed in every:
             want = [str(a) for a in low.programs[pipe_rank]]
@@ -59,3 +60,4 @@ def test_every_rank_executes_its_lowered_program_action_by_action(ranks, options
             kinds |= {a.kind for a in low.programs[pipe_rank] if hasattr(a, "peer")}
         assert {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "STEP_END"} <= kinds, case.label
         assert ("UNSHARD" in kinds and "RESHARD" in kinds) == ("fsdp" in options), case.label
+        assert ("TIE_GRAD" in kinds) == (case.schedule in ("1f1b", "interleaved-1f1b")), case.label  # V: rank 0

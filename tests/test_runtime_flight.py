@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from stagewise.actions import parse
 from stagewise.runtime.resilience import flight
 
@@ -68,16 +70,21 @@ CASES = [({"dp": 2}, *f) for f in FAMILIES + MORE] + [(layout, *f) for layout in
                                                       for f in FAMILIES]
 
 
-def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_program_has_them():
+@pytest.fixture(scope="module")
+def flown():
+    """One launch of 4 ranks over CASES (runtime_helpers.flight_collectives), shared by the tests below."""
+    pytest.importorskip("torch")
+    import stagewise
+    from runtime_helpers import flight_collectives
+
+    return stagewise.launch(flight_collectives, 4, CASES, threads=1, timeout=120)
+
+
+def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_program_has_them(flown):
     """The flight recorder against the lowering (stagewise.lowering): every rank's gathers, reductions,
     reshards, all-to-alls, tied-weight sum and step end, each after the op the lowered program puts it after
     and in that order (the executor walks the program); the measured timeline carries them on each rank's
     communication lane at the op the simulated lowered timeline puts them at."""
-    import pytest
-
-    pytest.importorskip("torch")
-    import stagewise
-    from runtime_helpers import flight_collectives
     from stagewise.lowering import lower
     from stagewise.comm_actions import P2P, CommAction
     from stagewise.lowering.options import LoweringOptions, Sizes
@@ -86,7 +93,7 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
     from stagewise.runtime.stages.stage import stage_ranges
     from stagewise.schedules import generate
 
-    got = stagewise.launch(flight_collectives, 4, CASES, threads=1, timeout=120)
+    got = flown
     kinds = set()
     for layout, name, m, v in CASES:
         sched = generate(name, 2, m, v)
@@ -109,7 +116,7 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
             if g == pipe:  # replica 0: the measured timeline's lane holds what completes (not a reshard, not
                 # the all-to-alls inside the ops), issued to done, each at the op the simulated lane puts it at
                 # (lowering.play.lanes: the last op before it, the first op when none)
-                lane = lanes[pipe]
+                lane = [c for c in lanes[pipe] if not any(k in c[1] for k in P2P)]  # sends: the test below
                 assert [(k, t) for k, t, *_ in lane] == [(max(k, 0), t) for k, t in want
                                                          if "RESHARD" not in t and "ALL_TO_ALL" not in t]
                 assert all(0 <= start <= end and 0 <= exposed <= end - start + 1e-9
@@ -118,3 +125,37 @@ def test_each_rank_issues_its_collectives_where_and_in_the_order_its_lowered_pro
         over = {"dp": "over dp", "fsdp": "over fsdp", "ep": "over ep"}[next(iter(layout))]
         assert f"the {'reduce-scatter' if 'fsdp' in layout else 'all-reduce'} of stage 0 {over}" in drawn, name
     assert kinds >= {"UNSHARD", "RESHARD", "REDUCE_GRAD", "ALL_TO_ALL", "TIE_GRAD", "STEP_END"}
+
+
+def test_a_measured_and_a_simulated_timeline_of_one_run_line_up_action_for_action(flown):
+    """The measured timeline of each pp 2 x dp 2 and pp 2 x fsdp 2 run (split backward, interleaved, V and
+    DualPipe-V among them) and the simulator's timeline of the same lowered program (``simulate`` with the
+    layout's ``Communication``, every transfer given a duration) name the same actions on every rank in the
+    same order: the same compute ops, and on the communication lane every send, receive, gather, reduction,
+    tied-weight sum and step end, each at the same op (a reshard takes no time in either)."""
+    from stagewise.costs import Costs
+    from stagewise.lowering.communication import Communication
+    from stagewise.lowering.options import LoweringOptions, Network, Sizes
+    from stagewise.parallelism import Parallelism
+    from stagewise.simulate import simulate
+
+    lined = 0
+    for layout, name, m, v in CASES:
+        if "ep" in layout:  # the all-to-alls run inside the ops: the lanes of test_all_to_all
+            continue
+        _, _, measured = flown[(tuple(layout.items()), name, m, v)]
+        options = LoweringOptions(sizes=Sizes(params=1.0, tie=1.0),
+                                  network=Network(intra_bandwidth=100.0, intra_latency=0.01))
+        sim = simulate(measured.schedule, Costs(latency=0.01, comm=Communication(parallelism=Parallelism(**layout),
+                                                                                 options=options)))
+        assert sim.schedule.programs == measured.schedule.programs
+        for r, program in enumerate(sim.meta["lowered"].programs):
+            assert len(measured.starts[r]) == len(sim.starts[r]) == len(sim.schedule.programs[r])
+            at = {id(a): k for k, a in enumerate(program)}  # the simulated lane is in time order
+            simulated = [(c.op, str(c.action)) for c in sorted(sim.comm[r], key=lambda c: at[id(c.action)])]
+            got = [(c.op, str(c.action)) for c in measured.comm[r]]
+            assert got == simulated, (layout, name, r)
+            assert simulated and all(
+                0 <= c.start <= c.end and 0 <= c.exposed <= c.end - c.start + 1e-9 for c in measured.comm[r])
+            lined += 1
+    assert lined == 2 * (len(FAMILIES + MORE) + len(FAMILIES))

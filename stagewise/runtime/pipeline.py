@@ -47,7 +47,7 @@ from .stages.names import Names, gather_stage_map
 from .execution.recompute import Recompute, check_recompute, recompute_stages
 from .parallel.replicas import Replicas
 from .stages.stage import stage_ranges
-from .execution.timing import CudaClock, WallClock, measured_timeline
+from .execution.timing import CudaClock, WallClock, measured_timeline, named
 from .launching.groups import meet
 
 
@@ -396,7 +396,15 @@ class Pipeline:
 
     def _context(self, sched: Schedule, forward_only: bool) -> RankContext:
         exchanging = self.ep.exchanging if self.ep is not None else frozenset()
-        plan = lower(sched, self.topo.pipe, self._lowered_as, exchanging=exchanging)
+        # a tie the lowering's rule names (copies on the lane ends; DualPipe's two copies of a stage) is summed by
+        # its TIE_GRADs, where they are every rank set holding copies; otherwise the step's end sums every copy
+        tie = not forward_only and self.replicas.ties_lane_ends(sched.lanes)
+        plan = lower(sched, self.topo.pipe, self._lowered_as, exchanging=exchanging, tie=tie)
+        if tie and plan.tie_sets != self.replicas.sets:
+            plan = lower(sched, self.topo.pipe, self._lowered_as, exchanging=exchanging)
+        ties = not forward_only and bool(plan.tie_sets) and plan.tie_sets == self.replicas.sets
+        if not forward_only:
+            self._tie_actions = ties
         p2p = P2P(plan.messages, self.topo.pipe, self.device, self.timeout, tags=dist.get_backend() == "gloo",
                   peers=self.topo.pipe_ranks, static=self._static, flight=self.flight)
         tp = self.tensor_parallel
@@ -408,6 +416,7 @@ class Pipeline:
                            complete=tp.complete if tp is not None and any(tp.partial.values()) and not forward_only
                            else None,
                            end=self._finish_eval if forward_only else self._finish_grads, flight=self.flight,
+                           tie=self.replicas.tie if ties else None,
                            overlap=None if forward_only else self._overlap, draws=self._draws)
 
     def _draws(self, mb: int):
@@ -422,7 +431,10 @@ class Pipeline:
         self._finish_eval()
         if self.dp is not None:
             self.dp.finish()
-        self.replicas.sync_grads()
+        if self._tie_actions:  # the program's TIE_GRADs sum the copies across ranks
+            self.replicas.sum_local()
+        else:
+            self.replicas.sync_grads()
 
     def _finish_eval(self) -> None:
         if self.sharded is not None:
@@ -503,13 +515,12 @@ class Pipeline:
         tl = None
         if timeline:
             gathered = [None] * dist.get_world_size() if self.topo.rank == 0 else None
-            mine = (marks[:-1], intervals(self.flight.comms, self._host0))
+            mine = (marks[:-1], named(intervals(self.flight.comms, self._host0), self.executor.plan.program))
             dist.gather_object(mine, gathered, dst=0)
             if self.topo.rank == 0:
                 per = gathered[:self.topo.p]  # replica 0
                 tl = measured_timeline(self.schedule, [m for m, _ in per],
-                                       [c for _, c in per] if self.flight is not NO_FLIGHT else None,
-                                       self.parallelism)
+                                       [c for _, c in per] if self.flight is not NO_FLIGHT else None)
         return StepResult(total=loss, seconds=marks[-1][1] - marks[-1][0], op_seconds=tuple(marks[:-1]),
                           timeline=tl)
 

@@ -10,7 +10,8 @@ that takes them (handed over in memory). FSDP (parallel/fsdp.py) gathers at UNSH
 gathers before its op's clock starts, reduces and frees at REDUCE_GRAD and RESHARD; data parallel (dp.py,
 ep.py) reduces at REDUCE_GRAD; tensor parallel sums a stage's partial gradients once its last backward ran.
 The step's end (the first TIE_GRAD or STEP_END, or the program's end) waits for the sends and hands over to
-the context's ``end`` (the reductions waited for, the copies summed).
+the context's ``end`` (the reductions waited for, the copies summed); where the context has a ``tie`` hook, each
+TIE_GRAD then all-reduces its rank set's copies (parallel/replicas.py), else ``end`` summed them all.
 
 A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its B or I;
 the meter (activation_memory.py) counts what each (stage, mb) holds. Inputs, outputs and what crosses a
@@ -23,6 +24,7 @@ outputs are sent after it, by the SENDs that follow it.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
@@ -59,6 +61,7 @@ class RankContext:
     reducers: tuple = ()  #: what reduces a stage at REDUCE_GRAD, in order (fsdp.Sharded, dp.DataParallel)
     complete: Callable | None = None  #: called with each stage once its weight gradients are complete (tp sums)
     end: Callable | None = None  #: the step's end, after the sends: the reductions waited for, the copies summed
+    tie: Callable | None = None  #: runs a TIE_GRAD (after the end): its set's copies summed; None: the end sums them
     flight: object = NO_FLIGHT  #: flight.Recorder: each op's start and end, kept for failure reports
     autocast: Callable | None = None  #: () -> context for forwards and the loss (mixed precision)
     forward_only: bool = False  #: evaluation: F's only, nothing kept for a backward, last-stage outputs kept
@@ -105,7 +108,7 @@ class Executor:
             self.completes.setdefault(k, []).append(s)
         self.handlers = {SEND_F: self._send, SEND_B: self._send, RECV_F: self._recv, RECV_B: self._recv,
                          UNSHARD: self._unshard, RESHARD: self._reshard, REDUCE_GRAD: self._reduce_grad,
-                         ALL_TO_ALL: self._all_to_all, TIE_GRAD: self._step_end, STEP_END: self._step_end}
+                         ALL_TO_ALL: self._all_to_all, TIE_GRAD: self._tie_grad, STEP_END: self._step_end}
 
     def step(self, inputs: list | None, targets: list | None) -> StepOutcome:
         """Run the program on micro-batches ``inputs[mb]`` / ``targets[mb]``; gradients accumulate in .grad.
@@ -116,7 +119,7 @@ class Executor:
         self.inputs, self.targets = inputs, targets
         out = self.outcome = StepOutcome()
         self.losses: list = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
-        self.mail: dict = {}  # route -> (True, its sender) once a RECV posted it, (False, the pytree) an op made
+        self.mail: dict = {}  # route -> (True, the RECV) once a RECV posted it, (False, the pytree) an op made
         self.ops, self.ended = 0, False
         if self.ctx.meter is not None:
             self.ctx.meter.start_step()
@@ -171,17 +174,24 @@ class Executor:
             raise RuntimeError(f"rank {self.rank}: {a} needs {route.describe()}, which no RECV or op before it "
                                "brought; the programs disagree")
         posted, value = got
-        return self.ctx.p2p.recv(route, value) if posted else self.ctx.p2p.hand_over(route, value)
+        if not posted:
+            return self.ctx.p2p.hand_over(route, value)
+        t0 = time.perf_counter()
+        tree = self.ctx.p2p.recv(route, value.peer)
+        self.ctx.flight.done(str(value), time.perf_counter() - t0)  # the RECV: issued at its post, done here
+        return tree
 
     def _send(self, c: CommAction) -> None:
         route = route_of(c)
-        self.ctx.p2p.send(route, self.mail.pop(route)[1], c.peer)
+        self.ctx.flight.issued(str(c))
+        self.ctx.p2p.send(route, self.mail.pop(route)[1], c.peer, str(c))
 
     def _recv(self, c: CommAction) -> None:
         """Posted here, waited for by the op that takes it (as torch's runtime does)."""
         route = route_of(c)
+        self.ctx.flight.issued(str(c))
         self.ctx.p2p.post(route, c.peer)
-        self.mail[route] = (True, c.peer)
+        self.mail[route] = (True, c)
 
     def _unshard(self, c: CommAction) -> None:
         if self.ctx.sharded is not None and c.group == "fsdp":  # ZeRO-1's over dp is the optimizer's broadcast
@@ -197,6 +207,12 @@ class Executor:
 
     def _all_to_all(self, c: CommAction) -> None:
         self.ctx.flight.comm(str(c))  # it ran inside the op before it (parallel/ep.py); named as lowered
+
+    def _tie_grad(self, c: CommAction) -> None:
+        """The step's end (once), then this tie's all-reduce where the context runs ties as actions."""
+        self._step_end(c)
+        if self.ctx.tie is not None:
+            self.ctx.tie(c)
 
     def _step_end(self, c: CommAction | None) -> None:
         """TIE_GRAD, STEP_END or the program's end: the step's end, once (the copies are summed together, and

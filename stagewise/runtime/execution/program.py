@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ...actions import actions_of
+from ...comm_actions import TIE_GRAD, CommAction
 from ...lowering.lower import lower as lower_comms
 from ...lowering.options import FRAMEWORKS, LoweringOptions, Overlap, Sizes
 from ...lowering.rules import stage_points
@@ -42,6 +43,7 @@ class RankPlan:
     stages: tuple[int, ...]  #: the stages this rank holds, ascending
     split: frozenset  #: (stage, mb) whose backward is split (I then W) on this rank
     last_backward: dict  #: stage -> index of the compute op after which its weight gradients are complete
+    tie_sets: frozenset = frozenset()  #: the pipeline ranks of each TIE_GRAD of every rank's program
 
     @property
     def split_stages(self) -> frozenset[int]:
@@ -58,18 +60,21 @@ class RankPlan:
 
 
 def lower(schedule: Schedule, rank: int, parallelism: Parallelism | None = None,
-          overlap: Overlap | None = None, exchanging: frozenset = frozenset()) -> RankPlan:
+          overlap: Overlap | None = None, exchanging: frozenset = frozenset(), tie: bool = False) -> RankPlan:
     """``rank``'s program of ``schedule`` lowered under ``parallelism`` (default: the pipeline alone) and
     ``overlap`` (default: stagewise's own rule); ``exchanging``: the stages whose F, B and I all-to-all over ep
-    (their ALL_TO_ALLs are in the program)."""
+    (their ALL_TO_ALLs are in the program); ``tie``: a weight tied across each lane's first and last stage
+    (its all-reduce is a TIE_GRAD of the program)."""
     par = replace(parallelism or Parallelism(), pp=schedule.ranks)  # the schedule's ranks are the pipeline
     a2a = [1.0 if s in exchanging else 0.0 for s in range(schedule.stages)]
     low = lower_comms(schedule, par, LoweringOptions(overlap=overlap or FRAMEWORKS["stagewise"],
-                                                     sizes=Sizes(a2a=a2a)))
+                                                     sizes=Sizes(a2a=a2a, tie=1.0 if tie else 0.0)))
     program = low.programs[rank]
     compute = schedule.programs[rank]
     return RankPlan(rank=rank, schedule=schedule, program=program,
                     messages=channels(program, schedule.stages, schedule.microbatches),
                     stages=tuple(schedule.stages_of_rank(rank)),
                     split=frozenset((a.stage, a.mb) for op in compute for a in actions_of(op) if a.kind == "I"),
-                    last_backward=stage_points(compute).last_backward)
+                    last_backward=stage_points(compute).last_backward,
+                    tie_sets=frozenset(frozenset((r, a.peer)) for r, prog in enumerate(low.programs)
+                                       for a in prog if type(a) is CommAction and a.kind == TIE_GRAD))

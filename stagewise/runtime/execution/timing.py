@@ -4,22 +4,21 @@ Each rank marks the start and end of every op (wall clock on CPU, CUDA events
 on GPU) relative to its own origin taken right after a step-start barrier, so
 ranks line up to within the barrier's release skew. Rank 0 gathers the marks
 into a ``Timeline(source="measured", unit="s")`` of the same schedule the
-simulator plays: the renderers and metrics read it unchanged. With a flight recorder each rank's collectives
-(gathers, reductions, the tied-weight sum, the step end) come along as its communication lane.
+simulator plays: the renderers and metrics read it unchanged. With a flight recorder each rank's sends,
+receives and collectives (gathers, reductions, the tied-weight sum, the step end), named as the lowered program
+the executor walked names them, come along as its communication lane: the simulated lowered timeline's lane,
+action for action.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from statistics import fmean
 from typing import Sequence
 
 from ...actions import Pair
 from ...costs import Costs
 from ...comm_actions import CommAction, parse_comm
-from ...lowering.lower import lower
-from ...parallelism import Parallelism
 from ...all_to_all import Comm
 from ...schedule import Schedule
 from ...simulate import simulate
@@ -65,19 +64,15 @@ class CudaClock:
 
 
 def measured_timeline(schedule: Schedule, per_rank: Sequence[Sequence[tuple[float, float]]],
-                      comms: Sequence[Sequence[tuple]] | None = None,
-                      parallelism: Parallelism | None = None) -> Timeline:
+                      comms: Sequence[Sequence[tuple]] | None = None) -> Timeline:
     """A Timeline from each rank's (start, end) seconds, aligned with its program; ``comms``: each rank's
-    collectives as (op, lowered name, start, end, seconds waited) (``flight.intervals``), drawn on its
+    transfers and collectives as (op, action, start, end, seconds waited) (``named``), drawn on its
     communication lane like a simulated lowered timeline's (issued to done: their time in flight; exposed: what
-    the rank waited for them), each the lowered program's action of that name under ``parallelism`` (its
-    group and op: what the pictures and explain say)."""
+    the rank waited for them)."""
     lanes = None
     if comms is not None:
-        lowered = lower(schedule, replace(parallelism, pp=schedule.ranks)) if parallelism is not None else None
         lanes = tuple(tuple(Comm(max(op, 0), a, start, end, exposed, a.kind)  # play.lanes: the op before it
-                            for op, a, start, end, exposed in _named(rank, lowered, r))
-                      for r, rank in enumerate(comms))
+                            for op, a, start, end, exposed in rank) for rank in comms)
         lanes = lanes if any(lanes) else None  # nothing communicated: no lanes, as simulated
     return Timeline(
         schedule=schedule,
@@ -89,19 +84,21 @@ def measured_timeline(schedule: Schedule, per_rank: Sequence[Sequence[tuple[floa
     )
 
 
-def _named(comms, lowered, rank: int):
-    """(op, CommAction, start, end, exposed): each name as the lowered program's action (in its order), or as
-    parsed where the lowering has none."""
+def named(comms, program) -> list[tuple]:
+    """``flight.intervals`` of one rank as (op, CommAction, start, end, exposed): each name as the action of the
+    rank's lowered ``program`` that the executor ran (in its order: its group and op, what the pictures and
+    explain say), or as parsed where the program has none (the step end's tied-weight sum)."""
     queue: dict[str, list] = {}
-    if lowered is not None:
-        for a in lowered.programs[rank]:
-            if type(a) is CommAction:
-                queue.setdefault(str(a), []).append(a)
+    for a in program:
+        if type(a) is CommAction:
+            queue.setdefault(str(a), []).append(a)
+    out = []
     for op, text, start, end, exposed in comms:
         same = queue.get(text)
         a = same.pop(0) if same else parse_comm(text)
         if a is not None:
-            yield op, a, start, end, exposed
+            out.append((op, a, start, end, exposed))
+    return out
 
 
 def mean_costs(timelines: Sequence[Timeline]) -> Costs:

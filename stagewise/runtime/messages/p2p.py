@@ -25,6 +25,7 @@ import builtins
 import io
 import pickle
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, is_dataclass
@@ -155,22 +156,32 @@ class P2P:
         self._check(route, spec, tuple(_meta(x) for x in leaves), "sends")
         return pytree.detached(tree)
 
-    def send(self, route: Route, tree, dst: int) -> None:
-        """Post ``tree`` (a tensor or a pytree of them) along ``route`` to pipeline rank ``dst``."""
+    def send(self, route: Route, tree, dst: int, name: str = "") -> None:
+        """Post ``tree`` (a tensor or a pytree of them) along ``route`` to pipeline rank ``dst``; ``name``: the
+        lowered SEND's (``0SEND_F1``), told to the flight recorder as done once its messages are seen complete."""
         leaves, spec = pytree.flatten(tree)
         metas = tuple(_meta(x) for x in leaves)
         self._check(route, spec, metas, "sends")
         self.flight.event(SEND, _brief(route, self.peers[dst]))
         tensors = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
+        works = []
         if self.learning and route in self.plan.headed:
             hdr, inline = _encode(spec, metas, tensors, route)
-            self._sends.append((dist.isend(hdr.to(self.device), self.peers[dst], tag=self._tag(route, True)), hdr))
+            works.append((dist.isend(hdr.to(self.device), self.peers[dst], tag=self._tag(route, True)), hdr))
             if inline:  # the data rode in the header
                 tensors = []
         for k, x in enumerate(tensors):
             x = x.detach().contiguous()
-            self._sends.append((dist.isend(x, self.peers[dst], tag=self._tag(route, leaf=k)), x))
-        self._sends = [s for s in self._sends if not s[0].is_completed()]
+            works.append((dist.isend(x, self.peers[dst], tag=self._tag(route, leaf=k)), x))
+        self._sends.append((name, works))
+        pending = []
+        for sent in self._sends:
+            if all(w.is_completed() for w, _ in sent[1]):
+                if sent[0]:
+                    self.flight.done(sent[0], 0.0)
+            else:
+                pending.append(sent)
+        self._sends = pending
 
     def post(self, route: Route, src: int) -> None:
         """A RECV: post the receive of ``route`` from pipeline rank ``src`` (and of every earlier message of
@@ -215,8 +226,12 @@ class P2P:
     def finish_step(self) -> None:
         """Wait for this step's sends; the next step reuses the learned shapes (static) or learns them anew."""
         self.flight.event(FLUSH, f"{len(self._sends)} sends in flight")
-        for work, _ in self._sends:
-            work.wait(self.timeout)
+        for name, works in self._sends:
+            t0 = time.perf_counter()
+            for work, _ in works:
+                work.wait(self.timeout)
+            if name:
+                self.flight.done(name, time.perf_counter() - t0)
         self._sends, self._pos = [], defaultdict(int)
         if self._posted:
             left = next(iter(self._posted))

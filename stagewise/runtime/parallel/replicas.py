@@ -77,27 +77,58 @@ class Replicas:
                     for p in copies:
                         p.copy_(value)
 
+    @property
+    def sets(self) -> frozenset:
+        """Every set of pipeline ranks that holds copies of one logical parameter (of every rank, not only this)."""
+        return frozenset(frozenset(rep.ranks) for rep in self.lay.replicas if len(rep.ranks) > 1)
+
+    def ties_lane_ends(self, lanes) -> bool:
+        """Some parameter has copies on a lane's first and last stage (a tied embedding and head): the
+        lowering's tie rule (``Sizes.tie``)."""
+        return any({lane.stage_lo, lane.stage_hi - 1} <= {h.stage for h in rep.holders}
+                   for rep in self.lay.replicas for lane in lanes)
+
     def sync_grads(self) -> None:
         """Every copy's gradient becomes the sum over all copies (local sum, then within its rank set). Sharded
         copies (FSDP, tensor parallel) are summed shard by shard: the copies of one logical parameter are
         sharded alike (the same coordinates of the grid on every rank of its set)."""
-        sums: dict[tuple, list] = {}
+        self.sum_local()
+        for ranks in list(self._sums):
+            self._tie(ranks, f"{self.tie_stage[ranks]}TIE_GRAD")
+
+    def sum_local(self) -> None:
+        """The step's end before the ties: each rank set's copies here summed; a set of this rank alone is done,
+        the others wait for their ``tie`` (a TIE_GRAD of the program)."""
+        self._sums: dict[tuple, list] = {}
         for ranks, copies in self.local:
             total = sum(_grad(p) for p in copies)
-            sums.setdefault(ranks, []).append((copies, total))
-        for ranks, items in sums.items():
-            if len(ranks) > 1:
-                self.flight.comm(f"{self.tie_stage[ranks]}TIE_GRAD")
-                t0 = time.perf_counter()
-                shards = [local(t) for _, t in items]
-                flat = _flatten_dense_tensors(shards)
-                dist.all_reduce(flat, group=self.groups[ranks])
-                self.flight.done(f"{self.tie_stage[ranks]}TIE_GRAD", time.perf_counter() - t0)
-                for t, g in zip(shards, _unflatten_dense_tensors(flat, shards)):
-                    t.copy_(g)
-            for copies, total in items:
-                for p in copies:
-                    p.grad = total.clone()
+            self._sums.setdefault(ranks, []).append((copies, total))
+        for ranks in [r for r in self._sums if len(r) == 1]:
+            self._assign(self._sums.pop(ranks))
+
+    def tie(self, action) -> None:
+        """A TIE_GRAD of the lowered program (comm_actions.CommAction): the sums of the set of this rank and its
+        ``peer`` all-reduced over that set (after ``sum_local``)."""
+        ranks = next(r for r in self._sums if set(r) == {self.rank, action.peer})
+        self._tie(ranks, str(action))
+
+    def _tie(self, ranks: tuple, name: str) -> None:
+        items = self._sums.pop(ranks)
+        self.flight.comm(name)
+        t0 = time.perf_counter()
+        shards = [local(t) for _, t in items]
+        flat = _flatten_dense_tensors(shards)
+        dist.all_reduce(flat, group=self.groups[ranks])
+        self.flight.done(name, time.perf_counter() - t0)
+        for t, g in zip(shards, _unflatten_dense_tensors(flat, shards)):
+            t.copy_(g)
+        self._assign(items)
+
+    @staticmethod
+    def _assign(items: list) -> None:
+        for copies, total in items:
+            for p in copies:
+                p.grad = total.clone()
 
     def clip(self, params: list[torch.Tensor], max_norm: float, sharded=None) -> float:
         """Scale all gradients so the global norm (each logical parameter once) is at most ``max_norm``.

@@ -88,6 +88,11 @@ class Recorder:
     def comm(self, text: str) -> None:
         """A collective issued: its lowered name (``1REDUCE_GRAD``), in the order the rank issues them."""
         self.event(COMM, text)
+        self.issued(text)
+
+    def issued(self, text: str) -> None:
+        """A send or receive issued under its lowered name (``1SEND_F0``): on the measured trace's lanes, not in
+        the ring (which has the message's own SEND and POST events)."""
         self.comms.append((time.perf_counter(), text, None, self.op_no))
 
     def done(self, text: str, waited: float) -> None:
@@ -123,6 +128,9 @@ class _Null:
     comms = ()
 
     def comm(self, text: str) -> None:
+        pass
+
+    def issued(self, text: str) -> None:
         pass
 
     def done(self, text: str, waited: float) -> None:
