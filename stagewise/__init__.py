@@ -1,7 +1,7 @@
 """stagewise: pipeline-parallel schedules you can generate, simulate, draw, plan and run.
 
 The core is this package's own modules (actions, schedule, validate, engine, simulate, timeline, costs,
-explain, limits, layout, parallelism, ...): the schedule IR and everything that needs no torch. The
+explain, limits, split, parallelism, ...): the schedule IR and everything that needs no torch. The
 runtime's public API (``Pipeline``, ``Layers``, ``StepResult``, ``launch``, the MoE block ``MoE`` and its
 helpers ``moe``, ``StopNotice`` and ``Preempted``: a save on SIGTERM; docs/api.md) is re-exported here and
 loads torch only when first used.
