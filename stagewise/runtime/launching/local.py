@@ -62,6 +62,9 @@ def launch(fn: Callable[..., Any], ranks: int, *args, timeout: float = 30.0, thr
         results = launcher.spawn(job, ranks, _rank_main, timeout=timeout)
     except launcher.RankInputError as e:  # a rank's bad input reads as in one process: no launcher frames
         raise e.with_traceback(None) from None
+    # rank 0's return value of the caller's own ``fn``, pickled by a process this call started and handed over
+    # its in-memory queue (which pickles every message anyway): never bytes read from a file, and of whatever
+    # type ``fn`` returns, so no list of admitted types applies
     return pickle.loads(results[0]["value"])
 
 
