@@ -21,11 +21,19 @@ KINDS = (F, B, I, W)
 #: kinds that produce the input gradient of their stage
 GRAD_KINDS = (B, I)
 
-KIND_NAMES = {F: "forward", B: "backward", I: "input-grad backward", W: "weight-grad backward"}
+#: memory actions (PipeOffload, Mario): move a (stage, micro-batch)'s saved activations to host memory over the
+#: host link and back before its backward, or redo its forward where the program places it (its F then keeps
+#: only its input); text ``0OFFLOAD3``, ``0RELOAD3``, ``0RECOMPUTE3`` as torch writes its named actions
+OFFLOAD, RELOAD, RECOMPUTE = "OFFLOAD", "RELOAD", "RECOMPUTE"
+MEMORY_KINDS = (OFFLOAD, RELOAD, RECOMPUTE)
+
+KIND_NAMES = {F: "forward", B: "backward", I: "input-grad backward", W: "weight-grad backward",
+              OFFLOAD: "offload", RELOAD: "reload", RECOMPUTE: "recompute"}
 
 
 class Action(namedtuple("Action", ("kind", "stage", "mb"))):
-    """One compute action: ``kind`` (str: F, B, I or W) of micro-batch ``mb`` (int) on ``stage`` (int)."""
+    """One action of micro-batch ``mb`` (int) on ``stage`` (int): ``kind`` is compute (F, B, I, W) or memory
+    (``MEMORY_KINDS``)."""
 
     __slots__ = ()
 
@@ -63,7 +71,7 @@ class Pair(namedtuple("Pair", ("forward", "backward"))):
 
 Op = Action | Pair
 
-_ACTION_RE = re.compile(r"([0-9]+)([FBIW])([0-9]+)")  # ASCII digits: \d takes "１" (fullwidth) too
+_ACTION_RE = re.compile(r"([0-9]+)(OFFLOAD|RELOAD|RECOMPUTE|[FBIW])([0-9]+)")  # ASCII digits: \d takes "１" (fullwidth) too
 _PAIR_RE = re.compile(r"\(([0-9]+F[0-9]+);([0-9]+[BI][0-9]+)\)OVERLAP_F_B")
 
 
@@ -82,7 +90,7 @@ def parse(text: str) -> Op:
         return Pair(parse(m[1]), parse(m[2]))  # type: ignore[arg-type]
     raise ParseError(
         f"not an action: {text!r} (expected STAGE KIND MB such as '2F0', kind one of "
-        "F, B, I, W, or '(0F7;7B3)OVERLAP_F_B')"
+        "F, B, I, W, OFFLOAD, RELOAD, RECOMPUTE, or '(0F7;7B3)OVERLAP_F_B')"
     )
 
 

@@ -47,6 +47,9 @@ class Schedule:
     placement: tuple[int, ...]
     microbatches: int
     lanes: tuple[Lane, ...] = ()
+    #: sequence slices per micro-batch (Seq1F1B): ``microbatches`` counts pipeline units, ``mb`` of an action is
+    #: a unit ``u`` of micro-batch ``u // slices``, slice ``u % slices`` (``stagewise.slices``)
+    slices: int = 1
     #: stages of one model copy (S in the papers); equals len(placement) except for DualPipe
     params: dict = field(default_factory=dict, compare=False)
 
@@ -134,7 +137,8 @@ class Schedule:
         """
         progs = tuple(tuple(a for op in prog for a in actions_of(op) if a.kind == "F") for prog in self.programs)
         return Schedule(name=f"{self.name} (forward only)", programs=progs, placement=self.placement,
-                        microbatches=self.microbatches, lanes=self.lanes, params=dict(self.params))
+                        microbatches=self.microbatches, lanes=self.lanes, slices=self.slices,
+                        params=dict(self.params))
 
     def _repr_html_(self) -> str:  # Jupyter: simulated at the seed costs (stagewise.display)
         return display.draw(self, "html")
@@ -173,7 +177,7 @@ def infer_placement(programs: tuple[tuple[Op, ...], ...]) -> tuple[int, ...]:
     return tuple(seen[s][0] for s in range(stages))
 
 
-def make(name: str, programs, placement, microbatches: int, lanes=(), **params) -> Schedule:
+def make(name: str, programs, placement, microbatches: int, lanes=(), slices: int = 1, **params) -> Schedule:
     """Build a Schedule from lists (generators' convenience)."""
     return Schedule(
         name=name,
@@ -181,6 +185,7 @@ def make(name: str, programs, placement, microbatches: int, lanes=(), **params) 
         placement=tuple(placement),
         microbatches=microbatches,
         lanes=tuple(lanes),
+        slices=slices,
         params=params,
     )
 
