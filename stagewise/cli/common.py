@@ -202,7 +202,3 @@ def print_json(obj) -> None:
     from ..jsonout import dumps
 
     sys.stdout.write(dumps(obj, indent=2) + "\n")
-
-
-def fmt_list(xs, digits: int = 3) -> str:
-    return "[" + ", ".join(f"{x:.{digits}g}" for x in xs) + "]"

@@ -85,10 +85,6 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def compare_results(args) -> list[dict]:
-    return [res for res, _ in compare_entries(args)]
-
-
 def compare_entries(args) -> list[tuple[dict, Timeline]]:
     """(result, timeline) of each family in --schedules (default: all that accept p, m)."""
     from ..compare import compare

@@ -208,10 +208,6 @@ def _nbytes(t: torch.Tensor) -> float:
     return float(t.numel() * t.element_size())
 
 
-def _param_bytes(layer: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in layer.parameters())
-
-
 def _device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)

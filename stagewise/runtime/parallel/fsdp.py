@@ -37,8 +37,6 @@ from __future__ import annotations
 import time
 import warnings
 
-from torch import nn
-
 from ..resilience.flight import NO_FLIGHT
 
 
@@ -141,10 +139,3 @@ class Sharded:
             for group in unit._fsdp_param_groups:
                 group.post_backward()
         state._root_post_backward_final_callback()
-
-
-def sharded_modules(module: nn.Module) -> list:
-    """The FSDP units inside ``module`` (empty when it is not sharded)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return [m for m in module.modules() if isinstance(m, FSDPModule)]

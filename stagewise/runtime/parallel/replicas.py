@@ -168,12 +168,5 @@ class Replicas:
         return math.prod(self.topo.size(d) for d in self.topo.dims if d != "pp" and d not in split)
 
 
-def all_sum(value: float, device) -> float:
-    """Sum a number over all ranks (the loss lives on last stages; every rank reports it)."""
-    t = torch.tensor(value, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t)
-
-
 def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
