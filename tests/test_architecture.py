@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,7 @@ def _face_names(path: Path | None) -> set[str]:
     return set()
 
 
+@functools.cache  # the files do not change during a run; parsed once, not once per package
 def _graph() -> dict[str, set[str]]:
     known = _modules()
     return {m: _imports(m, p, known) for m, p in known.items()}
