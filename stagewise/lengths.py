@@ -25,7 +25,6 @@ or balanced (longest, shortest, second longest, ... so no stretch of the step ho
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +48,8 @@ def parse(text: str, option: str = "`lengths`") -> tuple[int, ...]:
     """Lengths from text: one whole number per line (blank lines and ``#`` comments skipped) or a JSON list."""
     body = text.strip()
     if body.startswith("["):
+        import json  # only for a JSON list: `stagewise simulate`'s start-up loads no json
+
         try:
             values = json.loads(body)
         except ValueError as e:

@@ -111,7 +111,8 @@ def add_shape_args(p: argparse.ArgumentParser, *,
     p.add_argument("-v", "--chunks", type=positive_int, default=None, help=chunks)
 
 
-def add_cost_args(p: argparse.ArgumentParser) -> None:
+def add_cost_args(p: argparse.ArgumentParser, *, all_orders: bool = False) -> None:
+    """The cost options every costed command shares (``all_orders``: --order also takes ``all``, compare's)."""
     g = p.add_argument_group("costs (per action: one stage, one micro-batch; a comma list gives one value per stage)")
     g.add_argument("--tf", type=per_stage_value, default=1.0, help="forward time, default 1")
     g.add_argument("--tb", type=per_stage_value, default=2.0, help="full backward time, default 2")
@@ -133,15 +134,17 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     from .memory import add_memory_args
     from .expert_options import add_a2a_args
 
-    add_length_args(p)
+    add_length_args(p, all_orders=all_orders)
     add_memory_args(p)
     add_a2a_args(p)
     add_comm_args(p)
 
 
-def add_length_args(p: argparse.ArgumentParser, *, orders: tuple[str, ...] | None = None) -> None:
+def add_length_args(p: argparse.ArgumentParser, *, all_orders: bool = False) -> None:
     """--lengths FILE, --attention-share, --reference-length, --order: micro-batches of different lengths."""
     from ..lengths import ORDERS
+
+    orders = ORDERS + ("all",) if all_orders else ORDERS
 
     g = p.add_argument_group("variable micro-batches (docs/variable-lengths.md)")
     g.add_argument("--lengths", metavar="FILE", default=None,
@@ -153,9 +156,9 @@ def add_length_args(p: argparse.ArgumentParser, *, orders: tuple[str, ...] | Non
                         "length; time factor (1-A) r + A r^2 with r = length / reference; default 0")
     g.add_argument("--reference-length", type=finite_float, default=None, metavar="TOKENS",
                    help="the length the per-action times describe; default the mean of --lengths")
-    g.add_argument("--order", choices=orders or ORDERS, default="as-given",
-                   help="which micro-batch enters the pipeline first: " + ", ".join(orders or ORDERS) +
-                        "; default as-given")
+    g.add_argument("--order", choices=orders, default="as-given",
+                   help="which micro-batch enters the pipeline first: " + ", ".join(ORDERS) +
+                        ("; all: one row per order" if all_orders else "") + "; default as-given")
 
 
 def lengths_from(args: argparse.Namespace) -> tuple[int, ...] | None:
