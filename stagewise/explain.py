@@ -11,6 +11,9 @@ free. Where the chain ends names the first cause:
 - **fill**: at the step's first action: the first micro-batch has not got here yet;
 - **link**: the waited-for result was ready in time and the gap is the message in flight,
   or more than half of the gap goes when the timeline is simulated again with free links;
+- **long micro-batch**: micro-batches of different lengths (``Costs.mb_time``): the op keeping the chain's
+  last rank busy, or one on the chain, is of a micro-batch that takes longer than the step's median one by
+  ``SLOW`` ("rank 2 was busy with 2F6 (micro-batch 6 takes x4.1 the median micro-batch's time)");
 - **slow stage**: an op on the chain, or the one keeping the chain's last rank busy, is of a
   stage slower than the fastest stage for that kind of op;
 - **drain**: the waiting rank has no forward left to fill the wait (its cooldown),
@@ -43,7 +46,7 @@ from .schedule import Schedule
 from .timeline import Timeline
 from .validate import check_structure, describe_deadlock, wait_cycle
 
-CAUSES = ("fill", "drain", "slow stage", "link", "order", "collective")
+CAUSES = ("fill", "drain", "slow stage", "link", "order", "collective", "long micro-batch")
 #: a stage is slow when its ops of one kind take this much longer than the fastest stage's (median)
 SLOW = 1.05
 #: longest chain followed (a chain of waits visits each op at most once, so this only bounds odd inputs)
@@ -183,6 +186,7 @@ class _Waits:
         self._step: dict[At, Step | None] = {}
         self._tails: dict[At, tuple[At, At | None]] = {}  #: op -> (origin, first slow op from it on)
         self.slow, self.last_forward = _per_stage(tl)
+        self.long = _long_microbatches(tl)
 
     def start(self, at: At) -> float:
         return self.tl.starts[at.rank][at.pos]
@@ -394,6 +398,14 @@ def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: 
     if link > length / 2:
         return _Why("link", blocker, f"free links would remove {_n(link)} of this wait (messages in flight "
                     "along the chain)")
+    if w.long:
+        held = _long_on_chain(w, at, blocker)
+        if held is not None:
+            where, mb, factor = held
+            busy = (f"rank {blocker.rank} was busy with {w.op(blocker)}" if where == blocker else
+                    f"{w.op(where)} on rank {where.rank} lies on the chain")
+            return _Why("long micro-batch", blocker, f"{busy} (micro-batch {mb} takes x{factor:.3g} the median "
+                        "micro-batch's time)" + _linked(link, w))
     late = w.slowest(at)
     kind, stage = _kind_stage(w.op(blocker))
     if (kind, stage) in slow:
@@ -410,6 +422,35 @@ def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: 
                     f"with {w.op(blocker)}" + _linked(link, w))
     return _Why("order", blocker, f"rank {blocker.rank} was busy with {w.op(blocker)}, which its program runs "
                 "first" + _linked(link, w))
+
+
+def _long_microbatches(tl: Timeline) -> dict[int, float]:
+    """Micro-batch -> its time over the median micro-batch's, for those longer than it by ``SLOW`` (from the
+    costs' ``mb_time``; empty when micro-batches are alike or the costs unknown)."""
+    costs = tl.meta.get("costs")
+    factors = getattr(costs, "mb_time", None)
+    if not factors or len(factors) != tl.schedule.microbatches:
+        return {}
+    mid = statistics.median(factors)
+    return {mb: f / mid for mb, f in enumerate(factors) if mid > 0 and f > mid * SLOW}
+
+
+def _long_on_chain(w: _Waits, at: At, blocker: At) -> tuple[At, int, float] | None:
+    """(where, micro-batch, its factor) of the longest micro-batch the gap waits on: the one keeping the chain's
+    last rank busy first, else the longest op of a long micro-batch on the chain."""
+    def longest(where: At):
+        got = [(w.long[a.mb], a.mb) for a in actions_of(w.op(where)) if a.mb in w.long]
+        return max(got) if got else None
+
+    top = longest(blocker)
+    if top is not None:
+        return blocker, top[1], top[0]
+    best = None
+    for step in w.chain(at):
+        got = longest(step.waits_for)
+        if got is not None and (best is None or got[0] > best[2]):
+            best = (step.waits_for, got[1], got[0])
+    return best
 
 
 def _linked(link: float, w: _Waits) -> str:

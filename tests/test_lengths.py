@@ -164,3 +164,30 @@ def test_cli_simulate_and_compare_orders(capsys, tmp_path):
     rc, out, err = run(capsys, "compare", "--schedules", "1f1b", "-p", "4", "-m", "8", "--lengths", str(f),
                        "--order", "all")
     assert rc == 0 and "longest-first" in out and "order" in out.splitlines()[0], (out, err)
+
+
+def test_explain_and_pictures_show_a_long_micro_batch(capsys, tmp_path):
+    """explain names the long micro-batch that holds a stage; a picture's cells are as wide as their times."""
+    f = tmp_path / "lengths.txt"
+    f.write_text("\n".join(map(str, [512, 4096, 1024, 1024, 2048, 512, 8192, 1024])))
+    rc, out, err = run(capsys, "explain", "1f1b", "-p", "4", "-m", "8", "--lengths", str(f), "--attention-share",
+                       "0.3", "--json")
+    assert rc == 0, err
+    got = json.loads(out)
+    assert got["idle_by_cause"]["long micro-batch"] > got["idle_by_cause"]["fill"]
+    held = [g for g in got["gaps"] if g["cause"] == "long micro-batch"]
+    assert any("micro-batch 6 takes x" in g["text"] and "a long micro-batch holds a stage up" in g["plain"]
+               for g in held)
+    rc, out, err = run(capsys, "draw", "1f1b", "-p", "4", "-m", "8", "--lengths", str(f), "-o",
+                       str(tmp_path / "step.png"))
+    assert rc == 0 and (tmp_path / "step.png").stat().st_size > 0, err
+    import re
+
+    from stagewise.render.svg import timeline_svg
+
+    text = timeline_svg(simulate(generate("1f1b", 4, 8), lengths.apply(Costs(), lengths.read(f), microbatches=8)))
+    assert "micro-batch times x" in text
+    widths = {}  # the F cells of rank 0 by micro-batch, from their tooltips' times
+    for mb, a, b in re.findall(r"0F(\d) stage 0 mb \d ([0-9.e-]+)\.\.([0-9.e-]+)", text):
+        widths[int(mb)] = float(b) - float(a)
+    assert widths[6] == pytest.approx(16 * widths[0], rel=1e-4) and widths[1] == pytest.approx(4 * widths[2], rel=1e-4)
