@@ -191,3 +191,21 @@ def test_explain_and_pictures_show_a_long_micro_batch(capsys, tmp_path):
     for mb, a, b in re.findall(r"0F(\d) stage 0 mb \d ([0-9.e-]+)\.\.([0-9.e-]+)", text):
         widths[int(mb)] = float(b) - float(a)
     assert widths[6] == pytest.approx(16 * widths[0], rel=1e-4) and widths[1] == pytest.approx(4 * widths[2], rel=1e-4)
+
+
+def test_workshop_takes_lengths_an_attention_share_and_an_order():
+    from stagewise.workshop import api
+
+    s = api.parse_settings({"schedules": "1f1b", "per": "stage", "lengths": "512,4096,1024,1024,2048,512,8192,1024",
+                            "attention_share": "0.3", "order": "longest-first"})
+    assert s.to_query()["lengths"] == "512,4096,1024,1024,2048,512,8192,1024"
+    (res,) = api.payload(s)["results"]
+    cli = metrics(simulate(generate("1f1b", 4, 8), lengths.apply(
+        Costs(), s.lengths, microbatches=8, attention_share=0.3, order="longest-first"))).makespan
+    assert res["makespan"] == pytest.approx(cli)
+    with pytest.raises(api.SettingError) as e:
+        api.payload(api.parse_settings({"lengths": "512,1024"}))
+    assert e.value.field == "lengths" and "--lengths has 2 lengths" in str(e.value)
+    with pytest.raises(api.SettingError) as e:
+        api.parse_settings({"order": "random"})
+    assert e.value.field == "order"
