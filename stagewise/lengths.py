@@ -136,6 +136,53 @@ def apply(costs: Costs, lengths: Sequence[int], *, microbatches: int | None = No
     return replace(costs, mb_time=_units(f.time, slices), mb_activation=_units(f.tokens, slices))
 
 
+@dataclass(frozen=True)
+class Distribution:
+    """A length distribution to plan for (``stagewise plan --lengths``): sample lengths as the data gives them.
+
+    A step of ``m`` micro-batches of ``size`` samples takes ``m * size`` of its lengths at evenly spaced
+    quantiles (every part of the distribution, long tail included, in its share), in one fixed shuffled order
+    (``seed``: as a data loader deals them, the same for every configuration compared); a micro-batch costs
+    the mean of its samples' factors (``factors``, at ``reference``: default the distribution's mean, the
+    length the profile's times describe)."""
+
+    lengths: tuple[int, ...]
+    attention_share: float = 0.0
+    reference: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        factors(self.lengths[:1] or (1,), self.attention_share, self.reference)  # the same checks, said once
+
+    @property
+    def mean(self) -> float:
+        return sum(self.lengths) / len(self.lengths)
+
+    def microbatches(self, m: int, size: int = 1) -> tuple[tuple[int, ...], ...]:
+        """``m`` micro-batches of ``size`` sample lengths each, drawn as the class says."""
+        import random
+
+        xs, count = sorted(self.lengths), m * size
+        picks = [xs[min(len(xs) - 1, int((k + 0.5) * len(xs) / count))] for k in range(count)]
+        random.Random(self.seed).shuffle(picks)
+        return tuple(tuple(picks[i * size:(i + 1) * size]) for i in range(m))
+
+    def factors(self, m: int, size: int = 1) -> Factors:
+        """Per micro-batch of ``microbatches(m, size)``, the mean of its samples' time and token factors."""
+        ref = self.mean if self.reference is None else self.reference
+        out = [factors(g, self.attention_share, ref) for g in self.microbatches(m, size)]
+        return Factors(time=tuple(sum(f.time) / size for f in out), tokens=tuple(sum(f.tokens) / size for f in out))
+
+    def apply(self, costs: Costs, m: int, size: int = 1, slices: int = 1) -> Costs:
+        """``costs`` (of one micro-batch of ``size`` samples at the reference length) for a step of ``m``."""
+        f = self.factors(m, size)
+        return replace(costs, mb_time=_units(f.time, slices), mb_activation=_units(f.tokens, slices))
+
+    def to_dict(self) -> dict:
+        return {"samples": len(self.lengths), "min": min(self.lengths), "max": max(self.lengths), "mean": self.mean,
+                "attention_share": self.attention_share, "reference_length": self.reference or self.mean}
+
+
 def _units(values: tuple[float, ...], slices: int) -> tuple[float, ...]:
     return values if slices == 1 else tuple(x for x in values for _ in range(slices))
 

@@ -209,3 +209,47 @@ def test_workshop_takes_lengths_an_attention_share_and_an_order():
     with pytest.raises(api.SettingError) as e:
         api.parse_settings({"order": "random"})
     assert e.value.field == "order"
+
+
+def test_plan_a_length_distribution(capsys, tmp_path):
+    """`plan --lengths`: each configuration's step is simulated over its own micro-batches of the distribution
+    (the chosen layout's makespan is its schedule's over those micro-batches), with the long tail in its share."""
+    from plan_fixtures import gpt_profile
+    from stagewise.plan.search import Profile
+
+    prof = tmp_path / "profile.json"
+    gpt_profile().save(prof)
+    f = tmp_path / "lengths.txt"
+    dist = [256] * 12 + [512] * 6 + [1024, 4096]  # a long tail
+    f.write_text("\n".join(map(str, dist)))
+    base = ("plan", "--profile", str(prof), "-N", "2", "-G", "8", "--schedules", "1f1b,gpipe", "-o",
+            str(tmp_path / "plan.csv"), "--json")
+    rc, out, err = run(capsys, *base)
+    assert rc == 0, err
+    alike = json.loads(out)
+    rc, out, err = run(capsys, *base, "--lengths", str(f), "--attention-share", "0.3", "--reference-length", "256")
+    assert rc == 0, err
+    got = json.loads(out)
+    assert got["lengths"]["samples"] == 20 and got["lengths"]["reference_length"] == 256
+    best = got["best"]
+    # the winner's step, replayed: its schedule over its micro-batches of the distribution
+    from stagewise.plan.search import Cluster
+    from stagewise.plan.search.profile_costs import stage_costs
+    from stagewise.plan.search.holding import holding
+
+    d = lengths.Distribution(tuple(dist), 0.3, 256.0)
+    c = best
+    sched = generate(c["family"], c["p"], c["m"], c["v"] if FAMILIES[c["family"]].chunks else None)
+    loaded = Profile.load(prof)
+    cl = Cluster(devices=2, per_node=2, memory=None, intra=loaded.link, inter=loaded.link, state_factor=4.0)
+    costs = stage_costs(loaded, tuple(c["counts"]), holding(sched), c["micro_batch_size"], c["recompute"], cl,
+                        c["p"], c["dp"])
+    assert metrics(simulate(sched, d.apply(costs, c["m"], c["micro_batch_size"]))).makespan == \
+        pytest.approx(best["makespan"])
+    # longer samples than the profile's reference: every configuration's step is longer than with alike ones
+    assert best["step_time"] > alike["best"]["step_time"]
+    drawn = d.microbatches(4, 5)
+    assert sorted(x for g in drawn for x in g) == sorted(dist)  # 20 draws of 20: the distribution itself
+    assert "--lengths plans a length distribution from a --profile" in fails(
+        capsys, "plan", "--model", "x.json", "--lengths", str(f))
+    assert "--auto runs or searches micro-batches alike" in fails(capsys, *base, "--lengths", str(f), "--auto")

@@ -111,8 +111,9 @@ def add_shape_args(p: argparse.ArgumentParser, *,
     p.add_argument("-v", "--chunks", type=positive_int, default=None, help=chunks)
 
 
-def add_cost_args(p: argparse.ArgumentParser, *, all_orders: bool = False) -> None:
-    """The cost options every costed command shares (``all_orders``: --order also takes ``all``, compare's)."""
+def add_cost_args(p: argparse.ArgumentParser, *, all_orders: bool = False, lengths: bool = True) -> None:
+    """The cost options every costed command shares (``all_orders``: --order also takes ``all``, compare's;
+    ``lengths`` False: no --lengths, for a command whose search takes micro-batches alike)."""
     g = p.add_argument_group("costs (per action: one stage, one micro-batch; a comma list gives one value per stage)")
     g.add_argument("--tf", type=per_stage_value, default=1.0, help="forward time, default 1")
     g.add_argument("--tb", type=per_stage_value, default=2.0, help="full backward time, default 2")
@@ -134,7 +135,8 @@ def add_cost_args(p: argparse.ArgumentParser, *, all_orders: bool = False) -> No
     from .memory import add_memory_args
     from .expert_options import add_a2a_args
 
-    add_length_args(p, all_orders=all_orders)
+    if lengths:
+        add_length_args(p, all_orders=all_orders)
     add_memory_args(p)
     add_a2a_args(p)
     add_comm_args(p)
