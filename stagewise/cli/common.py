@@ -142,22 +142,27 @@ def add_cost_args(p: argparse.ArgumentParser, *, all_orders: bool = False, lengt
     add_comm_args(p)
 
 
-def add_length_args(p: argparse.ArgumentParser, *, all_orders: bool = False) -> None:
-    """--lengths FILE, --attention-share, --reference-length, --order: micro-batches of different lengths."""
+def add_length_args(p: argparse.ArgumentParser, *, all_orders: bool = False, distribution: bool = False) -> None:
+    """--lengths FILE, --attention-share, --reference-length, --order: micro-batches of different lengths
+    (``distribution``: `plan`'s, sample lengths to draw each configuration's micro-batches from; no --order)."""
     from ..lengths import ORDERS
 
     orders = ORDERS + ("all",) if all_orders else ORDERS
-
-    g = p.add_argument_group("variable micro-batches (docs/variable-lengths.md)")
-    g.add_argument("--lengths", metavar="FILE", default=None,
-                   help="tokens of each micro-batch of the step, one whole number a line or a JSON list (as many as "
-                        "-m): each costs its length's share of --tf, --tb, ... (at the reference length) and of "
-                        "the activations and bytes")
+    g = p.add_argument_group("a length distribution (from a profile; docs/variable-lengths.md)" if distribution
+                             else "variable micro-batches (docs/variable-lengths.md)")
+    g.add_argument("--lengths", metavar="FILE", default=None, help=(
+        "sample lengths (tokens) as the data gives them, one a line or a JSON list: each configuration's step is "
+        "simulated over its micro-batches drawn from them") if distribution else (
+        "tokens of each micro-batch of the step, one whole number a line or a JSON list (as many as -m): each "
+        "costs its length's share of --tf, --tb, ... (at the reference length) and of the activations and bytes"))
     g.add_argument("--attention-share", type=finite_float, default=0.0, metavar="A",
-                   help="share (0 <= A < 1) of a reference micro-batch's compute that is attention, quadratic in "
+                   help="share (0 <= A < 1) of compute at the reference length that is attention, quadratic in "
                         "length; time factor (1-A) r + A r^2 with r = length / reference; default 0")
     g.add_argument("--reference-length", type=finite_float, default=None, metavar="TOKENS",
-                   help="the length the per-action times describe; default the mean of --lengths")
+                   help=("the length the profile was measured at" if distribution else
+                         "the length the per-action times describe") + "; default the mean of --lengths")
+    if distribution:
+        return
     g.add_argument("--order", choices=orders, default="as-given",
                    help="which micro-batch enters the pipeline first: " + ", ".join(ORDERS) +
                         ("; all: one row per order" if all_orders else "") + "; default as-given")

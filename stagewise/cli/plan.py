@@ -10,7 +10,7 @@ import math
 import time
 
 from .. import limits
-from .common import UsageError, family_names, finite_float, positive_int, print_json, whole_int
+from .common import UsageError, add_length_args, family_names, finite_float, positive_int, print_json, whole_int
 from .planning import Destinations, ProgressBar, csv_round_trips, destinations, said_default, whole_numbers
 
 
@@ -77,15 +77,7 @@ def register(sub) -> None:
     p.add_argument("--rounds", type=positive_int, default=2,
                    help="verified runs alternate in this many rounds, default 2")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (with --model: as -o plan.json writes it)")
-    g = p.add_argument_group("a length distribution (from a profile; docs/variable-lengths.md)")
-    g.add_argument("--lengths", metavar="FILE", default=None,
-                   help="sample lengths (tokens) as the data gives them, one a line or a JSON list: each "
-                        "configuration's step is simulated over its micro-batches drawn from them")
-    g.add_argument("--attention-share", type=finite_float, default=0.0, metavar="A",
-                   help="share (0 <= A < 1) of a sample's compute at the reference length that is quadratic in "
-                        "length; default 0")
-    g.add_argument("--reference-length", type=finite_float, default=None, metavar="TOKENS",
-                   help="the length the profile was measured at; default the mean of --lengths")
+    add_length_args(p, distribution=True)
     plan_cluster.add_options(p)
     plan_failures.add_options(p)
     p.set_defaults(func=cmd_plan)
