@@ -54,6 +54,28 @@ def test_any_family_and_factors_play_through(case, data):
     assert times_c.peak_activations == pytest.approx([c * x for x in one.peak_activations], rel=1e-9, abs=1e-12)
 
 
+@settings(max_examples=15)
+@given(cases, st.data())
+def test_lowered_plays_of_any_family_and_factors(case, data):
+    """The lowered play (fsdp: gathers, reductions, sends with bytes) is never stuck for any factors, and with
+    factor 1 everywhere is today's exactly."""
+    from stagewise.lowering import Communication, LoweringOptions, Network, Sizes
+    from stagewise.parallelism import Parallelism
+
+    name, p, k = case
+    sched = _schedule(name, p, p * k)
+    assume(sched is not None)
+    u = sched.microbatches
+    comm = Communication(parallelism=Parallelism(fsdp=2), options=LoweringOptions(
+        sizes=Sizes(params=4.0, boundary=1.0), network=Network(intra_bandwidth=2.0)))
+    base = dict(comm=comm, bandwidth=2.0, latency=0.1)
+    plain = simulate(sched, Costs(**base))
+    ones = simulate(sched, Costs(**base, mb_time=[1.0] * u, mb_activation=[1.0] * u))
+    assert (ones.starts, ones.ends, ones.comm) == (plain.starts, plain.ends, plain.comm)
+    mt = data.draw(st.lists(factor, min_size=u, max_size=u))
+    assert metrics(simulate(sched, Costs(**base, mb_time=mt, mb_activation=mt))).makespan >= 0
+
+
 @pytest.mark.parametrize("name", ["dualpipe", "zb-v"])
 def test_a_pair_scales_each_half_by_its_own_micro_batch(name):
     """An F&B pair runs two micro-batches: its time is each half's own (here one long micro-batch among short)."""
