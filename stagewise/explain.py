@@ -112,8 +112,10 @@ class Gap:
 class _Index:
     """Where each F and each input gradient (B or I) of (stage, micro-batch) runs, and the link times."""
 
-    def __init__(self, schedule: Schedule, message: list[float] | None):
+    def __init__(self, schedule: Schedule, message: list[float] | None, sc=None):
         self.sched, m = schedule, schedule.microbatches
+        #: the resolved costs when micro-batches differ: a message's bytes scale with its micro-batch's tokens
+        self.sc = sc if sc is not None and sc.mb_activation is not None else None
         n = schedule.stages * m
         # positions packed as rank * width + pos: a schedule has up to millions of ops
         self.width = width = 1 + max((len(p) for p in schedule.programs), default=0)
@@ -147,27 +149,35 @@ class _Index:
     def _at(self, code: int) -> At | None:
         return At(*divmod(code, self.width)) if code >= 0 else None
 
+    def link(self, t: float, boundary: int, mb: int) -> float:
+        """Link time ``t`` of a boundary's message, for micro-batch ``mb`` (its bytes by its tokens)."""
+        return self.sc.message_of(boundary, mb) if self.sc is not None and t > 0 else t
+
     def inputs(self, at: At) -> tuple[Input, ...]:
         found = []
         for kind, s, mb in actions_of(self.sched.programs[at.rank][at.pos]):
             if kind == "F":
                 if s != self.first[s]:
-                    found.append(Input(self.fwd(s - 1, mb), "activation", self.fwd_link[s]))
+                    found.append(Input(self.fwd(s - 1, mb), "activation", self.link(self.fwd_link[s], s - 1, mb)))
             elif kind == "W":
                 found.append(Input(self.grad(s, mb), "input gradient", 0.0))
             else:
                 found.append(Input(self.fwd(s, mb), "forward", 0.0))
                 if s != self.last[s]:
-                    found.append(Input(self.grad(s + 1, mb), "gradient", self.bwd_link[s]))
+                    found.append(Input(self.grad(s + 1, mb), "gradient", self.link(self.bwd_link[s], s, mb)))
         return tuple(i for i in found if i.at is not None and i.at != at)
 
 
 def link_times(timeline: Timeline) -> list[float] | None:
     """Link time per stage boundary from the costs the timeline was simulated with (None if unknown)."""
+    sc = _resolved(timeline)
+    return None if sc is None else list(sc.message)
+
+
+def _resolved(timeline: Timeline):
+    """The costs the timeline was simulated with, per stage (``StageCosts``; None if unknown)."""
     costs = timeline.meta.get("costs")
-    if costs is None:
-        return None
-    return list(costs.resolve(timeline.schedule.stages).message)
+    return None if costs is None else costs.resolve(timeline.schedule.stages, timeline.schedule.microbatches)
 
 
 _UNKNOWN = object()
@@ -179,7 +189,8 @@ class _Waits:
 
     def __init__(self, tl: Timeline):
         self.tl, self.sched = tl, tl.schedule
-        self.index = _Index(self.sched, link_times(tl))
+        sc = _resolved(tl)
+        self.index = _Index(self.sched, None if sc is None else list(sc.message), sc)
         self.t0, self.t1 = tl.origin, tl.finish  # a lowered step's transfers included
         self.compute_end = max((e[-1] for e in tl.ends if e), default=0.0)
         self.eps = 1e-9 * max(1.0, self.t1 - self.t0)
@@ -561,7 +572,8 @@ def gap_dict(g: Gap, timeline: Timeline) -> dict:
 def messages(timeline: Timeline) -> list[tuple[At, At, str, float]]:
     """Every activation and gradient crossing ranks, as (sender, receiver, what, arrival): the sender's result
     is sent at its end and arrives the link time later (what the engine's receiver waits for)."""
-    index = _Index(timeline.schedule, link_times(timeline))
+    sc = _resolved(timeline)
+    index = _Index(timeline.schedule, None if sc is None else list(sc.message), sc)
     sched, ends, m, width = timeline.schedule, timeline.ends, timeline.schedule.microbatches, index.width
     fwd, grad, place, out = index._fwd, index._grad, sched.placement, []
     for lane in sched.lanes:
@@ -570,9 +582,9 @@ def messages(timeline: Timeline) -> list[tuple[At, At, str, float]]:
                 continue
             for mb in lane.mbs:
                 for src, dst, what, link in ((fwd[s * m + mb], fwd[(s + 1) * m + mb], "activation",
-                                              index.fwd_link[s + 1]),
+                                              index.link(index.fwd_link[s + 1], s, mb)),
                                              (grad[(s + 1) * m + mb], grad[s * m + mb], "gradient",
-                                              index.bwd_link[s])):
+                                              index.link(index.bwd_link[s], s, mb))):
                     if src >= 0 and dst >= 0:
                         a, b = At(*divmod(src, width)), At(*divmod(dst, width))
                         out.append((a, b, what, ends[a.rank][a.pos] + link))

@@ -275,3 +275,20 @@ def test_plan_a_length_distribution(capsys, tmp_path):
     assert "--lengths plans a length distribution from a --profile" in fails(
         capsys, "plan", "--model", "x.json", "--lengths", str(f))
     assert "--auto runs or searches micro-batches alike" in fails(capsys, *base, "--lengths", str(f), "--auto")
+
+
+def test_explain_reads_each_message_at_its_own_bytes():
+    """A micro-batch's messages take its tokens' bytes: explain's arrivals are the engine's (none after the op
+    that takes it starts, and the long micro-batch's do hold its receivers)."""
+    from stagewise.explain import messages
+
+    sched = generate("1f1b", 4, 8)
+    ma = [1.0] * 8
+    ma[3] = 6.0
+    tl = simulate(sched, Costs(latency=0.1, bandwidth=1.0, boundary_bytes=1.0, mb_activation=ma))
+    got = messages(tl)
+    assert all(arrival <= tl.starts[b.rank][b.pos] + 1e-9 for _, b, _, arrival in got)
+    held = [arrival for a, b, _, arrival in got if sched.programs[b.rank][b.pos].mb == 3
+            and arrival == pytest.approx(tl.starts[b.rank][b.pos])]
+    assert held and all(arrival - tl.ends[a.rank][a.pos] == pytest.approx(0.1 + 6.0) for a, b, _, arrival in got
+                        if sched.programs[a.rank][a.pos].mb == 3)
