@@ -270,6 +270,9 @@ def test_plan_a_length_distribution(capsys, tmp_path):
         pytest.approx(best["makespan"])
     # longer samples than the profile's reference: every configuration's step is longer than with alike ones
     assert best["step_time"] > alike["best"]["step_time"]
+    rc, out, err = run(capsys, *base[:-3], "-o", str(tmp_path / "plan.md"), "--lengths", str(f))
+    assert rc == 0 and "- Lengths: each step over its micro-batches drawn from 20 sample lengths 256..4096" in \
+        (tmp_path / "plan.md").read_text(), err
     drawn = d.microbatches(4, 5)
     assert sorted(x for g in drawn for x in g) == sorted(dist)  # 20 draws of 20: the distribution itself
     assert "--lengths plans a length distribution from a --profile" in fails(
