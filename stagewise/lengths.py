@@ -38,10 +38,26 @@ ORDERS = ("as-given", "longest-first", "shortest-first", "balanced")
 
 @dataclass(frozen=True)
 class Factors:
-    """Per micro-batch, the factor on its durations (``time``) and on its activation and bytes (``tokens``)."""
+    """Per micro-batch, the factor on its durations (``time``) and on its activation and bytes (``tokens``).
+
+    ``squares`` (the mean of r^2 over its samples) and ``share`` (a) split ``time`` into its linear and its
+    attention part, which ``units`` deals over a micro-batch's Seq1F1B slices."""
 
     time: tuple[float, ...]
     tokens: tuple[float, ...]
+    squares: tuple[float, ...] = ()
+    share: float = 0.0
+
+    def units(self, slices: int = 1) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(time, tokens) per pipeline unit: each micro-batch's ``slices`` slices in turn. A slice holds 1/k of
+        its tokens; causal attention makes slice j attend to j + 1 slices of keys, so its attention part is
+        (2j + 1) / k of the micro-batch's mean (the slices' times average to ``time``)."""
+        if slices == 1:
+            return self.time, self.tokens
+        a = self.share
+        time = tuple((1 - a) * r + a * q * (2 * j + 1) / slices
+                     for r, q in zip(self.tokens, self.squares) for j in range(slices))
+        return time, tuple(r for r in self.tokens for _ in range(slices))
 
 
 def parse(text: str, option: str = "`lengths`") -> tuple[int, ...]:
@@ -121,19 +137,20 @@ def factors(lengths: Sequence[int], attention_share: float = 0.0, reference: flo
         raise CostError(f"`reference_length` {reference}: must be a number > 0 (tokens)")
     r = [x / ref for x in lengths]
     a = float(attention_share)
-    return Factors(time=tuple((1 - a) * x + a * x * x for x in r), tokens=tuple(r))
+    return Factors(time=tuple((1 - a) * x + a * (x * x) for x in r), tokens=tuple(r), squares=tuple(x * x for x in r),
+                   share=a)
 
 
 def apply(costs: Costs, lengths: Sequence[int], *, microbatches: int | None = None, slices: int = 1,
           attention_share: float = 0.0, reference: float | None = None, order: str = "as-given") -> Costs:
     """``costs`` whose micro-batches have ``lengths`` (one per micro-batch, checked against ``microbatches``
     when given), fed in ``order``: their factors as ``Costs.mb_time`` and ``mb_activation``, each micro-batch's
-    repeated over its ``slices`` pipeline units (``stagewise.slices``)."""
+    dealt over its ``slices`` pipeline units (``Factors.units``, ``stagewise.slices``)."""
     if microbatches is not None and len(lengths) != microbatches:
         raise CostError(f"`lengths` has {len(lengths)} lengths; the step has {microbatches} micro-batches "
                         f"(`microbatches`): give one length per micro-batch")
-    f = factors(ordered(lengths, order), attention_share, reference)
-    return replace(costs, mb_time=_units(f.time, slices), mb_activation=_units(f.tokens, slices))
+    time, tokens = factors(ordered(lengths, order), attention_share, reference).units(slices)
+    return replace(costs, mb_time=time, mb_activation=tokens)
 
 
 @dataclass(frozen=True)
@@ -171,20 +188,17 @@ class Distribution:
         """Per micro-batch of ``microbatches(m, size)``, the mean of its samples' time and token factors."""
         ref = self.mean if self.reference is None else self.reference
         out = [factors(g, self.attention_share, ref) for g in self.microbatches(m, size)]
-        return Factors(time=tuple(sum(f.time) / size for f in out), tokens=tuple(sum(f.tokens) / size for f in out))
+        return Factors(time=tuple(sum(f.time) / size for f in out), tokens=tuple(sum(f.tokens) / size for f in out),
+                       squares=tuple(sum(f.squares) / size for f in out), share=float(self.attention_share))
 
     def apply(self, costs: Costs, m: int, size: int = 1, slices: int = 1) -> Costs:
         """``costs`` (of one micro-batch of ``size`` samples at the reference length) for a step of ``m``."""
-        f = self.factors(m, size)
-        return replace(costs, mb_time=_units(f.time, slices), mb_activation=_units(f.tokens, slices))
+        time, tokens = self.factors(m, size).units(slices)
+        return replace(costs, mb_time=time, mb_activation=tokens)
 
     def to_dict(self) -> dict:
         return {"samples": len(self.lengths), "min": min(self.lengths), "max": max(self.lengths), "mean": self.mean,
                 "attention_share": self.attention_share, "reference_length": self.reference or self.mean}
-
-
-def _units(values: tuple[float, ...], slices: int) -> tuple[float, ...]:
-    return values if slices == 1 else tuple(x for x in values for _ in range(slices))
 
 
 def describe(lengths: Sequence[int], attention_share: float = 0.0, reference: float | None = None) -> str:

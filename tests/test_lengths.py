@@ -123,9 +123,12 @@ def test_factors_and_orders():
     assert lengths.ordered(xs, "shortest-first") == (1, 3, 5, 7, 9)
     assert lengths.ordered(xs, "balanced") == (9, 1, 7, 3, 5)
     assert sorted(lengths.ordered(xs, "balanced")) == sorted(xs)
-    # per pipeline unit: a micro-batch's factor on each of its slices
+    # per pipeline unit: a micro-batch's tokens on each of its slices; its attention grows slice by slice (causal:
+    # slice j attends to j + 1 slices of keys), the slices' times averaging to the micro-batch's
     c = lengths.apply(Costs(), [1, 3], microbatches=2, slices=2)
-    assert c.mb_activation == (0.5, 0.5, 1.5, 1.5)
+    assert c.mb_activation == (0.5, 0.5, 1.5, 1.5) and c.mb_time == c.mb_activation  # no attention share
+    c = lengths.apply(Costs(), [2, 2], microbatches=2, slices=2, attention_share=0.5)
+    assert c.mb_time == pytest.approx((0.75, 1.25, 0.75, 1.25))
 
 
 def test_the_order_matters_and_the_simulator_says_which_wins():
@@ -295,3 +298,9 @@ def test_explain_reads_each_message_at_its_own_bytes():
             and arrival == pytest.approx(tl.starts[b.rank][b.pos])]
     assert held and all(arrival - tl.ends[a.rank][a.pos] == pytest.approx(0.1 + 6.0) for a, b, _, arrival in got
                         if sched.programs[a.rank][a.pos].mb == 3)
+
+
+def test_the_examples_in_the_docstrings_run():
+    import doctest
+
+    assert doctest.testmod(lengths).failed == 0
