@@ -178,7 +178,7 @@ def test_cli_simulate_and_compare_orders(capsys, tmp_path):
     assert given_["formula_bubble_fraction"] is None  # the papers' forms count like micro-batches
     rc, out, err = run(capsys, "simulate", "1f1b", "-p", "4", "-m", "8", "--lengths", str(f),
                        "--attention-share", "0.3", "--order", "longest-first", "--json")
-    assert json.loads(out)["makespan"] < given_["makespan"]
+    assert json.loads(out)["makespan"] < given_["makespan"] and json.loads(out)["order"] == "longest-first"
     rc, out, err = run(capsys, "compare", "--schedules", "1f1b,zb-h1", "-p", "4", "-m", "8", "--lengths", str(f),
                        "--attention-share", "0.3", "--order", "all", "--json")
     assert rc == 0, err

@@ -8,7 +8,7 @@ from ..simulate import simulate
 from ..timeline import Timeline
 from .comm import add_layout_args
 from .common import (UsageError, add_cost_args, add_schedule_args, add_shape_args, costs_basis, costs_from,
-                     family_names, print_json, read_checked, schedule_from)
+                     family_names, lengths_from, print_json, read_checked, schedule_from)
 
 
 def register(sub) -> None:
@@ -71,6 +71,8 @@ def cmd_simulate(args) -> int:
     costs = costs_from(args, sched)
     tl = simulate(sched, costs, check=not read_checked(args))  # played once: the result and the drawing read it
     res = result(sched, costs, tl)
+    if lengths_from(args) is not None:  # micro-batches of different lengths: in which order they were fed
+        res["order"] = args.order
     if args.json:
         print_json(res)
     else:
@@ -94,7 +96,6 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
     family in --order (all: in each order policy, one row each)."""
     from ..compare import compare, compare_orders, schedules_for
     from ..lengths import ORDERS
-    from .common import lengths_from
 
     names = family_names(args.schedules)
     if lengths_from(args) is not None:
