@@ -12,9 +12,10 @@ attention's score and value products, quadratic in length; the rest (the project
 tokens. At L = L0 the factor is 1 whatever ``a`` is. Activations, boundary messages and all-to-all bytes
 scale with tokens: ``L / L0``. These are ``Costs.mb_time`` and ``Costs.mb_activation`` (``apply``).
 
-The order in which a step's micro-batches enter the pipeline is a choice (``ORDERS``): as given,
-longest first (a long micro-batch's forward fills the warm-up while short ones drain), shortest first,
-or balanced (longest, shortest, second longest, ... so no stretch of the step holds only long ones).
+The order in which a step's micro-batches enter the pipeline is a choice (``ORDERS``): as given, longest
+first or shortest first (sorted, the long ones meet at one end of the step instead of holding up its steady
+state one by one), or balanced (longest, shortest, second longest, ... so no stretch of the step holds only
+long ones). Which wins depends on the family and the lengths: the simulator says.
 ``stagewise simulate --order`` plays one, ``stagewise compare --order all`` each beside the others.
 
 >>> factors([512, 1024, 2048], attention_share=0.25, reference=1024).time
@@ -68,8 +69,10 @@ def parse(text: str, option: str = "`lengths`") -> tuple[int, ...]:
 
         try:
             values = json.loads(body)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise CostError(f"{option}: not a JSON list of lengths ({e.msg} at line {e.lineno})") from None
+        except (ValueError, RecursionError):  # a number of more digits than int() takes, or nested too deeply
+            raise CostError(f"{option}: not a JSON list of whole numbers this reader accepts") from None
         where = [f"item {k}" for k in range(len(values))]
     else:
         lines = [(n, line.split("#", 1)[0].strip()) for n, line in enumerate(text.splitlines(), 1)]

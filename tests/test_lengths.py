@@ -161,6 +161,9 @@ def test_bad_factors_name_the_option(capsys, tmp_path):
     assert "line 2 is 'long'; every length must be a whole number >= 1" in err
     f.write_text("[512, 0]")
     assert "item 1 is 0" in fails(capsys, "simulate", "1f1b", "-p", "2", "-m", "2", "--lengths", str(f))
+    f.write_text("[" * 100_000)
+    assert "not a JSON list of whole numbers this reader accepts" in fails(
+        capsys, "simulate", "1f1b", "-p", "2", "-m", "2", "--lengths", str(f))
     f.write_text("# nothing\n\n")
     assert "no lengths" in fails(capsys, "simulate", "1f1b", "-p", "2", "-m", "2", "--lengths", str(f))
     assert "--lengths" in fails(capsys, "simulate", "1f1b", "-p", "2", "-m", "2", "--lengths", str(tmp_path))
