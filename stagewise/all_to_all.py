@@ -64,9 +64,9 @@ def pair_time(c_f: float, a_f: float, c_b: float, a_b: float, c_i: float) -> flo
 def pair_parts(op: Pair, sc: StageCosts) -> tuple[float, float, float, float, float]:
     """(c_f, a_f, c_b, a_b, c_i) of a pair under ``sc``."""
     fa, ba = op
-    c_b = sc.compute(ba.kind, ba.stage)
-    c_i = c_b if ba.kind == "I" else min(c_b, sc.i[ba.stage])  # a full B's chain is its I part
-    return sc.f[fa.stage], sc.comm("F", fa.stage), c_b, sc.comm(ba.kind, ba.stage), c_i
+    c_b = sc.compute(ba.kind, ba.stage, ba.mb)
+    c_i = c_b if ba.kind == "I" else min(c_b, sc.i[ba.stage] * sc.time_factor(ba.mb))  # a full B's chain: its I
+    return sc.compute("F", fa.stage, fa.mb), sc.comm("F", fa.stage, fa.mb), c_b, sc.comm(ba.kind, ba.stage, ba.mb), c_i
 
 
 def comm_lanes(schedule, sc: StageCosts, starts, ends) -> tuple[tuple[Comm, ...], ...] | None:
@@ -86,7 +86,7 @@ def comm_lanes(schedule, sc: StageCosts, starts, ends) -> tuple[tuple[Comm, ...]
                 if a_f > 0:
                     lane.append(Comm(k, op.forward, e - a_f, e, exposed * a_f / total))
             else:
-                a = sc.comm(op.kind, op.stage)
+                a = sc.comm(op.kind, op.stage, op.mb)
                 if a > 0:
                     lane.append(Comm(k, op, e - a, e, a))
         out.append(tuple(lane))

@@ -32,6 +32,8 @@ MEANING = {
               "first"),
     "collective": ("a collective in flight", "a rank waits for a gather of its weights, or the step waits for a "
                    "gradient reduction or all-reduce, still in flight on the network"),
+    "long micro-batch": ("a long micro-batch", "a micro-batch longer than the others (micro-batches of different "
+                         "lengths) keeps its stage busy longer; the ranks that need its result, or that stage, wait"),
 }
 
 _KIND = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient"}
@@ -110,10 +112,22 @@ def plain(gap, timeline) -> str:
         return (f"rank {r} waits on a slow stage: stage {stage}'s {_KIND[kind]} takes {took:.4g} where the fastest "
                 f"stage's takes {fast:.4g}, and the slowest stage sets the pace")
     blocker = gap.blocker
+    if gap.cause == "long micro-batch" and blocker is not None:
+        long = _long_words(gap.text)
+        return (f"rank {r} waits for micro-batch {mb}'s {first.what}: a long micro-batch holds a stage up"
+                + (f" ({long})" if long else ""))
     if gap.cause == "order" and blocker is not None:
         return (f"rank {r} waits for micro-batch {mb}'s {first.what} from rank {first.waits_for.rank}: it is late "
                 f"because rank {blocker.rank} ran {op_words(op(blocker), many)} first, as its program orders")
     return f"rank {r} waits: {meaning(gap.cause)}"
+
+
+def _long_words(text: str) -> str:
+    """'micro-batch 6 takes x4.1 the median micro-batch's time' out of a long micro-batch gap's exact line."""
+    import re
+
+    got = re.search(r"micro-batch \d+ takes x[0-9.e+-]+ the median micro-batch's time", text)
+    return got[0] if got else ""
 
 
 def _mb(op, what: str) -> int:

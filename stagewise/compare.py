@@ -71,3 +71,16 @@ def compare(names: Sequence[str] | None, ranks: int, microbatches: int, chunks: 
             costs: CostsFor = None) -> list[Entry]:
     """Each named family (None: all that accept p, m) simulated at the same p, m and costs."""
     return simulate_all(schedules_for(names, ranks, microbatches, chunks), costs)
+
+
+def compare_orders(schedules: Sequence[Schedule], costs: Callable[[Schedule, str], Costs],
+                   orders: Sequence[str]) -> list[Entry]:
+    """Each schedule under each order policy of its micro-batches (``lengths.ORDERS``: ``costs(schedule, order)``
+    gives that order's per-micro-batch costs), one entry per pair, its result's ``order`` saying which."""
+    out = []
+    for sched in schedules:
+        for order in orders:
+            c = costs(sched, order)
+            tl = simulate(sched, c)
+            out.append(Entry(tl, {**result(sched, c, tl), "order": order}))
+    return out

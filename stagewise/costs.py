@@ -19,6 +19,13 @@ gradient still needs); a full B frees it all (``freed``). Sizes are per stage
 in chunk-units (one micro-batch's activations of one stage) and, when known,
 bytes (``transformer_activation`` gives the paper's M_B and M_W of a GPT
 layer). A ``MemoryCap`` bounds each rank's peak in either unit.
+
+Micro-batches need not be alike (variable sequence lengths): ``mb_time`` is one factor per micro-batch
+(pipeline unit) on every compute duration of that micro-batch (F, B, I, W, a recomputed forward's replay,
+an F&B pair's half), and ``mb_activation`` one on what scales with its tokens: its activation size, the
+bytes of its boundary messages and its all-to-all (dispatch and combine carry tokens, so their time goes
+with tokens, not with attention's square); ``stagewise.lengths`` turns lengths into both. None is 1
+everywhere: every result, closed forms included, is what it was without them.
 """
 
 from __future__ import annotations
@@ -63,9 +70,15 @@ class Costs:
     #: communication as actions (``lowering.Communication``: the layout, sizes, network and overlap rule); the
     #: simulator then plays the lowered programs, transfers on their own resources. None: links and a2a only
     comm: "object | None" = None
+    #: one factor per micro-batch (pipeline unit) on each compute duration of that micro-batch
+    #: (``lengths.factors``: a long sequence takes longer); None: 1 for every micro-batch
+    mb_time: Sequence[float] | None = None
+    #: one factor per micro-batch on its activation size, the bytes it sends and its all-to-all (its tokens)
+    mb_activation: Sequence[float] | None = None
 
-    def resolve(self, stages: int) -> "StageCosts":
-        """Per-stage lists for a schedule with ``stages`` stages."""
+    def resolve(self, stages: int, microbatches: int | None = None) -> "StageCosts":
+        """Per-stage lists for a schedule with ``stages`` stages (and ``microbatches`` pipeline units, which
+        the per-micro-batch factors are checked against when given)."""
         f = per_stage("t_f", self.t_f, stages)
         b = per_stage("t_b", self.t_b, stages)
         i = per_stage("t_i", self.t_i, stages, [x / 2 for x in b])
@@ -105,7 +118,9 @@ class Costs:
         if self.cap is not None and self.cap.unit == "bytes" and act_b is None:
             raise CostError("--cap-bytes needs the activation sizes in bytes (--activation-bytes or --hidden-size)")
         return StageCosts(f=f, b=b, i=i, w=w, fb=fb, message=msg, activation=act,
-                          activation_bytes=act_b, free_at_i=self.free_at_i, a2a_f=a2a_f, a2a_b=a2a_b)
+                          activation_bytes=act_b, free_at_i=self.free_at_i, a2a_f=a2a_f, a2a_b=a2a_b,
+                          latency=self.latency, mb_time=per_microbatch("mb_time", self.mb_time, microbatches),
+                          mb_activation=per_microbatch("mb_activation", self.mb_activation, microbatches))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,19 +142,39 @@ class StageCosts:
     free_at_i: float
     a2a_f: list[float] | None = None  #: all-to-all of a forward per stage; None: no all-to-all anywhere
     a2a_b: list[float] | None = None  #: of a backward (B or I), recomputed forward's included
+    latency: float = 0.0  #: the fixed part of ``message`` (the rest is bytes, which scale with tokens)
+    mb_time: tuple[float, ...] | None = None  #: per micro-batch (unit), a factor on its durations; None: 1
+    mb_activation: tuple[float, ...] | None = None  #: per micro-batch, on its activation and bytes; None: 1
 
-    def compute(self, kind: str, stage: int) -> float:
-        return {"F": self.f, "B": self.b, "I": self.i, "W": self.w}[kind][stage]
+    def time_factor(self, mb: int | None) -> float:
+        """Micro-batch ``mb``'s factor on its durations (1 without factors or without a micro-batch)."""
+        return 1.0 if self.mb_time is None or mb is None else self.mb_time[mb]
 
-    def comm(self, kind: str, stage: int) -> float:
+    def size_factor(self, mb: int | None) -> float:
+        """Micro-batch ``mb``'s factor on its activation and the bytes it sends."""
+        return 1.0 if self.mb_activation is None or mb is None else self.mb_activation[mb]
+
+    def compute(self, kind: str, stage: int, mb: int | None = None) -> float:
+        x = {"F": self.f, "B": self.b, "I": self.i, "W": self.w}[kind][stage]
+        return x * self.mb_time[mb] if self.mb_time is not None and mb is not None else x
+
+    def comm(self, kind: str, stage: int, mb: int | None = None) -> float:
         """All-to-all seconds of an action: the forward's, the backward's for B and I, none for W."""
         if self.a2a_f is None or kind == "W":
             return 0.0
-        return (self.a2a_f if kind == "F" else self.a2a_b)[stage]
+        x = (self.a2a_f if kind == "F" else self.a2a_b)[stage]
+        return x * self.mb_activation[mb] if self.mb_activation is not None and mb is not None else x
 
-    def duration(self, kind: str, stage: int) -> float:
-        """A plain action's time: its compute, then its all-to-all."""
-        return self.compute(kind, stage) + self.comm(kind, stage)
+    def duration(self, kind: str, stage: int, mb: int | None = None) -> float:
+        """A plain action's time: its compute, then its all-to-all (of micro-batch ``mb``: its factors)."""
+        return self.compute(kind, stage, mb) + self.comm(kind, stage, mb)
+
+    def message_of(self, stage: int, mb: int) -> float:
+        """Time to send stage ``stage``'s activation of micro-batch ``mb``: the latency, then its bytes."""
+        x = self.message[stage]
+        if self.mb_activation is None or x <= self.latency:
+            return x
+        return self.latency + (x - self.latency) * self.mb_activation[mb]
 
     def sizes(self, unit_bytes: bool = False) -> list[float]:
         """Activation of one micro-batch per stage, in chunk-units or bytes."""
@@ -314,6 +349,26 @@ def per_stage(name: str, value: PerStage, stages: int, default: list[float] | No
     for s, x in enumerate(vals):
         if not 0 <= x < math.inf:  # also rejects NaN: every time and size must be a finite number
             raise CostError(f"--{_opt(name)} must be a finite number >= 0; got {x} (stage {s})")
+    return vals
+
+
+def per_microbatch(name: str, value: Sequence[float] | None, microbatches: int | None) -> tuple[float, ...] | None:
+    """One finite factor >= 0 per micro-batch (pipeline unit) from ``value`` (None stays None); its count is
+    checked against ``microbatches`` when that is given."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise CostError(f"`{name}` must be a list of numbers, one per micro-batch; got {type(value).__name__}")
+    try:
+        vals = tuple(float(x) for x in value)
+    except (TypeError, ValueError):
+        raise CostError(f"`{name}` must be a list of numbers, one per micro-batch") from None
+    if microbatches is not None and len(vals) != microbatches:
+        raise CostError(f"`{name}` has {len(vals)} values; the schedule has {microbatches} micro-batches "
+                        f"(pipeline units): give one per micro-batch")
+    for mb, x in enumerate(vals):
+        if not 0 <= x < math.inf:  # also NaN
+            raise CostError(f"`{name}` must be finite numbers >= 0; got {x} (micro-batch {mb})")
     return vals
 
 

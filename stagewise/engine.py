@@ -8,7 +8,9 @@ without communication whose messages take their link's time.
   ``F(s)`` and the gradient of ``s+1``, ``W(s)`` after ``I(s)``). A message not lowered adds
   the link's time (``costs.message``) to the receiver's ready time and never occupies the sender. An op's
   duration depends on the op alone (compute, its all-to-all, and for an F&B pair what of that is hidden:
-  ``overlap``), never on when it runs.
+  ``overlap``), never on when it runs. Micro-batches may differ (``Costs.mb_time``, ``mb_activation``): an op
+  of micro-batch u takes its factor on its duration, its messages' bytes and its all-to-all; an F&B pair's
+  halves belong to two micro-batches, each half scaled by its own.
 - A send is posted when its op ends and occupies its link (one per sender and receiver, FIFO) for its
   bytes over the cost model's bandwidth; it arrives a latency later (no bytes given: the cost model's
   message time, today's link). Its receive is where the receiver's op takes it: the op starts no earlier.
@@ -35,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .actions import Action, Pair
-from .costs import StageCosts
+from .costs import CostError, StageCosts
 from .all_to_all import pair_parts, pair_time
 
 
@@ -87,11 +89,16 @@ def op_time(op, sc: StageCosts) -> float:
     if type(op) is Pair:
         fa, ba = op
         if sc.fb is not None:
-            return sc.fb[fa.stage]
+            d = sc.fb[fa.stage]
+            if sc.mb_time is None:
+                return d
+            # set by hand for a pair of like micro-batches: each half's compute share takes its own factor
+            cf, cb = sc.f[fa.stage], sc.compute(ba.kind, ba.stage)
+            return d * (cf * sc.mb_time[fa.mb] + cb * sc.mb_time[ba.mb]) / (cf + cb) if cf + cb > 0 else d
         if sc.a2a_f is not None:
             return pair_time(*pair_parts(op, sc))
-        return sc.f[fa.stage] + sc.compute(ba.kind, ba.stage)
-    return sc.duration(op.kind, op.stage)
+        return sc.compute("F", fa.stage, fa.mb) + sc.compute(ba.kind, ba.stage, ba.mb)
+    return sc.duration(op.kind, op.stage, op.mb)
 
 
 def routes(schedule, costs: StageCosts):
@@ -141,6 +148,12 @@ class Engine:
         self.blocking = low is not None and low.options.overlap.blocking_p2p
         self.kinds = _comm_kinds() if low is not None else (None, (), (), None, None, None, None)
         self.out = Played(programs)
+        for name, f in (("mb_time", sc.mb_time), ("mb_activation", sc.mb_activation)):
+            if f is not None and len(f) != m:
+                raise CostError(f"`{name}` has {len(f)} values; the schedule has {m} micro-batches (pipeline units): "
+                                "give one per micro-batch")
+        #: per micro-batch factors (None: all micro-batches alike, the tables above hold every duration)
+        self.varied = sc.mb_time is not None or sc.mb_activation is not None
         self.done = [-1.0] * (2 * self.n_keys)
         self.arrive_at = [-1.0] * (2 * self.n_keys)  # per message: its arrival
         self.arrive_sent = [-1.0] * (2 * self.n_keys)  # and when it was posted (its op's end)
@@ -173,6 +186,7 @@ class Engine:
         S, m, n_keys, n2 = self.S, self.m, self.n_keys, 2 * self.n_keys
         bw, lat, blocking = self.bw, self.lat, self.blocking
         Comm_, SENDS_, RECVS_, SEND_B_, RECV_B_, UNSHARD_, _ = self.kinds
+        varied, sc, ma = self.varied, self.sc, self.sc.mb_activation
         Pair_, state, parked = Pair, self.state, self.parked
         stages, mbs = range(S), range(m)  # a message key in both: its id is arithmetic
         # per rank, what it plays on at every wake-up: its program, times, gathers' end and position per stage,
@@ -220,6 +234,8 @@ class Engine:
                         if y < 0:
                             kw = ik
                             break
+                        if ma is not None and x > 0.0:  # its bytes scale with the micro-batch's tokens
+                            x = sc.message_of(s - 1 if kind == "F" else s, mb)
                         y += x
                         if y > base:
                             base = y
@@ -239,7 +255,7 @@ class Engine:
                     else:
                         start = base
                     op_start = start
-                    t = start + dur[kind][s]
+                    t = start + (sc.duration(kind, s, mb) if varied else dur[kind][s])
                     st[i] = start
                     en[i] = t
                     if dk >= 0:
@@ -256,7 +272,9 @@ class Engine:
                     back = kind == SEND_B_
                     s2 = s - 1 if back else s + 1  # the stage it goes into
                     if bw and nbytes > 0:
-                        occ, delay = nbytes / bw, lat
+                        occ, delay = (nbytes * ma[mb] if ma is not None and mb in mbs else nbytes) / bw, lat
+                    elif ma is not None and mb in mbs:
+                        occ, delay = 0.0, sc.message_of(s2 if back else s, mb)
                     else:  # no bytes: the cost model's message time of that boundary
                         occ, delay = 0.0, message[s2 if back else s]  # (the boundary between s and s2)
                     post = op_start if during else t
@@ -324,9 +342,12 @@ class Engine:
         """Play collective ``a`` at position ``i`` of rank ``r`` (free at ``t``, its last op started at
         ``op_start``, what it posted done at ``comm_end``): on its stream from when it is posted and the
         stream is free. The rank's new ``comm_end``, or -1 when it waits for the other members."""
-        kind, s, _, peer, group, nbytes, stream, op, during = a
+        kind, s, mb, peer, group, nbytes, stream, op, during = a
         key = (kind, group, op, nbytes, peer, stream)
         d, sid, cross = self.colls[r].get(key) or self.collective(r, a, key)
+        *_, UNSHARD_, ALL_TO_ALL_ = self.kinds
+        if kind == ALL_TO_ALL_ and self.sc.mb_activation is not None and 0 <= mb < self.m:
+            d *= self.sc.mb_activation[mb]  # its bytes are its micro-batch's tokens
         if during is True:  # a whole reduction over its op: posted when the op starts
             post = op_start
         elif during is not False:  # a bucket: once its share of the op has run
@@ -349,7 +370,6 @@ class Engine:
         if d or during:
             self.stream_free[sid] = end
         self.out.starts[r][i], self.out.ends[r][i] = start, end
-        *_, UNSHARD_, ALL_TO_ALL_ = self.kinds
         if kind == UNSHARD_ and 0 <= s < self.S:  # (no op reads another stage's)
             self.gathered_end[r][s], self.gathered_pos[r][s] = end, i
         self.played_colls[r].append(i)
@@ -414,10 +434,11 @@ class Engine:
             self.out.exposed[r][via] += comm - base
             self.out.waited[r][i] = via
             base = comm
-        (_, fs, _), (bk, bs, _) = op
-        d = self.pair_dur.get((fs, bk, bs))
+        (_, fs, fm), (bk, bs, bm) = op
+        key = (fs, bk, bs, fm, bm) if self.varied else (fs, bk, bs)
+        d = self.pair_dur.get(key)
         if d is None:
-            d = self.pair_dur[(fs, bk, bs)] = op_time(op, self.sc)
+            d = self.pair_dur[key] = op_time(op, self.sc)
         end = base + d
         m, n_keys, done = self.m, self.n_keys, self.done
         for kind, s, mb in op:
@@ -448,6 +469,8 @@ class Engine:
             x = done[ik]
             if x < 0:
                 return (ik,)
+            if self.sc.mb_activation is not None and link > 0.0:  # its bytes scale with its tokens
+                link = self.sc.message_of(s - 1 if kind == "F" else s, mb)
             x += link
             return x if x > base else base, 0.0, -1
         if link == _MESSAGE:

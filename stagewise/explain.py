@@ -11,6 +11,9 @@ free. Where the chain ends names the first cause:
 - **fill**: at the step's first action: the first micro-batch has not got here yet;
 - **link**: the waited-for result was ready in time and the gap is the message in flight,
   or more than half of the gap goes when the timeline is simulated again with free links;
+- **long micro-batch**: micro-batches of different lengths (``Costs.mb_time``): the op keeping the chain's
+  last rank busy, or one on the chain, is of a micro-batch that takes longer than the step's median one by
+  ``SLOW`` ("rank 2 was busy with 2F6 (micro-batch 6 takes x4.1 the median micro-batch's time)");
 - **slow stage**: an op on the chain, or the one keeping the chain's last rank busy, is of a
   stage slower than the fastest stage for that kind of op;
 - **drain**: the waiting rank has no forward left to fill the wait (its cooldown),
@@ -43,7 +46,7 @@ from .schedule import Schedule
 from .timeline import Timeline
 from .validate import check_structure, describe_deadlock, wait_cycle
 
-CAUSES = ("fill", "drain", "slow stage", "link", "order", "collective")
+CAUSES = ("fill", "drain", "slow stage", "link", "order", "collective", "long micro-batch")
 #: a stage is slow when its ops of one kind take this much longer than the fastest stage's (median)
 SLOW = 1.05
 #: longest chain followed (a chain of waits visits each op at most once, so this only bounds odd inputs)
@@ -109,8 +112,10 @@ class Gap:
 class _Index:
     """Where each F and each input gradient (B or I) of (stage, micro-batch) runs, and the link times."""
 
-    def __init__(self, schedule: Schedule, message: list[float] | None):
+    def __init__(self, schedule: Schedule, message: list[float] | None, sc=None):
         self.sched, m = schedule, schedule.microbatches
+        #: the resolved costs when micro-batches differ: a message's bytes scale with its micro-batch's tokens
+        self.sc = sc if sc is not None and sc.mb_activation is not None else None
         n = schedule.stages * m
         # positions packed as rank * width + pos: a schedule has up to millions of ops
         self.width = width = 1 + max((len(p) for p in schedule.programs), default=0)
@@ -144,27 +149,35 @@ class _Index:
     def _at(self, code: int) -> At | None:
         return At(*divmod(code, self.width)) if code >= 0 else None
 
+    def link(self, t: float, boundary: int, mb: int) -> float:
+        """Link time ``t`` of a boundary's message, for micro-batch ``mb`` (its bytes by its tokens)."""
+        return self.sc.message_of(boundary, mb) if self.sc is not None and t > 0 else t
+
     def inputs(self, at: At) -> tuple[Input, ...]:
         found = []
         for kind, s, mb in actions_of(self.sched.programs[at.rank][at.pos]):
             if kind == "F":
                 if s != self.first[s]:
-                    found.append(Input(self.fwd(s - 1, mb), "activation", self.fwd_link[s]))
+                    found.append(Input(self.fwd(s - 1, mb), "activation", self.link(self.fwd_link[s], s - 1, mb)))
             elif kind == "W":
                 found.append(Input(self.grad(s, mb), "input gradient", 0.0))
             else:
                 found.append(Input(self.fwd(s, mb), "forward", 0.0))
                 if s != self.last[s]:
-                    found.append(Input(self.grad(s + 1, mb), "gradient", self.bwd_link[s]))
+                    found.append(Input(self.grad(s + 1, mb), "gradient", self.link(self.bwd_link[s], s, mb)))
         return tuple(i for i in found if i.at is not None and i.at != at)
 
 
 def link_times(timeline: Timeline) -> list[float] | None:
     """Link time per stage boundary from the costs the timeline was simulated with (None if unknown)."""
+    sc = _resolved(timeline)
+    return None if sc is None else list(sc.message)
+
+
+def _resolved(timeline: Timeline):
+    """The costs the timeline was simulated with, per stage (``StageCosts``; None if unknown)."""
     costs = timeline.meta.get("costs")
-    if costs is None:
-        return None
-    return list(costs.resolve(timeline.schedule.stages).message)
+    return None if costs is None else costs.resolve(timeline.schedule.stages, timeline.schedule.microbatches)
 
 
 _UNKNOWN = object()
@@ -176,13 +189,15 @@ class _Waits:
 
     def __init__(self, tl: Timeline):
         self.tl, self.sched = tl, tl.schedule
-        self.index = _Index(self.sched, link_times(tl))
+        sc = _resolved(tl)
+        self.index = _Index(self.sched, None if sc is None else list(sc.message), sc)
         self.t0, self.t1 = tl.origin, tl.finish  # a lowered step's transfers included
         self.compute_end = max((e[-1] for e in tl.ends if e), default=0.0)
         self.eps = 1e-9 * max(1.0, self.t1 - self.t0)
         self._step: dict[At, Step | None] = {}
         self._tails: dict[At, tuple[At, At | None]] = {}  #: op -> (origin, first slow op from it on)
         self.slow, self.last_forward = _per_stage(tl)
+        self.long = _long_microbatches(tl)
 
     def start(self, at: At) -> float:
         return self.tl.starts[at.rank][at.pos]
@@ -394,6 +409,14 @@ def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: 
     if link > length / 2:
         return _Why("link", blocker, f"free links would remove {_n(link)} of this wait (messages in flight "
                     "along the chain)")
+    if w.long:
+        held = _long_on_chain(w, at, blocker)
+        if held is not None:
+            where, mb, factor = held
+            busy = (f"rank {blocker.rank} was busy with {w.op(blocker)}" if where == blocker else
+                    f"{w.op(where)} on rank {where.rank} lies on the chain")
+            return _Why("long micro-batch", blocker, f"{busy} (micro-batch {mb} takes x{factor:.3g} the median "
+                        "micro-batch's time)" + _linked(link, w))
     late = w.slowest(at)
     kind, stage = _kind_stage(w.op(blocker))
     if (kind, stage) in slow:
@@ -410,6 +433,35 @@ def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: 
                     f"with {w.op(blocker)}" + _linked(link, w))
     return _Why("order", blocker, f"rank {blocker.rank} was busy with {w.op(blocker)}, which its program runs "
                 "first" + _linked(link, w))
+
+
+def _long_microbatches(tl: Timeline) -> dict[int, float]:
+    """Micro-batch -> its time over the median micro-batch's, for those longer than it by ``SLOW`` (from the
+    costs' ``mb_time``; empty when micro-batches are alike or the costs unknown)."""
+    costs = tl.meta.get("costs")
+    factors = getattr(costs, "mb_time", None)
+    if not factors or len(factors) != tl.schedule.microbatches:
+        return {}
+    mid = statistics.median(factors)
+    return {mb: f / mid for mb, f in enumerate(factors) if mid > 0 and f > mid * SLOW}
+
+
+def _long_on_chain(w: _Waits, at: At, blocker: At) -> tuple[At, int, float] | None:
+    """(where, micro-batch, its factor) of the longest micro-batch the gap waits on: the one keeping the chain's
+    last rank busy first, else the longest op of a long micro-batch on the chain."""
+    def longest(where: At):
+        got = [(w.long[a.mb], a.mb) for a in actions_of(w.op(where)) if a.mb in w.long]
+        return max(got) if got else None
+
+    top = longest(blocker)
+    if top is not None:
+        return blocker, top[1], top[0]
+    best = None
+    for step in w.chain(at):
+        got = longest(step.waits_for)
+        if got is not None and (best is None or got[0] > best[2]):
+            best = (step.waits_for, got[1], got[0])
+    return best
 
 
 def _linked(link: float, w: _Waits) -> str:
@@ -520,7 +572,8 @@ def gap_dict(g: Gap, timeline: Timeline) -> dict:
 def messages(timeline: Timeline) -> list[tuple[At, At, str, float]]:
     """Every activation and gradient crossing ranks, as (sender, receiver, what, arrival): the sender's result
     is sent at its end and arrives the link time later (what the engine's receiver waits for)."""
-    index = _Index(timeline.schedule, link_times(timeline))
+    sc = _resolved(timeline)
+    index = _Index(timeline.schedule, None if sc is None else list(sc.message), sc)
     sched, ends, m, width = timeline.schedule, timeline.ends, timeline.schedule.microbatches, index.width
     fwd, grad, place, out = index._fwd, index._grad, sched.placement, []
     for lane in sched.lanes:
@@ -529,9 +582,9 @@ def messages(timeline: Timeline) -> list[tuple[At, At, str, float]]:
                 continue
             for mb in lane.mbs:
                 for src, dst, what, link in ((fwd[s * m + mb], fwd[(s + 1) * m + mb], "activation",
-                                              index.fwd_link[s + 1]),
+                                              index.link(index.fwd_link[s + 1], s, mb)),
                                              (grad[(s + 1) * m + mb], grad[s * m + mb], "gradient",
-                                              index.bwd_link[s])):
+                                              index.link(index.bwd_link[s], s, mb))):
                     if src >= 0 and dst >= 0:
                         a, b = At(*divmod(src, width)), At(*divmod(dst, width))
                         out.append((a, b, what, ends[a.rank][a.pos] + link))

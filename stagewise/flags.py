@@ -38,6 +38,9 @@ FLAGS = {
     "source": "--hf", "tokenizer": "--tokenizer",
     # profile, plan
     "micro_batch_sizes": "--micro-batch-sizes", "verify": "--verify", "memory": "--memory",
+    # micro-batches of different lengths (Costs' factors, stagewise.lengths)
+    "lengths": "--lengths", "mb_time": "--lengths", "mb_activation": "--lengths",
+    "attention_share": "--attention-share", "reference_length": "--reference-length", "order": "--order",
 }
 
 

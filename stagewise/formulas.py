@@ -33,6 +33,8 @@ def uniform(costs: Costs) -> Uniform | None:
         return None
     if costs.latency or (costs.bandwidth and costs.boundary_bytes) or costs.recompute is not False:
         return None
+    if any(x is not None and any(f != 1 for f in x) for x in (costs.mb_time, costs.mb_activation)):
+        return None  # micro-batches that differ: the papers' forms count like ones
     f, b = float(costs.t_f), float(costs.t_b)
     w = float(costs.t_w) if costs.t_w is not None else b / 2
     i = float(costs.t_i) if costs.t_i is not None else b / 2

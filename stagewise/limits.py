@@ -68,7 +68,7 @@ class Limit:
 
 RANKS = Limit(env="STAGEWISE_MAX_RANKS", default=4096, what="ranks", where="-p of every command, plan's -N, rows of a CSV")
 MICROBATCHES = Limit(env="STAGEWISE_MAX_MICROBATCHES", default=65536, what="micro-batches",
-                     where="-m, a CSV's indices, a profile's sizes")
+                     where="-m, a CSV's indices, a profile's sizes, --lengths")
 CHUNKS = Limit(env="STAGEWISE_MAX_CHUNKS", default=64, what="chunks per rank", where="-v")
 #: one schedule's actions: about 200 bytes each to generate and simulate, 2x that to draw
 ACTIONS = Limit(env="STAGEWISE_MAX_ACTIONS", default=2_000_000, what="actions per schedule",

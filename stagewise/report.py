@@ -43,9 +43,10 @@ def lowered_memory(low, costs: Costs) -> dict:
     from .lowering.rank_memory import lowered_memory as walk
 
     S = low.schedule.stages
-    sc = costs.resolve(S)
+    sc = costs.resolve(S, low.schedule.microbatches)
     act = sc.activation_bytes or [0.0] * S
-    ranks = walk(low, act, sc.free_at_i, boundary=per_stage("boundary_bytes", costs.boundary_bytes, S))
+    ranks = walk(low, act, sc.free_at_i, boundary=per_stage("boundary_bytes", costs.boundary_bytes, S),
+                 mb_factor=sc.mb_activation)
     return {"activations_in_bytes": sc.activation_bytes is not None, "peak": [m.peak.total for m in ranks],
             "parts": [m.peak._asdict() for m in ranks], "at": [m.at for m in ranks]}
 
@@ -106,16 +107,19 @@ def table(results: list[dict]) -> str:
     """A plain-text table of results, one row per schedule (all-to-all columns when there is any)."""
     comm = any(sum(r.get("a2a") or ()) for r in results)
     extra = f" {'exp a2a':>8} {'hidden':>6}" if comm else ""
-    head = (f"{'schedule':<18} {'p':>3} {'m':>4} {'v':>2} {'makespan':>9} {'bubble':>7} {'formula':>7}{extra}  "
+    order = any("order" in r for r in results)  # micro-batches of different lengths in an order policy
+    by = f" {'order':<15}" if order else ""
+    head = (f"{'schedule':<18}{by} {'p':>3} {'m':>4} {'v':>2} {'makespan':>9} {'bubble':>7} {'formula':>7}{extra}  "
             "peak activations per rank")
     lines = [head, "-" * len(head)]
     for r in results:
         formula = f"{r['formula_bubble_fraction']:.1%}" if r["formula_bubble_fraction"] is not None else "-"
         peaks = " ".join(f"{x:g}" for x in r["peak_activations"])
         exposed, hidden = a2a_cells(r)
+        o = f" {r.get('order', '-'):<15}" if order else ""
         cells = f" {exposed:>8} {hidden:>6}" if comm else ""
         lines.append(
-            f"{r['schedule']:<18} {r['ranks']:>3} {r['microbatches']:>4} {r['chunks']:>2} "
+            f"{r['schedule']:<18}{o} {r['ranks']:>3} {r['microbatches']:>4} {r['chunks']:>2} "
             f"{r['makespan']:>9.4g} {r['bubble_fraction']:>7.1%} {formula:>7}{cells}  {peaks}"
         )
     if comm:

@@ -31,6 +31,8 @@ class Timeline:
     activation: tuple[float, ...] = ()  #: chunk-units kept per micro-batch, per stage
     activation_bytes: tuple[float, ...] | None = None
     free_at_i: float = 0.0
+    #: per micro-batch (pipeline unit), a factor on its activation (``Costs.mb_activation``); None: 1 for all
+    mb_activation: tuple[float, ...] | None = None
     cap: tuple[float, ...] | None = None  #: most activation each rank may hold (None: no cap)
     cap_unit: str = "chunks"  #: "chunks" (compared with peak_activations) or "bytes"
     #: per rank, the all-to-all of each action that has one (its own lane beside compute); None: none
@@ -79,21 +81,25 @@ class Timeline:
         (or W; ``free_at_i`` of it already at the end of I).
         """
         size = self.activation_bytes if unit_bytes and self.activation_bytes else self.activation
+        f = self.mb_activation
         live, out = 0.0, [(0.0, 0.0)]
         for op, start, end in self.rows(rank):
             for a in actions_of(op):
                 if a.kind == "F":
-                    live += size[a.stage]
+                    live += size[a.stage] * f[a.mb] if f is not None else size[a.stage]
                     out.append((start, live))
             for a in actions_of(op):
                 if a.kind != "F":
-                    live -= freed(a.kind, size[a.stage], self.free_at_i)
+                    live -= freed(a.kind, size[a.stage] * f[a.mb] if f is not None else size[a.stage], self.free_at_i)
                     out.append((end, live))
         return out
 
 
-def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]:
-    """Peak live activations per rank; time-free since a rank's ops are sequential."""
+def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0, mb_factor=None) -> list[float]:
+    """Peak live activations per rank; time-free since a rank's ops are sequential. ``mb_factor``: per
+    micro-batch (unit), a factor on its activation (``Costs.mb_activation``; None: 1)."""
+    if mb_factor is not None:
+        return _peak_varied(schedule, size, free_at_i, mb_factor)
     # what an action of each kind adds to its rank's activations, per stage: one lookup per op on the hot path
     # of every metrics call (adding -x is subtracting x, bit for bit); any other kind frees as ``freed``'s W
     frees_w = [-freed("W", x, free_at_i) for x in size]
@@ -113,6 +119,21 @@ def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]
             live += adds[kind][s]
             if live > peak:  # after a backward too: I grows what it keeps when free_at_i < 0
                 peak = live
+        peaks.append(peak)
+    return peaks
+
+
+def _peak_varied(schedule: Schedule, size, free_at_i: float, f) -> list[float]:
+    """``peak_memory`` when micro-batches differ: each action's size times its micro-batch's factor."""
+    peaks = []
+    for prog in schedule.programs:
+        live = peak = 0.0
+        for op in prog:
+            for a in actions_of(op):  # a pair: its forward, then its backward (as ``peak_memory``)
+                x = size[a.stage] * f[a.mb]
+                live += x if a.kind == "F" else -freed(a.kind, x, free_at_i)
+                if live > peak:
+                    peak = live
         peaks.append(peak)
     return peaks
 
@@ -193,14 +214,15 @@ def metrics(tl: Timeline) -> Metrics:
     R = tl.ranks
     bubble = 1.0 - sum(busy) / (R * makespan) if makespan > 0 else 0.0
     sched = tl.schedule
-    peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i)) if tl.activation_bytes else None
+    f = tl.mb_activation
+    peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i, f)) if tl.activation_bytes else None
     a2a, exposed = totals(tl.comm, R)
     return Metrics(
         makespan=makespan,
         bubble_fraction=bubble,
         busy=busy,
         idle=idle,
-        peak_activations=tuple(peak_memory(sched, tl.activation, tl.free_at_i)),
+        peak_activations=tuple(peak_memory(sched, tl.activation, tl.free_at_i, f)),
         peak_activation_bytes=peak_b,
         param_share=tuple(sched.param_share()),
         span_idle=tuple((span[1] - span[0] - b) if span else 0.0 for span, b in zip(tl.spans, busy)),

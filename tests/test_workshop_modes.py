@@ -280,6 +280,7 @@ LESSON_ANSWERS = [
     ("v-shape", [("cap", "5"), ("toggle", "zb-v"), ("toggle", "v-min")]),
     ("dualpipe", [("a2a", "0.25")]),
     ("uneven", [("tf", "1.25,1.25,1.25,1.25"), ("tb", "2.5,2.5,2.5,2.5")]),
+    ("lengths", [("lengths", "8192,4096,2048,1024,1024,1024,512,512")]),  # longest first, typed
 ]
 
 
@@ -311,6 +312,7 @@ CAUSE_VIEWS = [
     ([("tf", "1,1,1,2"), ("tb", "2,2,2,4")], "slow stage"),
     ([("tf", "1"), ("tb", "2"), ("latency", "1")], "link"),
     ([("latency", "0"), ("toggle", "1f1b"), ("toggle", "dualpipe-v")], "order"),
+    ([("lengths", "512,4096,1024,1024,2048,512,8192,1024")], "long micro-batch"),
 ]
 
 
@@ -345,7 +347,7 @@ def test_every_cause_is_said_in_plain_words_with_its_own_hatch_in_the_legend(ser
         assert fill == f"url(#hatch-{cause.replace(' ', '-')})"
         patterns.add(browser.execute_script("return document.querySelector(arguments[0]).innerHTML.replace(/#\\w+/g, '')",
                                             f"#hatch-{cause.replace(' ', '-')}"))
-    assert len(patterns) == len(CAUSE_VIEWS) - 1  # five causes, five patterns (not only colours)
+    assert len(patterns) == len(CAUSE_VIEWS) - 1  # six causes, six patterns (not only colours)
 
 
 def test_a_big_view_shows_every_rank_line_and_its_numbers_when_zoomed(server, browser, shots):

@@ -58,6 +58,7 @@ ANSWERS = {
     "v-shape": {"cap": 5, "schedules": "v-half"},
     "dualpipe": {"a2a": 0.25},
     "uneven": {"tf": "1.25,1.25,1.25,1.25", "tb": "2.5,2.5,2.5,2.5"},
+    "lengths": {"order": "shortest-first"},  # or the lengths typed in another order (test_workshop_modes.py)
 }
 
 

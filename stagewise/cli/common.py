@@ -111,7 +111,9 @@ def add_shape_args(p: argparse.ArgumentParser, *,
     p.add_argument("-v", "--chunks", type=positive_int, default=None, help=chunks)
 
 
-def add_cost_args(p: argparse.ArgumentParser) -> None:
+def add_cost_args(p: argparse.ArgumentParser, *, all_orders: bool = False, lengths: bool = True) -> None:
+    """The cost options every costed command shares (``all_orders``: --order also takes ``all``, compare's;
+    ``lengths`` False: no --lengths, for a command whose search takes micro-batches alike)."""
     g = p.add_argument_group("costs (per action: one stage, one micro-batch; a comma list gives one value per stage)")
     g.add_argument("--tf", type=per_stage_value, default=1.0, help="forward time, default 1")
     g.add_argument("--tb", type=per_stage_value, default=2.0, help="full backward time, default 2")
@@ -133,18 +135,79 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     from .memory import add_memory_args
     from .expert_options import add_a2a_args
 
+    if lengths:
+        add_length_args(p, all_orders=all_orders)
     add_memory_args(p)
     add_a2a_args(p)
     add_comm_args(p)
 
 
-def costs_from(args: argparse.Namespace, schedule=None) -> Costs:
-    """The cost options; with ``--costs-per rank`` and a schedule, scaled to its stages' shares."""
+def add_length_args(p: argparse.ArgumentParser, *, all_orders: bool = False, distribution: bool = False) -> None:
+    """--lengths FILE, --attention-share, --reference-length, --order: micro-batches of different lengths
+    (``distribution``: `plan`'s, sample lengths to draw each configuration's micro-batches from; no --order)."""
+    from ..lengths import ORDERS
+
+    orders = ORDERS + ("all",) if all_orders else ORDERS
+    g = p.add_argument_group("a length distribution (from a profile; docs/variable-lengths.md)" if distribution
+                             else "variable micro-batches (docs/variable-lengths.md)")
+    g.add_argument("--lengths", metavar="FILE", default=None, help=(
+        "sample lengths (tokens) as the data gives them, one a line or a JSON list: each configuration's step is "
+        "simulated over its micro-batches drawn from them") if distribution else (
+        "tokens of each micro-batch of the step, one whole number a line or a JSON list (as many as -m): each "
+        "costs its length's share of --tf, --tb, ... (at the reference length) and of the activations and bytes"))
+    g.add_argument("--attention-share", type=finite_float, default=0.0, metavar="A",
+                   help="share (0 <= A < 1) of compute at the reference length that is attention, quadratic in "
+                        "length; time factor (1-A) r + A r^2 with r = length / reference; default 0")
+    g.add_argument("--reference-length", type=finite_float, default=None, metavar="TOKENS",
+                   help=("the length the profile was measured at" if distribution else
+                         "the length the per-action times describe") + "; default the mean of --lengths")
+    if distribution:
+        return
+    g.add_argument("--order", choices=orders, default="as-given",
+                   help="which micro-batch enters the pipeline first: " + ", ".join(ORDERS) +
+                        ("; all: one row per order" if all_orders else "") + "; default as-given")
+
+
+def lengths_from(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """The lengths of --lengths FILE (read once per command), or None."""
+    path = getattr(args, "lengths", None)
+    if path is None:
+        for name in ("attention_share", "reference_length"):
+            if getattr(args, name, None) not in (None, 0.0):
+                raise UsageError(f"--{name.replace('_', '-')} sets what --lengths costs: give --lengths FILE too")
+        if getattr(args, "order", "as-given") not in ("as-given", "all"):
+            raise UsageError(f"--order {args.order} orders micro-batches of different lengths: give --lengths FILE")
+        return None
+    cached = getattr(args, "_lengths", None)
+    if cached is None:
+        from ..lengths import read
+
+        cached = args._lengths = read(path, "--lengths")
+    return cached
+
+
+def with_lengths(args: argparse.Namespace, costs: Costs, schedule=None, order: str | None = None) -> Costs:
+    """``costs`` with --lengths' factors in --order (or ``order``) for ``schedule`` (else -m micro-batches)."""
+    lengths = lengths_from(args)
+    if lengths is None:
+        return costs
+    from ..lengths import apply
+
+    slices = getattr(schedule, "slices", 1) if schedule is not None else 1
+    m = schedule.microbatches // slices if schedule is not None else args.microbatches
+    return apply(costs, lengths, microbatches=m, slices=slices, attention_share=args.attention_share,
+                 reference=args.reference_length, order=order or args.order)
+
+
+def costs_from(args: argparse.Namespace, schedule=None, order: str | None = None) -> Costs:
+    """The cost options; with ``--costs-per rank`` and a schedule, scaled to its stages' shares; with
+    --lengths, each micro-batch's factors (in ``order``, default --order)."""
     from .comm import comm_costs
     from .memory import memory_costs
     from .expert_options import a2a_costs
 
-    costs = comm_costs(args, a2a_costs(args, memory_costs(args, _base_costs(args))))
+    costs = with_lengths(args, comm_costs(args, a2a_costs(args, memory_costs(args, _base_costs(args)))), schedule,
+                         order)
     if schedule is not None and getattr(args, "costs_per", "stage") == "rank":
         return scaled(costs, rank_share_weights(schedule))
     return costs

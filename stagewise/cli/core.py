@@ -8,7 +8,7 @@ from ..simulate import simulate
 from ..timeline import Timeline
 from .comm import add_layout_args
 from .common import (UsageError, add_cost_args, add_schedule_args, add_shape_args, costs_basis, costs_from,
-                     family_names, print_json, read_checked, schedule_from)
+                     family_names, lengths_from, print_json, read_checked, schedule_from)
 
 
 def register(sub) -> None:
@@ -33,7 +33,7 @@ def register(sub) -> None:
                        "same-model comparison); -o writes them on one time axis.")
     add_shape_args(p, chunks="chunks for the families that take v")
     p.add_argument("--schedules", default=None, help="comma-separated families (default: all that accept p, m)")
-    add_cost_args(p)
+    add_cost_args(p, all_orders=True)
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per schedule")
     p.add_argument("-o", "--output", default=None, help="also write the comparison figure (PNG/SVG)")
     p.set_defaults(func=cmd_compare)
@@ -71,6 +71,8 @@ def cmd_simulate(args) -> int:
     costs = costs_from(args, sched)
     tl = simulate(sched, costs, check=not read_checked(args))  # played once: the result and the drawing read it
     res = result(sched, costs, tl)
+    if lengths_from(args) is not None:  # micro-batches of different lengths: in which order they were fed
+        res["order"] = args.order
     if args.json:
         print_json(res)
     else:
@@ -86,11 +88,18 @@ def cmd_simulate(args) -> int:
 
 
 def compare_entries(args) -> list[tuple[dict, Timeline]]:
-    """(result, timeline) of each family in --schedules (default: all that accept p, m)."""
-    from ..compare import compare
+    """(result, timeline) of each family in --schedules (default: all that accept p, m); with --lengths, of each
+    family in --order (all: in each order policy, one row each)."""
+    from ..compare import compare, compare_orders, schedules_for
+    from ..lengths import ORDERS
 
     names = family_names(args.schedules)
-    entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched))
+    if lengths_from(args) is not None:
+        orders = ORDERS if args.order == "all" else (args.order,)
+        entries = compare_orders(schedules_for(names, args.ranks, args.microbatches, args.chunks),
+                                 lambda sched, order: costs_from(args, sched, order), orders)
+    else:
+        entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched))
     if not entries:
         raise UsageError(f"no schedule family accepts -p {args.ranks} -m {args.microbatches}")
     return [(e.result, e.timeline) for e in entries]

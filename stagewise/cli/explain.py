@@ -9,7 +9,7 @@ def register(sub) -> None:
     p = sub.add_parser("explain", help="say why each idle gap waits: the action it waits for and the first cause",
                        description="Simulate a schedule and print each idle gap in plain words, then on an "
                        "indented line in exact terms: the action that waits, the one it waits for, the chain of "
-                       "waits back to the first cause (fill, drain, slow stage, link or order); and the idle time "
+                       "waits back to the first cause (fill, drain, slow stage, link, order, or a long micro-batch); and the idle time "
                        "per cause.")
     add_schedule_args(p)
     add_cost_args(p)

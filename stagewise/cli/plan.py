@@ -10,7 +10,7 @@ import math
 import time
 
 from .. import limits
-from .common import UsageError, family_names, finite_float, positive_int, print_json, whole_int
+from .common import UsageError, add_length_args, family_names, finite_float, positive_int, print_json, whole_int
 from .planning import Destinations, ProgressBar, csv_round_trips, destinations, said_default, whole_numbers
 
 
@@ -77,6 +77,7 @@ def register(sub) -> None:
     p.add_argument("--rounds", type=positive_int, default=2,
                    help="verified runs alternate in this many rounds, default 2")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (with --model: as -o plan.json writes it)")
+    add_length_args(p, distribution=True)
     plan_cluster.add_options(p)
     plan_failures.add_options(p)
     p.set_defaults(func=cmd_plan)
@@ -89,6 +90,9 @@ def cmd_plan(args) -> int:
 
     try:
         if plan_cluster.wants_cluster(args):
+            if args.lengths is not None:
+                raise UsageError("--lengths plans a length distribution from a --profile; with --model the "
+                                 "cluster planner costs one --seq-length")
             return plan_cluster.run(args)
         if args.recompute == "selective":
             raise UsageError("--recompute selective needs --model: a measured profile cannot tell the attention "
@@ -134,7 +138,8 @@ def _plan(args) -> int:
     space = Space(families=fams, chunks=chunks, micro_batch_sizes=sizes, recompute=rc, counts=counts,
                   split=args.split)
     _check_search_size(args, prof, cluster, space)
-    searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space)
+    searcher = Searcher(profile=prof, cluster=cluster, global_batch=args.global_batch, space=space,
+                        lengths=_distribution(args))
     t0 = time.perf_counter()
     with ProgressBar(enabled=not args.json) as bar:
         cands = search(searcher, bar.update)
@@ -146,6 +151,20 @@ def _plan(args) -> int:
 
         cands = refine(searcher, cands)
     return _report(args, prof, cluster, cands, elapsed, searcher, out)
+
+
+def _distribution(args):
+    """--lengths FILE as the distribution to plan for (None without it)."""
+    if args.lengths is None:
+        if args.attention_share or args.reference_length is not None:
+            raise UsageError("--attention-share and --reference-length set what --lengths costs: give --lengths FILE")
+        return None
+    for flag, on in (("--auto", args.auto), ("--verify", args.verify is not None)):
+        if on:
+            raise UsageError(f"{flag} runs or searches micro-batches alike; plan --lengths without it")
+    from ..lengths import Distribution, read
+
+    return Distribution(read(args.lengths, "--lengths"), args.attention_share, args.reference_length)
 
 
 def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) -> int:
@@ -175,6 +194,8 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
               "csv": out.csv, "train": command, "ranking": [c.to_dict() for c in cands], "verify": verified}
     if faults is not None:
         result["failures"] = faults.to_dict()
+    if searcher.lengths is not None:
+        result["lengths"] = searcher.lengths.to_dict()
     plan = local_plan(argv=out.argv, profile=prof, cluster=cluster, result=result, top=args.top)
     out.write(plan, local_markdown(plan, table(cands, prof.symbols, args.top)))
     if args.json:
@@ -183,6 +204,11 @@ def _report(args, prof, cluster, cands, elapsed, searcher, out: Destinations) ->
     fits = sum(c.fits for c in cands)
     limit = "no memory limit" if cluster.memory is None else f"{fits} fit in {_fmt(cluster.memory)} per device"
     print(f"searched {len(cands)} configurations in {elapsed:.2f} s ({limit}); " + _band_line(best) + "\n")
+    if searcher.lengths is not None:
+        d = searcher.lengths.to_dict()
+        print(f"each step over its micro-batches of {d['samples']} sample lengths {d['min']}..{d['max']} (mean "
+              f"{d['mean']:.4g}; the profile's times at {d['reference_length']:.4g} tokens, attention share "
+              f"{d['attention_share']:g})\n")
     print(table(cands, prof.symbols, args.top))
     print(f"\n{why(cands)}")
     print(f"wrote {out.csv} (torch compute-only CSV of the winner, {best.schedule.ranks} ranks){said_default(args)}")

@@ -22,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches, default 8")
     p.add_argument("--objective", choices=("step", "span"), default="step",
                    help="'step' (default): the shared step end; 'span': the longest rank's own span")
-    add_cost_args(p)
+    add_cost_args(p, lengths=False)  # its search plays micro-batches alike
     p.add_argument("--optimum", action="store_true", help="also solve for the proven optimum (p <= 4, m <= 8)")
     p.add_argument("--time-limit", type=finite_float, default=20.0,
                    help="seconds for the search (and again for the optimum), default 20")

@@ -149,6 +149,8 @@ class Summary:
     a2a_exposed: float = 0.0  #: exposed all-to-all of the rank that exposes most
     a2a_hidden: float = 0.0  #: share of all all-to-all hidden behind compute
     transfers: bool = False  #: whether the lane holds lowered communication (gathers, reductions, sends)
+    #: "micro-batch times x0.2..x5.8" when micro-batches differ (``Costs.mb_time``: cells wide and narrow)
+    lengths_note: str = ""
 
     @property
     def comm(self) -> bool:
@@ -179,7 +181,8 @@ class Summary:
             peaks = f"peak per rank {min(self.peak):g} to {max(self.peak):g}"
         cap = f"; {self.cap_note}" if self.cap_note else ""
         comm = f"; {self.comm_note}" if self.comm_note else ""
-        return f"{self.source}; makespan {self.makespan:.4g} {self.unit}; {peaks}{cap}{comm}"
+        lengths = f"; {self.lengths_note}" if self.lengths_note else ""
+        return f"{self.source}; makespan {self.makespan:.4g} {self.unit}; {peaks}{cap}{comm}{lengths}"
 
 
 def cap_note(mt) -> str:
@@ -191,6 +194,14 @@ def cap_note(mt) -> str:
     caps = sorted(set(mt.memory_cap))
     cap = f"{caps[0]:.4g}" if len(caps) == 1 else f"{caps[0]:.4g}..{caps[-1]:.4g}"
     return f"cap {cap} {unit}: " + ("within" if not over else f"over on {over} rank{'s' if over > 1 else ''}")
+
+
+def lengths_note(timeline: Timeline) -> str:
+    """"micro-batch times x0.2..x5.8" when the costs give micro-batches different times; empty otherwise."""
+    f = getattr(timeline.meta.get("costs"), "mb_time", None)
+    if not f or min(f) == max(f):
+        return ""
+    return f"micro-batch times x{min(f):.2g}..x{max(f):.2g}"
 
 
 def summary(timeline: Timeline) -> Summary:
@@ -208,6 +219,7 @@ def summary(timeline: Timeline) -> Summary:
         a2a_exposed=max(mt.exposed_a2a, default=0.0),
         a2a_hidden=sum(mt.hidden_a2a) / sum(mt.a2a) if sum(mt.a2a) else 0.0,
         transfers=bool(mt.comm),
+        lengths_note=lengths_note(timeline),
     )
 
 

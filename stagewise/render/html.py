@@ -128,6 +128,8 @@ MEANING = {
     "free_at_i": "fraction of a stage's activations freed at I (the rest at W)",
     "recompute": "stages that keep only their input and redo F in B",
     "recompute_keep": "activation kept by a recomputed stage (chunk-units)",
+    "mb_time": "a factor per micro-batch on its durations (its length: --lengths, --attention-share, --order)",
+    "mb_activation": "a factor per micro-batch on its activations, messages and all-to-all (its tokens)",
 }
 
 
@@ -135,14 +137,16 @@ def _costs(costs: Costs) -> str:
     """Every field of the cost model with its value (defaults spelled out) and meaning."""
     notes = {"t_i": "default t_b / 2", "t_w": "default t_b / 2",
              "t_fb": "derived: t_f + t_b, less the all-to-all the pair hides", "a2a_b": "default a2a",
-             "bandwidth": "none: links are free", "activation_bytes": "not given"}
+             "bandwidth": "none: links are free", "activation_bytes": "not given",
+             "mb_time": "none: every micro-batch alike", "mb_activation": "none: every micro-batch alike"}
     rows = ['<table id="costs"><thead><tr><th>cost</th><th>value</th><th>meaning</th></tr></thead><tbody>']
     for f in fields(costs):
         value = getattr(costs, f.name)
         if value is None:
             text = notes.get(f.name, "-")
         elif isinstance(value, (list, tuple)):
-            text = ", ".join(f"{x:g}" if isinstance(x, (int, float)) else str(x) for x in value) + " (per stage)"
+            each = " (per micro-batch)" if f.name.startswith("mb_") else " (per stage)"
+            text = ", ".join(f"{x:g}" if isinstance(x, (int, float)) else str(x) for x in value) + each
         else:
             text = f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
         rows.append(f"<tr><td>{escape(f.name)}</td><td>{escape(text)}</td>"

@@ -46,6 +46,7 @@ CAUSES = {
     "link": ("#56B4E9", "dots"),          # sky-blue dots
     "order": ("#666666", "horizontal"),   # grey lines
     "collective": ("#009E73", "vertical"),  # bluish-green upright lines
+    "long micro-batch": ("#E69F00", "grid"),  # orange squares
 }
 #: the page's own colours (text, lines, panels, states), set as CSS variables from the API
 PAGE = {

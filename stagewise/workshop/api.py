@@ -35,7 +35,8 @@ from ..validate import ScheduleError
 OPTIONS = {"schedules": "--schedules", "p": FLAGS["pp"], "m": "--microbatches", "v": "--chunks", "tf": "--tf",
            "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "a2a": "--a2a", "latency": "--latency",
            "skew": "skew", "per": "per", "free_at_i": "--free-at-i", "cap": "--cap", "fsdp": FLAGS["fsdp"],
-           "bandwidth": "--intra-bandwidth"}
+           "bandwidth": "--intra-bandwidth", "lengths": "--lengths", "attention_share": "--attention-share",
+           "order": "--order"}
 #: the durations that take one number or one per stage (``1,1,1,2``), as the CLI's options do
 PER_STAGE = ("tf", "tb", "ti", "tw", "tfb", "a2a")
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
@@ -81,6 +82,11 @@ class Settings:
     fsdp: int = 1
     #: of those collectives: one rank's share of the weights per t_f (None: free); lower it to see a bubble
     bandwidth: float | None = None
+    #: tokens of each micro-batch (as many as ``m``): each costs its length's share (``stagewise.lengths``); None:
+    #: micro-batches alike
+    lengths: tuple[int, ...] | None = None
+    attention_share: float = 0.0  #: share of a mean-length micro-batch's compute quadratic in its length
+    order: str = "as-given"  #: which micro-batch enters first (``lengths.ORDERS``)
 
     def to_query(self) -> dict[str, str]:
         """The non-default settings as strings (the page's URL state)."""
@@ -136,11 +142,33 @@ def parse_settings(data: Mapping) -> Settings:
             kw[name] = raw
         elif name in ("p", "m", "v", "fsdp"):
             kw[name] = _whole(name, raw)
+        elif name == "lengths":
+            kw[name] = _lengths(raw)
+        elif name == "order":
+            from ..lengths import ORDERS
+
+            if raw not in ORDERS:
+                raise SettingError(f"--order must be one of {', '.join(ORDERS)}; got {_short(raw)}", "order")
+            kw[name] = raw
         elif name in PER_STAGE:
             kw[name] = _times(name, raw)
         else:
             kw[name] = _number(name, raw)
     return Settings(**kw)
+
+
+def _lengths(raw) -> tuple[int, ...]:
+    """Micro-batch lengths: text with commas (``512,4096,1024``) or a JSON list, read as a --lengths file is."""
+    from ..lengths import parse
+
+    if isinstance(raw, (list, tuple)):
+        raw = "\n".join(map(str, raw))
+    if not isinstance(raw, str) or len(raw) > MAX_NUMBER_TEXT * LIMITS["m"]:
+        raise SettingError(f"--lengths: whole numbers separated by commas, at most {LIMITS['m']}", "lengths")
+    try:
+        return parse(raw.replace(",", "\n"), "--lengths")
+    except CostError as e:
+        raise SettingError(str(e), "lengths") from None
 
 
 def _names(raw) -> tuple[str, ...]:
@@ -231,6 +259,13 @@ def costs_for(s: Settings, schedule: Schedule) -> Costs:
     costs = scaled(timed, stage_weights(schedule, 1.0, s.per), durations=False)
     if s.bandwidth is not None and not s.bandwidth > 0:
         raise SettingError(f"--intra-bandwidth must be > 0; got {s.bandwidth:g}", "bandwidth")
+    if s.lengths is not None:  # micro-batches of different lengths, each its own cost (as simulate --lengths)
+        from ..lengths import apply
+
+        costs = apply(costs, s.lengths, microbatches=schedule.microbatches // schedule.slices,
+                      slices=schedule.slices, attention_share=s.attention_share, order=s.order)
+    elif s.attention_share or s.order != "as-given":
+        raise SettingError("--attention-share and --order set what --lengths costs: give the lengths too", "lengths")
     if s.fsdp > 1:
         from dataclasses import replace
 

@@ -104,6 +104,22 @@ def _uneven_goal(s: Settings, shown: dict) -> tuple[bool, str]:
     return same and span < 45, now
 
 
+#: the lengths lesson's step: mixed micro-batches, two long ones in the middle (``docs/variable-lengths.md``)
+STEP_LENGTHS = (512, 4096, 1024, 1024, 2048, 512, 8192, 1024)
+
+
+def _lengths_goal(s: Settings, shown: dict) -> tuple[bool, str]:
+    """Answered when 1F1B's step over the lesson's lengths, in the order chosen (the order control, or the
+    lengths typed in another order), is 15% shorter than in the lesson's own order."""
+    if "1f1b" not in shown or (s.p, s.m) != (4, 8) or s.lengths is None or \
+            sorted(s.lengths) != sorted(STEP_LENGTHS):
+        return False, "tick 1f1b at p=4, m=8 with the lesson's lengths"
+    given = _simulated(replace(s, lengths=STEP_LENGTHS, order="as-given"), ("1f1b",))["1f1b"]["makespan"]
+    span = shown["1f1b"]["makespan"]
+    now = f"{s.order}: 1F1B's step {span:.4g}, as given {given:.4g}"
+    return span < 0.85 * given - 1e-9, now
+
+
 LESSONS = (
     Lesson(key="bubble", title="The bubble", start={"schedules": "1f1b", "p": 8, "m": 8},
            question="Make 1F1B's bubble under 10% at p = 8.", goal=_bubble_goal("1f1b", 0.10, p=8)),
@@ -127,6 +143,11 @@ LESSONS = (
            start={"schedules": "1f1b", "p": 4, "m": 8, "tf": "1,1,1,2", "tb": "2,2,2,4"},
            question="Move work between the stages (t_F still summing to 5, t_B to 10) so the makespan drops under 45.",
            goal=_uneven_goal),
+    Lesson(key="lengths", title="Micro-batches of different lengths: which goes first",
+           start={"schedules": "1f1b", "p": 4, "m": 8, "lengths": ",".join(map(str, STEP_LENGTHS)),
+                  "attention_share": 0.3},
+           question="Keep the lengths: choose an order that makes 1F1B's step at least 15% shorter than as given.",
+           goal=_lengths_goal),
 )
 
 

@@ -128,6 +128,9 @@ class Searcher:
     cluster: Cluster
     global_batch: int
     space: Space = field(default_factory=Space)
+    #: sample lengths to plan for (``lengths.Distribution``): each configuration's step is simulated over its own
+    #: micro-batches of them; None: every micro-batch at the profile's length
+    lengths: object | None = None
     _schedules: dict = field(default_factory=dict)
     _partitions: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)  #: reason -> count
@@ -211,8 +214,12 @@ class Searcher:
         part = self._partition(h, c)
         prof, cl = self.profile, self.cluster
         costs = stage_costs(prof, part.counts, h, c.mbs, c.recompute, cl, c.p, c.dp)
+        if self.lengths is not None:  # this configuration's micro-batches of the distribution, each its own cost
+            costs = self.lengths.apply(costs, c.m, c.mbs)
         makespan, bubble = timing(simulate(sched, costs, check=False))
         acts = peak_activation_bytes(h, costs.resolve(sched.stages).activation_bytes)
+        if costs.mb_activation is not None:  # the peak's live micro-batches, each as large as the largest: a bound
+            acts = tuple(a * max(costs.mb_activation) for a in acts)
         fixed = rank_fixed_bytes(prof, part.counts, h, cl.state_factor)
         transient = rank_transient_bytes(prof, part.counts, h, c.mbs, c.recompute)
         memory = tuple(f + a + t for f, a, t in zip(fixed, acts, transient))

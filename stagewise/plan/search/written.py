@@ -24,7 +24,8 @@ def local_plan(*, argv: list[str], profile, cluster, result: dict, top: int) -> 
                        "state_factor": cluster.state_factor},
             "assumptions": {"band": "the profile's measured spread of each layer's F + B, weighted by its time"
                             if result["best"]["band"] is not None else "none: the profile records no spread",
-                            "overhead": "the profile's measured per-step overhead, if it has one"},
+                            "overhead": "the profile's measured per-step overhead, if it has one",
+                            "lengths": _lengths_words(result.get("lengths"))},
             **{k: v for k, v in result.items() if k != "ranking"}, "ranking": result["ranking"][:top]}
 
 
@@ -37,4 +38,14 @@ def local_markdown(plan: dict, table: str) -> str:
         "## Result", "", "```", table, "```", "", plan["why"], "", "Run it:", "", "```", plan["train"], "```", "",
         "## Inputs", "", "```json", json.dumps(inp, indent=1, default=str), "```", "",
         "## Assumptions", "", f"- Error band: {plan['assumptions']['band']}.",
-        f"- Overhead: {plan['assumptions']['overhead']}.", ""])
+        f"- Overhead: {plan['assumptions']['overhead']}.",
+        f"- Lengths: {plan['assumptions'].get('lengths') or _lengths_words(None)}.", ""])
+
+
+def _lengths_words(got: dict | None) -> str:
+    """What the plan's micro-batches hold (``plan --lengths``: a distribution, ``lengths.Distribution.to_dict``)."""
+    if not got:
+        return "every micro-batch at the profile's sequence length"
+    return (f"each step over its micro-batches drawn from {got['samples']} sample lengths {got['min']}..{got['max']} "
+            f"(mean {got['mean']:.4g}), the profile's times at {got['reference_length']:.4g} tokens, attention "
+            f"share {got['attention_share']:g}")

@@ -5,7 +5,7 @@
 "use strict";
 
 const FIELDS = ["p", "m", "v", "tf", "tb", "ti", "tw", "tfb", "a2a", "latency", "skew", "per", "free_at_i", "cap", "fsdp",
-  "bandwidth"];
+  "bandwidth", "lengths", "attention_share", "order"];
 const MODES = ["view", "play", "why", "build", "teach"];
 const ZOOMS = [1, 2, 4, 8];
 const PLACES = ["mode", "t", "gap", "zoom", "lesson"]; // the page's own state in the address, besides the settings
@@ -374,6 +374,7 @@ function bind() {
   });
   // a select may fire only `change` (WebDriver's option clicks do); the debounce merges the pair browsers send
   $("per").addEventListener("change", () => { syncCapUnit(); schedule(); });
+  $("order").addEventListener("change", schedule);
   $("zoom").addEventListener("change", () => {
     page.zoom = Number($("zoom").value) || 1;
     saveUrl();

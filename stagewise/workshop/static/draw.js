@@ -181,6 +181,7 @@ function pattern(cause, id) { // one hatch per cause (render.palette.CAUSES): it
     cross: ["rotate(45)", line(0, 0, 0, 6) + line(0, 0, 6, 0)],
     horizontal: ["", line(0, 3, 6, 3)],
     vertical: ["", line(3, 0, 3, 6)],
+    grid: ["", line(0, 3, 6, 3) + line(3, 0, 3, 6)],
     dots: ["", `<circle cx="3" cy="3" r="1.3" fill="${c}" fill-opacity="0.85"/>`],
   }[kind] || ["", ""];
   return `<pattern id="${id}" width="6" height="6" patternUnits="userSpaceOnUse"` +

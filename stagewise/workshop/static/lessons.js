@@ -122,4 +122,19 @@ const LESSONS = {
       `${pct(r.bubble_fraction)}. With the same work spread evenly, (m+p\u22121)(t<sub>F</sub>+t<sub>B</sub>) for ` +
       "each stage's share. The planner (<code>stagewise plan</code>) looks for such splits.</p>";
   },
+
+  lengths(c) {
+    const { r } = c;
+    const by = r.idle_by_cause || {};
+    return "<p>Real micro-batches differ in length: here the lengths control gives each its tokens, and each costs " +
+      "its length's share of t<sub>F</sub> and t<sub>B</sub> (linear in tokens, plus the attention share that grows " +
+      "with the square of the length), as <code>stagewise simulate --lengths FILE --attention-share 0.3</code> " +
+      "does: the cells are as wide as their micro-batch is long.</p>" +
+      `<p>A long micro-batch holds its stage, and the ranks that need its result wait ` +
+      `(${c.term("gaps:long micro-batch", "long-micro-batch gaps")}: ${n4(by["long micro-batch"] || 0)} of the idle time). ` +
+      `${esc(r.schedule)} now takes <b>${num(r.makespan)}</b>, bubble ${pct(r.bubble_fraction)}. The order control ` +
+      "decides which micro-batch enters first: as given, longest or shortest first, or balanced (long and short " +
+      "alternating). Sorted, the long ones meet at one end of the step instead of stalling the steady state; " +
+      "<code>stagewise compare --order all</code> weighs every order.</p>";
+  },
 };
