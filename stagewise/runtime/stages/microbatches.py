@@ -74,7 +74,7 @@ def _check_list(mbs: list, what: str, microbatches: int, shards: int) -> None:
 
 def varies(mbs: list | None) -> bool:
     """Some tensor leaf's shape differs between the micro-batches."""
-    if not mbs or not is_split(mbs):
+    if not is_split(mbs) or not mbs:
         return False
     shapes = [tuple(tuple(t.shape) for t in pytree.tensors(mb)) for mb in mbs]
     return any(s != shapes[0] for s in shapes)
