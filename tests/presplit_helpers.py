@@ -91,6 +91,10 @@ def run(cases, hf_folder: str, errors: dict) -> dict:
             pipe = stagewise.Pipeline(family, layers(), loss_fn, microbatches=M, **options)
         if not out:
             out["errors"] = _errors(pipe, errors)
+            xs, ys = micro_batches()
+            res = pipe.eval_step(xs, ys)
+            out["eval"] = (res.loss, [tuple(o.shape) for o in res.outputs] if res.outputs is not None else None,
+                           res.output_mbs)
         opt = torch.optim.SGD(pipe.parameters(), lr=LR)
         steps = SHUFFLED_STEPS if label.endswith("shuffled") else 1
         got = []
@@ -108,8 +112,9 @@ def run(cases, hf_folder: str, errors: dict) -> dict:
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, out)
     merged = every[0]
+    merged["eval"] = [rank["eval"] for rank in every]
     for label in merged:  # each rank's gradients: a stage's, whole (sharded ones gathered)
-        if label != "errors":
+        if label not in ("errors", "eval"):
             merged[label] = [(loss, {n: g for rank in every for n, g in rank[label][k][1].items()})
                              for k, (loss, _) in enumerate(merged[label])]
     return merged

@@ -4,7 +4,8 @@ One launch of 4 ranks: every family at pp 2 x fsdp 2 and at pp 2 x tp 2 runs one
 lengths differ 8x (2..16 tokens), whose loss and every gradient (sharded ones gathered whole) equal the plain
 model's over the same micro-batches, each loss weighted by its tokens, to 1e-5; so does the tiny Llama
 (transformers' own model as the reference), pp 2 x dp 2 with recomputation, and 3 steps whose lengths are
-permuted each step. The same launch gives the bad inputs' one-line errors. The lowering's headers and the
+permuted each step. The same launch gives the bad inputs' one-line errors and an evaluation of the
+micro-batches; the token weights are checked alone. The lowering's headers and the
 validator's proof that they cannot deadlock are tests/test_lowering_headers.py.
 """
 
@@ -106,3 +107,32 @@ def test_bad_micro_batches_are_one_line_naming_the_argument_and_the_rule(runs):
     assert got["rows the shards cannot split"].startswith("`inputs[1]` has 1 rows (dimension 0 of shape (1, 16)); "
                                                           "each micro-batch needs rows that split into 2 equal")
     assert all("\n" not in text for text in got.values())
+
+
+def test_evaluation_takes_the_micro_batches_and_gives_each_ones_outputs(runs):
+    """``eval_step(list, list)`` before the update: the step's loss, and on a last stage's ranks one output per
+    micro-batch in its own shape (its shard's row)."""
+    [(want_loss, _)] = H.own_reference()
+    held = [(outs, mbs) for loss, outs, mbs in runs["eval"] if outs is not None]
+    assert all(abs(loss - want_loss) <= 1e-5 * want_loss for loss, *_ in runs["eval"])
+    assert held and all(outs == [(1, n, H.VOCAB) for n in H.LENGTHS] and mbs == (0, 1, 2, 3) for outs, mbs in held)
+
+
+def test_tokens_weigh_each_micro_batch_and_equal_ones_weigh_alike():
+    """``stages/microbatches.py``: integer targets count the elements that are not -100, others their rows;
+    each data shard's micro-batch counts its tokens over the step's (times the shards the pipeline divides by);
+    the reference runs listed micro-batches with the same weights and one batch in equal pieces."""
+    from stagewise.runtime.run.reference import micro_parts
+    from stagewise.runtime.stages import microbatches
+
+    ys = [torch.ones(2, 3, dtype=torch.long), torch.full((2, 6), -100)]
+    ys[1][:, :3] = 1
+    assert [microbatches.weight(y) for y in ys] == [6.0, 6.0]
+    assert microbatches.weight(torch.randn(5, 2)) == 5.0
+    assert microbatches.scales(ys, 2, 0) == [0.5, 0.5]  # shard 0 holds 3 of each micro-batch's 6 tokens
+    assert microbatches.scales([torch.ones(2, 2, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)], 1, 0) == \
+        [0.25, 0.75]
+    assert microbatches.varies([torch.ones(2, 2), torch.ones(2, 3)]) and not microbatches.varies(torch.ones(4, 2))
+    x = torch.arange(8).reshape(4, 2)
+    assert [s for *_, s in micro_parts(x, x, 2)] == [0.5, 0.5]
+    assert [s for *_, s in micro_parts([x[:1], x[1:]], [x[:1], x[1:]], 2)] == [0.25, 0.75]

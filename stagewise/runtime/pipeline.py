@@ -80,7 +80,9 @@ class StepResult:
     seconds: float  #: wall time of this rank's step: its program and the step-end gradient sums
     op_seconds: tuple[tuple[float, float], ...]  #: (start, end) of each op of this rank's program, from step start
     timeline: Timeline | None = None  #: every rank's measured ops, on rank 0 of ``step(..., timeline=True)``
-    outputs: Any = None  #: evaluation: the last stage's outputs of ``output_mbs``, concatenated (else None)
+    #: evaluation: the last stage's outputs of ``output_mbs``, concatenated (a list of them, one per micro-batch,
+    #: where the micro-batches came as a list: their shapes may differ), else None
+    outputs: Any = None
     output_mbs: tuple[int, ...] = ()  #: the micro-batches whose outputs this rank holds
     skipped: str | None = None  #: ``nonfinite="skip"``: where the non-finite loss came from; its gradients dropped
 
@@ -277,7 +279,8 @@ class Pipeline:
     @torch.no_grad()
     def eval_step(self, inputs, targets=None) -> StepResult:
         """Forward only (each rank's F's in program order): the mean loss when ``targets`` are given, and on a
-        rank holding a last stage its outputs (``StepResult.outputs``). No gradient is formed."""
+        rank holding a last stage its outputs (``StepResult.outputs``). No gradient is formed. ``inputs`` and
+        ``targets`` as ``step`` takes them (one batch, or lists of micro-batches)."""
         if self._evaluator is None:
             self._evaluator = Executor(self._context(self.schedule.forward_only(), forward_only=True))
         split = microbatches.check(inputs, targets, self.schedule.microbatches, self.topo.data_shards)
@@ -296,7 +299,7 @@ class Pipeline:
         has = bool(done.mb_losses) and self._counts_loss
         loss, counted = RankSum([done.loss if has else 0.0, float(has)], self.device).value()
         mbs = tuple(sorted(done.outputs))
-        outs = _concat([done.outputs[k] for k in mbs]) if mbs else None
+        outs = None if not mbs else [done.outputs[k] for k in mbs] if split else _concat([done.outputs[k] for k in mbs])
         res = self._result(loss if counted else None, done, t0, False)
         return StepResult(total=res.total, seconds=res.seconds, op_seconds=res.op_seconds, outputs=outs,
                           output_mbs=mbs)

@@ -305,8 +305,7 @@ class P2P:
             earlier = known[3] != self.steps  # learned in an earlier step: static shapes were promised
             rule = ("with static_shapes every step must have the shapes of the first" if earlier else
                     "every micro-batch of a step must have the same structure and dtypes between stages" if varying
-                    else "every micro-batch of a step must have the same structure, shapes and dtypes between stages "
-                    "(micro-batches of different shapes: pass step() a list of them)")
+                    else "every micro-batch of a step must have the same structure, shapes and dtypes between stages")
             raise ShapeError(f"{who} micro-batch {route.mb}: {verb} {_WHAT[route.direction]} "
                              f"(stage {route.source} -> {route.stage}) "
                              f"{_difference(known, spec, metas, earlier, varying)}; {rule}")
