@@ -88,7 +88,8 @@ def run(cases, hf_folder: str, errors: dict) -> dict:
         else:
             if options.get("tp", 1) > 1:
                 options["tp_plan"] = OWN_TP_PLAN
-            pipe = stagewise.Pipeline(family, layers(), loss_fn, microbatches=M, **options)
+            with _untagged(label.endswith("untagged")):
+                pipe = stagewise.Pipeline(family, layers(), loss_fn, microbatches=M, **options)
         if not out:
             out["errors"] = _errors(pipe, errors)
             xs, ys = micro_batches()
@@ -118,6 +119,21 @@ def run(cases, hf_folder: str, errors: dict) -> dict:
             merged[label] = [(loss, {n: g for rank in every for n, g in rank[label][k][1].items()})
                              for k, (loss, _) in enumerate(merged[label])]
     return merged
+
+
+def _untagged(on: bool):
+    """Messages matched by order alone, as NCCL matches them (no tags under gloo either): each header is
+    received before its data's buffer is posted, in the channel's one order."""
+    from contextlib import nullcontext
+    from unittest import mock
+
+    from stagewise.runtime.messages.p2p import P2P
+
+    class Untagged(P2P):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "tags": False})
+
+    return mock.patch("stagewise.runtime.pipeline.P2P", Untagged) if on else nullcontext()
 
 
 def _whole_grads(pipe) -> dict:
