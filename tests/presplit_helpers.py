@@ -76,17 +76,25 @@ def run(cases, hf_folder: str, errors: dict) -> dict:
     Rank 0 returns {label: [(loss, {name: whole gradient}) per step]}, and under "errors" what each bad input
     of ``errors`` (label -> (inputs, targets)) raised on the first case's pipeline."""
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
+    meshes = {}  # one mesh per layout, its groups made once for every case of it
     out = {}
     for label, family, options in cases:
         options = dict(options)
+        layout = tuple((d, n) for d, n in options.items() if d in ("fsdp", "tp") and n > 1)
+        if layout and not label.startswith("llama"):
+            if layout not in meshes:
+                meshes[layout] = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", layout[0][0]))
+            options = {k: v for k, v in options.items() if k not in ("fsdp", "tp")}
+            options["mesh"] = meshes[layout]
         if label.startswith("llama"):
             from stagewise.hf import load
             from stagewise.hf.pipelined import pipeline
 
             pipe = pipeline(load(hf_folder), family, microbatches=M, **options)
         else:
-            if options.get("tp", 1) > 1:
+            if layout and layout[0][0] == "tp":
                 options["tp_plan"] = OWN_TP_PLAN
             with _untagged(label.endswith("untagged")):
                 pipe = stagewise.Pipeline(family, layers(), loss_fn, microbatches=M, **options)
