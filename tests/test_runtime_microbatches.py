@@ -1,13 +1,13 @@
 """Pre-split micro-batches of different lengths (``Pipeline.step(list, list)``) equal the unpipelined run.
 
 One launch of 4 ranks: every family at pp 2 x fsdp 2 and at pp 2 x tp 2 (one named mesh per layout, its groups
-made once) runs one step of micro-batches whose lengths differ 8x (2..16 tokens), whose loss and every gradient (sharded ones gathered whole) equal the plain
-model's over the same micro-batches, each loss weighted by its tokens, to 1e-5; so does the tiny Llama
-(transformers' own model as the reference), pp 2 x dp 2 with recomputation, pp 4 with messages matched by
-order alone (as NCCL matches them; Megatron-LM #5100 deadlocked at PP >= 4), and 3 steps whose lengths are
-permuted each step. The same launch gives the bad inputs' one-line errors and an evaluation of the
-micro-batches; the token weights are checked alone. The lowering's headers and the
-validator's proof that they cannot deadlock are tests/test_lowering_headers.py.
+made once) runs one step of micro-batches whose lengths differ 8x (2..16 tokens), whose loss and every gradient
+(sharded ones gathered whole) equal the plain model's over the same micro-batches, each loss weighted by its
+tokens, to 1e-5; so do the tiny Llama (transformers' own model as the reference), pp 2 x dp 2 with
+recomputation, pp 4 with messages matched by order alone (as NCCL matches them; Megatron-LM #5100 deadlocked at
+PP >= 4), and 3 steps whose lengths are permuted each step. The same launch gives the bad inputs' one-line
+errors and an evaluation of the micro-batches; the token weights are checked alone. The lowering's headers and
+the validator's proof that they cannot deadlock are tests/test_lowering_headers.py.
 """
 
 from __future__ import annotations
