@@ -15,6 +15,10 @@ without communication whose messages take their link's time.
   bytes over the cost model's bandwidth; it arrives a latency later (no bytes given: the cost model's
   message time, today's link). Its receive is where the receiver's op takes it: the op starts no earlier.
   With ``Overlap.blocking_p2p`` (DeepSpeed) the sender's next op waits for the arrival too.
+- A message's header (``SEND_F_HDR`` ...) is a small message on the same link, right before its data: its
+  bytes over the bandwidth, and the latency. Its receive holds the receiver until it has arrived (the
+  receiver needs the shapes to post the data's receive), so a header taken out of the data's order is a
+  wait that the play finds (``Stuck``).
 - A collective runs on its stream (one per rank and group: collectives over one group run in turn), from
   when it is posted (the rank reaches it) and the stream is free, for the network's time
   (``Lowered.duration``). One over several pipeline ranks (tie, step end) starts when every member has
@@ -146,7 +150,7 @@ class Engine:
         self.pair_dur: dict = {}  # (forward stage, backward kind, backward stage) -> a pair's
         self.lat, self.bw = latency, bandwidth
         self.blocking = low is not None and low.options.overlap.blocking_p2p
-        self.kinds = _comm_kinds() if low is not None else (None, (), (), None, None, None, None)
+        self.kinds = _comm_kinds() if low is not None else (None, (), (), None, None, None, None, ())
         self.out = Played(programs)
         for name, f in (("mb_time", sc.mb_time), ("mb_activation", sc.mb_activation)):
             if f is not None and len(f) != m:
@@ -185,7 +189,7 @@ class Engine:
         f_lat, g_lat, dur, message = self.f_lat, self.g_lat, self.dur, self.sc.message
         S, m, n_keys, n2 = self.S, self.m, self.n_keys, 2 * self.n_keys
         bw, lat, blocking = self.bw, self.lat, self.blocking
-        Comm_, SENDS_, RECVS_, SEND_B_, RECV_B_, UNSHARD_, _ = self.kinds
+        Comm_, SENDS_, RECVS_, SEND_B_, RECV_B_, UNSHARD_, _, HEADERS_ = self.kinds
         varied, sc, ma = self.varied, self.sc, self.sc.mb_activation
         Pair_, state, parked = Pair, self.state, self.parked
         stages, mbs = range(S), range(m)  # a message key in both: its id is arithmetic
@@ -307,6 +311,12 @@ class Engine:
                     gotr[mid] = (x, y, i)
                     st[i] = y
                     en[i] = x
+                elif kind in HEADERS_:  # a message's header: off the hot path (pre-split micro-batches)
+                    x = self.header(r, i, a, t, links_of[r])
+                    if x < 0:
+                        kw = n2 + self.header_id(a)
+                        break
+                    t = x
                 else:  # a collective: ``post``
                     c = self.post(r, i, a, t, op_start, comm_end)
                     if c < 0:
@@ -345,7 +355,7 @@ class Engine:
         kind, s, mb, peer, group, nbytes, stream, op, during = a
         key = (kind, group, op, nbytes, peer, stream)
         d, sid, cross = self.colls[r].get(key) or self.collective(r, a, key)
-        *_, UNSHARD_, ALL_TO_ALL_ = self.kinds
+        UNSHARD_, ALL_TO_ALL_ = self.kinds[5:7]
         if kind == ALL_TO_ALL_ and self.sc.mb_activation is not None and 0 <= mb < self.m:
             d *= self.sc.mb_activation[mb]  # its bytes are its micro-batch's tokens
         if during is True:  # a whole reduction over its op: posted when the op starts
@@ -403,6 +413,36 @@ class Engine:
             return None
         self.seq[r][group] = j + 1
         return max(posts.values())
+
+    def header_id(self, a) -> int:
+        """The message id of header ``a`` (a send or receive): given on first sight, as an odd key's."""
+        d, s, mb = a.key
+        return self.odd_id(2 + (d == "B"), s, mb)  # 2, 3: never a data message's (False, True)
+
+    def header(self, r: int, i: int, a, t: float, links: dict) -> float:
+        """Play header ``a`` at position ``i`` of rank ``r`` (free at ``t``; ``links``: its links' free
+        times): a send goes on its link like a message (its bytes, the latency); a receive holds the rank until
+        the header has arrived. The rank's new free time, or -1 when the header is not sent yet."""
+        from .comm_actions import HEADER_SENDS
+
+        mid = self.header_id(a)
+        if a.kind in HEADER_SENDS:
+            occ = a.nbytes / self.bw if self.bw and a.nbytes > 0 else 0.0
+            x = links.get(a.peer, 0.0)
+            start = x if x > t else t
+            links[a.peer] = start + occ
+            self.out.starts[r][i], self.out.ends[r][i] = start, start + occ + self.lat
+            self.arrive_at[mid], self.arrive_sent[mid] = start + occ + self.lat, t
+            self.wake(2 * self.n_keys + mid)
+            return t
+        x = self.arrive_at[mid]
+        if x < 0:
+            return -1.0
+        self.out.starts[r][i], self.out.ends[r][i] = self.arrive_sent[mid], x
+        if x > t:
+            self.out.exposed[r][i] += x - t
+            return x
+        return t
 
     def odd_id(self, back: bool, s, mb) -> int:
         """The id of a message whose key is out of the schedule's range, given on first sight."""
@@ -511,9 +551,9 @@ class Engine:
 
 def _comm_kinds() -> tuple:
     """What the loop tells communication actions by: their type and kinds (the lowering's)."""
-    from .comm_actions import ALL_TO_ALL, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
+    from .comm_actions import ALL_TO_ALL, HEADERS, RECV_B, RECVS, SEND_B, SENDS, UNSHARD, CommAction
 
-    return CommAction, SENDS, RECVS, SEND_B, RECV_B, UNSHARD, ALL_TO_ALL
+    return CommAction, SENDS, RECVS, SEND_B, RECV_B, UNSHARD, ALL_TO_ALL, HEADERS
 
 
 def _last_op(prog, comm_type) -> int:

@@ -42,7 +42,7 @@ def test_every_rank_executes_its_lowered_program_action_by_action(ranks, options
     """pp 2 x fsdp 2 and pp 2 x dp 2 x tp 2 under four families: the actions each rank's executor ran (compute,
     SEND, RECV, UNSHARD, REDUCE_GRAD, RESHARD, the tied weight's TIE_GRAD, the step end) are its program as the
     core lowering writes it (stagewise.lowering, stagewise's overlap rule, the model's tie of its first and last
-    stage), in order."""
+    stage, the headers of each boundary's first message), in order."""
     import stagewise
     from composed_helpers import Case, executed_actions
     from stagewise.lowering import lower
@@ -52,7 +52,8 @@ def test_every_rank_executes_its_lowered_program_action_by_action(ranks, options
     got = stagewise.launch(executed_actions, ranks, cases, timeout=120, threads=1)
     for case in cases:
         sched, par, every = got[case.label]
-        low = lower(sched, par, LoweringOptions(overlap=FRAMEWORKS["stagewise"], sizes=Sizes(tie=1.0)))
+        low = lower(sched, par, LoweringOptions(overlap=FRAMEWORKS["stagewise"], sizes=Sizes(tie=1.0),
+                                                headers="first"))
         kinds = set()
         for pipe_rank, executed in every:
             want = [str(a) for a in low.programs[pipe_rank]]

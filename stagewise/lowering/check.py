@@ -2,6 +2,9 @@
 
 - every send has its receive on the peer, and the receives from one sender come in the order it sends
   (NCCL matches them in order per pair: a receive out of order waits for a message that is not the next);
+  a message's header (``SEND_F_HDR`` ...) is on the same channel, in the same order, right before its data,
+  on both sides (a header receive holds its rank, so one taken where the data's order would not take it
+  is a wait cycle: the play below names it);
 - every receive is posted before the op that needs it, and each cross-rank input has one;
 - every member of a group enters its collectives in the same order (the tie between two pipeline ranks,
   the step end of all of them; replicas over dp, fsdp and ep run the same program);
@@ -18,7 +21,8 @@ from __future__ import annotations
 from ..actions import actions_of
 from ..engine import Stuck
 from ..validate import ScheduleError
-from ..comm_actions import COLLECTIVES, RECV_B, RECV_F, RECVS, RESHARD, SENDS, UNSHARD, CommAction
+from ..comm_actions import (COLLECTIVES, DATA_OF, HEADER_RECVS, HEADER_SENDS, HEADERS, RECV_B, RECV_F, RECVS, RESHARD,
+                            SENDS, UNSHARD, CommAction)
 from .lower import Lowered
 from .rules import message_in
 from .stuck import describe_stuck
@@ -34,6 +38,7 @@ def check(low: Lowered) -> Lowered:
     _check_collectives(low)
     _check_shards(low)
     _check_deadlock(low)
+    _check_headers(low)
     return low
 
 
@@ -41,16 +46,34 @@ def _where(low: Lowered, r: int, k: int) -> str:
     return f"rank {r} position {k} ({low.programs[r][k]})"
 
 
-def _check_pairs(low: Lowered) -> None:
-    """Sends and receives per (sender, receiver) pair: the same messages, in the same order."""
+def _channels(low: Lowered, sends_kinds, recvs_kinds) -> tuple[dict, dict]:
+    """Per (sender, receiver) pair, the sends and the receives of those kinds: ((is a header, key), position)."""
     sends: dict = {}
     recvs: dict = {}
     for r, prog in enumerate(low.programs):
         for k, a in enumerate(prog):
-            if type(a) is CommAction and a.kind in SENDS:
-                sends.setdefault((r, a.peer), []).append((a.key, k))
-            elif type(a) is CommAction and a.kind in RECVS:
-                recvs.setdefault((a.peer, r), []).append((a.key, k))
+            if type(a) is CommAction and a.kind in sends_kinds:
+                sends.setdefault((r, a.peer), []).append(((a.kind in HEADERS, a.key), k))
+            elif type(a) is CommAction and a.kind in recvs_kinds:
+                recvs.setdefault((a.peer, r), []).append(((a.kind in HEADERS, a.key), k))
+    return sends, recvs
+
+
+def _check_headers(low: Lowered) -> None:
+    """Each header right before its data on its channel, on both sides (after the play: a header taken out of
+    the data's order that makes a wait cycle is named as one first)."""
+    sends, recvs = _channels(low, SENDS + HEADER_SENDS, RECVS + HEADER_RECVS)
+    for (src, dst) in sorted(set(sends) | set(recvs)):
+        for side, rank in ((sends.get((src, dst), []), src), (recvs.get((src, dst), []), dst)):
+            for this, then in zip(side, side[1:] + [((False, None), -1)]):
+                if this[0][0] and then[0] != (False, this[0][1]):
+                    raise ScheduleError(f"{_where(low, rank, this[1])}: a header must come right before its "
+                                        f"data on its channel (rank {src} to rank {dst}), in the data's order")
+
+
+def _check_pairs(low: Lowered) -> None:
+    """Sends and receives per (sender, receiver) pair: the same messages, in the same order."""
+    sends, recvs = _channels(low, SENDS, RECVS)
     for pair in sorted(set(sends) | set(recvs)):
         src, dst = pair
         ss, rr = sends.get(pair, []), recvs.get(pair, [])
@@ -61,7 +84,7 @@ def _check_pairs(low: Lowered) -> None:
             if j >= len(ss):
                 raise ScheduleError(f"{_where(low, dst, rr[j][1])}: rank {src} sends no such message to rank "
                                     f"{dst} (every receive needs its send)")
-            if ss[j][0] != rr[j][0]:
+            if ss[j][0] != rr[j][0]:  # (False, key): data only
                 raise ScheduleError(
                     f"deadlock: receive order: {_where(low, dst, rr[j][1])} is receive {j} from rank {src}, but "
                     f"rank {src}'s send {j} to rank {dst} is {_where(low, src, ss[j][1])}; receives from one "
@@ -79,8 +102,8 @@ def _check_inputs(low: Lowered) -> None:
             if type(a) is CommAction:
                 if a.kind in RECVS:
                     posted.add(a.key)
-                elif a.kind in SENDS:
-                    src = (a.kind, a.stage, a.mb)
+                elif a.kind in SENDS or a.kind in HEADER_SENDS:
+                    src = (DATA_OF.get(a.kind, a.kind), a.stage, a.mb)
                     if src not in made:
                         raise ScheduleError(f"{_where(low, r, k)}: sends before the op that computes it")
                 continue

@@ -8,6 +8,11 @@ runtime/execution/program.py and executor.py):
   (``RECV_F``/``RECV_B``) comes before the op that needs it, together with every earlier message of the same
   sender not yet received: receives from one sender are posted in that sender's order (NCCL's FIFO per
   pair; what the runtime's message plan does).
+- **headers** (``LoweringOptions.headers``): a message whose shapes the receiver does not know yet is preceded,
+  on the same channel and in the same order, by its header (``SEND_F_HDR`` right before its ``SEND_F``,
+  ``RECV_F_HDR`` right before its ``RECV_F``; ``_B_HDR`` for a gradient): the first message of each boundary
+  on each channel (``first``), or every message (``every``: micro-batches of different shapes). The shapes
+  never travel in an exchange of their own, whose order could differ from the data's (Megatron-LM #5100).
 - **FSDP** (``fsdp`` > 1): a stage's ``UNSHARD`` (all-gather) is issued one stage ahead: at the first forward
   of the stage whose first forward comes before its own (the program's first stage: at its first op),
   ahead of that op's receives; its ``REDUCE_GRAD`` (reduce-scatter, with ``dp`` > 1 then an all-reduce over
@@ -51,8 +56,8 @@ from ..actions import Pair, new
 from ..parallelism import Parallelism
 from ..schedule import Schedule
 from ..collector import gc_paused
-from ..comm_actions import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END, TIE_GRAD, UNSHARD,
-                    CommAction)
+from ..comm_actions import (ALL_TO_ALL, HEADER_BYTES, HEADER_OF, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F,
+                            STEP_END, TIE_GRAD, UNSHARD, CommAction)
 from .options import LoweringOptions
 from .rules import StagePoints, message_out, send_orders, stage_points
 
@@ -135,7 +140,7 @@ def lower(schedule: Schedule, parallelism: Parallelism | None = None,
     S = schedule.stages
     sizes = opts.sizes.resolve(S)
     with gc_paused():  # hundreds of thousands of small tuples and no cycles (as ``generate``)
-        wiring = _wiring(schedule, sizes) if opts.p2p else None
+        wiring = _wiring(schedule, sizes, opts.headers) if opts.p2p else None
         made = _stage_actions(par, sizes, opts.overlap)
         programs = tuple(_rank(schedule, par, opts, sizes, wiring, made, r) for r in range(schedule.ranks))
     return Lowered(schedule=schedule, parallelism=par, programs=programs, options=opts)
@@ -147,12 +152,27 @@ class _Wiring(NamedTuple):
     ahead: tuple  #: per stage, the rank of the next stage of its lane (-1 at the lane's last): F sends there
     behind: tuple  #: per stage, the rank of the stage before it (-1 at the lane's first): B and I send there
     nbytes: tuple  #: per stage, the bytes of its boundary activation (what its F sends on)
-    #: (sender, receiver) -> (the receiver's RECV of each message, in the sender's order; message key -> its
-    #: position there): ``send_orders`` as the actions the receiver posts
+    #: (sender, receiver) -> (the receiver's RECV of each message, in the sender's order, each after its
+    #: header where it has one; message key -> its RECV's position there): ``send_orders`` as the actions the
+    #: receiver posts
     mail: dict
+    headed: frozenset = frozenset()  #: (sender, message key) of each message that carries a header
 
 
-def _wiring(schedule: Schedule, sizes: dict) -> _Wiring:
+def headed_keys(keys: list, rule: str) -> set:
+    """The messages of one channel (keys in the sender's order) that carry a header under ``rule``
+    (``LoweringOptions.headers``): none, the first of each boundary (direction, stage), or every one."""
+    if rule == "every":
+        return set(keys)
+    if rule == "first":
+        firsts: dict = {}
+        for key in keys:
+            firsts.setdefault(key[:2], key)
+        return set(firsts.values())
+    return set()
+
+
+def _wiring(schedule: Schedule, sizes: dict, headers: str = "none") -> _Wiring:
     place, first, last = schedule.placement, schedule.first_stages, schedule.last_stages
     S = schedule.stages
 
@@ -162,18 +182,32 @@ def _wiring(schedule: Schedule, sizes: dict) -> _Wiring:
     ahead = tuple(rank_of(message_out(("F", s, 0), first, last)) for s in range(S))
     behind = tuple(rank_of(message_out(("B", s, 0), first, last)) for s in range(S))
     nbytes = tuple(sizes["boundary"]) if sizes["boundary"] is not None else (0.0,) * S
-    mail = {}
+    mail, headed = {}, set()
     for (src, dst), keys in send_orders(schedule).items():
-        recvs = [new(CommAction, (RECV_F, s, mb, src, "pp", nbytes[s - 1], "p2p", "", False) if d == "F" else
-                     (RECV_B, s, mb, src, "pp", nbytes[s], "p2p", "", False)) for d, s, mb in keys]
-        mail[(src, dst)] = (recvs, {key: j for j, key in enumerate(keys)})  # a key sent twice: its last position
-    return _Wiring(ahead, behind, nbytes, mail)
+        heads = headed_keys(keys, headers)
+        headed.update((src, key) for key in heads)
+        recvs, where = [], {}
+        for key in keys:
+            d, s, mb = key
+            recv = new(CommAction, (RECV_F, s, mb, src, "pp", nbytes[s - 1], "p2p", "", False) if d == "F" else
+                       (RECV_B, s, mb, src, "pp", nbytes[s], "p2p", "", False))
+            if key in heads:
+                recvs.append(_header(recv))
+            where[key] = len(recvs)  # a key sent twice: its last position
+            recvs.append(recv)
+        mail[(src, dst)] = (recvs, where)
+    return _Wiring(ahead, behind, nbytes, mail, frozenset(headed))
+
+
+def _header(c: CommAction) -> CommAction:
+    """The header of message ``c`` (a send or receive): on its channel right before it, a small message."""
+    return c._replace(kind=HEADER_OF[c.kind], nbytes=HEADER_BYTES)
 
 
 def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: dict, wiring: _Wiring,
           made: dict, r: int) -> tuple:
     prog = schedule.programs[r]
-    ahead, behind, nbytes, mail = wiring or _NO_WIRING(schedule.stages)
+    ahead, behind, nbytes, mail, headed = wiring or _NO_WIRING(schedule.stages)
     fsdp = par.fsdp > 1
     raf = fsdp and par.reshard_after_forward
     moe = (par.ep > 1) and (opts.moe if opts.moe is not None else any(sizes["a2a"]))
@@ -217,9 +251,15 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
         for kind, s, mb in acts:
             if kind == "F":
                 if to_f[s] >= 0:
-                    out.append(new(CommAction, (SEND_F, s, mb, to_f[s], "pp", nbytes[s], "p2p", "", False)))
+                    send = new(CommAction, (SEND_F, s, mb, to_f[s], "pp", nbytes[s], "p2p", "", False))
+                    if headed and (r, ("F", s + 1, mb)) in headed:
+                        out.append(_header(send))
+                    out.append(send)
             elif (kind == "B" or kind == "I") and to_b[s] >= 0:
-                out.append(new(CommAction, (SEND_B, s, mb, to_b[s], "pp", nbytes[s - 1], "p2p", "", False)))
+                send = new(CommAction, (SEND_B, s, mb, to_b[s], "pp", nbytes[s - 1], "p2p", "", False))
+                if headed and (r, ("B", s - 1, mb)) in headed:
+                    out.append(_header(send))
+                out.append(send)
         if k in after:
             out += after[k]
         if k in after or (raf and way is not None):  # only these can hold collectives that run during the op

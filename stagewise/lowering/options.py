@@ -160,6 +160,12 @@ class Network:
         return steps * ((n - 1) * lat + (n - 1) / n * nbytes * rate)
 
 
+#: which messages carry a header (their shapes, right before their data on the same channel): none (shapes
+#: known in advance), the first of each boundary on each channel in a step (its other micro-batches have its
+#: shapes), or every one (micro-batches of different shapes: pre-split, variable lengths)
+HEADER_RULES = ("none", "first", "every")
+
+
 #: Megatron-Core's device order (tensor innermost, then expert, data, and the pipeline outermost)
 PIPELINE_OUTERMOST = ("pp",) + tuple(d for d in DIMS if d != "pp")
 
@@ -176,3 +182,8 @@ class LoweringOptions:
     #: lower the sends and receives; False: each message is the cost model's link time between the ops, as
     #: ``engine.play`` takes it (for a caller whose boundaries carry no bytes: the planner)
     p2p: bool = True
+    headers: str = "none"  #: of HEADER_RULES: which messages carry a header (``SEND_F_HDR`` ... before their data)
+
+    def __post_init__(self) -> None:
+        if self.headers not in HEADER_RULES:
+            raise CostError(f"`headers` {self.headers!r} is not one of {', '.join(HEADER_RULES)}")

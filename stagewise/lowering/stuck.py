@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..actions import actions_of
 from ..engine import Stuck
-from ..comm_actions import RECVS, CommAction
+from ..comm_actions import HEADER_RECVS, RECVS, CommAction
 from .lower import Lowered
 from .rules import message_in
 
@@ -35,7 +35,7 @@ def _waits_on(low: Lowered, r: int, a) -> int | None:
     sched = low.schedule
     place, first, last = sched.placement, sched.first_stages, sched.last_stages
     if type(a) is CommAction:
-        if a.kind in RECVS:
+        if a.kind in RECVS or a.kind in HEADER_RECVS:
             return a.peer
         members = [x for x in low.members(r, a) if x != r]
         return members[0] if members else None

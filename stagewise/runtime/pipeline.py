@@ -24,7 +24,7 @@ from torch import nn
 
 from ..schedule import Schedule
 from ..timeline import Timeline
-from .stages import pytree, rng
+from .stages import microbatches, pytree, rng
 from .execution.activation_memory import ActivationMeter
 from .messages.p2p import P2P
 from .execution.program import lower
@@ -80,7 +80,9 @@ class StepResult:
     seconds: float  #: wall time of this rank's step: its program and the step-end gradient sums
     op_seconds: tuple[tuple[float, float], ...]  #: (start, end) of each op of this rank's program, from step start
     timeline: Timeline | None = None  #: every rank's measured ops, on rank 0 of ``step(..., timeline=True)``
-    outputs: Any = None  #: evaluation: the last stage's outputs of ``output_mbs``, concatenated (else None)
+    #: evaluation: the last stage's outputs of ``output_mbs``, concatenated (a list of them, one per micro-batch,
+    #: where the micro-batches came as a list: their shapes may differ), else None
+    outputs: Any = None
     output_mbs: tuple[int, ...] = ()  #: the micro-batches whose outputs this rank holds
     skipped: str | None = None  #: ``nonfinite="skip"``: where the non-finite loss came from; its gradients dropped
 
@@ -107,7 +109,8 @@ class Pipeline:
       times ``dp`` must be the world size.
     - ``model``: a sequence of layers, a ``Layers(count, build)`` factory called only for this rank's layers,
       or an ``nn.Module`` with ``split`` points (built on the meta device, materialized only here).
-    - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean).
+    - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean; of micro-batches
+      given as a list, weighted by their tokens: ``stages/microbatches.py``).
     - ``split``: layers per stage of one model copy: counts, layout text (``"E+t*3 | t*4"``) or module names.
     - ``ties``: groups of parameter names that are one parameter, besides those found by identity.
     - ``dp``: data-parallel replicas of the pipeline (gradients all-reduced per stage); ``fsdp``: sharded data
@@ -129,7 +132,8 @@ class Pipeline:
       False: always forward then backward; a function ``fn(pair)``: your own (it runs ``pair.forward.run()``
       and ``pair.backward.run()`` once each).
     - ``autocast``: a dtype (``torch.bfloat16``) to run forwards and the loss under ``torch.autocast``.
-    - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages).
+    - ``static_shapes``: boundary shapes never change (headers on the first step only: faster messages; not
+      with micro-batches of different shapes).
     - ``measure_memory``: count the activation bytes each op holds (``meter``; activation_memory.py).
     - ``nonfinite``: a NaN or infinite loss ``"raise"``s ``NonFiniteLoss`` naming the step, micro-batch, stage
       and rank (the step's gradients are dropped first), ``"skip"``s the step (its gradients dropped,
@@ -217,6 +221,8 @@ class Pipeline:
         self.meter = ActivationMeter(self.stages) if measure_memory else None
         self._autocast = (lambda: torch.autocast(self.device.type, dtype=autocast)) if autocast else None
         self._static = static_shapes
+        self._plans: dict = {}  # (forward only, headers) -> the rank's lowered program
+        self._headed: set = set()  # the executors that ran a step with headers (static shapes: learned)
         self.executor = Executor(self._context(sched, forward_only=False))
         self._evaluator: Executor | None = None
         self.params = [p for st in self.stages.values() for p in st.parameters()]
@@ -233,13 +239,19 @@ class Pipeline:
         """Run this rank's program on one step's batch; gradients add into ``.grad`` (like ``loss.backward()``).
 
         ``inputs`` / ``targets``: the whole step's batch (a tensor or pytree, split into micro-batches along
-        dimension 0; with ``dp`` each replica takes its rows). A rank without a first stage may pass None as
-        ``inputs``, one without a last stage None as ``targets``. ``timeline``: gather every rank's op times
+        dimension 0; with ``dp`` each replica takes its rows), or a ``list`` of the step's micro-batches each
+        (pytrees whose shapes may differ: sequence length, rows; each cut into the data shards' rows), whose
+        losses count by their tokens (``stages/microbatches.py``). A rank without a first stage may pass None
+        as ``inputs``, one without a last stage None as ``targets``. ``timeline``: gather every rank's op times
         into a measured Timeline on rank 0 (a collective: every rank passes the same).
         """
         self._check_usable()
-        self._check_rows(inputs, targets)
+        split = microbatches.check(inputs, targets, self.schedule.microbatches, self.topo.data_shards)
+        varying = self._check_rows(inputs, targets, self._varies(inputs))
         xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
+        scales = microbatches.scales(targets, self.topo.data_shards, self.topo.data_index) \
+            if split and targets is not None else None
+        self._use(self.executor, False, varying)
         earlier = self._stash_grads()  # gradient accumulation: this step's gradients are summed alone
         self.steps_done += 1
         if timeline:
@@ -251,7 +263,7 @@ class Pipeline:
         try:
             if self.sharded is not None:
                 self.sharded.start_step()
-            done = self.last_outcome = self.executor.step(xs, ys)  # its end waits for and sums the gradients
+            done = self.last_outcome = self.executor.step(xs, ys, scales)  # its end waits for and sums the gradients
         except BaseException as e:
             self._broken = f"{type(e).__name__}: {e}"  # messages in flight and saved activations are lost
             raise
@@ -267,17 +279,27 @@ class Pipeline:
     @torch.no_grad()
     def eval_step(self, inputs, targets=None) -> StepResult:
         """Forward only (each rank's F's in program order): the mean loss when ``targets`` are given, and on a
-        rank holding a last stage its outputs (``StepResult.outputs``). No gradient is formed."""
+        rank holding a last stage its outputs (``StepResult.outputs``). No gradient is formed. ``inputs`` and
+        ``targets`` as ``step`` takes them (one batch, or lists of micro-batches)."""
         if self._evaluator is None:
             self._evaluator = Executor(self._context(self.schedule.forward_only(), forward_only=True))
+        split = microbatches.check(inputs, targets, self.schedule.microbatches, self.topo.data_shards)
+        varying = self._varies(inputs)
+        if not self._static:  # every rank lowers the same headers: one small sum says whether any varies
+            flag = torch.tensor([float(varying)], dtype=torch.float64, device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            varying = bool(flag.item())
         xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
+        scales = microbatches.scales(targets, self.topo.data_shards, self.topo.data_index) \
+            if split and targets is not None else None
+        self._use(self._evaluator, True, varying)
         self.clock.start()
         t0 = self.clock.mark()
-        done = self._evaluator.step(xs, ys)
+        done = self._evaluator.step(xs, ys, scales)
         has = bool(done.mb_losses) and self._counts_loss
         loss, counted = RankSum([done.loss if has else 0.0, float(has)], self.device).value()
         mbs = tuple(sorted(done.outputs))
-        outs = _concat([done.outputs[k] for k in mbs]) if mbs else None
+        outs = None if not mbs else [done.outputs[k] for k in mbs] if split else _concat([done.outputs[k] for k in mbs])
         res = self._result(loss if counted else None, done, t0, False)
         return StepResult(total=res.total, seconds=res.seconds, op_seconds=res.op_seconds, outputs=outs,
                           output_mbs=mbs)
@@ -394,14 +416,40 @@ class Pipeline:
 
     # ---- internals
 
-    def _context(self, sched: Schedule, forward_only: bool) -> RankContext:
+    def _lower(self, sched: Schedule, forward_only: bool, headers: str):
+        """This rank's program of ``sched`` (kept per headers rule)."""
+        key = (forward_only, headers)
+        if key in self._plans:
+            return self._plans[key]
         exchanging = self.ep.exchanging if self.ep is not None else frozenset()
         # a tie the lowering's rule names (copies on the lane ends; DualPipe's two copies of a stage) is summed by
         # its TIE_GRADs, where they are every rank set holding copies; otherwise the step's end sums every copy
         tie = not forward_only and self.replicas.ties_lane_ends(sched.lanes)
-        plan = lower(sched, self.topo.pipe, self._lowered_as, exchanging=exchanging, tie=tie)
+        plan = lower(sched, self.topo.pipe, self._lowered_as, exchanging=exchanging, tie=tie, headers=headers)
         if tie and plan.tie_sets != self.replicas.sets:
-            plan = lower(sched, self.topo.pipe, self._lowered_as, exchanging=exchanging)
+            plan = lower(sched, self.topo.pipe, self._lowered_as, exchanging=exchanging, headers=headers)
+        self._plans[key] = plan
+        return plan
+
+    def _use(self, executor: Executor, forward_only: bool, varying: bool) -> None:
+        """The program this step walks: every message headed when the micro-batches' shapes differ, none once
+        static shapes are learned, else the first of each boundary (the shapes of a step's others)."""
+        headers = "every" if varying else "none" if self._static and executor in self._headed else "first"
+        if headers != "none":
+            self._headed.add(executor)
+        sched = self.schedule.forward_only() if forward_only else self.schedule
+        executor.use(self._lower(sched, forward_only, headers))
+
+    def _varies(self, inputs) -> bool:
+        """This rank's input micro-batches differ in shape (refused with static shapes)."""
+        varying = microbatches.varies(inputs)
+        if varying and self._static:
+            raise RunError("`inputs`: micro-batches of different shapes, but `static_shapes` promises one shape "
+                           "for every message; drop `static_shapes` or pass micro-batches of one shape")
+        return varying
+
+    def _context(self, sched: Schedule, forward_only: bool) -> RankContext:
+        plan = self._lower(sched, forward_only, "first")
         ties = not forward_only and bool(plan.tie_sets) and plan.tie_sets == self.replicas.sets
         if not forward_only:
             self._tie_actions = ties
@@ -447,15 +495,16 @@ class Pipeline:
                                  "cannot run another step: build a new Pipeline (the weights are as they were "
                                  "before that step)")
 
-    def _check_rows(self, inputs, targets) -> None:
-        """Every rank passes the same step's batch: its rows (dimension 0 of the first leaf) must agree, or a
-        last stage's targets would not line up with a first stage's inputs (one small all_reduce; with
-        ``static_shapes`` the first step only)."""
+    def _check_rows(self, inputs, targets, varying: bool = False) -> bool:
+        """Every rank passes the same step's batch: its rows (dimension 0 of the first leaf, summed over
+        micro-batches given as a list) must agree, or a last stage's targets would not line up with a first
+        stage's inputs (one small all_reduce; with ``static_shapes`` the first step only). Whether any rank's
+        micro-batches differ in shape (``varying`` here): every rank then lowers headers on every message."""
         rows = (_rows(inputs), _rows(targets))
         if self._static and self._rows == rows:
-            return
-        seen = torch.tensor([[r if r is not None else -1 for r in rows],
-                             [-(r if r is not None else 1 << 62) for r in rows]], dtype=torch.int64)
+            return varying
+        seen = torch.tensor([[r if r is not None else -1 for r in rows] + [int(varying)],
+                             [-(r if r is not None else 1 << 62) for r in rows] + [0]], dtype=torch.int64)
         dist.all_reduce(seen, op=dist.ReduceOp.MAX)
         high, low = seen[0].tolist(), [-x for x in seen[1].tolist()]
         for k, what in enumerate(("inputs", "targets")):
@@ -465,6 +514,7 @@ class Pipeline:
                                f"but between {low[k]} and {high[k]} on other ranks; every rank passes the same "
                                f"step's batch (or None where it holds no first / last stage)")
         self._rows = rows
+        return bool(high[2])
 
     def _check_finite(self, loss: float, done: StepOutcome, earlier) -> str | None:
         """The ``nonfinite`` policy on a NaN or infinite step loss (every rank sees the same all-reduced value, so
@@ -494,6 +544,12 @@ class Pipeline:
         """A step's batch as this replica's micro-batches."""
         if tree is None:
             return None
+        if microbatches.is_split(tree):  # checked (``microbatches.check``): this replica's rows of each
+            parts = microbatches.shard(tree, self.topo.data_shards, self.topo.data_index, what)
+            parts = [pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), part) for part in parts]
+            if self.meter is not None:
+                parts = [pytree.map_tensors(torch.Tensor.clone, part) for part in parts]
+            return parts
         if self.topo.data_shards > 1:
             tree = pytree.split(tree, self.topo.data_shards, what)[self.topo.data_index]
         moved = pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), tree)
@@ -609,9 +665,12 @@ def _agreed_seed(seed: int | None, device) -> int:
 
 
 def _rows(tree) -> int | None:
-    """Rows of a step's batch: dimension 0 of its first tensor leaf (None: nothing passed)."""
+    """Rows of a step's batch: dimension 0 of its first tensor leaf, summed over micro-batches given as a list
+    (None: nothing passed)."""
     if tree is None:
         return None
+    if microbatches.is_split(tree):
+        return sum(_rows(mb) or 0 for mb in tree)
     leaves = [t for t in pytree.tensors(tree) if t.dim() > 0]
     return int(leaves[0].shape[0]) if leaves else None
 

@@ -3,7 +3,9 @@
 Generic, as torch's ``_PipelineScheduleRuntime``: one handler per kind of action (the compute ops F, B, I, W
 and the F&B pair; SEND, RECV, UNSHARD, RESHARD, REDUCE_GRAD, ALL_TO_ALL; TIE_GRAD and STEP_END, the step's
 end), never a schedule family, and nothing regrouped: what runs is the program the lowering wrote
-(plan.py), in its order. A RECV posts its receive (p2p.py); the op that needs the message waits for it
+(plan.py), in its order. A message's header (SEND_F_HDR ...) goes with its data: the data's SEND or RECV
+sends or takes it first, on the same channel (p2p.py reads which messages carry one from the program). A
+RECV posts its receive (p2p.py); the op that needs the message waits for it
 before its clock starts, so a measured op spans compute only and waiting shows up as idle time, as in the
 simulator. An op's outputs wait in the rank's mailbox for their SEND, or for the op of a stage on this rank
 that takes them (handed over in memory). FSDP (parallel/fsdp.py) gathers at UNSHARD, waits for a stage's
@@ -32,7 +34,7 @@ from typing import Callable
 import torch
 
 from ...actions import Action, Pair
-from ...comm_actions import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END,
+from ...comm_actions import (ALL_TO_ALL, HEADERS, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END,
                                TIE_GRAD, UNSHARD, CommAction)
 from ..stages import pytree
 from .activation_memory import ActivationMeter
@@ -102,21 +104,31 @@ class Executor:
         self.rank = plan.rank
         self.splitters = {s: Splitter(st, s) for s, st in ctx.stages.items() if s in plan.split_stages}
         self.saved: dict[tuple[int, int], Saved] = {}
-        self.scale = 1.0 / plan.schedule.microbatches
+        self.scales = [1.0 / plan.schedule.microbatches] * plan.schedule.microbatches
         self.completes: dict[int, list[int]] = {}  # compute op index -> stages complete after it
         for s, k in sorted(plan.last_backward.items()):
             self.completes.setdefault(k, []).append(s)
         self.handlers = {SEND_F: self._send, SEND_B: self._send, RECV_F: self._recv, RECV_B: self._recv,
                          UNSHARD: self._unshard, RESHARD: self._reshard, REDUCE_GRAD: self._reduce_grad,
                          ALL_TO_ALL: self._all_to_all, TIE_GRAD: self._tie_grad, STEP_END: self._step_end}
+        self.handlers.update({kind: self._header for kind in HEADERS})
 
-    def step(self, inputs: list | None, targets: list | None) -> StepOutcome:
+    def use(self, plan: RankPlan) -> None:
+        """Walk ``plan`` from the next step on: the same compute program lowered with other headers (the
+        pipeline picks one per step); the messages follow it."""
+        self.plan = self.ctx.plan = plan
+        self.ctx.p2p.plan = plan.messages
+
+    def step(self, inputs: list | None, targets: list | None, scales: list | None = None) -> StepOutcome:
         """Run the program on micro-batches ``inputs[mb]`` / ``targets[mb]``; gradients accumulate in .grad.
 
         ``inputs`` may be None on a rank without a lane's first stage, ``targets`` on one without a last
-        stage (or in a forward-only step that computes no loss).
+        stage (or in a forward-only step that computes no loss). ``scales``: what each micro-batch's loss
+        counts in the step's (default: 1/m each).
         """
         self.inputs, self.targets = inputs, targets
+        m = self.plan.schedule.microbatches
+        self.scales = list(scales) if scales is not None else [1.0 / m] * m
         out = self.outcome = StepOutcome()
         self.losses: list = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
         self.mail: dict = {}  # route -> (True, the RECV) once a RECV posted it, (False, the pytree) an op made
@@ -192,6 +204,9 @@ class Executor:
         self.ctx.flight.issued(str(c))
         self.ctx.p2p.post(route, c.peer)
         self.mail[route] = (True, c)
+
+    def _header(self, c: CommAction) -> None:
+        """A header: sent or taken by its data's SEND or RECV, which follows it on the same channel."""
 
     def _unshard(self, c: CommAction) -> None:
         if self.ctx.sharded is not None and c.group == "fsdp":  # ZeRO-1's over dp is the optimizer's broadcast
@@ -316,7 +331,7 @@ class Executor:
             elif self.ctx.forward_only and self.targets is None:
                 root = None  # inference: outputs only
             else:
-                root = self.ctx.loss(out, self._target(s, mb)) * self.scale
+                root = self.ctx.loss(out, self._target(s, mb)) * self.scales[mb]
         return out, root, rec
 
     def _replay(self, s: int, mb: int, sv: Saved) -> None:

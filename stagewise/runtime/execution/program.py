@@ -4,9 +4,11 @@ A schedule says only what each rank computes, in order (F, B, I, W, F&B). The co
 (``stagewise.lowering.lower``, under the run's ``Parallelism`` and the framework's ``Overlap``) adds the
 communication each rank performs: receives before an op, sends after it, FSDP's UNSHARD before and RESHARD
 after, REDUCE_GRAD after a stage's last backward, the all-to-alls inside an MoE op, the tie and the step end
-after the last op. ``lower(schedule, rank, parallelism)`` is that program as it is (the simulator's, the
-validator's and the pictures' program), with the rank's message channels read from its own SENDs and RECVs
-(``p2p.Channels``) and the stage facts the compute handler needs. No torch here.
+after the last op, and the headers of the messages whose shapes the receiver learns (``headers``: the first
+of each boundary, every message for micro-batches of different shapes, or none once static shapes are
+learned). ``lower(schedule, rank, parallelism)`` is that program as it is (the simulator's, the
+validator's and the pictures' program), with the rank's message channels read from its own SENDs, RECVs and
+headers (``p2p.Channels``) and the stage facts the compute handler needs. No torch here.
 
 Example:
     >>> from stagewise.schedules import generate
@@ -60,15 +62,18 @@ class RankPlan:
 
 
 def lower(schedule: Schedule, rank: int, parallelism: Parallelism | None = None,
-          overlap: Overlap | None = None, exchanging: frozenset = frozenset(), tie: bool = False) -> RankPlan:
+          overlap: Overlap | None = None, exchanging: frozenset = frozenset(), tie: bool = False,
+          headers: str = "none") -> RankPlan:
     """``rank``'s program of ``schedule`` lowered under ``parallelism`` (default: the pipeline alone) and
     ``overlap`` (default: stagewise's own rule); ``exchanging``: the stages whose F, B and I all-to-all over ep
     (their ALL_TO_ALLs are in the program); ``tie``: a weight tied across each lane's first and last stage
-    (its all-reduce is a TIE_GRAD of the program)."""
+    (its all-reduce is a TIE_GRAD of the program); ``headers``: which messages carry a header
+    (``LoweringOptions.headers``)."""
     par = replace(parallelism or Parallelism(), pp=schedule.ranks)  # the schedule's ranks are the pipeline
     a2a = [1.0 if s in exchanging else 0.0 for s in range(schedule.stages)]
     low = lower_comms(schedule, par, LoweringOptions(overlap=overlap or FRAMEWORKS["stagewise"],
-                                                     sizes=Sizes(a2a=a2a, tie=1.0 if tie else 0.0)))
+                                                     sizes=Sizes(a2a=a2a, tie=1.0 if tie else 0.0),
+                                                     headers=headers))
     program = low.programs[rank]
     compute = schedule.programs[rank]
     return RankPlan(rank=rank, schedule=schedule, program=program,

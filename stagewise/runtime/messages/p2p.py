@@ -12,11 +12,16 @@ asynchronous sends, no rank ever waits for a message whose sender is itself
 waiting: deadlock-free by construction.
 
 A message is a pytree of tensors (pytree.py). Its structure, shapes and dtypes
-are learned from a small header (every step, or the first one only when
-shapes are static); the receiver checks every header, and the sender checks
-each message against what it learned before it sends, so a micro-batch that
-differs is named with the leaf and both shapes. Stages on the same rank hand
-tensors over in memory (``hand_over``, checked alike).
+are learned from a small header, sent right before the data on the same
+channel: the lowered program says which messages carry one (its
+``SEND_F_HDR``/``RECV_F_HDR`` actions: the first of each boundary in a step, or
+every message when the micro-batches of a step differ in shape, or none once
+static shapes are learned), so headers and data always travel in one order.
+The receiver checks every header, and the sender checks each message against
+what it learned before it sends, so a micro-batch that differs (in shape, where
+the step's micro-batches share one; in structure or dtype, always) is named
+with the leaf and both shapes. Stages on the same rank hand tensors over in
+memory (``hand_over``, checked alike).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ...comm_actions import P2P as P2P_KINDS, RECVS, CommAction
+from ...comm_actions import HEADERS, P2P as P2P_KINDS, RECVS, CommAction
 from ...lowering.rules import message_in, message_out
 from ..stages import pytree
 from ...errors import StagewiseError
@@ -81,9 +86,10 @@ class Channels:
     inbound: dict  #: peer pipeline rank -> tuple of Routes, in the order they are received
     stages: int
     microbatches: int
-    headed: frozenset = frozenset()  #: the routes whose message carries a header: the first of each (direction,
-    #: stage) in its channel, sent or received; the later micro-batches of a step have its shapes (the sender
-    #: checks each one)
+    #: the routes whose message carries a header (the program's header actions), sent or received; a route
+    #: without one has the shapes of its (direction, stage)'s last header (the sender checks each one)
+    headed: frozenset = frozenset()
+    varying: bool = False  #: every message carries its own header: shapes may differ between micro-batches
 
     def tag(self, route: Route, header: bool = False) -> int:
         return ((header * 2 + route.direction) * self.stages + route.stage) * self.microbatches + route.mb
@@ -113,25 +119,30 @@ def _route(key: tuple) -> Route:
 
 
 def channels(program, stages: int, microbatches: int) -> Channels:
-    """The ``Channels`` of one rank's lowered program (its SENDs and RECVs, with their peers)."""
+    """The ``Channels`` of one rank's lowered program (its SENDs and RECVs, with their peers, and the
+    messages its header actions say carry a header)."""
     ways: dict[tuple[str, int], list[Route]] = {}
+    headed = set()
     for c in program:
-        if type(c) is CommAction and c.kind in P2P_KINDS:
-            ways.setdefault((c.kind in RECVS, c.peer), []).append(route_of(c))
-    headed = {next(r for r in routes if (r.direction, r.stage) == key)
-              for routes in ways.values() for key in {(r.direction, r.stage) for r in routes}}
+        if type(c) is CommAction:
+            if c.kind in P2P_KINDS:
+                ways.setdefault((c.kind in RECVS, c.peer), []).append(route_of(c))
+            elif c.kind in HEADERS:
+                headed.add(route_of(c))
+    every = {r for routes in ways.values() for r in routes}
     return Channels(inbound={peer: tuple(routes) for (recv, peer), routes in ways.items() if recv},
-                    stages=stages, microbatches=microbatches, headed=frozenset(headed))
+                    stages=stages, microbatches=microbatches, headed=frozenset(headed),
+                    varying=bool(every) and every <= headed)
 
 
 class P2P:
     """One rank's messages. Mutable: posted receives, pending sends, learned shapes, channel positions.
 
-    A message is a pytree (pytree.py): one message per tensor leaf, the first message of each (direction,
-    stage) in a step preceded by a header (its structure, and each leaf's shape, dtype and whether it carries
-    a gradient, pickled; small CPU data rides inside). With ``static`` shapes the headers go with the first
-    step only; otherwise with every step, so shapes may change from step to step (only the micro-batches of
-    one step must agree).
+    A message is a pytree (pytree.py): one message per tensor leaf, those the plan heads (``Channels.headed``)
+    preceded by a header (its structure, and each leaf's shape, dtype and whether it carries a gradient,
+    pickled; small CPU data rides inside). ``plan`` may change between steps (the pipeline picks the
+    lowered program of each: headers on the first messages, on every one, or none); with ``static`` shapes
+    what was learned is kept across steps and checked.
     """
 
     def __init__(self, plan: Channels, rank: int, device: torch.device, timeout_s: float, tags: bool = True,
@@ -143,7 +154,6 @@ class P2P:
         self.tags = tags
         self.static = static
         self.flight = flight  # the rank's flight.Recorder: posts, waits and sends
-        self.learning = True  # this step carries headers
         self._shape: dict[tuple[int, int], tuple] = {}  # (direction, stage) -> (spec, metas, mb, step learned)
         self.steps = 0  # steps finished (a shape learned in an earlier one is named so)
         self._pos: dict[int, int] = defaultdict(int)  # sender rank -> next route index to post
@@ -165,7 +175,7 @@ class P2P:
         self.flight.event(SEND, _brief(route, self.peers[dst]))
         tensors = [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
         works = []
-        if self.learning and route in self.plan.headed:
+        if route in self.plan.headed:
             hdr, inline = _encode(spec, metas, tensors, route)
             works.append((dist.isend(hdr.to(self.device), self.peers[dst], tag=self._tag(route, True)), hdr))
             if inline:  # the data rode in the header
@@ -200,8 +210,7 @@ class P2P:
         if posted[0] == _HEADER:  # this step's header came first: now the data, in the shapes it gives
             self._wait(posted[1], route, self.peers[src])
             posted = self._post_data(src, route, *self._learn(route, posted[2]))
-        if self._pos[src] < len(channel) and (self.tags or not self.learning or
-                                              channel[self._pos[src]] not in self.plan.headed):
+        if self._pos[src] < len(channel) and (self.tags or channel[self._pos[src]] not in self.plan.headed):
             # keep the channel's next receive posted, so its transfer overlaps this op's compute (a header
             # ahead of this route's data needs tags: NCCL matches a pair's messages in order)
             self._post(src, channel[self._pos[src]])
@@ -236,7 +245,6 @@ class P2P:
         if self._posted:
             left = next(iter(self._posted))
             raise RuntimeError(f"rank {self.rank}: {left.describe()} was never used; the programs disagree")
-        self.learning = not self.static
         self.steps += 1
         if not self.static:
             self._shape.clear()
@@ -244,7 +252,7 @@ class P2P:
     def _post(self, src: int, route: Route) -> None:
         """Post the receive of ``route``: its header when it has one this step (gloo: without waiting), else
         its data in the shapes its key's header gave."""
-        if self.learning and route in self.plan.headed:
+        if route in self.plan.headed:
             hdr = torch.empty(_HEADER_BYTES, dtype=torch.uint8, device=self.device)
             work = dist.irecv(hdr, self.peers[src], tag=self._tag(route, True))
             if self.tags:
@@ -290,15 +298,17 @@ class P2P:
 
     def _check(self, route: Route, spec, metas: tuple, verb: str) -> None:
         key = (route.direction, route.stage)
+        varying = self.plan.varying
         known = self._shape.setdefault(key, (spec, metas, route.mb, self.steps))
-        if known[:2] != (spec, metas):
+        if known[0] != spec or _kinds(known[1], varying) != _kinds(metas, varying):
             who = f"stage {route.source}" if verb == "sends" else f"stage {route.stage}"
             earlier = known[3] != self.steps  # learned in an earlier step: static shapes were promised
             rule = ("with static_shapes every step must have the shapes of the first" if earlier else
-                    "every micro-batch of a step must have the same structure, shapes and dtypes between stages")
+                    "every micro-batch of a step must have the same structure and dtypes between stages" if varying
+                    else "every micro-batch of a step must have the same structure, shapes and dtypes between stages")
             raise ShapeError(f"{who} micro-batch {route.mb}: {verb} {_WHAT[route.direction]} "
-                             f"(stage {route.source} -> {route.stage}) {_difference(known, spec, metas, earlier)}; "
-                             f"{rule}")
+                             f"(stage {route.source} -> {route.stage}) "
+                             f"{_difference(known, spec, metas, earlier, varying)}; {rule}")
 
     def _wait(self, work, route: Route, src: int) -> None:
         self.flight.event(WAIT, _brief(route, src))
@@ -401,13 +411,18 @@ def _from_bytes(data: bytes, shape: tuple, dtype) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def _difference(known: tuple, spec, metas: tuple, earlier: bool = False) -> str:
+def _kinds(metas: tuple, varying: bool) -> tuple:
+    """The leaves as compared between micro-batches: whole, or without their shapes where those may vary."""
+    return tuple((m[1], m[2]) if varying and m[0] != _CONST else m for m in metas) if varying else metas
+
+
+def _difference(known: tuple, spec, metas: tuple, earlier: bool = False, varying: bool = False) -> str:
     """What differs from the learned message: its structure, or the first leaf whose shape or dtype does."""
     had = f"micro-batch {known[2]} of step {known[3] + 1} had" if earlier else f"micro-batch {known[2]} had"
     if known[0] != spec or len(known[1]) != len(metas):
         return f"as {pytree.describe(spec)}, but {had} {pytree.describe(known[0])} (structures differ)"
     for name, old, new in zip(pytree.paths(spec), known[1], metas):
-        if old != new:
+        if _kinds((old,), varying) != _kinds((new,), varying):
             leaf = f"whose leaf {name} is" if name else "of shape"
             return f"{leaf} {_fmt_meta(new)}, but {had} {_fmt_meta(old)}"
     return "differently"

@@ -5,7 +5,9 @@ these. The tied weight here is one parameter used twice, as in a plain model.
 The batch runs as ``microbatches`` micro-batches one after another, their
 gradients accumulated, each forward seeded as a pipeline's (stages/rng.py), so
 a model with dropout draws the masks every schedule draws; a batch they do not
-split evenly (which no pipeline runs) runs whole.
+split evenly (which no pipeline runs) runs whole. A model whose ``batch`` gives
+lists of micro-batches (shapes that differ between them) runs those, each loss
+weighted by its tokens as a pipeline weighs it (stages/microbatches.py).
 It resumes a checkpoint of any layout and saves one that any layout resumes (the same DCP step folder and
 manifest as a pipeline's, with the model's own export beside it), written with torch's own state-dict calls.
 """
@@ -24,7 +26,7 @@ from ..resilience import checkpoint_files
 from ..resilience.checkpoint_manifest import FORMAT, new_run_id, run_section
 from ..config import RunConfig, RunError
 from ..result import RunResult
-from ..stages import pytree, rng
+from ..stages import microbatches, pytree, rng
 from ..stages.stage import Stage, logical_names
 from .worker import optimizer, optimizer_class
 
@@ -51,9 +53,9 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
         inputs, targets = cfg.model.batch(step, cfg.batch)
         t0 = time.perf_counter()
         loss = torch.zeros((), dtype=torch.float64)
-        for mb, (x, y) in enumerate(zip(pytree.split(inputs, m, "inputs"), pytree.split(targets, m, "targets"))):
+        for mb, (x, y, scale) in enumerate(micro_parts(inputs, targets, m)):
             with rng.forward(seed, step, mb):
-                part = cfg.model.loss(model(x), y) * (1.0 / m)  # as the executor scales it
+                part = cfg.model.loss(model(x), y) * scale  # as the executor scales it
             part.backward()
             loss += part.detach().double()
         if cfg.clip is not None:
@@ -77,6 +79,14 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
                      step_time_s=tuple(times),
                      measured_bubble_fraction=0.0, predicted_bubble_fraction=0.0, grads=grads, params=params_out,
                      checkpoint=info)
+
+
+def micro_parts(inputs, targets, m: int) -> list[tuple]:
+    """(inputs, targets, what its loss counts) of each micro-batch of a step, as a pipeline runs them: given as
+    lists, weighted by their tokens; else ``m`` equal pieces, 1/m each."""
+    if microbatches.is_split(inputs):
+        return list(zip(inputs, targets, microbatches.scales(targets, 1, 0)))
+    return [(x, y, 1.0 / m) for x, y in zip(pytree.split(inputs, m, "inputs"), pytree.split(targets, m, "targets"))]
 
 
 def micro_batches(cfg: RunConfig) -> int:
