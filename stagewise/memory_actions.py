@@ -10,10 +10,12 @@ policy is
   activation is back on the device for one op only). Never before its own OFFLOAD.
 - ``recompute``: the F keeps only its input (``Costs.recompute_keep``) and ``RECOMPUTE(s,u)`` redoes it on the
   compute stream, placed by ``recompute_at``: ``backward`` right before the op that runs the backward (what
-  recomputation inside the backward costs, drawn as its own cell), ``bubble`` in the rank's idle time before
-  the backward (Mario): on the timeline of the schedule with the recomputes at ``backward``, the latest idle gap
-  of the rank after F(s,u) ends and before the backward's op starts that is at least the recompute's length
-  (gaps are used up as recomputes fill them); none: at the backward.
+  recomputation inside the backward costs, drawn as its own cell; an idle wait right before the backward
+  takes it first), ``bubble`` in the rank's idle time before the backward (Mario): on the timeline of the
+  schedule with the recomputes at ``backward``, the latest idle gap of the rank at least the recompute's
+  length, after F(s,u) ends and after the rank's previous backward op (so that what comes back early is held
+  over a few forwards at most, not the whole warm-up); gaps are used up as recomputes fill them; none: at the
+  backward.
 - ``keep``: nothing.
 
 The result is an ordinary schedule (``validate`` checks the order; ``simulate`` plays the host link and the
@@ -150,14 +152,16 @@ def _into_bubbles(schedule: Schedule, costs) -> Schedule:
         f_end = {(a.stage, a.mb): en[k] for k, op in enumerate(prog) for a in actions_of(op) if a.kind == "F"}
         moved: dict[int, list[Action]] = {}  # op position -> recomputes moved before it
         drop = set()
+        last_bw = -1  # the rank's latest backward op so far
         for k, op in enumerate(prog):
+            if any(a.kind in ("B", "I") for a in actions_of(op)):
+                last_bw = k
             if type(op) is Pair or op.kind != RECOMPUTE:
                 continue
             need = sc.duration(RECOMPUTE, op.stage)
-            # the recompute at k ran in place of idle time; its backward is the op after it
             for gap in reversed(gaps):
                 at, lo, hi = gap
-                if at <= k and lo >= f_end[(op.stage, op.mb)] and hi - lo >= need:
+                if last_bw < at <= k and lo >= f_end[(op.stage, op.mb)] and hi - lo >= need:
                     moved.setdefault(at, []).append(op)
                     drop.add(k)
                     gap[1] = lo + need

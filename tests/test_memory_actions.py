@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stagewise.actions import parse
 from stagewise.costs import Costs
@@ -12,7 +14,7 @@ from stagewise.memory_actions import MemoryActionError, place, policy_of
 from stagewise.parallelism import Parallelism
 from stagewise.schedule import make
 from stagewise.schedules import generate
-from stagewise.simulate import simulate
+from stagewise.simulate import run, simulate
 from stagewise.validate import ScheduleError, validate
 
 
@@ -80,3 +82,35 @@ def test_place_offload_and_recompute_from_a_policy():
     with pytest.raises(MemoryActionError, match="one of keep, offload, recompute"):
         place(generate("1f1b", 2, 2), ("keep", "drop"))
     assert policy_of(3, offload="all") == ("offload",) * 3
+
+
+FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipe")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(FAMILIES), st.integers(2, 4), st.data(), st.sampled_from([None, 0.5, 2.0]),
+       st.sampled_from(["backward", "bubble"]), st.sampled_from([0.0, 0.5]), st.booleans())
+def test_any_policy_on_any_family_plays_through_and_holds_no_more_than_keeping(fam, p, data, host, at, free_at_i,
+                                                                              lowered):
+    """Placed from any per-stage policy, a schedule is valid, never stuck, its memory never negative, and each
+    rank's peak is at most what keeping everything holds (in chunk-units and in bytes); with a free host link and
+    no recompute the step is keeping's exactly."""
+    from stagewise.lowering import Communication
+
+    p += p % 2 if fam.startswith("dualpipe") else 0
+    sched = generate(fam, p, 2 * p, 2 if fam in ("interleaved-1f1b",) else None)
+    policy = tuple(data.draw(st.lists(st.sampled_from(["keep", "offload", "recompute"]), min_size=sched.stages,
+                                      max_size=sched.stages)))
+    costs = Costs(host_bandwidth=host, free_at_i=free_at_i, activation_bytes=[3.0 * (s + 1) for s in range(sched.stages)],
+                  comm=Communication() if lowered else None)
+    placed = validate(place(sched, policy, recompute_at=at, costs=costs))
+    tl, me = run(placed, costs)
+    _, base = run(sched, costs)
+    for r in range(sched.ranks):
+        for unit_bytes in (False, True):
+            assert min(level for _, level in tl.memory_curve(r, unit_bytes)) >= -1e-9
+    assert all(a <= b + 1e-9 for a, b in zip(me.peak_activations, base.peak_activations))
+    assert all(a <= b + 1e-9 for a, b in zip(me.peak_activation_bytes, base.peak_activation_bytes))
+    if host is None and "recompute" not in policy:
+        assert me.makespan == base.makespan
+    assert me.makespan >= base.makespan - 1e-9 or at == "bubble"
