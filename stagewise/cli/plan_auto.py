@@ -109,7 +109,7 @@ def cmd_auto(args) -> int:
 def _memory_actions(args, costs) -> dict:
     """Per named one-stage-per-rank family that accepts -p and -m, its ``memory_policy`` under the cap (None:
     nothing fits)."""
-    from ..plan.auto.memory_policy import memory_policy
+    from ..plan.auto import memory_policy
     from ..schedules import FAMILIES
     from ..schedules.registry import ScheduleArgError
 

@@ -8,7 +8,7 @@ import pytest
 
 from stagewise.costs import Costs, MemoryCap
 from stagewise.memory_actions import place
-from stagewise.plan.auto.memory_policy import memory_policy
+from stagewise.plan.auto import memory_policy
 from stagewise.schedules import generate
 from stagewise.simulate import run
 
