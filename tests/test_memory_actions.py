@@ -114,3 +114,36 @@ def test_any_policy_on_any_family_plays_through_and_holds_no_more_than_keeping(f
     if host is None and "recompute" not in policy:
         assert me.makespan == base.makespan
     assert me.makespan >= base.makespan - 1e-9 or at == "bubble"
+
+
+def test_explain_says_a_backward_waited_for_its_reload_and_what_recompute_costs():
+    from stagewise.causes import plain
+    from stagewise.explain import explain, memory_summary
+
+    sched = place(generate("1f1b", 3, 4), ("offload", "keep", "recompute"))
+    tl = simulate(sched, Costs(host_bandwidth=0.4))
+    gaps = [g for g in explain(tl) if g.rank == 0 and g.before is not None and g.waits_for is not None]
+    first = gaps[0]
+    assert first.text == ("rank 0 idle 3..8.5 (5.5): 0B0 waits for 0RELOAD0 (reload from rank 0): link: its "
+                          "activations came back from host memory over the host link: 0RELOAD0 ran from 6 to 8.5 "
+                          "(behind the link's earlier transfers)")
+    assert "activations to come back from host memory" in plain(first, tl)
+    assert all(str(sched.programs[0][g.before.pos])[1] == "B" for g in gaps)  # no gap before a host transfer
+    assert memory_summary(tl) == ("memory actions: 4 recomputes take 4 of compute over all ranks (the forwards "
+                                  "redone); 4 offloads and 4 reloads take 20 of the host link; backwards waited 5 "
+                                  "for their reloads")
+
+
+def test_the_cli_places_memory_actions_and_refuses_bad_ones(capsys):
+    from stagewise.cli import main
+
+    assert main(["simulate", "1f1b", "-p", "3", "-m", "4", "--offload", "0", "--recompute", "2",
+                 "--host-bandwidth", "0.4", "--draw"]) == 0
+    out = capsys.readouterr().out
+    assert "R0" in out and "offload/reload" in out and "RELOAD" in out
+    for argv, words in ((["--recompute", "0", "--offload", "0"], "--offload and --recompute both name stage 0"),
+                        (["--recompute", "5"], "--recompute 5: stage 5 is outside the schedule's stages 0..2"),
+                        (["--recompute-at", "bubble"], "--recompute-at places the recomputes of --recompute"),
+                        (["--offload", "all", "--host-bandwidth", "0"], "--host-bandwidth must be > 0")):
+        assert main(["simulate", "1f1b", "-p", "3", "-m", "4", *argv]) == 2
+        assert words in capsys.readouterr().err

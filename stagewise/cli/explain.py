@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def cmd_explain(args) -> int:
     from ..causes import gap_json, lines
-    from ..explain import explain, explain_ranks, idle_by_cause
+    from ..explain import explain, explain_ranks, idle_by_cause, memory_summary
     from ..report import result
     from ..simulate import simulate
     from .common import UsageError
@@ -43,9 +43,12 @@ def cmd_explain(args) -> int:
                     "chunks": res["chunks"], "costs_per": args.costs_per, "makespan": res["makespan"],
                     "bubble_fraction": res["bubble_fraction"],
                     "formula_bubble_fraction": res["formula_bubble_fraction"], "idle": sum(res["idle"]),
-                    "idle_by_cause": by_cause, "gaps": [gap_json(g, tl) for g in gaps]})
+                    "idle_by_cause": by_cause, "gaps": [gap_json(g, tl) for g in gaps],
+                    **({"memory_actions": memory_summary(tl)} if sched.memory_actions else {})})
         return 0
     print(summary_line(res, by_cause, args.costs_per))
+    if sched.memory_actions:
+        print(memory_summary(tl))
     for g in gaps:
         words, exact = lines(g, tl)
         print(f"{words}\n    {exact}")

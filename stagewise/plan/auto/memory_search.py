@@ -8,7 +8,8 @@ Ties go to fewer stages that give anything up, then to keep before offload befor
 How it searches: every policy while there are at most ``exhaustive`` of them (3^stages; 729 by default: six
 stages), else a descent: while a rank is over its cap, set the fullest rank's stages anew, together (the
 cheapest setting that brings it under, else the one that brings it lowest), then reset any rank's stages
-while the step drops and every rank still fits. tests/test_memory_search.py checks both against a plain exhaustive search on small cases.
+while the step drops and every rank still fits. tests/test_memory_search.py checks both against a plain
+exhaustive search on small cases.
 
 Example:
     >>> from stagewise import Costs
