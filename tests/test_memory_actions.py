@@ -147,3 +147,18 @@ def test_the_cli_places_memory_actions_and_refuses_bad_ones(capsys):
                         (["--offload", "all", "--host-bandwidth", "0"], "--host-bandwidth must be > 0")):
         assert main(["simulate", "1f1b", "-p", "3", "-m", "4", *argv]) == 2
         assert words in capsys.readouterr().err
+
+
+def test_lowered_rank_memory_counts_memory_actions_in_program_order():
+    """A lowered run's memory walk: an offload frees where it stands, a reload brings the activation back, a
+    recomputed forward keeps ``kept`` of it and its recompute the rest; never above keeping everything."""
+    from stagewise.lowering.rank_memory import lowered_memory
+
+    sched = generate("1f1b", 2, 4)
+    placed = place(sched, ("offload", "recompute"))
+    keep = lowered_memory(lower(sched), [2.0, 2.0])
+    got = lowered_memory(lower(placed), [2.0, 2.0], kept=[0.5, 0.5])
+    assert [m.peak.activations for m in keep] == [4.0, 2.0]
+    assert [m.peak.activations for m in got] == [4.0, 2.0]  # 0RELOAD0 comes back right after 0OFFLOAD0 (lead 1)
+    levels = [h.activations for _, h in got[1].curve]
+    assert levels[1:4] == [0.5, 2.0, 0.0]  # after 1RECV_F0: 1F0 keeps 0.5, 1RECOMPUTE0 brings back 1.5, 1B0 frees it all
