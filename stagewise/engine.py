@@ -188,6 +188,7 @@ class Engine:
         ranks = [(p, out.starts[r], out.ends[r], self.gathered_end[r], self.gathered_pos[r], {})
                  for r, p in enumerate(self.programs)]
         links_of = [{} for _ in self.programs]
+        mem = self.mem  # per key, when a backward's activations are back (None until a memory action plays)
         while queue:
             r = queue.popleft()
             prog, st, en, g_end, g_pos, gotr = ranks[r]
@@ -219,6 +220,7 @@ class Engine:
                         if got is None:
                             break
                         t, op_start = got
+                        mem = self.mem
                         continue
                     else:
                         dk = n_keys + k
@@ -244,8 +246,8 @@ class Engine:
                         comm, y, via = g
                         if y > base:
                             base = y
-                    if dk >= n_keys and self.mem is not None and self.mem[k] > base:  # a backward: its reload
-                        base = self.back(r, i, k, base)  # or recompute
+                    if mem is not None and dk >= n_keys and mem[k] > base:  # a backward: its reload or recompute
+                        base = self.back(r, i, k, base)
                     if gathers and g_end[s] > comm:
                         comm, via = g_end[s], g_pos[s]
                     if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
