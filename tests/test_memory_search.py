@@ -51,3 +51,17 @@ def test_no_policy_fits_and_a_search_without_cap():
     assert memory_policy(sched, Costs(cap=MemoryCap(values=(0.5,)), recompute_keep=0.6)) is None
     with pytest.raises(PlanError, match="needs a cap"):
         memory_policy(sched, Costs())
+
+
+def test_auto_memory_actions_on_the_cli(capsys):
+    from stagewise.cli import main
+
+    assert main(["auto", "-p", "3", "-m", "4", "--cap", "1", "--memory-actions", "--time-limit", "1", "--json"]) == 0
+    import json
+
+    rows = {r["schedule"]: r for r in json.loads(capsys.readouterr().out)["memory_actions"]}
+    assert rows["1f1b"]["fits"] and max(rows["1f1b"]["peaks"]) <= 1 and rows["1f1b"]["cost"] > 0
+    for argv, words in ((["--memory-actions"], "--memory-actions chooses what fits under a cap: give --cap"),
+                        (["--cap", "2", "--recompute-at", "bubble"], "--recompute-at places the recomputes")):
+        assert main(["auto", "-p", "3", "-m", "4", *argv]) == 2
+        assert words in capsys.readouterr().err

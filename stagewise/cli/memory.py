@@ -59,9 +59,16 @@ def add_memory_action_args(p: argparse.ArgumentParser) -> None:
                         "back one op before the backward (RELOAD), over --host-bandwidth")
     g.add_argument("--recompute", default=None, metavar="S,S,..|all",
                    help="stages whose forward keeps only its input and is redone (RECOMPUTE) before the backward")
-    g.add_argument("--recompute-at", choices=("backward", "bubble"), default="backward",
-                   help="where a RECOMPUTE goes: right before its backward (default), or into the rank's idle time "
-                        "before it (Mario)")
+    add_recompute_at(g)
+
+
+def add_recompute_at(g, when: str = "") -> None:
+    """--recompute-at: where a placed RECOMPUTE goes (``memory_actions.RECOMPUTE_AT``); ``when`` prefixes its help."""
+    from ..memory_actions import RECOMPUTE_AT
+
+    g.add_argument("--recompute-at", choices=RECOMPUTE_AT, default="backward",
+                   help=f"{when}where a RECOMPUTE goes: right before its backward (default), or into the rank's idle "
+                        "time before it (Mario)")
 
 
 def _stages(option: str, text: str | None, stages: int):

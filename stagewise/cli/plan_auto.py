@@ -7,6 +7,7 @@ import time
 
 from .. import limits
 from ..flags import add_layout_options
+from .memory import add_recompute_at
 from .common import UsageError, add_cost_args, costs_from, finite_float, positive_int, print_json
 
 
@@ -33,9 +34,7 @@ def register(sub) -> None:
                    help="also choose, for each named family, per stage keep / offload / recompute under the cap "
                         "(offload over --host-bandwidth) and report the least simulated step that fits and what it "
                         "costs over no cap")
-    p.add_argument("--recompute-at", choices=("backward", "bubble"), default="backward",
-                   help="with --memory-actions: where a RECOMPUTE goes, right before its backward (default) or into "
-                        "the rank's idle time before it")
+    add_recompute_at(p, "with --memory-actions: ")
     p.set_defaults(func=cmd_auto)
 
 
