@@ -162,3 +162,14 @@ def test_lowered_rank_memory_counts_memory_actions_in_program_order():
     assert [m.peak.activations for m in got] == [4.0, 2.0]  # 0RELOAD0 comes back right after 0OFFLOAD0 (lead 1)
     levels = [h.activations for _, h in got[1].curve]
     assert levels[1:4] == [0.5, 2.0, 0.0]  # after 1RECV_F0: 1F0 keeps 0.5, 1RECOMPUTE0 brings back 1.5, 1B0 frees it all
+
+
+def test_recompute_in_the_bubble_uses_idle_time_before_the_backward():
+    """GPipe, a fast last stage: rank 1 idles between its forwards (stage 0's take twice as long), and Mario's
+    placement puts 1RECOMPUTE0 into that wait instead of before 1B0, which starts half a forward sooner."""
+    costs = Costs(t_f=[1.0, 0.5], t_b=[2.0, 1.0])
+    sched = generate("gpipe", 2, 4)
+    at_backward = place(sched, ("keep", "recompute"), recompute_at="backward", costs=costs)
+    in_bubble = validate(place(sched, ("keep", "recompute"), recompute_at="bubble", costs=costs))
+    assert " ".join(map(str, in_bubble.programs[1])).startswith("1F0 1F1 1F2 1RECOMPUTE0 1F3 1B0")
+    assert run(in_bubble, costs)[1].makespan == 13.5 < run(at_backward, costs)[1].makespan == 14.0
