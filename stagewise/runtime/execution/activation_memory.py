@@ -6,7 +6,9 @@ itself keeps for a (stage, mb) between its F and its backward: the stage input
 and output and, after a split backward's I, the gradients W still needs. Each
 storage counts once however many hold it, and stops counting when the last
 holder lets go (autograd drops saved tensors after the backward; the executor
-drops its references). The planner's profiler counts a layer's activation
+drops its references). A storage the program offloads (offload.py) stops
+counting while its bytes are on the host: the count is of device-resident
+bytes. The planner's profiler counts a layer's activation
 bytes with the same ``SavedBytes`` (stagewise.profiling.measure).
 
 The prediction feeds the simulator what each (kind, stage) op was measured to
@@ -43,12 +45,24 @@ class SavedBytes:
         Storages of ``module``'s parameters are not activations (autograd saves views of
         weights, such as the transposed matrix of a Linear) and are not counted.
         """
-        params = {_storage(p).data_ptr() for p in module.parameters()} if module is not None else set()
+        params = {storage_of(p).data_ptr() for p in module.parameters()} if module is not None else set()
         return self.saving(params)
 
     def saving(self, params: set):
         """Like ``hooks``, with the parameter storages (data pointers) given."""
-        return torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, params), _unpack)
+        return torch.autograd.graph.saved_tensors_hooks(*self.packer(params))
+
+    def packer(self, params: set) -> tuple:
+        """The (pack, unpack) pair of ``saving``, for a hook that wraps it (offload.py)."""
+        return (lambda t: self._pack(t, params)), _unpack
+
+    def moved(self, storage, resident: bool) -> None:
+        """``storage``'s bytes left the device (offloaded) or came back (reloaded); uncounted ones are ignored."""
+        entry = self._refs.get(storage._cdata)
+        if entry is not None and entry[2] != resident:
+            entry[2] = resident
+            self.live += entry[1] if resident else -entry[1]
+            self.peak = max(self.peak, self.live)
 
     def hold(self, tensors) -> tuple:
         """Count ``tensors`` (once per storage) for as long as the returned tokens live."""
@@ -58,26 +72,26 @@ class SavedBytes:
         self.peak = self.live
 
     def _pack(self, t: torch.Tensor, params):
-        storage = _storage(t)
-        key = storage.data_ptr()
-        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in params:
+        storage = storage_of(t)
+        if is_state(t, params):
             return t  # a weight, or a view of one (a Linear's transposed matrix; FSDP's gathered ones too)
-        n, size = self._refs.get(key, (0, storage.nbytes()))
-        if n == 0:
-            self.live += size
+        key = storage._cdata  # the storage itself: its data pointer changes while it is offloaded
+        entry = self._refs.get(key)
+        if entry is None:
+            entry = self._refs[key] = [0, storage.nbytes(), True]  # holders, bytes, resident on the device
+            self.live += entry[1]
             self.peak = max(self.peak, self.live)
-        self._refs[key] = (n + 1, size)
+        entry[0] += 1
         # detached: holding the tensor itself would hold its grad_fn, which holds this object
         # (an output saved for its own backward): a cycle autograd never frees
         return _Held(t.detach(), key, self)
 
     def _release(self, key: int) -> None:
-        n, size = self._refs[key]
-        if n == 1:
+        entry = self._refs[key]
+        entry[0] -= 1
+        if entry[0] == 0:
             del self._refs[key]
-            self.live -= size
-        else:
-            self._refs[key] = (n - 1, size)
+            self.live -= entry[1] if entry[2] else 0
 
 
 class _Held:
@@ -92,7 +106,12 @@ class _Held:
         self.owner._release(self.key)
 
 
-def _storage(t: torch.Tensor):
+def is_state(t: torch.Tensor, params) -> bool:
+    """``t`` is a parameter, a view of one, or in ``params`` (data pointers of the module state's storages)."""
+    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or storage_of(t).data_ptr() in params
+
+
+def storage_of(t: torch.Tensor):
     """The storage holding ``t``'s data on this rank (a DTensor's: its local shard's)."""
     return (t._local_tensor if is_dtensor(t) else t).untyped_storage()
 
@@ -124,8 +143,11 @@ class ActivationMeter:
     def saving(self):
         """Count what autograd saves inside the block (the parameters' storages, read now: a checkpoint load may
         replace them, and FSDP registers its gathered ones while a stage is gathered, its shards otherwise)."""
-        params = {_storage(p).data_ptr() for st in self.stages.values() for p in st.parameters()}
-        return self.count.saving(params)
+        return self.count.saving(self.params())
+
+    def params(self) -> set:
+        """The data pointers of the stages' parameters, now."""
+        return {storage_of(p).data_ptr() for st in self.stages.values() for p in st.parameters()}
 
     def hold(self, *tensors) -> tuple:
         return self.count.hold(tensors)
