@@ -26,6 +26,8 @@ GRAD_KINDS = (B, I)
 #: only its input); text ``0OFFLOAD3``, ``0RELOAD3``, ``0RECOMPUTE3`` as torch writes its named actions
 OFFLOAD, RELOAD, RECOMPUTE = "OFFLOAD", "RELOAD", "RECOMPUTE"
 MEMORY_KINDS = (OFFLOAD, RELOAD, RECOMPUTE)
+#: the memory kinds that run on the rank's host-link stream (not on its compute)
+HOST_KINDS = (OFFLOAD, RELOAD)
 
 KIND_NAMES = {F: "forward", B: "backward", I: "input-grad backward", W: "weight-grad backward",
               OFFLOAD: "offload", RELOAD: "reload", RECOMPUTE: "recompute"}

@@ -15,7 +15,11 @@ it by hand (without all-to-all only: the two do not mix).
 
 Memory, as the Zero Bubble paper models it: F allocates a stage's activation
 (M_B); I frees ``free_at_i`` of it; W frees the rest (M_W, what the weight
-gradient still needs); a full B frees it all (``freed``). Sizes are per stage
+gradient still needs); a full B frees it all (``freed``). Memory actions (``actions.MEMORY_KINDS``) move a
+unit's activation to the host and back over the host link, ``host_bandwidth`` bytes per time unit (chunk-units
+per time unit when the sizes are not in bytes: ``activation_bytes`` unset), on the rank's host stream; a
+placed ``RECOMPUTE`` takes its stage's forward time, all-to-all included, and the F of a recomputed unit keeps
+``recompute_keep`` of its activation. Sizes are per stage
 in chunk-units (one micro-batch's activations of one stage) and, when known,
 bytes (``transformer_activation`` gives the paper's M_B and M_W of a GPT
 layer). A ``MemoryCap`` bounds each rank's peak in either unit.
@@ -27,6 +31,7 @@ import math
 from dataclasses import dataclass
 from collections import namedtuple
 from collections.abc import Sequence
+from .actions import HOST_KINDS as _HOST
 from .errors import StagewiseError
 
 Num = float | int
@@ -59,6 +64,9 @@ class Costs:
     free_at_i: float = 0.0
     recompute: bool | Sequence[bool] = False  #: stages that keep only their input and redo F in B
     recompute_keep: PerStage = 0.0  #: activation (chunk-units) kept by a recomputed stage
+    #: bytes per time unit of a rank's device<->host link (OFFLOAD, RELOAD; chunk-units per time unit when
+    #: ``activation_bytes`` is unset); None = free
+    host_bandwidth: float | None = None
     cap: "MemoryCap | None" = None  #: most activation each rank may hold (reported; `auto` searches under it)
     #: communication as actions (``lowering.Communication``: the layout, sizes, network and overlap rule); the
     #: simulator then plays the lowered programs, transfers on their own resources. None: links and a2a only
@@ -84,14 +92,19 @@ class Costs:
         elif fb is not None:
             raise CostError("--tfb sets an F&B pair's duration by hand; with --a2a it is derived from the halves' "
                             "compute and all-to-all: give one of them")
-        act = per_stage("activation", self.activation, stages)
+        full = per_stage("activation", self.activation, stages)
         keep = per_stage("recompute_keep", self.recompute_keep, stages)
-        act = [k if r else a for a, k, r in zip(act, keep, rec)]
-        act_b = None
+        act = [k if r else a for a, k, r in zip(full, keep, rec)]
+        act_b = kept_b = None
         if self.activation_bytes is not None:
-            act_b = per_stage("activation_bytes", self.activation_bytes, stages)
-            ratio = [k / a if a else 0.0 for k, a in zip(keep, per_stage("activation", self.activation, stages))]
-            act_b = [x * q if r else x for x, q, r in zip(act_b, ratio, rec)]
+            full_b = per_stage("activation_bytes", self.activation_bytes, stages)
+            ratio = [k / a if a else 0.0 for k, a in zip(keep, full)]
+            kept_b = [x * q for x, q in zip(full_b, ratio)]
+            act_b = [k if r else x for x, k, r in zip(full_b, kept_b, rec)]
+        if self.host_bandwidth is not None and not 0 < self.host_bandwidth < math.inf:
+            raise CostError(f"--host-bandwidth must be a finite number > 0; got {self.host_bandwidth}")
+        moved = act_b if act_b is not None else act  # what an OFFLOAD or RELOAD carries
+        host = [x / self.host_bandwidth for x in moved] if self.host_bandwidth else [0.0] * stages
         link = per_stage("boundary_bytes", self.boundary_bytes, stages)
         if not 0 <= self.latency < math.inf:  # also rejects NaN
             raise CostError(f"--latency must be a finite number >= 0; got {self.latency}")
@@ -105,7 +118,8 @@ class Costs:
         if self.cap is not None and self.cap.unit == "bytes" and act_b is None:
             raise CostError("--cap-bytes needs the activation sizes in bytes (--activation-bytes or --hidden-size)")
         return StageCosts(f=f, b=b, i=i, w=w, fb=fb, message=msg, activation=act,
-                          activation_bytes=act_b, free_at_i=self.free_at_i, a2a_f=a2a_f, a2a_b=a2a_b)
+                          activation_bytes=act_b, free_at_i=self.free_at_i, a2a_f=a2a_f, a2a_b=a2a_b, host=host,
+                          kept=keep, kept_bytes=kept_b, recomputed=rec)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,15 +141,30 @@ class StageCosts:
     free_at_i: float
     a2a_f: list[float] | None = None  #: all-to-all of a forward per stage; None: no all-to-all anywhere
     a2a_b: list[float] | None = None  #: of a backward (B or I), recomputed forward's included
+    host: list[float] | None = None  #: per stage, one OFFLOAD's or RELOAD's time on the host link (None: 0)
+    kept: list[float] | None = None  #: per stage, what the F of a unit with a placed RECOMPUTE keeps (chunks)
+    kept_bytes: list[float] | None = None  #: the same in bytes, when known
+    recomputed: list[bool] | None = None  #: stages whose backward replays the forward (``Costs.recompute``)
 
     def compute(self, kind: str, stage: int) -> float:
-        return {"F": self.f, "B": self.b, "I": self.i, "W": self.w}[kind][stage]
+        """Compute time of an action: a placed RECOMPUTE is its stage's forward; OFFLOAD and RELOAD run on the
+        host link (``host``), none of the compute stream's."""
+        if kind in _HOST:
+            return 0.0
+        return {"F": self.f, "B": self.b, "I": self.i, "W": self.w, "RECOMPUTE": self.f}[kind][stage]
 
     def comm(self, kind: str, stage: int) -> float:
-        """All-to-all seconds of an action: the forward's, the backward's for B and I, none for W."""
-        if self.a2a_f is None or kind == "W":
+        """All-to-all seconds of an action: the forward's (a RECOMPUTE's too), the backward's for B and I, none
+        for W and the host transfers."""
+        if self.a2a_f is None or kind == "W" or kind in _HOST:
             return 0.0
-        return (self.a2a_f if kind == "F" else self.a2a_b)[stage]
+        return (self.a2a_f if kind == "F" or kind == "RECOMPUTE" else self.a2a_b)[stage]
+
+    def kept_sizes(self, unit_bytes: bool = False) -> list[float]:
+        """What the F of a unit with a placed RECOMPUTE keeps per stage, in chunk-units or bytes."""
+        size = self.sizes(unit_bytes)
+        kept = self.kept_bytes if unit_bytes and self.activation_bytes else self.kept
+        return list(kept) if kept is not None else [0.0] * len(size)
 
     def duration(self, kind: str, stage: int) -> float:
         """A plain action's time: its compute, then its all-to-all."""

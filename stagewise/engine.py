@@ -22,6 +22,12 @@ without communication whose messages take their link's time.
   once f of its op has run, and the stage's next op waits for its gathers. What comes after a rank's last op
   waits for everything the rank posted before it (the optimizer needs the reduced gradients).
 - An expert all-to-all is inside its op (the cost model's ``a2a``, ``overlap``): drawn where the op pays it.
+- Memory actions (``actions.MEMORY_KINDS``): an ``OFFLOAD`` or ``RELOAD`` runs on its rank's host stream (FIFO,
+  in program order) from when the rank reaches it (an OFFLOAD no earlier than its F's end, a RELOAD than its
+  OFFLOAD's) for ``StageCosts.host``; the rank does not wait for it. A ``RECOMPUTE`` runs on the compute stream
+  for its stage's forward (``StageCosts.duration``). The unit's backward (B or I, alone or in a pair) starts no
+  earlier than its RELOAD or RECOMPUTE ends; a wait for a reload beyond everything else is its exposed time.
+  Each waits only on ops of its own rank before it (``validate`` checks the order), so none parks.
 
 Each op starts at max(its rank free, its inputs, its gathers), so start times do not depend on the order in
 which ranks are advanced: a work list with wake-ups (no event heap) gives the exact timeline in time linear
@@ -34,7 +40,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .actions import Action, Pair
+from .actions import HOST_KINDS, MEMORY_KINDS, OFFLOAD, RELOAD, Action, Pair
+from .costs import CostError
 from .costs import StageCosts
 from .all_to_all import pair_parts, pair_time
 
@@ -141,6 +148,7 @@ class Engine:
         self.blocking = low is not None and low.options.overlap.blocking_p2p
         self.kinds = _comm_kinds() if low is not None else (None, (), (), None, None, None, None)
         self.out = Played(programs)
+        self.mem: list | None = None  #: per key, when its backward's activations are back (made on first use)
         self.done = [-1.0] * (2 * self.n_keys)
         self.arrive_at = [-1.0] * (2 * self.n_keys)  # per message: its arrival
         self.arrive_sent = [-1.0] * (2 * self.n_keys)  # and when it was posted (its op's end)
@@ -173,7 +181,7 @@ class Engine:
         S, m, n_keys, n2 = self.S, self.m, self.n_keys, 2 * self.n_keys
         bw, lat, blocking = self.bw, self.lat, self.blocking
         Comm_, SENDS_, RECVS_, SEND_B_, RECV_B_, UNSHARD_, _ = self.kinds
-        Pair_, state, parked = Pair, self.state, self.parked
+        Pair_, state, parked, MEM_ = Pair, self.state, self.parked, frozenset(MEMORY_KINDS)
         stages, mbs = range(S), range(m)  # a message key in both: its id is arithmetic
         # per rank, what it plays on at every wake-up: its program, times, gathers' end and position per stage,
         # and messages got (id -> (arrival, sent at, receive position)); its links (receiver -> free at)
@@ -206,6 +214,12 @@ class Engine:
                         dk, ik, x = k, k - m, f_lat[s]
                     elif kind == "W":
                         dk, ik, x = -1, n_keys + k, 0.0  # its I's, here
+                    elif kind in MEM_:  # on the host stream, or a recompute on this one
+                        got = self.memory(r, i, a, k, t, op_start)
+                        if got is None:
+                            break
+                        t, op_start = got
+                        continue
                     else:
                         dk = n_keys + k
                         y = done[k]  # its F's, here
@@ -230,6 +244,8 @@ class Engine:
                         comm, y, via = g
                         if y > base:
                             base = y
+                    if dk >= n_keys and self.mem is not None and self.mem[k] > base:  # a backward: its reload
+                        base = self.back(r, i, k, base)  # or recompute
                     if gathers and g_end[s] > comm:
                         comm, via = g_end[s], g_pos[s]
                     if comm > base:  # it waited for a transfer beyond everything else it needed (comm > 0: via set)
@@ -442,6 +458,8 @@ class Engine:
             base = done[k]
             if base < 0:
                 return (k,)
+            if self.mem is not None and self.mem[k] > base:
+                base = self.mem[k]  # (a pair's waits are not attributed to its reload)
             mid = self.n_keys + k
             ik, link = mid + m, self.g_lat[s]
         if link >= 0.0:  # computed here, or a message as its link time
@@ -457,6 +475,51 @@ class Engine:
             arrival, sent, where = g
             return sent if sent > base else base, arrival, where
         return base, 0.0, -1
+
+    def memory(self, r: int, i: int, a: Action, k: int, t: float, op_start: float) -> tuple | None:
+        """Play memory action ``a`` (key ``k``) at position ``i`` of rank ``r``, free at ``t``, its last compute
+        op started at ``op_start``: (the rank's new free time, its last compute op's start), or None when what it follows has not run (an invalid order:
+        the rank never gets past it)."""
+        kind, s, _ = a
+        if self.mem is None:
+            self.mem = [-1.0] * self.n_keys
+            self.mem_pos = [-1] * self.n_keys  # the RELOAD (or RECOMPUTE) a backward waits for
+            self.offloaded = [-1.0] * self.n_keys  # an OFFLOAD's end
+            self.host_free = [0.0] * len(self.programs)
+        f_end = self.done[k]
+        if kind == RELOAD:
+            after = self.offloaded[k]
+        else:
+            after = f_end
+        if after < 0:
+            return None
+        st, en = self.out.starts[r], self.out.ends[r]
+        if kind in HOST_KINDS:  # the host stream, FIFO; the rank goes on
+            start = max(t, after, self.host_free[r])
+            end = self.host_free[r] = start + (self.sc.host[s] if self.sc.host is not None else 0.0)
+            st[i], en[i] = start, end
+            if kind == OFFLOAD:
+                self.offloaded[k] = end
+            else:
+                self.mem[k], self.mem_pos[k] = end, i
+            return t, op_start
+        if self.sc.recomputed is not None and self.sc.recomputed[s]:
+            raise CostError(f"{a}: stage {s} recomputes inside its backward (Costs.recompute, --recompute without "
+                            "--recompute-at) and its program places a RECOMPUTE too; give one of them")
+        start = t if t > after else after
+        end = start + self.sc.duration(kind, s)
+        st[i], en[i] = start, end
+        self.mem[k], self.mem_pos[k] = end, i
+        return end, start
+
+    def back(self, r: int, i: int, k: int, base: float) -> float:
+        """A backward at position ``i`` of rank ``r``, ready at ``base`` from everything else, that waits for
+        its unit's RELOAD or RECOMPUTE: its new ready time; a reload's wait is that transfer's exposed time."""
+        end, via = self.mem[k], self.mem_pos[k]
+        if self.programs[r][via][0] == RELOAD:
+            self.out.exposed[r][via] += end - base
+            self.out.waited[r][i] = via
+        return end
 
     def tail(self) -> None:
         """The step ends when every rank's compute and transfers are done: what runs past the last op is exposed."""
@@ -477,9 +540,12 @@ class Engine:
         for r, prog in enumerate(self.programs):
             i, k = self.state[r][0], self.parked[r]
             if i < len(prog):
+                a = prog[i]
                 if 0 <= k < 2 * n:
                     s, mb = divmod(k % n, m)
                     wait = Action("F" if k < n else "B|I", s, mb)
+                elif type(a) is Action and a.kind in MEMORY_KINDS:  # what it runs after, behind it
+                    wait = Action(OFFLOAD if a.kind == RELOAD else "F", a.stage, a.mb)
                 else:
                     wait = Action(str(prog[i]), -1, -1)
                 out.append(Blocked(r, i, prog[i], wait))

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import itemgetter
 from collections.abc import Iterator
 
 from . import display
-from .actions import Action, Op, Pair, actions_of
+from .actions import MEMORY_KINDS, Action, Op, Pair, actions_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +75,13 @@ class Schedule:
     @property
     def num_actions(self) -> int:
         return sum(len(p) for p in self.programs)
+
+    @cached_property
+    def memory_actions(self) -> bool:
+        """Whether a program holds a memory action (``actions.MEMORY_KINDS``): then memory and busy time are read
+        off the played times (an OFFLOAD frees when its transfer ends, on the host stream beside compute)."""
+        kinds = frozenset(MEMORY_KINDS)
+        return any(not kinds.isdisjoint(map(itemgetter(0), prog)) for prog in self.programs)
 
     @property
     def num_compute_actions(self) -> int:

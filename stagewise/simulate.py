@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from .costs import Costs
-from .engine import Stuck, play
-from .all_to_all import comm_lanes
+from .actions import HOST_KINDS, Pair
+from .engine import Engine, Stuck
+from .all_to_all import Comm, comm_lanes
 from .schedule import Schedule
 from .timeline import Metrics, Timeline, metrics
 from .validate import ScheduleError, check_structure, describe_deadlock
@@ -24,21 +25,40 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = Tr
     if check:
         check_structure(schedule)
     try:
-        starts, ends = play(schedule, sc)
+        played = Engine(schedule, sc).play()
     except Stuck as stuck:
         raise ScheduleError(describe_deadlock(schedule, stuck)) from None
-    return timeline(schedule, costs, sc, starts, ends, comm_lanes(schedule, sc, starts, ends))
+    starts, ends = played.starts, played.ends
+    return timeline(schedule, costs, sc, starts, ends, comm_lanes(schedule, sc, starts, ends),
+                    exposed=played.exposed)
 
 
-def timeline(schedule: Schedule, costs: Costs, sc, starts, ends, comm, **meta) -> Timeline:
+def timeline(schedule: Schedule, costs: Costs, sc, starts, ends, comm, exposed=None, **meta) -> Timeline:
     """The ``Timeline`` of a play of ``schedule``: the compute ops' times per rank, the transfers' lanes
-    (``comm``) and ``meta`` beside the costs (a lowered play's lowering and times)."""
+    (``comm``; with memory actions the host link's OFFLOADs and RELOADs join them, ``exposed`` their waited
+    time, aligned with the programs) and ``meta`` beside the costs (a lowered play's lowering and times)."""
     cap = costs.cap
+    if schedule.memory_actions:
+        comm = host_lanes(schedule, starts, ends, exposed, comm)
     return Timeline(
         schedule=schedule, starts=tuple(map(tuple, starts)), ends=tuple(map(tuple, ends)),
         activation=tuple(sc.activation), activation_bytes=tuple(sc.activation_bytes) if sc.activation_bytes else None,
+        kept=tuple(sc.kept) if sc.kept is not None else None,
+        kept_bytes=tuple(sc.kept_bytes) if sc.kept_bytes is not None else None,
         free_at_i=sc.free_at_i, cap=tuple(cap.per_rank(schedule.ranks)) if cap is not None else None,
         cap_unit=cap.unit if cap is not None else "chunks", comm=comm, meta={"costs": costs, **meta})
+
+
+def host_lanes(schedule: Schedule, starts, ends, exposed, comm):
+    """``comm`` (per rank, its transfers' ``Comm``s, or None) with each OFFLOAD and RELOAD as a ``Comm`` of its
+    kind on its rank's lane: the host link, beside compute; exposed what a backward waited for it."""
+    out = []
+    for r, prog in enumerate(schedule.programs):
+        mine = [Comm(k, op, starts[r][k], ends[r][k], exposed[r][k] if exposed is not None else 0.0, op.kind)
+                for k, op in enumerate(prog) if type(op) is not Pair and op.kind in HOST_KINDS]
+        lane = list(comm[r]) if comm is not None else []
+        out.append(tuple(sorted(lane + mine, key=lambda c: (c.start, c.end))))
+    return tuple(out)
 
 
 def run(schedule: Schedule, costs: Costs | None = None) -> tuple[Timeline, Metrics]:

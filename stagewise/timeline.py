@@ -3,6 +3,12 @@
 A timeline is the same whether simulated or measured: renderers and metrics
 never know which. Times are in the cost model's unit (simulated) or seconds
 (measured).
+
+With memory actions (``Schedule.memory_actions``) a rank's activations are read off the times, as the host
+stream runs beside compute: an F keeps its activation (only ``kept`` of it when the unit has a RECOMPUTE), a
+RECOMPUTE brings back the rest at its start, an OFFLOAD frees the activation at its end and a RELOAD allocates
+it at its start; at one instant offloads done count first, then reloads, then the compute ops.
+OFFLOAD and RELOAD are not busy time (``Metrics.busy``): they are the host link's lane (``comm``).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from functools import cached_property
 from operator import sub
 
 from . import display
-from .actions import Pair, actions_of
+from .actions import HOST_KINDS, OFFLOAD, RECOMPUTE, RELOAD, Pair, actions_of
 from .costs import freed
 from .all_to_all import Comm, kinds, totals
 from .schedule import Schedule
@@ -31,6 +37,8 @@ class Timeline:
     activation: tuple[float, ...] = ()  #: chunk-units kept per micro-batch, per stage
     activation_bytes: tuple[float, ...] | None = None
     free_at_i: float = 0.0
+    kept: tuple[float, ...] | None = None  #: per stage, what the F of a unit with a RECOMPUTE keeps (chunk-units)
+    kept_bytes: tuple[float, ...] | None = None  #: the same in bytes
     cap: tuple[float, ...] | None = None  #: most activation each rank may hold (None: no cap)
     cap_unit: str = "chunks"  #: "chunks" (compared with peak_activations) or "bytes"
     #: per rank, the all-to-all of each action that has one (its own lane beside compute); None: none
@@ -78,6 +86,12 @@ class Timeline:
         An activation is held from the start of its F to the end of its B
         (or W; ``free_at_i`` of it already at the end of I).
         """
+        if self.schedule.memory_actions:
+            live, out = 0.0, [(0.0, 0.0)]
+            for t, _, delta in self.memory_events(rank, unit_bytes):
+                live += delta
+                out.append((t, live))
+            return out
         size = self.activation_bytes if unit_bytes and self.activation_bytes else self.activation
         live, out = 0.0, [(0.0, 0.0)]
         for op, start, end in self.rows(rank):
@@ -89,6 +103,32 @@ class Timeline:
                 if a.kind != "F":
                     live -= freed(a.kind, size[a.stage], self.free_at_i)
                     out.append((end, live))
+        return out
+
+
+    def memory_events(self, rank: int, unit_bytes: bool = False) -> list[tuple[float, float, float]]:
+        """(time, order, change) of ``rank``'s live activations, sorted: compute ops in program order (an F's at
+        its start, a backward's at its end); at one instant an OFFLOAD's free (at its end: the transfer is done)
+        first, then a RELOAD's allocation (at its start; it starts no earlier than its own offload ends)."""
+        bytes_ = unit_bytes and self.activation_bytes
+        size = self.activation_bytes if bytes_ else self.activation
+        kept = (self.kept_bytes if bytes_ else self.kept) or (0.0,) * len(size)
+        prog = self.schedule.programs[rank]
+        redone = {(a.stage, a.mb) for a in prog if type(a) is not Pair and a.kind == RECOMPUTE}
+        out = []
+        for k, (op, start, end) in enumerate(self.rows(rank)):
+            for kind, s, mb in actions_of(op):
+                if kind == "F":
+                    out.append((start, 2 * k, kept[s] if (s, mb) in redone else size[s]))
+                elif kind == RECOMPUTE:
+                    out.append((start, 2 * k, size[s] - kept[s]))
+                elif kind == RELOAD:
+                    out.append((start, -1, size[s]))
+                elif kind == OFFLOAD:
+                    out.append((end, -2, -size[s]))
+                else:
+                    out.append((end, 2 * k + 1, -freed(kind, size[s], self.free_at_i)))
+        out.sort()
         return out
 
 
@@ -189,18 +229,26 @@ def metrics(tl: Timeline) -> Metrics:
     t0, t1 = tl.origin, tl.finish
     makespan = t1 - t0
     busy = tuple(sum(map(sub, en, st)) for st, en in zip(tl.starts, tl.ends))  # e - s of each op, summed in C
+    if sched_memory := tl.schedule.memory_actions:  # the host link's transfers run beside compute: not busy
+        busy = tuple(sum(e - s for op, s, e in tl.rows(r) if type(op) is Pair or op.kind not in HOST_KINDS)
+                     for r in range(tl.ranks))
     idle = tuple(makespan - b for b in busy)
     R = tl.ranks
     bubble = 1.0 - sum(busy) / (R * makespan) if makespan > 0 else 0.0
     sched = tl.schedule
-    peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i)) if tl.activation_bytes else None
+    if sched_memory:
+        peak_b = tuple(_timed_peaks(tl, True)) if tl.activation_bytes else None
+        peaks = tuple(_timed_peaks(tl, False))
+    else:
+        peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i)) if tl.activation_bytes else None
+        peaks = tuple(peak_memory(sched, tl.activation, tl.free_at_i))
     a2a, exposed = totals(tl.comm, R)
     return Metrics(
         makespan=makespan,
         bubble_fraction=bubble,
         busy=busy,
         idle=idle,
-        peak_activations=tuple(peak_memory(sched, tl.activation, tl.free_at_i)),
+        peak_activations=peaks,
         peak_activation_bytes=peak_b,
         param_share=tuple(sched.param_share()),
         span_idle=tuple((span[1] - span[0] - b) if span else 0.0 for span, b in zip(tl.spans, busy)),
@@ -210,3 +258,8 @@ def metrics(tl: Timeline) -> Metrics:
         exposed_a2a=exposed,
         comm={k: dict(zip(("time", "exposed"), totals(tl.comm, R, k))) for k in kinds(tl.comm) if k != "a2a"},
     )
+
+
+def _timed_peaks(tl: Timeline, unit_bytes: bool) -> list[float]:
+    """Per rank, the highest level of ``Timeline.memory_curve`` (a schedule with memory actions)."""
+    return [max(level for _, level in tl.memory_curve(r, unit_bytes)) for r in range(tl.ranks)]

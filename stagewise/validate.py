@@ -2,21 +2,28 @@
 
 Checks, in order: indices in range, each stage on its one rank, each
 (stage, mb, kind) exactly once, every micro-batch complete (F and either B or
-I+W), and no deadlock. Messages name the rank, the position in its program,
-the action and, for a deadlock, the cycle of waits.
+I+W), memory actions in their order, and no deadlock. Messages name the rank,
+the position in its program, the action and, for a deadlock, the cycle of waits.
+
+Memory actions (``actions.MEMORY_KINDS``) of a unit (s, u) sit on stage s's rank, as its F and backward do, so
+each of their waits is on an op of the same program: ``OFFLOAD`` after its F, ``RELOAD`` after its ``OFFLOAD``
+and before its backward (B or I), ``RECOMPUTE`` after its F and before its backward. One placed the other way
+round waits for an op behind it on its own rank: a wait cycle of one rank, reported as such. An offload needs
+its reload (and a reload its offload); a unit is offloaded or recomputed, not both (its activations are on the
+host or dropped, and a recompute of what is on the host has nothing to start from but the host copy).
 """
 
 from __future__ import annotations
 
 from collections import namedtuple
 
-from .actions import Action, Pair, actions_of
+from .actions import MEMORY_KINDS, OFFLOAD, RECOMPUTE, RELOAD, Action, Pair, actions_of
 from .costs import Costs
 from .engine import Blocked, Stuck, play
 from .schedule import Schedule
 from .errors import StagewiseError
 
-_KIND_INDEX = {"F": 0, "B": 1, "I": 2, "W": 3}
+_KIND_INDEX = {"F": 0, "B": 1, "I": 2, "W": 3, OFFLOAD: 4, RELOAD: 5, RECOMPUTE: 6}
 
 
 class ScheduleError(StagewiseError):
@@ -43,7 +50,7 @@ def check_structure(schedule: Schedule) -> None:
     lane_mb = [(lane.mb_lo, lane.mb_hi) for lane in schedule.lanes for _ in lane.stages]
     if len(lane_mb) != S:
         raise ScheduleError(f"lanes cover {len(lane_mb)} stages; the placement has {S}")
-    seen = bytearray(4 * S * m)
+    seen = bytearray(len(_KIND_INDEX) * S * m)
     placement = schedule.placement
     lo_of = [lo for lo, _ in lane_mb]
     hi_of = [hi for _, hi in lane_mb]
@@ -66,6 +73,8 @@ def check_structure(schedule: Schedule) -> None:
             for a in actions:
                 _check_action(schedule, r, pos, op, a, lane_mb, seen, kind_base)
     _check_complete(schedule, seen)
+    if seen.find(1, 4 * S * m) >= 0:  # memory actions: their pairing and order
+        _check_memory(schedule)
 
 
 def _check_action(schedule: Schedule, r: int, pos: int, op, a: Action, lane_mb, seen: bytearray,
@@ -124,6 +133,49 @@ def _check_complete(schedule: Schedule, seen: bytearray) -> None:
                     problem = f"missing {Action('W' if i else 'I', s, mb)} (split backward needs both I and W)"
                 if problem:
                     raise ScheduleError(f"rank {rank}: {problem}")
+
+
+#: per memory kind, (the kind it runs after, whether the unit's backward waits for it)
+_MEMORY_ORDER = {OFFLOAD: ("F", False), RELOAD: (OFFLOAD, True), RECOMPUTE: ("F", True)}
+
+
+def _check_memory(schedule: Schedule) -> None:
+    """Each memory action has its partner and sits between the ops it waits for and the backward that waits for
+    it, on its own rank (see the module docstring)."""
+    for r, prog in enumerate(schedule.programs):
+        pos: dict[tuple, int] = {}  # (kind, stage, mb) -> position; a backward under "B|I"
+        for k, op in enumerate(prog):
+            for kind, s, mb in actions_of(op):
+                pos[("B|I" if kind in ("B", "I") else kind, s, mb)] = k
+        for (kind, s, mb), k in pos.items():
+            if kind not in MEMORY_KINDS:
+                continue
+            a = Action(kind, s, mb)
+            after, backward_waits = _MEMORY_ORDER[kind]
+            if kind == OFFLOAD and (RECOMPUTE, s, mb) in pos:
+                raise ScheduleError(f"rank {r} position {k} ({a}): {s}{OFFLOAD}{mb} and "
+                                    f"{Action(RECOMPUTE, s, mb)} of one unit; its activations are either moved to "
+                                    "the host and reloaded or dropped and recomputed, not both")
+            partner = RELOAD if kind == OFFLOAD else OFFLOAD if kind == RELOAD else None
+            if partner is not None and (partner, s, mb) not in pos:
+                raise ScheduleError(
+                    f"rank {r} position {k} ({a}): no {Action(partner, s, mb)} on rank {r}; "
+                    + ("an offloaded unit is reloaded before its backward" if kind == OFFLOAD else
+                       "a reload brings back what an offload moved to the host"))
+            before = pos.get((after, s, mb))
+            if before is not None and before > k:
+                raise ScheduleError(_self_cycle(r, k, a, before, prog[before], after, s, mb))
+            bw = pos.get(("B|I", s, mb))
+            if backward_waits and bw is not None and bw < k:
+                raise ScheduleError(_self_cycle(r, bw, prog[bw], k, a, kind, s, mb))
+
+
+def _self_cycle(r: int, k: int, op, later: int, later_op, kind: str, s: int, mb: int) -> str:
+    """A wait cycle of one rank: the op at ``k`` waits for an action of (``kind``, s, mb) behind it."""
+    return (f"deadlock: wait cycle: rank {r} position {k} ({op}) waits for {Action(kind, s, mb)} at rank {r} "
+            f"position {later}, which rank {r} reaches only after it; back to rank {r} (a memory action runs "
+            f"after the op it moves or redoes and before the backward that needs it: {later_op} must come "
+            f"{'before' if later > k else 'after'} {op})")
 
 
 class Wait(namedtuple("Wait", ("blocked", "target"))):

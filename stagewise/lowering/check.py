@@ -15,7 +15,7 @@ Errors name the rank, the position in its lowered program, the action and what i
 
 from __future__ import annotations
 
-from ..actions import actions_of
+from ..actions import HOST_KINDS, actions_of
 from ..engine import Stuck
 from ..validate import ScheduleError
 from ..comm_actions import COLLECTIVES, RECV_B, RECV_F, RECVS, RESHARD, SENDS, UNSHARD, CommAction
@@ -141,6 +141,8 @@ def _check_shards(low: Lowered) -> None:
                     state[a.stage] = False
                 continue
             for x in actions_of(a):
+                if x.kind in HOST_KINDS:  # moves saved activations, no weights
+                    continue
                 if (r, x.stage) in sharded and not state.get(x.stage):
                     raise ScheduleError(f"{_where(low, r, k)}: uses stage {x.stage} while it is not gathered "
                                         f"(an {x.stage}UNSHARD must come before, with no {x.stage}RESHARD between)")

@@ -26,6 +26,9 @@ runtime/execution/program.py and executor.py):
   and I of a stage with dispatch bytes (every stage when none are given), written after it (an F&B pair has
   one per half); the ep ranks took different rows, so without FSDP each stage's ``REDUCE_GRAD`` sums its dense
   gradients over ep (over dp x ep with dp: group ``dp+ep``), where dp's would be.
+- **memory actions** (``OFFLOAD``, ``RELOAD``, ``RECOMPUTE``): kept where the schedule places them, on the
+  stage's rank. A RECOMPUTE re-runs the forward: gathered as a forward is under ``reshard_after_forward``, with
+  its all-to-all under ep; an OFFLOAD or RELOAD moves saved activations and touches no weights.
 - **tied weights** (``sizes.tie`` > 0): the ranks of a lane's first and last stage all-reduce the tied
   gradients (``TIE_GRAD``) after their reductions, and so do the ranks holding DualPipe's two copies of a
   stage (one all-reduce per set of ranks, as the runtime sums them); then every rank's ``STEP_END`` (norm and
@@ -47,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..actions import Pair, new
+from ..actions import HOST_KINDS, RECOMPUTE, Pair, new
 from ..parallelism import Parallelism
 from ..schedule import Schedule
 from ..collector import gc_paused
@@ -203,16 +206,19 @@ def _rank(schedule: Schedule, par: Parallelism, opts: LoweringOptions, sizes: di
             if want >= posted[src]:  # else posted already (cannot happen for a valid schedule) or never sent
                 out += sent[posted[src]:want + 1]
                 posted[src] = want + 1
-        if raf:  # FSDP's per-layer rhythm: gathered before every op, freed after it
+        if raf and op[0] in HOST_KINDS:  # a host transfer of saved activations uses no weights
+            out.append(op)
+            continue
+        if raf:  # FSDP's per-layer rhythm: gathered before every op, freed after it (a RECOMPUTE is a forward)
             touched = (op[1],) if len(acts) == 1 else tuple(sorted({a[1] for a in acts}))
-            way = None if len(acts) > 1 else "forward" if op[0] == "F" else "backward"
+            way = None if len(acts) > 1 else "forward" if op[0] == "F" or op[0] == RECOMPUTE else "backward"
             out += [made["unshard"][s] if way is None else made[way][s][0] for s in touched]
         out.append(op)
         tail = len(out)
         if raf and way is not None:  # the other layers' gathers, each one layer ahead of the compute
             out += made[way][op[1]][1]
         for kind, s, mb in acts if a2a is not None else ():
-            if kind != "W" and a2a[s] is not None:
+            if kind != "W" and kind not in HOST_KINDS and a2a[s] is not None:  # a RECOMPUTE's forward has one
                 out.append(new(CommAction, (ALL_TO_ALL, s, mb, -1, "ep", a2a[s], "ep", "all-to-all", False)))
         for kind, s, mb in acts:
             if kind == "F":

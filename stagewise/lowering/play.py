@@ -109,7 +109,9 @@ def simulate_lowered(low: Lowered, costs: Costs | None = None, *, check: bool = 
     with gc_paused():  # a tuple per transfer and no cycles
         starts, ends = compute_times(low, played)
         comm = lanes(low, played, sc, starts, ends)
-    return timeline(sched, costs, sc, starts, ends, comm, lowered=low, played=played)
+        exposed = [list(compress(ex, [type(a) is not CommAction for a in prog]))
+                   for ex, prog in zip(played.exposed, low.programs)] if sched.memory_actions else None
+    return timeline(sched, costs, sc, starts, ends, comm, exposed, lowered=low, played=played)
 
 
 __all__ = ["simulate_lowered", "step_span", "Played", "a2a_costs", "compute_times", "lanes", "play_lowered"]
