@@ -14,7 +14,10 @@ bytes with the same ``SavedBytes`` (stagewise.profiling.measure).
 The prediction feeds the simulator what each (kind, stage) op was measured to
 add: F's bytes as ``activation_bytes``, the replayed forward's bytes and F's
 kept input as ``recompute_keep``, and the growth at I (W's gradients, minus
-the output I lets go) as a negative ``free_at_i``.
+the output I lets go) as a negative ``free_at_i``; with memory actions in the
+program, what an OFFLOAD took off the device is what its OFFLOAD and RELOAD
+move in the timeline's memory, and the rest of F's bytes (the input and output
+the executor keeps) stays from F to the backward.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from torch import nn
 
 from ..dtensor import is_dtensor
 
-#: op kinds the prediction reads: F, I, and R (the forward replayed by recomputation)
-KINDS = ("F", "I", "R")
+#: op kinds the prediction reads: F, I, R (the forward replayed by recomputation) and OFFLOAD (what it took off)
+KINDS = ("F", "I", "R", "OFFLOAD")
 
 
 @dataclass(kw_only=True)
@@ -183,26 +186,51 @@ def predicted_peaks(schedule, added: dict[str, dict[int, int]], recompute: froze
     F's bytes are held from F to the backward. A recomputed stage holds its
     input only (``recompute_keep``), and the largest replayed forward of the
     rank's recomputed stages is added to its peak as a transient (the planner's
-    model: stagewise.plan.search.profile_costs.rank_transient_bytes). A split stage's I
-    changes what it holds until W (W's gradients in, the output out): one
-    ``free_at_i`` for all split stages, from their sums. Not modelled: a
-    recomputed *split* stage holds its replayed forward from I to W, so with
-    zero-bubble schedules the prediction is a lower bound.
+    model: stagewise.plan.search.profile_costs.rank_transient_bytes); a placed
+    RECOMPUTE holds the replayed forward from where it runs (the timeline's
+    memory). A split stage's I changes what it holds until W (W's gradients in,
+    the output out): one ``free_at_i`` for all split stages, from their sums.
+    An offloaded stage's units hold what its OFFLOAD left on the device from F
+    to the backward, and the rest between F and the OFFLOAD's end and from the
+    RELOAD's start (the timeline's memory). Not modelled: a recomputed *split*
+    stage holds its replayed forward from I to W, so with zero-bubble schedules
+    the prediction is a lower bound.
     """
+    from dataclasses import replace
+
+    from ...actions import OFFLOAD, RECOMPUTE
     from ...costs import Costs
     from ...simulate import simulate
     from ...timeline import metrics
 
     S = schedule.stages
-    F, I, R = (added.get(k, {}) for k in KINDS)
+    F, I, R, O = (added.get(k, {}) for k in KINDS)
+    kinds = {(a.kind, a.stage) for a in schedule.actions()}
+    placed = {s for s in range(S) if (RECOMPUTE, s) in kinds}
+    redone = set(recompute) | placed
     held = [float(F.get(s, 0)) for s in range(S)]
-    full = [held[s] + R.get(s, 0) if s in recompute else held[s] for s in range(S)]
-    keep = [held[s] / full[s] if s in recompute and full[s] else 0.0 for s in range(S)]
-    split = [s for s in I if s not in recompute and held[s]]
+    full = [held[s] + R.get(s, 0) if s in redone else held[s] for s in range(S)]
+    keep = [held[s] / full[s] if s in redone and full[s] else 0.0 for s in range(S)]
+    split = [s for s in I if s not in redone and held[s]]
     free_at_i = min(1.0, -sum(I[s] for s in split) / sum(held[s] for s in split)) if split else 0.0
     costs = Costs(activation_bytes=full, recompute=[s in recompute for s in range(S)], recompute_keep=keep,
                   free_at_i=free_at_i)
-    peaks = metrics(simulate(schedule, costs)).peak_activation_bytes
+    tl = simulate(schedule, costs)
     transient = [max((full[s] - held[s] for s in schedule.stages_of_rank(r) if s in recompute), default=0.0)
                  for r in range(schedule.ranks)]
-    return [p + t for p, t in zip(peaks, transient)]
+    offloaded = {s for s in range(S) if (OFFLOAD, s) in kinds}
+    if not offloaded:
+        return [p + t for p, t in zip(metrics(tl).peak_activation_bytes, transient)]
+    moved = [float(-O.get(s, 0)) if s in offloaded else 0.0 for s in range(S)]
+    # two views of one timeline: the moved bytes with their OFFLOADs and RELOADs, and the rest without them
+    # (events at negative positions are the host transfers)
+    away = replace(tl, activation_bytes=tuple(moved))
+    stays = replace(tl, activation_bytes=tuple(f - m for f, m in zip(full, moved)))
+    peaks = []
+    for r in range(schedule.ranks):
+        live = peak = 0.0
+        for _, _, delta in sorted(away.memory_events(r, True) + [e for e in stays.memory_events(r, True) if e[1] >= 0]):
+            live += delta
+            peak = max(peak, live)
+        peaks.append(peak + transient[r])
+    return peaks

@@ -230,7 +230,8 @@ class Executor:
         """OFFLOAD: the (stage, mb)'s saved activations to host memory (offload.py); its input and output stay."""
         sv = self.saved.get((a.stage, a.mb))
         keep = () if sv is None else [t for tree in (sv.x, sv.root) for t in pytree.tensors(tree)]
-        self.offload.offload((a.stage, a.mb), keep)
+        with self._measure(OFFLOAD, a.stage):  # what it took off the device (the prediction's moved bytes)
+            self.offload.offload((a.stage, a.mb), keep)
 
     def _reload(self, a: Action) -> None:
         self.offload.reload((a.stage, a.mb))
