@@ -149,10 +149,11 @@ def test_offload_and_placed_recompute_on_real_ranks_equal_the_reference(runs, re
 
 @pytest.mark.timeout(240)
 def test_the_measured_device_resident_peak_is_the_memory_models_within_15_percent(runs):
-    kept = runs["1f1b kept"][1].memory.peak_activation_bytes
-    off = runs["1f1b offload all"][1].memory.peak_activation_bytes
-    assert off[0] < 0.75 * kept[0]  # rank 0 holds two micro-batches at its peak: one of them is on the host
-    for label, (cfg, res) in runs.items():
-        measured, predicted = res.memory.peak_activation_bytes, res.memory.predicted_peak_activation_bytes
-        for r, (got, want) in enumerate(zip(measured, predicted)):
-            assert abs(got - want) <= 0.15 * got, (label, r, got, want)
+    res = runs["1f1b offload 0,1, recompute 2,3 in the bubble"][1].memory
+    held = 4 * res.stage_activation_bytes["F"][0]  # 1f1b at p 4, m 4: rank 0 holds four forwards at its peak
+    assert res.peak_activation_bytes[0] < 0.75 * held  # most of them on the host
+    off = [(label, r, got, want) for label, (cfg, res) in runs.items()
+           for r, (got, want) in enumerate(zip(res.memory.peak_activation_bytes,
+                                               res.memory.predicted_peak_activation_bytes))
+           if abs(got - want) > 0.15 * got]
+    assert not off, off
