@@ -157,3 +157,25 @@ def test_the_measured_device_resident_peak_is_the_memory_models_within_15_percen
                                                res.memory.predicted_peak_activation_bytes))
            if abs(got - want) > 0.15 * got]
     assert not off, off
+
+
+def test_train_takes_the_memory_actions_as_simulate_does():
+    from cli_helpers import raises_said
+    from stagewise.cli import build_parser, train_scale
+    from stagewise.cli.train import config_from
+    from stagewise.runtime.run.worker import preflight
+
+    def cfg(*argv):
+        args = build_parser(["train"]).parse_args(["train", "--schedule", "1f1b", "-p", "2", "-m", "4", *argv])
+        return train_scale.apply(config_from(args), args)
+
+    got = cfg("--offload", "0", "--recompute", "1", "--recompute-at", "bubble")
+    assert (got.offload, got.recompute, got.recompute_at) == ((0,), (1,), "bubble")
+    assert (cfg("--offload", "all").offload, cfg("--recompute").recompute, cfg().recompute_at) == (True, True, "backward")
+    assert preflight(got) == place(generate("1f1b", 2, 4), ("offload", "recompute"), recompute_at="bubble")
+    with raises_said(RunError, "--offload and --recompute/--recompute-stages both name stage 1"):
+        preflight(cfg("--offload", "all", "--recompute", "1"))
+    with raises_said(RunError, "--recompute-at bubble places the recomputes of --recompute"):
+        cfg("--recompute-at", "bubble").check()
+    with raises_said(RunError, "--offload 0,7: stage 7 is not a stage of the schedule"):
+        preflight(cfg("--offload", "0,7"))
