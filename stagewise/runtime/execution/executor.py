@@ -15,14 +15,15 @@ TIE_GRAD then all-reduces its rank set's copies (parallel/replicas.py), else ``e
 
 A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its B or I.
 The memory actions have a handler each: OFFLOAD moves a (stage, mb)'s saved activations to host memory and
-RELOAD brings them back (offload.py; its backward waits for them), and a (stage, mb) with a RECOMPUTE keeps only
-its input from F and replays its forward where the program places the RECOMPUTE, so its backward replays
-nothing; like compute ops they are marked on the rank's clock. The meter (activation_memory.py) counts what each (stage, mb) holds. Inputs, outputs and what crosses a
-boundary are pytrees (pytree.py): the backward differentiates the output leaves that carry a gradient and
-sends back one gradient per input leaf that carries one. A forward-only executor (a program of F's, for
-evaluation) keeps nothing for a backward. An F&B pair runs its forward, then its backward, unless the
-context has an ``overlap`` hook (fb_pair.py: the halves interleaved at their all-to-alls); either way its
-outputs are sent after it, by the SENDs that follow it.
+RELOAD brings them back (offload.py; its backward waits for them), and a (stage, mb) with a RECOMPUTE keeps
+only its input from F and replays its forward where the program places the RECOMPUTE, so its backward
+replays nothing; like compute ops they are marked on the rank's clock. The meter (activation_memory.py)
+counts what each (stage, mb) holds on the device. Inputs, outputs and what crosses a boundary are pytrees
+(pytree.py): the backward differentiates the output leaves that carry a gradient and sends back one gradient
+per input leaf that carries one. A forward-only executor (a program of F's, for evaluation) keeps nothing
+for a backward. An F&B pair runs its forward, then its backward, unless the context has an ``overlap`` hook
+(fb_pair.py: the halves interleaved at their all-to-alls); either way its outputs are sent after it, by the
+SENDs that follow it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from ...actions import OFFLOAD, RECOMPUTE, RELOAD, Action, Pair
+from ...actions import MEMORY_KINDS, OFFLOAD, RECOMPUTE, RELOAD, Action, Pair
 from ...comm_actions import (ALL_TO_ALL, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END,
                                TIE_GRAD, UNSHARD, CommAction)
 from ..stages import pytree
@@ -133,7 +134,7 @@ class Executor:
         for a in self.plan.program:
             if type(a) is CommAction:
                 handlers[a.kind](a)
-            elif a.kind in _MEMORY:
+            elif a.kind in MEMORY_KINDS:
                 self._memory(a, handlers[a.kind])
             else:
                 self._op(a)
@@ -377,9 +378,6 @@ class Executor:
         if self.ctx.meter is None:
             return ()
         return self.ctx.meter.hold(*(t for tree in trees for t in pytree.tensors(tree)))
-
-
-_MEMORY = frozenset((OFFLOAD, RELOAD, RECOMPUTE))
 
 
 def _device(stages: dict) -> torch.device:
