@@ -34,7 +34,8 @@ MEANING = {
                    "gradient reduction or all-reduce, still in flight on the network"),
 }
 
-_KIND = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient"}
+_KIND = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient", "RECOMPUTE": "recompute",
+         "OFFLOAD": "offload", "RELOAD": "reload"}
 
 
 def label(cause: str) -> str:
@@ -96,6 +97,9 @@ def plain(gap, timeline) -> str:
     if gap.cause == "drain":
         return (f"rank {r} has no forward left to run, so it can only wait for micro-batch {mb}'s gradient to come "
                 f"back from rank {first.waits_for.rank} (the pipeline drains)")
+    if gap.cause == "link" and first.what == "reload":
+        return (f"rank {r} waits for micro-batch {mb}'s activations to come back from host memory (its reload, "
+                "over the host link): a faster host link, or the reload issued earlier, would shorten it")
     if gap.cause == "link":
         if first.in_flight >= gap.length - 1e-9 * max(1.0, gap.end):  # the whole gap is the message
             return (f"rank {r} waits for a message: micro-batch {mb}'s {first.what} is ready on rank "

@@ -478,8 +478,8 @@ class Engine:
 
     def memory(self, r: int, i: int, a: Action, k: int, t: float, op_start: float) -> tuple | None:
         """Play memory action ``a`` (key ``k``) at position ``i`` of rank ``r``, free at ``t``, its last compute
-        op started at ``op_start``: (the rank's new free time, its last compute op's start), or None when what it follows has not run (an invalid order:
-        the rank never gets past it)."""
+        op started at ``op_start``: (the rank's new free time, its last compute op's start), or None when what it
+        follows has not run (an invalid order: the rank never gets past it)."""
         kind, s, _ = a
         if self.mem is None:
             self.mem = [-1.0] * self.n_keys

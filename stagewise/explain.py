@@ -16,6 +16,9 @@ free. Where the chain ends names the first cause:
 - **drain**: the waiting rank has no forward left to fill the wait (its cooldown),
   or its program is done and it waits for the step to end;
 - **order**: the rank at the chain's end was busy with other work its program runs first;
+- a backward that waits for its ``RELOAD`` (a memory action: its activations back from host memory) waits on the
+  host link: **link**, naming the reload and when it ran; a ``RECOMPUTE`` is compute (busy time, as its cost:
+  ``memory_summary``), and the host link's transfers are no ops of the rank's row (they run beside it);
 - **collective**: on a lowered timeline (``simulate`` with ``Costs.comm``), the op waited for a gather of its
   stage's weights still in flight, or the step's end waits for a reduction, tie or step-end all-reduce
   running past the last op ("waits for the reduce-scatter of stage 3 over fsdp, in flight from 41 to 44").
@@ -37,7 +40,7 @@ import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .actions import Pair, actions_of
+from .actions import HOST_KINDS, RECOMPUTE, RELOAD, Pair, actions_of
 from .engine import Stuck, play
 from .schedule import Schedule
 from .timeline import Timeline
@@ -115,6 +118,7 @@ class _Index:
         # positions packed as rank * width + pos: a schedule has up to millions of ops
         self.width = width = 1 + max((len(p) for p in schedule.programs), default=0)
         fwd, grad = [-1] * n, [-1] * n
+        self._back: dict[int, int] = {}  # (stage, mb) -> its RELOAD or RECOMPUTE, which its backward waits for
         for r, prog in enumerate(schedule.programs):
             base = r * width
             for k, op in enumerate(prog):
@@ -123,8 +127,10 @@ class _Index:
                     fwd[fs * m + fm] = grad[bs * m + bm] = base + k
                 elif op[0] == "F":
                     fwd[op[1] * m + op[2]] = base + k
-                elif op[0] != "W":
+                elif op[0] == "B" or op[0] == "I":
                     grad[op[1] * m + op[2]] = base + k
+                elif op[0] == RELOAD or op[0] == RECOMPUTE:
+                    self._back[op[1] * m + op[2]] = base + k
         self._fwd, self._grad = fwd, grad
         place, msg = schedule.placement, message or [0.0] * schedule.stages
         # the engine's routes: a message into stage s from s-1 (activation) or from s+1 (gradient)
@@ -152,10 +158,18 @@ class _Index:
                     found.append(Input(self.fwd(s - 1, mb), "activation", self.fwd_link[s]))
             elif kind == "W":
                 found.append(Input(self.grad(s, mb), "input gradient", 0.0))
+            elif kind == RECOMPUTE:
+                found.append(Input(self.fwd(s, mb), "forward", 0.0))
+            elif kind in HOST_KINDS:
+                continue  # on the host link: its waits are the link's (not followed)
             else:
                 found.append(Input(self.fwd(s, mb), "forward", 0.0))
                 if s != self.last[s]:
                     found.append(Input(self.grad(s + 1, mb), "gradient", self.bwd_link[s]))
+                back = self._back.get(s * self.sched.microbatches + mb)
+                if back is not None:
+                    kind_back = self.sched.programs[back // self.width][back % self.width][0]
+                    found.append(Input(self._at(back), "reload" if kind_back == RELOAD else "recompute", 0.0))
         return tuple(i for i in found if i.at is not None and i.at != at)
 
 
@@ -191,8 +205,9 @@ class _Waits:
         return self.tl.ends[at.rank][at.pos]
 
     def free(self, at: At) -> float:
-        """When the op's rank was free to start it: the end of the op before it (the step's start for the first)."""
-        return self.tl.ends[at.rank][at.pos - 1] if at.pos else self.t0
+        """When the op's rank was free to start it: the end of the compute op before it (the step's start for the
+        first; the host link's transfers run beside the rank)."""
+        return _free(self.tl, at, self.t0)
 
     def op(self, at: At):
         return self.sched.programs[at.rank][at.pos]
@@ -304,8 +319,11 @@ def _scan(timeline: Timeline, ranks=None):
     found = []
     for r in range(timeline.ranks) if ranks is None else ranks:
         starts, ends = timeline.starts[r], timeline.ends[r]
+        prog = timeline.schedule.programs[r]
         free = w.t0
         for k in range(len(starts)):
+            if prog[k][0] in HOST_KINDS:  # the host link's: beside the rank's compute, not in its row
+                continue
             if starts[k] > free + w.eps:
                 at = At(r, k)
                 got = waited(r, k) if waited else None
@@ -373,10 +391,17 @@ def _link_share(tl: Timeline):
     t0 = free.origin
 
     def share(at: At, gap: float) -> float:
-        before = free.ends[at.rank][at.pos - 1] if at.pos else t0
-        return max(0.0, gap - max(0.0, free.starts[at.rank][at.pos] - before))
+        return max(0.0, gap - max(0.0, free.starts[at.rank][at.pos] - _free(free, at, t0)))
 
     return share
+
+
+def _free(tl: Timeline, at: At, t0: float) -> float:
+    """The end of the compute op before ``at`` on its rank (``t0`` for the first): the host link's are skipped."""
+    prog, k = tl.schedule.programs[at.rank], at.pos - 1
+    while k >= 0 and prog[k][0] in HOST_KINDS:
+        k -= 1
+    return tl.ends[at.rank][k] if k >= 0 else t0
 
 
 def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: float) -> _Why:
@@ -385,6 +410,10 @@ def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: 
     if first is None:  # a measured op that started late with its inputs long there: no dependency explains it
         return _Why("order", None, f"{w.op(at)} started after rank {at.rank} was free, its inputs already there "
                     "(time the runtime spent between ops, not a dependency)")
+    if first.what == "reload":
+        r = first.waits_for
+        return _Why("link", None, f"its activations came back from host memory over the host link: {w.op(r)} ran "
+                    f"from {_n(w.start(r) - w.t0)} to {_n(w.end(r) - w.t0)} (behind the link's earlier transfers)")
     blocker = At(origin.rank, origin.pos - 1) if w.free(origin) > w.t0 + w.eps else None
     if blocker is None:
         return _Why("fill", None, f"the chain starts at {w.op(origin)}, the step's first action" + _linked(link, w))
@@ -492,6 +521,32 @@ def _durations(tl: Timeline) -> dict[tuple[str, int], float]:
     return out
 
 
+def memory_summary(timeline: Timeline) -> str | None:
+    """What the memory actions cost, in words (None: none): the recomputes' compute time, and the host link's
+    transfers with the part the backwards waited for."""
+    sched = timeline.schedule
+    if not sched.memory_actions:
+        return None
+    t = {k: 0.0 for k in (RECOMPUTE, "OFFLOAD", RELOAD)}
+    n = dict.fromkeys(t, 0)
+    waited = 0.0
+    for r in range(timeline.ranks):
+        for op, s, e in timeline.rows(r):
+            if type(op) is not Pair and op.kind in t:
+                t[op.kind] += e - s
+                n[op.kind] += 1
+    for lane in timeline.comm or ():
+        waited += sum(c.exposed for c in lane if c.kind == RELOAD)
+    parts = []
+    if n[RECOMPUTE]:
+        parts.append(f"{n[RECOMPUTE]} recomputes take {_n(t[RECOMPUTE])} of compute over all ranks (the forwards "
+                     "redone)")
+    if n["OFFLOAD"]:
+        parts.append(f"{n['OFFLOAD']} offloads and {n[RELOAD]} reloads take {_n(t['OFFLOAD'] + t[RELOAD])} of the "
+                     f"host link; backwards waited {_n(waited)} for their reloads")
+    return "memory actions: " + "; ".join(parts)
+
+
 def idle_by_cause(gaps) -> dict[str, float]:
     """Idle time of all ranks together, per cause, of ``Gap``s or ``Brief``s (every cause listed; they sum to
     the bubble's idle time)."""
@@ -582,4 +637,4 @@ def _n(x: float) -> str:
 
 
 __all__ = ["At", "Input", "Step", "Gap", "Deadlock", "CAUSES", "explain", "explain_at", "explain_ranks", "Brief", "gap_causes",
-           "idle_by_cause", "gap_dict", "messages", "deadlock"]
+           "idle_by_cause", "gap_dict", "messages", "deadlock", "memory_summary"]

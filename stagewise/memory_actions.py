@@ -57,7 +57,7 @@ def policy_of(stages: int, offload: Sequence[int] | str | None = None,
     >>> policy_of(3, offload=[0], recompute="all")
     Traceback (most recent call last):
     ...
-    stagewise.memory_actions.MemoryActionError: `offload` and `recompute` both name stage 0; a stage's activations are offloaded or recomputed, not both
+    stagewise.memory_actions.MemoryActionError: `offload` and `recompute` both name stage 0; ...
     >>> policy_of(3, offload=[0], recompute=[2])
     ('offload', 'keep', 'recompute')
     """

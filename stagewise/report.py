@@ -45,7 +45,8 @@ def lowered_memory(low, costs: Costs) -> dict:
     S = low.schedule.stages
     sc = costs.resolve(S)
     act = sc.activation_bytes or [0.0] * S
-    ranks = walk(low, act, sc.free_at_i, boundary=per_stage("boundary_bytes", costs.boundary_bytes, S))
+    ranks = walk(low, act, sc.free_at_i, boundary=per_stage("boundary_bytes", costs.boundary_bytes, S),
+                 kept=sc.kept_sizes(True) if sc.activation_bytes else None)
     return {"activations_in_bytes": sc.activation_bytes is not None, "peak": [m.peak.total for m in ranks],
             "parts": [m.peak._asdict() for m in ranks], "at": [m.at for m in ranks]}
 

@@ -114,3 +114,51 @@ def test_any_policy_on_any_family_plays_through_and_holds_no_more_than_keeping(f
     if host is None and "recompute" not in policy:
         assert me.makespan == base.makespan
     assert me.makespan >= base.makespan - 1e-9 or at == "bubble"
+
+
+def test_explain_says_a_backward_waited_for_its_reload_and_what_recompute_costs():
+    from stagewise.causes import plain
+    from stagewise.explain import explain, memory_summary
+
+    sched = place(generate("1f1b", 3, 4), ("offload", "keep", "recompute"))
+    tl = simulate(sched, Costs(host_bandwidth=0.4))
+    gaps = [g for g in explain(tl) if g.rank == 0 and g.before is not None and g.waits_for is not None]
+    first = gaps[0]
+    assert first.text == ("rank 0 idle 3..8.5 (5.5): 0B0 waits for 0RELOAD0 (reload from rank 0): link: its "
+                          "activations came back from host memory over the host link: 0RELOAD0 ran from 6 to 8.5 "
+                          "(behind the link's earlier transfers)")
+    assert "activations to come back from host memory" in plain(first, tl)
+    assert all(str(sched.programs[0][g.before.pos])[1] == "B" for g in gaps)  # no gap before a host transfer
+    assert memory_summary(tl) == ("memory actions: 4 recomputes take 4 of compute over all ranks (the forwards "
+                                  "redone); 4 offloads and 4 reloads take 20 of the host link; backwards waited 5 "
+                                  "for their reloads")
+
+
+def test_the_cli_places_memory_actions_and_refuses_bad_ones(capsys):
+    from stagewise.cli import main
+
+    assert main(["simulate", "1f1b", "-p", "3", "-m", "4", "--offload", "0", "--recompute", "2",
+                 "--host-bandwidth", "0.4", "--draw"]) == 0
+    out = capsys.readouterr().out
+    assert "R0" in out and "offload/reload" in out and "RELOAD" in out
+    for argv, words in ((["--recompute", "0", "--offload", "0"], "--offload and --recompute both name stage 0"),
+                        (["--recompute", "5"], "--recompute 5: stage 5 is outside the schedule's stages 0..2"),
+                        (["--recompute-at", "bubble"], "--recompute-at places the recomputes of --recompute"),
+                        (["--offload", "all", "--host-bandwidth", "0"], "--host-bandwidth must be > 0")):
+        assert main(["simulate", "1f1b", "-p", "3", "-m", "4", *argv]) == 2
+        assert words in capsys.readouterr().err
+
+
+def test_lowered_rank_memory_counts_memory_actions_in_program_order():
+    """A lowered run's memory walk: an offload frees where it stands, a reload brings the activation back, a
+    recomputed forward keeps ``kept`` of it and its recompute the rest; never above keeping everything."""
+    from stagewise.lowering.rank_memory import lowered_memory
+
+    sched = generate("1f1b", 2, 4)
+    placed = place(sched, ("offload", "recompute"))
+    keep = lowered_memory(lower(sched), [2.0, 2.0])
+    got = lowered_memory(lower(placed), [2.0, 2.0], kept=[0.5, 0.5])
+    assert [m.peak.activations for m in keep] == [4.0, 2.0]
+    assert [m.peak.activations for m in got] == [4.0, 2.0]  # 0RELOAD0 comes back right after 0OFFLOAD0 (lead 1)
+    levels = [h.activations for _, h in got[1].curve]
+    assert levels[1:4] == [0.5, 2.0, 0.0]  # after 1RECV_F0: 1F0 keeps 0.5, 1RECOMPUTE0 brings back 1.5, 1B0 frees it all

@@ -80,3 +80,17 @@ def test_chunks_get_lighter_and_text_stays_readable():
             ink = palette.luminance(palette.text_colour(s))
             hi, lo = max(ink, palette.luminance(s)), min(ink, palette.luminance(s))
             assert (hi + 0.05) / (lo + 0.05) >= 3.0, (kind, s)  # WCAG large-text contrast
+
+
+@pytest.mark.parametrize("vision", list(CVD))
+def test_a_placed_recompute_has_a_hue_of_its_own(vision):
+    """RECOMPUTE (a memory action drawn in a rank's row) stays > 10 CIELAB units from every kind x chunk colour
+    under each vision, and 40 degrees of hue from the other kinds; the host link's lane is no kind's colour."""
+    others = [palette.colour(k, c, 2) for k in "FBIW" for c in (0, 1)]
+    for c in (0, 1):
+        mine = _seen(palette.colour("RECOMPUTE", c, 2), CVD[vision])
+        for o in others:
+            assert sum((x - y) ** 2 for x, y in zip(mine, _seen(o, CVD[vision]))) ** 0.5 > 10, (c, o)
+    h = _hue(palette.colour("RECOMPUTE"))
+    assert all(min(abs(h - _hue(palette.colour(k))), 360 - abs(h - _hue(palette.colour(k)))) >= 40 for k in "FBIW")
+    assert not {palette.HOST, palette.HOST_HIDDEN} & set(palette.KIND_COLOURS.values())

@@ -7,6 +7,7 @@ from ..schedules import FAMILIES, generate
 from ..simulate import simulate
 from ..timeline import Timeline
 from .comm import add_layout_args
+from .memory import add_memory_action_args, placed
 from .common import (UsageError, add_cost_args, add_schedule_args, add_shape_args, costs_basis, costs_from,
                      family_names, print_json, read_checked, schedule_from)
 
@@ -23,6 +24,7 @@ def register(sub) -> None:
                        "and peak memory; --draw draws it in the terminal, --json prints the result object.")
     add_schedule_args(p)
     add_cost_args(p)
+    add_memory_action_args(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--draw", action="store_true", help="draw the timeline in the terminal")
     p.set_defaults(func=cmd_simulate)
@@ -69,7 +71,10 @@ def cmd_list(args) -> int:
 def cmd_simulate(args) -> int:
     sched = schedule_from(args)
     costs = costs_from(args, sched)
-    tl = simulate(sched, costs, check=not read_checked(args))  # played once: the result and the drawing read it
+    placed_sched = placed(args, sched, costs)
+    checked = read_checked(args) and placed_sched is sched
+    sched = placed_sched
+    tl = simulate(sched, costs, check=not checked)  # played once: the result and the drawing read it
     res = result(sched, costs, tl)
     if args.json:
         print_json(res)

@@ -8,6 +8,7 @@ from .. import limits
 from ..report import table
 from .common import (UsageError, add_cost_args, add_schedule_args, add_shape_args, check_timeline_output, costs_from,
                      positive_int, read_checked, schedule_from)
+from .memory import add_memory_action_args, placed
 
 
 
@@ -19,6 +20,7 @@ def register(sub) -> None:
                        ".html (self-contained page), .txt (text); without -o, draw in the terminal.")
     add_schedule_args(p)
     add_cost_args(p)
+    add_memory_action_args(p)
     p.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="output file; format by suffix (.png .svg .pdf .json .html .txt)")
     p.add_argument("--memory", action="store_true", help="add a panel of live activations per rank over time")
@@ -48,7 +50,9 @@ def cmd_draw(args) -> int:
     if args.output:
         check_timeline_output("-o", args.output)  # before simulating: a big schedule takes a while
     schedule = schedule_from(args)
-    timeline = simulate(schedule, costs_from(args, schedule), check=not read_checked(args))
+    costs = costs_from(args, schedule)
+    with_memory = placed(args, schedule, costs)
+    timeline = simulate(with_memory, costs, check=not read_checked(args) or with_memory is not schedule)
     if not args.output:
         from ..render.ascii import draw_text
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .memory import add_memory_action_args, placed
 from .common import add_cost_args, add_schedule_args, costs_from, print_json, read_checked, schedule_from, whole_int
 
 
@@ -13,6 +14,7 @@ def register(sub) -> None:
                        "per cause.")
     add_schedule_args(p)
     add_cost_args(p)
+    add_memory_action_args(p)
     p.add_argument("--rank", type=whole_int, default=None, metavar="R", help="only the gaps of rank R")
     p.add_argument("--json", action="store_true", help="print the gaps as JSON")
     p.set_defaults(func=cmd_explain)
@@ -20,7 +22,7 @@ def register(sub) -> None:
 
 def cmd_explain(args) -> int:
     from ..causes import gap_json, lines
-    from ..explain import explain, explain_ranks, idle_by_cause
+    from ..explain import explain, explain_ranks, idle_by_cause, memory_summary
     from ..report import result
     from ..simulate import simulate
     from .common import UsageError
@@ -29,7 +31,9 @@ def cmd_explain(args) -> int:
     if args.rank is not None and not 0 <= args.rank < sched.ranks:
         raise UsageError(f"--rank must be in 0..{sched.ranks - 1}; got {args.rank}")
     costs = costs_from(args, sched)
-    tl = simulate(sched, costs, check=not read_checked(args))
+    given = sched
+    sched = placed(args, sched, costs)
+    tl = simulate(sched, costs, check=not read_checked(args) or sched is not given)
     res = result(sched, costs, tl)
     every = explain(tl)
     gaps = every if args.rank is None else explain_ranks(tl, [args.rank])
@@ -39,9 +43,12 @@ def cmd_explain(args) -> int:
                     "chunks": res["chunks"], "costs_per": args.costs_per, "makespan": res["makespan"],
                     "bubble_fraction": res["bubble_fraction"],
                     "formula_bubble_fraction": res["formula_bubble_fraction"], "idle": sum(res["idle"]),
-                    "idle_by_cause": by_cause, "gaps": [gap_json(g, tl) for g in gaps]})
+                    "idle_by_cause": by_cause, "gaps": [gap_json(g, tl) for g in gaps],
+                    **({"memory_actions": memory_summary(tl)} if sched.memory_actions else {})})
         return 0
     print(summary_line(res, by_cause, args.costs_per))
+    if sched.memory_actions:
+        print(memory_summary(tl))
     for g in gaps:
         words, exact = lines(g, tl)
         print(f"{words}\n    {exact}")

@@ -1,4 +1,5 @@
-"""The memory options every costed command shares: what I frees, a GPT layer's M_B and M_W, and a cap per rank."""
+"""The memory options every costed command shares: what I frees, a GPT layer's M_B and M_W, a cap per rank, the
+host link; and the memory actions a command places into its schedule (``--offload``, ``--recompute``)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,57 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="most activation per rank in chunk-units, one number or one per rank")
     g.add_argument("--cap-bytes", default=None, metavar="N[,N..]",
                    help="most activation per rank in bytes (needs --activation-bytes or --hidden-size)")
+    g.add_argument("--host-bandwidth", type=finite_float, default=None,
+                   help="bytes per time unit of a rank's device<->host link, which OFFLOAD and RELOAD take (chunk-"
+                        "units per time unit without activation bytes); default free")
+    g.add_argument("--recompute-keep", type=_fraction, default=None,
+                   help="what the forward of a recomputed micro-batch keeps, in chunk-units (its input), default 0")
+
+
+def add_memory_action_args(p: argparse.ArgumentParser) -> None:
+    """--offload, --recompute, --recompute-at: memory actions placed into the schedule (``memory_actions.place``)."""
+    g = p.add_argument_group("memory actions (placed into the schedule: stagewise.memory_actions)")
+    g.add_argument("--offload", default=None, metavar="S,S,..|all",
+                   help="stages whose saved activations go to host memory after each forward (OFFLOAD) and come "
+                        "back one op before the backward (RELOAD), over --host-bandwidth")
+    g.add_argument("--recompute", default=None, metavar="S,S,..|all",
+                   help="stages whose forward keeps only its input and is redone (RECOMPUTE) before the backward")
+    g.add_argument("--recompute-at", choices=("backward", "bubble"), default="backward",
+                   help="where a RECOMPUTE goes: right before its backward (default), or into the rank's idle time "
+                        "before it (Mario)")
+
+
+def _stages(option: str, text: str | None, stages: int):
+    """'0,2' -> (0, 2), 'all', or None, each stage in range."""
+    if text is None or text == "all":
+        return text
+    try:
+        got = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"{option} {text}: expected stage numbers like 0,2, or all") from None
+    bad = [s for s in got if not 0 <= s < stages]
+    if bad:
+        raise UsageError(f"{option} {text}: stage {bad[0]} is outside the schedule's stages 0..{stages - 1}")
+    return got
+
+
+def placed(args: argparse.Namespace, schedule, costs: Costs):
+    """``schedule`` with the memory actions of --offload, --recompute and --recompute-at placed (unchanged when
+    neither is given)."""
+    from ..memory_actions import place, policy_of
+
+    off = _stages("--offload", getattr(args, "offload", None), schedule.stages)
+    rec = _stages("--recompute", getattr(args, "recompute", None), schedule.stages)
+    if off is None and rec is None:
+        if getattr(args, "recompute_at", "backward") != "backward":
+            raise UsageError("--recompute-at places the recomputes of --recompute; give --recompute STAGES too")
+        return schedule
+    both = sorted(set(range(schedule.stages) if off == "all" else off or ()) &
+                  set(range(schedule.stages) if rec == "all" else rec or ()))
+    if both:
+        raise UsageError(f"--offload and --recompute both name stage {both[0]}; a stage's activations are "
+                         "offloaded or recomputed, not both")
+    return place(schedule, policy_of(schedule.stages, off, rec), recompute_at=args.recompute_at, costs=costs)
 
 
 def memory_costs(args: argparse.Namespace, costs: Costs) -> Costs:
@@ -60,6 +112,12 @@ def memory_costs(args: argparse.Namespace, costs: Costs) -> Costs:
         costs = with_transformer_memory(costs, act)
     if getattr(args, "free_at_i", None) is not None:
         costs = replace(costs, free_at_i=args.free_at_i)
+    if getattr(args, "host_bandwidth", None) is not None:
+        if not args.host_bandwidth > 0:
+            raise UsageError(f"--host-bandwidth must be > 0; got {args.host_bandwidth:g}")
+        costs = replace(costs, host_bandwidth=args.host_bandwidth)
+    if getattr(args, "recompute_keep", None) is not None:
+        costs = replace(costs, recompute_keep=args.recompute_keep)
     cap = memory_cap(getattr(args, "cap", None), getattr(args, "cap_bytes", None))
     return replace(costs, cap=cap) if cap is not None else costs
 

@@ -29,6 +29,13 @@ def register(sub) -> None:
     p.add_argument("--csv", default=None, metavar="FILE", help="write the auto order as torch CSV")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="draw the auto timeline (.png .svg .txt ...)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--memory-actions", action="store_true",
+                   help="also choose, for each named family, per stage keep / offload / recompute under the cap "
+                        "(offload over --host-bandwidth) and report the least simulated step that fits and what it "
+                        "costs over no cap")
+    p.add_argument("--recompute-at", choices=("backward", "bubble"), default="backward",
+                   help="with --memory-actions: where a RECOMPUTE goes, right before its backward (default) or into "
+                        "the rank's idle time before it")
     p.set_defaults(func=cmd_auto)
 
 
@@ -47,12 +54,18 @@ def cmd_auto(args) -> int:
     limits.check_schedule_size(p, m, 1, 3, name="auto", actions=limits.AUTO_ACTIONS)
     costs = costs_from(args)
     cap, unit_bytes = _cap(costs, p)
+    if args.recompute_at != "backward" and not args.memory_actions:
+        raise UsageError("--recompute-at places the recomputes --memory-actions chooses; give --memory-actions too")
+    memory = _memory_actions(args, costs) if args.memory_actions else None
     try:
         with _LateBar() as bar:
             res = auto_schedule(p, m, costs, cap, unit_bytes=unit_bytes, objective=args.objective,
                                 time_limit=args.time_limit, progress=bar.update)
     except CapError as e:
         text = ",".join(f"{x:g}" for x in costs.cap.values) if costs.cap else ""
+        if memory:  # orders without memory actions do not fit; those with them may
+            _print_memory(args, memory, note=f"no order without memory actions fits: {e}")
+            return 0
         raise UsageError(f"{costs.cap.option if costs.cap else '--cap'} {text}: {e}") from None
     rows = [result(_generate(name, p, m), costs) for name in res.families]
     rows.append(result(res.schedule, costs))
@@ -73,7 +86,8 @@ def cmd_auto(args) -> int:
                              "makespan": res.makespan, "seconds": res.seconds, "optimal": verdict[0]},
                     "rows": [_with_span(r) for r in rows],
                     "optimum": None if opt is None else {"value": opt.makespan, "bound": opt.bound,
-                                                         "proven": opt.proven, "seconds": opt.seconds}})
+                                                         "proven": opt.proven, "seconds": opt.seconds},
+                    **({"memory_actions": _memory_json(memory)} if memory is not None else {})})
         return 0
     print(_auto_table(rows, args.objective))
     print(f"\nauto = {res.source} ({res.seconds:.1f} s)")
@@ -83,10 +97,68 @@ def cmd_auto(args) -> int:
     if line:
         print(line)
     print(verdict[1])
+    if memory is not None:
+        print()
+        _print_memory(args, memory, auto_step=res.makespan)
     for path in (args.csv, args.output):
         if path:
             print(f"wrote {path}")
     return 0
+
+
+def _memory_actions(args, costs) -> dict:
+    """Per named one-stage-per-rank family that accepts -p and -m, its ``memory_policy`` under the cap (None:
+    nothing fits)."""
+    from ..plan.auto import memory_policy
+    from ..schedules import FAMILIES
+    from ..schedules.registry import ScheduleArgError
+
+    if costs.cap is None:
+        raise UsageError("--memory-actions chooses what fits under a cap: give --cap or --cap-bytes")
+    out = {}
+    for name, fam in FAMILIES.items():
+        if fam.chunks is not None and 1 not in fam.chunks:
+            continue
+        try:
+            sched = _generate(name, args.ranks, args.microbatches)
+        except (ScheduleArgError, ModuleNotFoundError):
+            continue
+        if sched.stages == args.ranks:
+            out[name] = memory_policy(sched, costs, recompute_at=args.recompute_at)
+    return out
+
+
+def _memory_json(memory: dict) -> list[dict]:
+    return [{"schedule": name, "fits": got is not None,
+             **({"policy": list(got.policy), "makespan": got.makespan, "no_cap_makespan": got.base,
+                 "cost": got.cost, "peaks": list(got.peaks), "tried": got.tried, "exhaustive": got.exhaustive}
+                if got is not None else {})} for name, got in memory.items()]
+
+
+def _print_memory(args, memory: dict, note: str = "", auto_step: float | None = None) -> None:
+    """The table of ``_memory_actions`` and the least step that fits."""
+    print("with memory actions under the cap (per stage keep / offload / recompute; the least simulated step "
+          f"that fits, RECOMPUTE at the {args.recompute_at}):")
+    head = f"{'schedule':<18}{'makespan':>11}{'no cap':>9}{'cost':>16}  {'policy':<28}peak per rank"
+    print(head + "\n" + "-" * len(head))
+    for name, got in memory.items():
+        if got is None:
+            print(f"{name:<18}{'none fits':>11}")
+            continue
+        cost = f"+{got.cost:.4g} ({got.cost / got.base:+.1%})" if got.base else f"+{got.cost:.4g}"
+        peaks = " ".join(f"{x:.3g}" for x in got.peaks)
+        print(f"{name:<18}{got.makespan:>11.6g}{got.base:>9.6g}{cost:>16}  {got.describe():<28}{peaks}")
+    fits = {n: g for n, g in memory.items() if g is not None}
+    if fits:
+        name = min(fits, key=lambda n: (fits[n].makespan, n))
+        best = fits[name]
+        than = "" if auto_step is None else f"; auto's order without them: {auto_step:.6g}"
+        print(f"least step that fits: {name} with {best.describe()}: {best.makespan:.6g}, {best.cost:+.4g} over "
+              f"{name} with no cap{than}")
+    else:
+        print("no family fits the cap even recomputing or offloading every stage")
+    if note:
+        print(note)
 
 
 def _cap(costs, p: int):

@@ -5,6 +5,9 @@ The kinds, each read off the lowered program's own actions:
 
 - ``activations``: a (stage, mb) activation from its F to its backward, as costs.py says (``costs.freed``: all
   at B, ``free_at_i`` of it at I, the rest at W). With nothing else held this is ``timeline.peak_memory``.
+  Memory actions: an OFFLOAD frees the activation where it stands in the program and a RELOAD brings it back
+  there (time-free: the host link is taken to keep up; ``Timeline.memory_curve`` has the timed levels), the F of
+  a unit with a RECOMPUTE keeps ``kept`` of its activation and the RECOMPUTE brings back the rest.
 - ``gathered``: a sharded stage's unsharded weights (``Sizes.params``) from its ``UNSHARD`` over fsdp to its
   ``RESHARD``: FSDP2 allocates the all-gather outputs when it unshards and frees them when it reshards
   (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``alloc_all_gather_outputs`` and
@@ -47,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
-from ..actions import Pair
+from ..actions import MEMORY_KINDS, OFFLOAD, RECOMPUTE, RELOAD, Action, Pair
 from ..costs import freed
 from ..comm_actions import RECV_B, RECV_F, REDUCE_GRAD, RESHARD, UNSHARD, CommAction
 from .lower import Lowered
@@ -93,7 +96,7 @@ def at_once(shares: Sequence[float]) -> float:
 
 
 def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = None,
-           per_layer: bool = False) -> Iterator[tuple[int, int, int, float]]:
+           per_layer: bool = False, kept: Sequence[float] | None = None) -> Iterator[tuple[int, int, int, float]]:
     """The rank's holdings as they change, in program order: (position, kind (``KINDS`` index), stage, amount
     per unit of that kind's size at that stage). A received buffer's stage is the boundary's: the stage that
     sent an activation (``s - 1`` for ``RECV_F`` of s), or whose input gradient came back (s for ``RECV_B``).
@@ -101,8 +104,10 @@ def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = Non
     ``window``: per stage, ``at_once`` of its layers' shares. A stage gathered ``per_layer`` (reshard after
     forward: FSDP2 frees each layer after it ran) holds that share of its weights; gradients that the op making
     the first of them also reduces bucket by bucket (``during`` it: no earlier backward accumulated any) are
-    that share of the stage's, each layer's freed once reduced."""
+    that share of the stage's, each layer's freed once reduced. ``kept``: per stage, the share of its activation
+    the F of a unit with a RECOMPUTE keeps (default none)."""
     gathered: set[int] = set()
+    redone = {(a.stage, a.mb) for a in program if type(a) is Action and a.kind == RECOMPUTE}
     graded: dict[int, float] = {}  # sharded stages whose unsharded gradients exist -> the share held
     sharded = any(type(a) is CommAction and a.kind == UNSHARD and a.group == "fsdp" for a in program)
     bucketed = _reduced_during(program) if window is not None else set()
@@ -129,7 +134,11 @@ def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = Non
                 b = waiting.pop(("F", s, mb), None)
                 if b is not None:  # becomes this F's input: counted in its activation from here
                     yield k, 3, b, -1.0
-                yield k, 0, s, 1.0
+                yield k, 0, s, ((kept[s] if kept is not None else 0.0) if (s, mb) in redone else 1.0)
+                continue
+            if kind in MEMORY_KINDS:
+                yield k, 0, s, (-1.0 if kind == OFFLOAD else 1.0 if kind == RELOAD else
+                                1.0 - (kept[s] if kept is not None else 0.0))
                 continue
             if sharded and kind != "I" and s not in graded:
                 graded[s] = window[s] if (k, s) in bucketed else 1.0
@@ -160,9 +169,12 @@ def sizes_of(low: Lowered, activation: Sequence[float], boundary: Sequence[float
 
 
 def lowered_memory(low: Lowered, activation: Sequence[float], free_at_i: float = 0.0,
-                   boundary: Sequence[float] | None = None) -> tuple[RankMemory, ...]:
+                   boundary: Sequence[float] | None = None,
+                   kept: Sequence[float] | None = None) -> tuple[RankMemory, ...]:
     """Each rank's ``RankMemory`` under ``activation`` (per stage, one micro-batch's, in the unit wanted) and
-    ``free_at_i`` (the cost model's), the weights, gradients and boundaries at ``sizes_of``'s."""
+    ``free_at_i`` (the cost model's), the weights, gradients and boundaries at ``sizes_of``'s; ``kept`` per stage
+    what the F of a recomputed unit keeps, in ``activation``'s unit (``StageCosts.kept_sizes``)."""
+    share = [k / a if a else 0.0 for k, a in zip(kept, activation)] if kept is not None else None
     size = sizes_of(low, activation, boundary)
     window = [at_once(xs) for xs in low.options.sizes.resolve(low.schedule.stages)["layers"]]
     per_layer = low.parallelism.reshard_after_forward
@@ -171,7 +183,7 @@ def lowered_memory(low: Lowered, activation: Sequence[float], free_at_i: float =
         held = [0.0] * len(KINDS)
         curve: list[tuple[int, Held]] = []
         best, at, top = Held(), 0, 0.0
-        for k, kind, s, amount in events(prog, free_at_i, window, per_layer):
+        for k, kind, s, amount in events(prog, free_at_i, window, per_layer, share):
             held[kind] += amount * size[kind][s]
             now = Held(*held)
             if curve and curve[-1][0] == k:

@@ -51,10 +51,10 @@ def draw_text(timeline: Timeline, *, width: int | None = None, color: bool | Non
     for r, row in enumerate(by_rank):
         body = _row(row, cols, scale, timeline.schedule.chunks, color)
         lines.append(f"{f'rank {r}':<{label_w}}|" + body)
-        if sm.comm or sm.transfers:
+        if sm.comm or sm.transfers or sm.host:
             lines.append(f"{'':<{label_w}}:" + _lane(lanes[r], cols, scale))
     lines.append(_axis(label_w, cols, sm.makespan, sm.unit))
-    lines += _wrap(_legend(sm.kinds, sm.chunks, sm.pairs, sm.comm, sm.transfers), width)
+    lines += _wrap(_legend(sm.kinds, sm.chunks, sm.pairs, sm.comm, sm.transfers, sm.host), width)
     return "\n".join(lines)
 
 
@@ -121,7 +121,7 @@ def _row(row: list[Cell], cols: int, scale: float, chunks: int, color: bool) -> 
 
 
 def _letter(c: Cell) -> str:
-    kind = "P" if c.part == 1 else c.action.kind  # P: an overlapped F&B pair
+    kind = "P" if c.part == 1 else c.action.kind[0]  # P: an overlapped F&B pair; R: a placed RECOMPUTE
     return kind.lower() if c.chunk > 0 else kind
 
 
@@ -141,12 +141,13 @@ def _axis(label_w: int, cols: int, span: float, unit: str) -> str:
     return " " * label_w + "|" + left + " " * gap + right
 
 
-def _legend(kinds, chunks: int, pairs: bool, comm: bool = False, transfers: bool = False) -> list[str]:
+def _legend(kinds, chunks: int, pairs: bool, comm: bool = False, transfers: bool = False,
+            host: bool = False) -> list[str]:
     parts = [palette.KIND_LABELS[k] for k in kinds]
     if pairs:
         parts.append("P3/5 F&B pair (forward mb/backward mb)")
-    if comm or transfers:
-        what = "communication" if transfers else "all-to-all"
+    if comm or transfers or host:
+        what = "communication" if transfers else "all-to-all" if comm else "offload/reload"
         parts.append(f"under a row, {what}: = hidden # exposed")
     if chunks > 1:
         parts.append("lowercase: chunk >= 1")

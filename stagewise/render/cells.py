@@ -8,7 +8,9 @@ reads as one overlapped cell while every action keeps its own shape.
 
 Expert-parallel all-to-all (``Timeline.comm``) is drawn on its own thin lane
 under each rank's row (``comm_cells``), and the part the rank waits for is
-hatched at the end of its op (``exposed_spans``).
+hatched at the end of its op (``exposed_spans``). The host link's OFFLOAD and
+RELOAD are on that lane too, in their own colour (``comm_colours``), not in
+the rank's row; a placed RECOMPUTE is a cell of the row, in its own colour.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..actions import Action, Pair
+from ..actions import HOST_KINDS, Action, Pair
 from ..schedule import Schedule
 from ..timeline import Timeline, metrics
 
@@ -61,7 +63,7 @@ def cells(timeline: Timeline) -> list[Cell]:
                 fa, ba = op
                 out.append(Cell(r, s, e, fa, chunk[fa.stage], TOP))
                 out.append(Cell(r, s, e, ba, chunk[ba.stage], BOTTOM))
-            else:
+            elif op.kind not in HOST_KINDS:  # the host link's transfers are drawn on the lane (``comm_cells``)
                 out.append(Cell(r, s, e, op, chunk[op.stage], WHOLE))
     return out
 
@@ -91,6 +93,10 @@ def comm_label(c: CommCell) -> str:
     over fsdp", ``comm_actions.describe``)."""
     if c.kind == "a2a":
         return f"all-to-all of {c.action}"
+    if c.kind in HOST_KINDS:
+        a = c.action
+        return (f"{a}: stage {a.stage} micro-batch {a.mb}'s activations "
+                + ("to host memory" if c.kind == "OFFLOAD" else "back from host memory"))
     from ..comm_actions import describe
 
     return describe(c.action, c.rank)
@@ -100,6 +106,8 @@ def comm_colours(c: CommCell) -> tuple[str, str]:
     """(hidden, exposed) colours of a lane cell: the all-to-all's, or lowered communication's."""
     from . import palette
 
+    if c.kind in HOST_KINDS:
+        return palette.HOST_HIDDEN, palette.HOST
     return (palette.A2A_HIDDEN, palette.A2A) if c.kind == "a2a" else (palette.COMM_HIDDEN, palette.COMM)
 
 
@@ -142,13 +150,14 @@ class Summary:
     peak: tuple[float, ...]  #: peak live activations per rank (chunk-units)
     unit: str
     source: str
-    kinds: tuple[str, ...]  #: action kinds present, in F B I W order
+    kinds: tuple[str, ...]  #: compute kinds present, in ``palette.KIND_ORDER``
     pairs: bool  #: whether any op is an overlapped F&B pair
     cap_note: str = ""  #: "cap 4 chunk-units: within" when a memory cap was given
     a2a: float = 0.0  #: all-to-all of all ranks
     a2a_exposed: float = 0.0  #: exposed all-to-all of the rank that exposes most
     a2a_hidden: float = 0.0  #: share of all all-to-all hidden behind compute
     transfers: bool = False  #: whether the lane holds lowered communication (gathers, reductions, sends)
+    host: bool = False  #: whether the lane holds the host link's OFFLOAD and RELOAD
 
     @property
     def comm(self) -> bool:
@@ -194,6 +203,8 @@ def cap_note(mt) -> str:
 
 
 def summary(timeline: Timeline) -> Summary:
+    from . import palette
+
     sched = timeline.schedule
     mt = metrics(timeline)
     present = {a.kind for a in sched.actions()}
@@ -201,13 +212,14 @@ def summary(timeline: Timeline) -> Summary:
         name=sched.name, ranks=sched.ranks, microbatches=sched.microbatches, chunks=sched.chunks,
         makespan=mt.makespan, bubble=mt.bubble_fraction, peak=mt.peak_activations,
         unit=timeline.unit, source=timeline.source,
-        kinds=tuple(k for k in "FBIW" if k in present),
+        kinds=tuple(k for k in palette.KIND_ORDER if k in present),
         pairs=any(type(op) is Pair for prog in sched.programs for op in prog),
         cap_note=cap_note(mt),
         a2a=sum(mt.a2a),
         a2a_exposed=max(mt.exposed_a2a, default=0.0),
         a2a_hidden=sum(mt.hidden_a2a) / sum(mt.a2a) if sum(mt.a2a) else 0.0,
-        transfers=bool(mt.comm),
+        transfers=any(k not in HOST_KINDS for k in mt.comm),
+        host=any(k in HOST_KINDS for k in mt.comm),
     )
 
 

@@ -267,7 +267,7 @@ def _table(ax, sums: Sequence[Summary]) -> None:
 def _legend(fig, sums: Sequence[Summary]) -> None:
     from matplotlib.patches import Patch
 
-    kinds = [k for k in "FBIW" if any(k in s.kinds for s in sums)]
+    kinds = [k for k in palette.KIND_ORDER if any(k in s.kinds for s in sums)]
     chunks = max(s.chunks for s in sums)
     handles = [Patch(facecolor=palette.colour(k), label=palette.KIND_LABELS[k]) for k in kinds]
     if chunks > 1:
@@ -281,6 +281,9 @@ def _legend(fig, sums: Sequence[Summary]) -> None:
     if any(s.transfers for s in sums):
         handles += [Patch(facecolor=palette.COMM_HIDDEN, label="communication: hidden"),
                     Patch(facecolor=palette.COMM, label="exposed")]
+    if any(s.host for s in sums):
+        handles += [Patch(facecolor=palette.HOST_HIDDEN, label="offload/reload: hidden"),
+                    Patch(facecolor=palette.HOST, label="exposed")]
     handles.append(Patch(facecolor=palette.IDLE, edgecolor=palette.GRID, label="idle"))
     rows = -(-len(handles) // 9)
     ncol = -(-len(handles) // rows)

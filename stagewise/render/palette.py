@@ -13,8 +13,10 @@ The workshop page takes every colour it draws from here (``CAUSES``, ``PAGE``), 
 
 from __future__ import annotations
 
-#: base colour per action kind (chunk 0)
-KIND_COLOURS = {"F": "#3465C0", "B": "#2E8B3E", "I": "#E3B505", "W": "#882255"}
+#: base colour per action kind (chunk 0); a placed RECOMPUTE is lavender (a forward redone: its own hue)
+KIND_COLOURS = {"F": "#3465C0", "B": "#2E8B3E", "I": "#E3B505", "W": "#882255", "RECOMPUTE": "#9E82B2"}
+#: the compute kinds a picture draws in a rank's row, in legend order
+KIND_ORDER = ("F", "B", "I", "W", "RECOMPUTE")
 #: how far the last chunk of a rank moves toward white
 CHUNK_TINT = 0.5
 IDLE = "#FFFFFF"  #: idle time, the background, the hairline between cells
@@ -32,10 +34,13 @@ A2A = "#D55E00"  #: expert-parallel all-to-all lane (Okabe-Ito vermillion: no ki
 A2A_HIDDEN = "#ECB78C"  #: the all-to-all that ran while the rank computed (A2A tinted)
 COMM = "#006D5B"  #: lowered communication lane (gathers, reductions, sends): a deep bluish green
 COMM_HIDDEN = "#9CCFC4"  #: the part of it that ran while the rank computed (COMM tinted)
+HOST = "#8C6D1F"  #: the host link's lane (OFFLOAD, RELOAD): dark ochre, exposed part
+HOST_HIDDEN = "#D9C89A"  #: the part that ran while the rank computed (HOST tinted)
 #: one colour per rank for memory curves (Okabe-Ito order, then repeated)
 RANK_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 
-KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input-grad", "W": "W weight-grad"}
+KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input-grad", "W": "W weight-grad",
+               "RECOMPUTE": "R recompute"}
 
 #: each cause of idle time (``explain.CAUSES``): its hatch colour and pattern (the page draws a gap with
 #: both, so the causes stay apart in grey too; no two share a pattern)

@@ -28,7 +28,7 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from ..actions import Pair
+from ..actions import HOST_KINDS, Pair
 from ..timeline import Timeline
 from . import palette
 from .cells import chunk_of_stage, origin
@@ -66,7 +66,7 @@ def rank_strips(timeline: Timeline, *, columns: int, scale: float) -> list[Strip
     sched = timeline.schedule
     chunk = chunk_of_stage(sched)
     fills = {(kind, c): palette.rgb(palette.colour(kind, c, sched.chunks))
-             for kind in "FBIW" for c in range(max(chunk, default=0) + 1)}
+             for kind in palette.KIND_ORDER for c in range(max(chunk, default=0) + 1)}
     t0 = origin(timeline)
     out = []
     for r in range(sched.ranks):
@@ -79,7 +79,7 @@ def rank_strips(timeline: Timeline, *, columns: int, scale: float) -> list[Strip
                 fa, ba = op
                 halves[0].paint(fills[fa.kind, chunk[fa.stage]], x0, x1)
                 halves[1].paint(fills[ba.kind, chunk[ba.stage]], x0, x1)
-            else:
+            elif op.kind not in HOST_KINDS:  # the host link's transfers are on the lane
                 whole.paint(fills[op.kind, chunk[op.stage]], x0, x1)
         if halves is None:
             row = whole.pixels()

@@ -259,7 +259,7 @@ def _table(out: list[str], sums: Sequence[Summary], y: float) -> float:
 
 def _legend(out: list[str], sums: Sequence[Summary], y: float, width: float) -> float:
     """Swatches for the kinds drawn, the chunk shades and the F&B pair; wraps to the width."""
-    kinds = [k for k in "FBIW" if any(k in s.kinds for s in sums)]
+    kinds = [k for k in palette.KIND_ORDER if any(k in s.kinds for s in sums)]
     chunks = max((s.chunks for s in sums), default=1)
     items = [(f'fill="{palette.colour(k)}"', palette.KIND_LABELS[k]) for k in kinds]
     if chunks > 1:
@@ -273,6 +273,9 @@ def _legend(out: list[str], sums: Sequence[Summary], y: float, width: float) -> 
     if any(s.transfers for s in sums):
         items.append((f'fill="{palette.COMM_HIDDEN}"', "communication: hidden behind compute"))
         items.append((f'fill="{palette.COMM}"', "exposed"))
+    if any(s.host for s in sums):
+        items.append((f'fill="{palette.HOST_HIDDEN}"', "offload/reload lane: hidden behind compute"))
+        items.append((f'fill="{palette.HOST}"', "exposed"))
     items.append((f'fill="{palette.IDLE}" stroke="{palette.GRID}"', "idle"))
     items.append(("", "numbers: micro-batch"))
     x = LEFT
