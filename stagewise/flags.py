@@ -23,6 +23,7 @@ FLAGS = {
     # the degrees the cluster planner tries (Job), said as the fields' flags
     "tensor": "--tp", "pipeline": "--ranks", "expert": "--ep", "expert_tensor": "--etp",
     "split": "--split", "layout": "--layout", "recompute": "--recompute/--recompute-stages",
+    "recompute_at": "--recompute-at", "offload": "--offload",
     # the run
     "steps": "--steps", "batch": "--batch", "lr": "--lr", "optimizer": "--optimizer", "clip": "--clip",
     "timeout": "--timeout", "threads": "--threads", "save": "--save", "save_every": "--save-every",

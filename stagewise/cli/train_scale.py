@@ -1,4 +1,5 @@
-"""`stagewise train`'s parallelism (--dp, --fsdp, --zero, --tp) and recomputation options, and the memory it reports.
+"""`stagewise train`'s parallelism (--dp, --fsdp, --zero, --tp), recomputation and offload options (the memory
+actions, as `stagewise simulate` takes them: --offload, --recompute, --recompute-at), and the memory it reports.
 
 Not a subcommand: ``train.py`` adds these options and prints these lines.
 """
@@ -16,9 +17,15 @@ def add_args(p) -> None:
     add_layout_options(g, ("dp", "fsdp", "reshard_after_forward", "zero", "tp"), defaults=True, more={
         "dp": "default 1: p x dp ranks (under torchrun -p defaults to WORLD_SIZE / dp)", "fsdp": "default 1",
         "zero": "default 0", "tp": "default 1: p x dp x fsdp x tp ranks in all"})
-    g.add_argument("--recompute", action="store_true",
-                   help="activation recomputation on every stage: F keeps only the stage input, the backward "
-                   "redoes the forward first")
+    g.add_argument("--recompute", nargs="?", const="all", default=None, metavar="S,S,..|all",
+                   help="activation recomputation on these stages (no value: all): F keeps only the stage input, "
+                   "the forward is redone before the backward (where --recompute-at says)")
+    g.add_argument("--recompute-at", choices=("backward", "bubble"), default="backward",
+                   help="where a recomputed forward runs: right before its backward (default), or as a RECOMPUTE "
+                   "placed into the rank's idle time before it (Mario)")
+    g.add_argument("--offload", default=None, metavar="S,S,..|all",
+                   help="stages whose saved activations go to host memory after each forward (OFFLOAD) and come "
+                   "back one op before the backward (RELOAD); pinned memory and a side stream on CUDA")
     g.add_argument("--no-memory", action="store_true",
                    help="do not count activation bytes (the count costs about 1-15%% of a small model's step)")
     g.add_argument("--recompute-stages", metavar="S,S,..", default=None,
@@ -40,6 +47,8 @@ def apply(cfg, args):
 
     if args.recompute and args.recompute_stages:
         raise UsageError("give either --recompute (every stage) or --recompute-stages, not both")
+    recompute = _stages("--recompute", args.recompute) if args.recompute else \
+        _stages("--recompute-stages", args.recompute_stages)
     from ..parallelism import Parallelism
     from ..runtime.launching.groups import torchrun_env
 
@@ -47,8 +56,8 @@ def apply(cfg, args):
     if is_torchrun() and args.ranks is None and cfg.schedule is not None and layout.per_pipeline_rank > 1:
         layout = Parallelism.of_world(torchrun_env()[1], **degrees(args))  # pp: the rest of WORLD_SIZE
     cfg = dataclasses.replace(cfg, parallelism=layout,
-                              recompute=True if args.recompute else _stages(args.recompute_stages),
-                              measure_memory=not args.no_memory)
+                              recompute=recompute, recompute_at=args.recompute_at,
+                              offload=_stages("--offload", args.offload), measure_memory=not args.no_memory)
     if args.batch is None and cfg.pipelined:  # the default batch, now that --dp, --fsdp and --ep are known
         from ..runtime.config import default_batch
 
@@ -90,6 +99,8 @@ def lines(res) -> list[str]:
     return out
 
 
-def _stages(text: str | None):
-    """--recompute-stages 0,2 -> (0, 2); none given: False (no stage recomputes)."""
-    return int_list("--recompute-stages", text, "stage numbers like 0,2") or False
+def _stages(option: str, text: str | None):
+    """--recompute-stages 0,2 -> (0, 2); all -> True; none given: False (no stage)."""
+    if text == "all":
+        return True
+    return int_list(option, text, "stage numbers like 0,2, or all") or False

@@ -12,6 +12,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from .. import limits
 from ..errors import StagewiseError
+from ..memory_actions import RECOMPUTE_AT
 from ..parallelism import Parallelism, ParallelismError
 
 
@@ -110,6 +111,12 @@ class RunConfig:
     overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/fb_pair.py); False: F then B
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
+    #: where `recompute`'s stages redo their forward: "backward" (right before it) or "bubble" (a RECOMPUTE action
+    #: placed into the rank's idle time before it: stagewise.memory_actions)
+    recompute_at: str = "backward"
+    #: offload the saved activations to host memory after each forward and reload them before the backward (OFFLOAD
+    #: and RELOAD actions placed by stagewise.memory_actions): all stages, or these
+    offload: bool | tuple[int, ...] = False
     steps: int = 1  #: optimizer steps
     batch: int = 8  #: sequences per step (split into m micro-batches)
     model: ModelConfig | None = None  #: the model and its data (``ModelConfig``: models.GPTConfig, LayerModel...)
@@ -240,8 +247,14 @@ class RunConfig:
         why = self.parallelism.unsupported()
         if why:
             raise RunError(why)
-        if not self.pipelined and (self.dp > 1 or self.ep > 1 or self.recompute):
-            what = f"`dp` {self.dp}" if self.dp > 1 else f"`ep` {self.ep}" if self.ep > 1 else "`recompute`"
+        if self.recompute_at not in RECOMPUTE_AT:
+            raise RunError(f"`recompute_at` {self.recompute_at!r}: one of {', '.join(RECOMPUTE_AT)}")
+        if self.recompute_at != "backward" and not self.recompute:
+            raise RunError(f"`recompute_at` {self.recompute_at} places the recomputes of `recompute`; give "
+                           "`recompute` too")
+        if not self.pipelined and (self.dp > 1 or self.ep > 1 or self.recompute or self.offload):
+            what = f"`dp` {self.dp}" if self.dp > 1 else f"`ep` {self.ep}" if self.ep > 1 else \
+                "`recompute`" if self.recompute else "`offload`"
             raise RunError(f"{what} needs a `schedule` run on ranks (`ranks` or `dp` >= 2); the unpipelined "
                            "reference runs in one process")
         if self.schedule is None and self.csv is None and (self.fsdp > 1 or self.tp > 1):

@@ -6,13 +6,18 @@ itself keeps for a (stage, mb) between its F and its backward: the stage input
 and output and, after a split backward's I, the gradients W still needs. Each
 storage counts once however many hold it, and stops counting when the last
 holder lets go (autograd drops saved tensors after the backward; the executor
-drops its references). The planner's profiler counts a layer's activation
+drops its references). A storage the program offloads (offload.py) stops
+counting while its bytes are on the host: the count is of device-resident
+bytes. The planner's profiler counts a layer's activation
 bytes with the same ``SavedBytes`` (stagewise.profiling.measure).
 
 The prediction feeds the simulator what each (kind, stage) op was measured to
 add: F's bytes as ``activation_bytes``, the replayed forward's bytes and F's
 kept input as ``recompute_keep``, and the growth at I (W's gradients, minus
-the output I lets go) as a negative ``free_at_i``.
+the output I lets go) as a negative ``free_at_i``; with memory actions in the
+program, what an OFFLOAD took off the device is what its OFFLOAD and RELOAD
+move in the timeline's memory, and the rest of F's bytes (the input and output
+the executor keeps) stays from F to the backward.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from torch import nn
 
 from ..dtensor import is_dtensor
 
-#: op kinds the prediction reads: F, I, and R (the forward replayed by recomputation)
-KINDS = ("F", "I", "R")
+#: op kinds the prediction reads: F, I, R (the forward replayed by recomputation) and OFFLOAD (what it took off)
+KINDS = ("F", "I", "R", "OFFLOAD")
 
 
 @dataclass(kw_only=True)
@@ -43,12 +48,24 @@ class SavedBytes:
         Storages of ``module``'s parameters are not activations (autograd saves views of
         weights, such as the transposed matrix of a Linear) and are not counted.
         """
-        params = {_storage(p).data_ptr() for p in module.parameters()} if module is not None else set()
+        params = {storage_of(p).data_ptr() for p in module.parameters()} if module is not None else set()
         return self.saving(params)
 
     def saving(self, params: set):
         """Like ``hooks``, with the parameter storages (data pointers) given."""
-        return torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, params), _unpack)
+        return torch.autograd.graph.saved_tensors_hooks(*self.packer(params))
+
+    def packer(self, params: set) -> tuple:
+        """The (pack, unpack) pair of ``saving``, for a hook that wraps it (offload.py)."""
+        return (lambda t: self._pack(t, params)), _unpack
+
+    def moved(self, storage, resident: bool) -> None:
+        """``storage``'s bytes left the device (offloaded) or came back (reloaded); uncounted ones are ignored."""
+        entry = self._refs.get(storage._cdata)
+        if entry is not None and entry[2] != resident:
+            entry[2] = resident
+            self.live += entry[1] if resident else -entry[1]
+            self.peak = max(self.peak, self.live)
 
     def hold(self, tensors) -> tuple:
         """Count ``tensors`` (once per storage) for as long as the returned tokens live."""
@@ -58,26 +75,26 @@ class SavedBytes:
         self.peak = self.live
 
     def _pack(self, t: torch.Tensor, params):
-        storage = _storage(t)
-        key = storage.data_ptr()
-        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in params:
+        storage = storage_of(t)
+        if is_state(t, params):
             return t  # a weight, or a view of one (a Linear's transposed matrix; FSDP's gathered ones too)
-        n, size = self._refs.get(key, (0, storage.nbytes()))
-        if n == 0:
-            self.live += size
+        key = storage._cdata  # the storage itself: its data pointer changes while it is offloaded
+        entry = self._refs.get(key)
+        if entry is None:
+            entry = self._refs[key] = [0, storage.nbytes(), True]  # holders, bytes, resident on the device
+            self.live += entry[1]
             self.peak = max(self.peak, self.live)
-        self._refs[key] = (n + 1, size)
+        entry[0] += 1
         # detached: holding the tensor itself would hold its grad_fn, which holds this object
         # (an output saved for its own backward): a cycle autograd never frees
         return _Held(t.detach(), key, self)
 
     def _release(self, key: int) -> None:
-        n, size = self._refs[key]
-        if n == 1:
+        entry = self._refs[key]
+        entry[0] -= 1
+        if entry[0] == 0:
             del self._refs[key]
-            self.live -= size
-        else:
-            self._refs[key] = (n - 1, size)
+            self.live -= entry[1] if entry[2] else 0
 
 
 class _Held:
@@ -92,7 +109,12 @@ class _Held:
         self.owner._release(self.key)
 
 
-def _storage(t: torch.Tensor):
+def is_state(t: torch.Tensor, params) -> bool:
+    """``t`` is a parameter, a view of one, or in ``params`` (data pointers of the module state's storages)."""
+    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or storage_of(t).data_ptr() in params
+
+
+def storage_of(t: torch.Tensor):
     """The storage holding ``t``'s data on this rank (a DTensor's: its local shard's)."""
     return (t._local_tensor if is_dtensor(t) else t).untyped_storage()
 
@@ -124,8 +146,11 @@ class ActivationMeter:
     def saving(self):
         """Count what autograd saves inside the block (the parameters' storages, read now: a checkpoint load may
         replace them, and FSDP registers its gathered ones while a stage is gathered, its shards otherwise)."""
-        params = {_storage(p).data_ptr() for st in self.stages.values() for p in st.parameters()}
-        return self.count.saving(params)
+        return self.count.saving(self.params())
+
+    def params(self) -> set:
+        """The data pointers of the stages' parameters, now."""
+        return {storage_of(p).data_ptr() for st in self.stages.values() for p in st.parameters()}
 
     def hold(self, *tensors) -> tuple:
         return self.count.hold(tensors)
@@ -161,26 +186,53 @@ def predicted_peaks(schedule, added: dict[str, dict[int, int]], recompute: froze
     F's bytes are held from F to the backward. A recomputed stage holds its
     input only (``recompute_keep``), and the largest replayed forward of the
     rank's recomputed stages is added to its peak as a transient (the planner's
-    model: stagewise.plan.search.profile_costs.rank_transient_bytes). A split stage's I
-    changes what it holds until W (W's gradients in, the output out): one
-    ``free_at_i`` for all split stages, from their sums. Not modelled: a
-    recomputed *split* stage holds its replayed forward from I to W, so with
-    zero-bubble schedules the prediction is a lower bound.
+    model: stagewise.plan.search.profile_costs.rank_transient_bytes); a placed
+    RECOMPUTE holds the replayed forward from where it runs (the timeline's
+    memory). A split stage's I changes what it holds until W (W's gradients in,
+    the output out): one ``free_at_i`` for all split stages, from their sums.
+    An offloaded stage's units hold what its OFFLOAD left on the device from F
+    to the backward, and the rest between F and the OFFLOAD's end and from the
+    RELOAD's start (the timeline's memory). Not modelled: a recomputed *split*
+    stage holds its replayed forward from I to W, so with zero-bubble schedules
+    the prediction is a lower bound.
     """
+    from dataclasses import replace
+
+    from ...actions import OFFLOAD, RECOMPUTE
     from ...costs import Costs
     from ...simulate import simulate
     from ...timeline import metrics
 
     S = schedule.stages
-    F, I, R = (added.get(k, {}) for k in KINDS)
+    F, I, R, O = (added.get(k, {}) for k in KINDS)
+    kinds = {(a.kind, a.stage) for a in schedule.actions()}
+    placed = {s for s in range(S) if (RECOMPUTE, s) in kinds}
+    redone = set(recompute) | placed
     held = [float(F.get(s, 0)) for s in range(S)]
-    full = [held[s] + R.get(s, 0) if s in recompute else held[s] for s in range(S)]
-    keep = [held[s] / full[s] if s in recompute and full[s] else 0.0 for s in range(S)]
-    split = [s for s in I if s not in recompute and held[s]]
+    full = [held[s] + R.get(s, 0) if s in redone else held[s] for s in range(S)]
+    keep = [held[s] / full[s] if s in redone and full[s] else 0.0 for s in range(S)]
+    split = [s for s in I if s not in redone and held[s]]
     free_at_i = min(1.0, -sum(I[s] for s in split) / sum(held[s] for s in split)) if split else 0.0
     costs = Costs(activation_bytes=full, recompute=[s in recompute for s in range(S)], recompute_keep=keep,
                   free_at_i=free_at_i)
-    peaks = metrics(simulate(schedule, costs)).peak_activation_bytes
+    tl = simulate(schedule, costs)
     transient = [max((full[s] - held[s] for s in schedule.stages_of_rank(r) if s in recompute), default=0.0)
                  for r in range(schedule.ranks)]
-    return [p + t for p, t in zip(peaks, transient)]
+    if not schedule.memory_actions:
+        return [p + t for p, t in zip(metrics(tl).peak_activation_bytes, transient)]
+    offloaded = {s for s in range(S) if (OFFLOAD, s) in kinds}
+    moved = [float(-O.get(s, 0)) if s in offloaded else 0.0 for s in range(S)]
+    # two views of one timeline: the moved bytes with their OFFLOADs and RELOADs, and the rest without them
+    # (the host transfers' events are those at negative positions); at one instant what ends frees before what
+    # starts allocates, as the rank runs its program in order (a RELOAD issued after a backward follows its free)
+    away = replace(tl, activation_bytes=tuple(moved))
+    stays = replace(tl, activation_bytes=tuple(f - m for f, m in zip(full, moved)))
+    peaks = []
+    for r in range(schedule.ranks):
+        events = away.memory_events(r, True) + [e for e in stays.memory_events(r, True) if e[1] >= 0]
+        live = peak = 0.0
+        for _, _, delta in sorted(events, key=lambda e: (e[0], e[2] > 0, e[1])):
+            live += delta
+            peak = max(peak, live)
+        peaks.append(peak + transient[r])
+    return peaks

@@ -15,13 +15,17 @@ The step's end (the first TIE_GRAD or STEP_END, or the program's end) waits for 
 the context's ``end`` (the reductions waited for, the copies summed); where the context has a ``tie`` hook, each
 TIE_GRAD then all-reduces its rank set's copies (parallel/replicas.py), else ``end`` summed them all.
 
-A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its B or I;
-the meter (activation_memory.py) counts what each (stage, mb) holds. Inputs, outputs and what crosses a
-boundary are pytrees (pytree.py): the backward differentiates the output leaves that carry a gradient and
-sends back one gradient per input leaf that carries one. A forward-only executor (a program of F's, for
-evaluation) keeps nothing for a backward. An F&B pair runs its forward, then its backward, unless the
-context has an ``overlap`` hook (fb_pair.py: the halves interleaved at their all-to-alls); either way its
-outputs are sent after it, by the SENDs that follow it.
+A stage that recomputes (recompute.py) keeps only its input from F and replays the forward at its B or I.
+The memory actions have a handler each: OFFLOAD moves a (stage, mb)'s saved activations to host memory and
+RELOAD brings them back (offload.py; its backward waits for them), and a (stage, mb) with a RECOMPUTE keeps
+only its input from F and replays its forward where the program places the RECOMPUTE, so its backward
+replays nothing; like compute ops they are marked on the rank's clock. The meter (activation_memory.py)
+counts what each (stage, mb) holds on the device. Inputs, outputs and what crosses a boundary are pytrees
+(pytree.py): the backward differentiates the output leaves that carry a gradient and sends back one gradient
+per input leaf that carries one. A forward-only executor (a program of F's, for evaluation) keeps nothing
+for a backward. An F&B pair runs its forward, then its backward, unless the context has an ``overlap`` hook
+(fb_pair.py: the halves interleaved at their all-to-alls); either way its outputs are sent after it, by the
+SENDs that follow it.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from ...actions import Action, Pair
+from ...actions import MEMORY_KINDS, OFFLOAD, RECOMPUTE, RELOAD, Action, Pair
 from ...comm_actions import (ALL_TO_ALL, HEADERS, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END,
                                TIE_GRAD, UNSHARD, CommAction)
 from ..stages import pytree
@@ -43,6 +47,7 @@ from ..messages.p2p import P2P, route_in, route_of, route_out
 from ..config import RunError
 from ..resilience.flight import NO_FLIGHT
 from .fb_pair import run_pair
+from .offload import Offload
 from .recompute import Recompute
 from .split_backward import Record, Splitter, input_grad, weight_grad
 from ..stages.stage import Stage
@@ -108,9 +113,11 @@ class Executor:
         self.completes: dict[int, list[int]] = {}  # compute op index -> stages complete after it
         for s, k in sorted(plan.last_backward.items()):
             self.completes.setdefault(k, []).append(s)
+        self.offload = Offload(_device(ctx.stages), ctx.stages, ctx.meter) if plan.offloaded else None
         self.handlers = {SEND_F: self._send, SEND_B: self._send, RECV_F: self._recv, RECV_B: self._recv,
                          UNSHARD: self._unshard, RESHARD: self._reshard, REDUCE_GRAD: self._reduce_grad,
-                         ALL_TO_ALL: self._all_to_all, TIE_GRAD: self._tie_grad, STEP_END: self._step_end}
+                         ALL_TO_ALL: self._all_to_all, TIE_GRAD: self._tie_grad, STEP_END: self._step_end,
+                         OFFLOAD: self._offload, RELOAD: self._reload, RECOMPUTE: self._recompute}
         self.handlers.update({kind: self._header for kind in HEADERS})
 
     def use(self, plan: RankPlan) -> None:
@@ -139,6 +146,8 @@ class Executor:
         for a in self.plan.program:
             if type(a) is CommAction:
                 handlers[a.kind](a)
+            elif a.kind in MEMORY_KINDS:
+                self._memory(a, handlers[a.kind])
             else:
                 self._op(a)
             out.executed.append(a)
@@ -223,6 +232,34 @@ class Executor:
     def _all_to_all(self, c: CommAction) -> None:
         self.ctx.flight.comm(str(c))  # it ran inside the op before it (parallel/ep.py); named as lowered
 
+    def _memory(self, a: Action, run: Callable) -> None:
+        """A memory action: an op of the rank's program, marked on its clock like compute (what it issues on
+        CUDA's side stream runs past its mark)."""
+        self.ctx.flight.start(a)
+        start = self.ctx.clock.mark()
+        run(a)
+        self.outcome.marks.append((start, self.ctx.clock.mark()))
+        self.ctx.flight.end(a)
+        self.ops += 1
+
+    def _offload(self, a: Action) -> None:
+        """OFFLOAD: the (stage, mb)'s saved activations to host memory (offload.py); its input and output stay."""
+        sv = self.saved.get((a.stage, a.mb))
+        keep = () if sv is None else [t for tree in (sv.x, sv.root) for t in pytree.tensors(tree)]
+        with self._measure(OFFLOAD, a.stage):  # what it took off the device (the prediction's moved bytes)
+            self.offload.offload((a.stage, a.mb), keep)
+
+    def _reload(self, a: Action) -> None:
+        self.offload.reload((a.stage, a.mb))
+
+    def _recompute(self, a: Action) -> None:
+        """RECOMPUTE: the (stage, mb)'s forward again, with autograd, here; its backward then replays nothing."""
+        sv = self.saved.get((a.stage, a.mb))
+        if sv is None or sv.rng is None:
+            raise RunError(f"rank {self.rank}: {a} has no forward {a.stage}F{a.mb} before it that kept only its "
+                           "input (or it ran twice)")
+        self._replay(a.stage, a.mb, sv)
+
     def _tie_grad(self, c: CommAction) -> None:
         """The step's end (once), then this tie's all-reduce where the context runs ties as actions."""
         self._step_end(c)
@@ -275,7 +312,10 @@ class Executor:
         return None, dx
 
     def prepare_backward(self, a: Action) -> None:
-        """Before a B or I of a recomputed stage: replay its forward (once)."""
+        """Before a B or I: an offloaded (stage, mb)'s activations reloaded; a recomputed one's forward replayed
+        (once, unless its RECOMPUTE did)."""
+        if self.offload is not None and (a.stage, a.mb) in self.offload:
+            self.offload.ready(a)
         sv = self.saved[(a.stage, a.mb)]
         if sv.rng is not None:
             self._replay(a.stage, a.mb, sv)
@@ -283,7 +323,7 @@ class Executor:
     def _forward(self, s: int, mb: int, got):
         plan = self.plan
         x = self._input(s, mb) if plan.is_first(s) else got
-        recompute = self.ctx.recompute is not None and s in self.ctx.recompute
+        recompute = self.ctx.recompute is not None and (s in self.ctx.recompute or (s, mb) in plan.recomputed)
         with self._measure("F", s):
             if self.ctx.forward_only:
                 with torch.no_grad():
@@ -324,7 +364,7 @@ class Executor:
         last = self.plan.is_last(s)
         autocast = self.ctx.autocast() if self.ctx.autocast is not None else nullcontext()
         draws = self.ctx.draws(mb) if self.ctx.draws is not None else nullcontext()
-        with self._saving(), record as rec, autocast, draws:
+        with self._saving(s, mb), record as rec, autocast, draws:
             out = self.ctx.stages[s](x)
             if not last:
                 root = out
@@ -344,13 +384,20 @@ class Executor:
     def _measure(self, kind: str, s: int):
         return self.ctx.meter.op(kind, s) if self.ctx.meter is not None else nullcontext()
 
-    def _saving(self):
+    def _saving(self, s: int, mb: int):
+        if self.offload is not None and (s, mb) in self.plan.offloaded and not self.ctx.forward_only:
+            return self.offload.saving((s, mb))  # counted by the meter too
         return self.ctx.meter.saving() if self.ctx.meter is not None else nullcontext()
 
     def _hold(self, *trees) -> tuple:
         if self.ctx.meter is None:
             return ()
         return self.ctx.meter.hold(*(t for tree in trees for t in pytree.tensors(tree)))
+
+
+def _device(stages: dict) -> torch.device:
+    """Where the stages' parameters live (the CPU for stages without any)."""
+    return next((p.device for st in stages.values() for p in st.parameters()), torch.device("cpu"))
 
 
 def _roots(root, got, last: bool, replayed: bool = False) -> tuple[list, list | None]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...actions import actions_of
+from ...actions import OFFLOAD, RECOMPUTE, actions_of
 from ...comm_actions import TIE_GRAD, CommAction
 from ...lowering.lower import lower as lower_comms
 from ...lowering.options import FRAMEWORKS, LoweringOptions, Overlap, Sizes
@@ -46,6 +46,8 @@ class RankPlan:
     split: frozenset  #: (stage, mb) whose backward is split (I then W) on this rank
     last_backward: dict  #: stage -> index of the compute op after which its weight gradients are complete
     tie_sets: frozenset = frozenset()  #: the pipeline ranks of each TIE_GRAD of every rank's program
+    offloaded: frozenset = frozenset()  #: (stage, mb) with an OFFLOAD on this rank: its F records what it saves
+    recomputed: frozenset = frozenset()  #: (stage, mb) with a RECOMPUTE on this rank: its F keeps only its input
 
     @property
     def split_stages(self) -> frozenset[int]:
@@ -82,4 +84,10 @@ def lower(schedule: Schedule, rank: int, parallelism: Parallelism | None = None,
                     split=frozenset((a.stage, a.mb) for op in compute for a in actions_of(op) if a.kind == "I"),
                     last_backward=stage_points(compute).last_backward,
                     tie_sets=frozenset(frozenset((r, a.peer)) for r, prog in enumerate(low.programs)
-                                       for a in prog if type(a) is CommAction and a.kind == TIE_GRAD))
+                                       for a in prog if type(a) is CommAction and a.kind == TIE_GRAD),
+                    offloaded=_memory(compute, OFFLOAD), recomputed=_memory(compute, RECOMPUTE))
+
+
+def _memory(compute: tuple, kind: str) -> frozenset:
+    """The (stage, mb) of ``kind``'s memory actions in a compute program."""
+    return frozenset((op.stage, op.mb) for op in compute if op.kind == kind)

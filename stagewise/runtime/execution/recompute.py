@@ -42,8 +42,8 @@ class Recompute:
             yield
 
 
-def check_recompute(option) -> None:
-    """``recompute``: True, False, or stage numbers (a list of ints); a string is not a list of stages."""
+def check_recompute(option, name: str = "recompute") -> None:
+    """``recompute`` (or ``offload``): True, False, or stage numbers (a list of ints); a string is not a list."""
     if isinstance(option, bool):
         return
     ok = not isinstance(option, (str, bytes)) and hasattr(option, "__iter__")
@@ -51,17 +51,18 @@ def check_recompute(option) -> None:
         option = list(option)
         ok = all(isinstance(s, int) and not isinstance(s, bool) for s in option)
     if not ok:
-        raise RunError(f"`recompute` must be True, False or a list of stage numbers such as [0, 2]; got {option!r}")
+        raise RunError(f"`{name}` must be True, False or a list of stage numbers such as [0, 2]; got {option!r}")
 
 
-def recompute_stages(option: bool | Sequence[int], stages: int) -> frozenset[int]:
-    """The schedule stages that recompute: all (``True``), none (``False``) or the listed ones."""
+def recompute_stages(option: bool | Sequence[int], stages: int, name: str = "recompute") -> frozenset[int]:
+    """The schedule stages that recompute (or offload, ``name``): all (``True``), none (``False``) or the listed
+    ones."""
     if option is True:
         return frozenset(range(stages))
     if option is False:
         return frozenset()
     bad = [s for s in option if not 0 <= s < stages]
     if bad:
-        raise RunError(f"`recompute` {','.join(map(str, option))}: stage {bad[0]} is not a stage of the "
+        raise RunError(f"`{name}` {','.join(map(str, option))}: stage {bad[0]} is not a stage of the "
                        f"schedule (it has stages 0..{stages - 1})")
     return frozenset(option)

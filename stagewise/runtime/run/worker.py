@@ -24,7 +24,7 @@ from ..config import RunConfig, RunError, check_batch
 from ..resolve import resolve_schedule
 from ..resilience.faults import check_fault, injector_for, parse_fault
 from ..pipeline import Pipeline, gather_full
-from ..execution.recompute import recompute_stages
+from ..execution.recompute import check_recompute, recompute_stages
 from ..resilience import flight
 from ..resilience.checkpoint import Checkpoints
 from ..resilience.preempt import Preempted, StopNotice
@@ -61,6 +61,7 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
                              across=across(cfg))
     check_batch(cfg.batch, sched.microbatches, cfg.dp, cfg.fsdp, cfg.ep)  # a --csv schedule brings its own m
     recompute_stages(cfg.recompute, sched.stages)
+    sched = with_memory_actions(cfg, sched)
     fit = getattr(cfg.model, "check_fit", None)  # a model may say it in its own terms (HF: decoder layers)
     if fit is not None:
         fit(sched.stages_per_copy, cfg.layer_split())
@@ -70,6 +71,32 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
         check_fault(parse_fault(cfg.fault), sched, world // sched.ranks)
     checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
     return sched
+
+
+def with_memory_actions(cfg: RunConfig, sched: Schedule) -> Schedule:
+    """``sched`` with the OFFLOAD and RELOAD of `offload`'s stages and, at the bubble, the RECOMPUTE of
+    `recompute`'s placed (stagewise.memory_actions); recomputation at the backward stays the pipeline's own."""
+    from ...memory_actions import MemoryActionError, place, policy_of
+
+    check_recompute(cfg.offload, "offload")
+    off = recompute_stages(cfg.offload, sched.stages, "offload")
+    rec = recompute_stages(cfg.recompute, sched.stages) if cfg.recompute_at == "bubble" else frozenset()
+    if not off and not rec:
+        return sched
+    both = sorted(off & recompute_stages(cfg.recompute, sched.stages))
+    if both:
+        raise RunError(f"`offload` and `recompute` both name stage {both[0]}; a stage's activations are offloaded "
+                       "or recomputed, not both")
+    try:
+        return place(sched, policy_of(sched.stages, sorted(off), sorted(rec)), recompute_at=cfg.recompute_at)
+    except MemoryActionError as e:
+        raise RunError(str(e)) from None
+
+
+def pipeline_recompute(cfg: RunConfig):
+    """What the pipeline itself recomputes: `recompute` at the backward (at the bubble the program's RECOMPUTE
+    actions do it)."""
+    return False if cfg.recompute_at == "bubble" else cfg.recompute
 
 
 def across(cfg: RunConfig) -> str:
@@ -135,7 +162,7 @@ class RankTrainer:
         layout = dataclasses.replace(cfg.parallelism, pp=sched.ranks)  # a --csv schedule brings its own ranks
         self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), parallelism=layout,
                                     overlap=None if cfg.overlap else False, device=env.device,
-                                    recompute=cfg.recompute, static_shapes=True, timeout=cfg.timeout,
+                                    recompute=pipeline_recompute(cfg), static_shapes=True, timeout=cfg.timeout,
                                     measure_memory=cfg.measure_memory, flight=self.flight,
                                     nonfinite="skip" if cfg.skip_nonfinite else "raise",
                                     seed=getattr(cfg.model, "seed", None))
@@ -211,7 +238,8 @@ class RankTrainer:
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
                          measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
                          parallelism=self.pipe.parallelism,
-                         recompute=tuple(sorted(self.pipe.recompute)), memory=memory,
+                         recompute=tuple(sorted(recompute_stages(self.cfg.recompute, self.schedule.stages))),
+                         memory=memory,
                          checkpoint=dict(self.checkpoints.info) if self.checkpoints.info else None,
                          skipped_steps=tuple(self.skipped) if self.cfg.skip_nonfinite else None,
                          layers_built=tuple(built) if built else None,
