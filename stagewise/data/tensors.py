@@ -84,6 +84,28 @@ def block_mask(document_ids: torch.Tensor) -> torch.Tensor:
     return same & torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
 
 
+def tokens(targets) -> tuple[int, int]:
+    """(real tokens, token places) of a batch's targets (any pytree): an integer leaf counts its elements not
+    ``IGNORE`` among all its elements, a floating one its rows (dim 0) for both (the token weight of SPEC's
+    step loss).
+
+    >>> tokens(torch.tensor([[3, 4, -100], [5, -100, -100]])), tokens(torch.zeros(4, 3))
+    ((3, 6), (4, 4))
+    """
+    from torch.utils._pytree import tree_leaves
+
+    real = places = 0
+    for leaf in tree_leaves(targets):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if leaf.is_floating_point() or leaf.is_complex() or leaf.dim() == 0:
+            rows = leaf.shape[0] if leaf.dim() else 1
+            real, places = real + rows, places + rows
+        else:
+            real, places = real + int((leaf != IGNORE).sum()), places + leaf.numel()
+    return real, places
+
+
 def packed(inputs) -> bool:
     """``inputs`` is a packed micro-batch (the dict ``build`` makes)."""
     return isinstance(inputs, dict) and set(KEYS) <= set(inputs)
