@@ -106,6 +106,33 @@ def tokens(targets) -> tuple[int, int]:
     return real, places
 
 
+def documents_step(stream: torch.Tensor, *, seed: int, rows: int, budget: int, shares: tuple[int, int] = (1, 1),
+                   labels: str = "next", argument: str = "seq") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A packed step drawn from a token ``stream``: document lengths from the published Wikipedia histogram
+    (``wikipedia.py``) scaled to ``budget``, the longest run of them that fits in ``rows`` rows, each a window of
+    the stream at a seeded offset, dealt to ``shares`` = (data-parallel shares, micro-batches). The same
+    documents for any ``shares``. ``labels``: "next" (targets are the next tokens: the built-in GPT) or "same"
+    (targets are the ids, the document's first one ``IGNORE``: an HF model shifts them inside its loss).
+    """
+    import random
+
+    from . import wikipedia
+    from .packing import fitting, pack
+
+    rng = random.Random(seed)
+    lengths = wikipedia.draw(rng, rows * budget, budget)
+    lengths = lengths[:fitting(lengths, budget, rows)]
+    plan = pack(lengths, budget, ranks=shares[0], microbatches=shares[1], rows=rows, argument=argument)
+    extra = 1 if labels == "next" else 0
+    if len(stream) < budget + extra:
+        raise DataError(f"`{argument}` {budget}: the token stream has {len(stream)} tokens; a document needs up "
+                        f"to {budget + extra}")
+    windows = [stream[s:s + n + extra] for n in lengths for s in [rng.randrange(len(stream) - n - extra + 1)]]
+    if labels == "next":
+        return build(plan, [w[:-1] for w in windows], [w[1:] for w in windows])
+    return build(plan, windows, [torch.cat([torch.tensor([IGNORE]), w[1:]]) for w in windows])
+
+
 def packed(inputs) -> bool:
     """``inputs`` is a packed micro-batch (the dict ``build`` makes)."""
     return isinstance(inputs, dict) and set(KEYS) <= set(inputs)

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import limits
-from ...data import fitting, pack as plan_rows, wikipedia
-from ...data.tensors import block_mask, build, packed
+from ...data.tensors import block_mask, documents_step, packed
 from ..dtensor import is_dtensor
 from ..stages.layers import Layers
 from ..stages.moe import MoE, check_moe, pack, unpack
@@ -285,22 +284,17 @@ class GPTConfig:
     def _packed(self, step: int, size: int, shares: tuple[int, int]) -> tuple:
         """A packed step: documents are windows of the stream at seeded offsets, of drawn lengths (the
         same documents for any ``shares``: only which row goes where changes)."""
-        import random
-
-        rng = random.Random(self.seed * 1_000_003 + step)
-        lengths = wikipedia.draw(rng, size * self.seq, self.seq)
-        lengths = lengths[:fitting(lengths, self.seq, size)]
-        plan = plan_rows(lengths, self.seq, ranks=shares[0], microbatches=shares[1], rows=size, argument="seq")
-        stream = _stream(self)
-        windows = [stream[s:s + n + 1] for n in lengths for s in [rng.randrange(len(stream) - n)]]
-        return build(plan, [w[:-1] for w in windows], [w[1:] for w in windows])
+        return documents_step(_stream(self), seed=self.seed * 1_000_003 + step, rows=size, budget=self.seq,
+                              shares=shares)
 
     @staticmethod
     def loss(output, target: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the tokens of ``output`` (B, T, vocab), plus the MoE blocks' aux loss when the
         output is the pair (logits, aux). Targets of -100 (a packed row's padding) are not tokens."""
         logits, aux = unpack(output)
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        target = target.flatten()  # the mean over real tokens; a micro-batch of padding only adds 0, not nan
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), target, reduction="sum") / \
+            (target != -100).sum().clamp_min(1)
         return ce if aux is None else ce + aux.float()
 
 
