@@ -183,3 +183,30 @@ def test_the_gpts_packed_step_is_the_same_documents_for_any_shares():
     assert docs(a, ya) == docs(b, yb) and len(docs(a, ya)) > 8
     assert (ya != -100).sum() == (yb != -100).sum()
     assert not torch.equal(cfg.batch(4, 8)[0]["input_ids"], a["input_ids"])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "mistral"])
+def test_hf_packed_attention_equals_each_document_alone(kind, tmp_path):
+    """An HF model (rotary or learned positions; Mistral's sliding window) on packed rows: each document's logits
+    are its own run's, and transformers' loss is the mean over the real predictions."""
+    import torch
+
+    from hf_helpers import save_tiny
+    from stagewise.data.tensors import IGNORE, build
+    from stagewise.hf.hf_run import HFRun
+
+    run = HFRun(source=str(save_tiny(kind, tmp_path / kind)), seq=16, pack=True)
+    model = torch.nn.Sequential(*run.model().layers())
+    g = torch.Generator().manual_seed(0)
+    docs = [torch.randint(0, 256, (n,), generator=g) for n in (5, 9, 3, 7, 12, 16)]
+    p = pack([len(d) for d in docs], 16, microbatches=2)
+    x, y = build(p, docs, [torch.cat([torch.tensor([IGNORE]), d[1:]]) for d in docs])
+    out = model(x)
+    alone = [model(d[None])[0] for d in docs]
+    for r, row in enumerate(p.rows):
+        at = 0
+        for d, n in zip(row.documents, row.lengths):
+            torch.testing.assert_close(out[r, at:at + n], alone[d], rtol=1e-5, atol=1e-5)
+            at += n
+    per = torch.cat([torch.nn.functional.cross_entropy(a[:-1], d[1:], reduction="none") for a, d in zip(alone, docs)])
+    torch.testing.assert_close(run.loss(out, y), per.mean(), rtol=1e-5, atol=1e-6)
