@@ -140,8 +140,7 @@ class HFRun:
         keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "intermediate_size", "vocab_size", "n_embd", "n_layer", "n_head")
         return {**{k: getattr(c, k) for k in keys if isinstance(getattr(c, k, None), (int, str))},
-                "--seq": self.seq, "--dtype": self.dtype, "--tokenizer": self.tokenizer,
-                **({"--pack": True} if self.pack else {})}
+                "--seq": self.seq, "--dtype": self.dtype, "--tokenizer": self.tokenizer}
 
     def profile_meta(self) -> dict:
         """What a profile keeps to rebuild this model (``plan --verify`` runs it again)."""

@@ -57,6 +57,7 @@ def _documents(h) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _with(h: torch.Tensor, documents: torch.Tensor | None):
+    """What a block passes on: the hidden states, with the document ids in a packed run."""
     return h if documents is None else (h, documents)
 
 
@@ -221,8 +222,6 @@ class GPTConfig:
         """The model's options, as a checkpoint records them (seed and data are the run's: checkpoint_manifest)."""
         out = {"--layers": self.layers_n, "--d-model": self.d_model, "--heads": self.heads, "--seq": self.seq,
                "--vocab": self.vocab, "--dtype": self.dtype}
-        if self.pack:  # as --moe-*: absent from an unpacked model's identity
-            out["--pack"] = True
         if self.moe:  # a dense model's identity stays what older checkpoints recorded
             out.update({"--moe-experts": self.moe_experts, "--moe-top-k": self.moe_top_k,
                         "--moe-shared": self.moe_shared, "--moe-capacity": self.moe_capacity,
