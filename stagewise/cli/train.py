@@ -209,7 +209,7 @@ def summary(res) -> str:
               f"the unpipelined reference, one process over {res.microbatches} micro-batches one after another "
               "(a pipeline's, its dropout masks too)")
     lines = [f"{res.schedule}: {shape}, mean step {_sec(sum(times) / len(times))}{warm}"]
-    if res.padding_fraction is not None and res.tokens_per_s is not None:
+    if res.padding_fraction and res.tokens_per_s is not None:  # padded or packed rows (--json: every run)
         lines.append(f"tokens: {sum(res.tokens):,} real, padding {res.padding_fraction:.1%}, "
                      f"{res.tokens_per_s:,.0f} tokens/s{' (after step ' + str(first) + ')' if warm else ''}")
     if res.ranks > 1:
