@@ -210,3 +210,17 @@ def test_hf_packed_attention_equals_each_document_alone(kind, tmp_path):
             at += n
     per = torch.cat([torch.nn.functional.cross_entropy(a[:-1], d[1:], reduction="none") for a, d in zip(alone, docs)])
     torch.testing.assert_close(run.loss(out, y), per.mean(), rtol=1e-5, atol=1e-6)
+
+
+def test_train_pack_gives_the_built_in_gpt_and_an_hf_model_packed_batches(tmp_path):
+    from stagewise.cli import build_parser
+    from stagewise.cli.train import config_from
+
+    cfg = config_from(build_parser().parse_args(["train", "--schedule", "1f1b", "-p", "2", "-m", "4", "--pack"]))
+    x, y = cfg.step_batch(0)
+    assert cfg.model.pack and set(x) == {"input_ids", "position_ids", "document_ids"} and y.shape == (8, 32)
+    text = tmp_path / "t.txt"
+    text.write_text("packed documents " * 64)
+    hf = config_from(build_parser().parse_args(["train", "--hf", str(tmp_path / "llama"), "--data",
+                                                str(text), "--schedule", "1f1b", "-p", "2", "--pack"]))
+    assert hf.model.pack
