@@ -96,7 +96,7 @@ def _cycles(graph: dict[str, set[str]], keep) -> list[list[str]]:
 #: the package's floors, from the top down: a room (a top-level module or subpackage) imports only rooms on
 #: lower floors; the core's rooms (every top-level module, ``schedules``, ``lowering``, ``render``) import each
 #: other without a circle. A new subpackage is given its floor here.
-FLOORS = (("__main__",), ("cli",), ("workshop", "profiling"), ("hf",), ("runtime",), ("plan",), ("*core",))
+FLOORS = (("__main__",), ("cli",), ("workshop", "profiling"), ("hf",), ("runtime",), ("plan", "data"), ("*core",))
 #: the runtime's floors, from the top down: its driver (``run``) on top, ``pipeline`` (a rank's step) under it,
 #: then its parts; at the bottom its errors and config, argument checks, schedule resolution, result, DTensors
 RUNTIME_FLOORS = (("run",), ("pipeline",), ("launching",), ("parallel",), ("execution",), ("messages",),
@@ -176,6 +176,7 @@ SAME_KIND = {
     "lowered": "each planner's data-parallel traffic played as lowered actions",
     "written": "each planner's plan written down (one format)",
     "verdict": "why each planner's winner wins",
+    "data": "training data: documents packed into micro-batches (stagewise/data), an HF text file's batches (hf/data.py)",
 }
 
 

@@ -22,7 +22,7 @@ TINY = ["--layers", "2", "--d-model", "32", "--seq", "16", "--steps", "2"]
 KEYS = {"schedule", "ranks", "microbatches", "losses", "step_time_s", "measured_bubble_fraction",
         "predicted_bubble_fraction", "dp", "recompute", "peak_activation_bytes", "predicted_peak_activation_bytes",
         "peak_memory_allocated_bytes", "layers_built_per_rank", "fsdp", "tp", "zero", "state_bytes",
-        "predicted_state_bytes", "parallelism"}
+        "predicted_state_bytes", "parallelism", "tokens", "padding_fraction", "tokens_per_s"}
 
 
 
@@ -48,6 +48,7 @@ def test_json_follows_the_contract_and_equals_the_reference(capsys, reference_lo
     np.testing.assert_allclose(res["losses"], reference_losses, rtol=1e-5)
     assert len(res["step_time_s"]) == 2 and all(t > 0 for t in res["step_time_s"])
     assert 0 <= res["measured_bubble_fraction"] < 1 and 0 <= res["predicted_bubble_fraction"] < 1
+    assert res["tokens"] == 2 * 8 * 16 and res["padding_fraction"] == 0.0 and res["tokens_per_s"] > 0
 
 
 def test_text_output_a_csv_schedule_and_a_trace(capsys, tmp_path, reference_losses):

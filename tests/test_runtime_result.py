@@ -44,3 +44,14 @@ def test_a_run_that_starts_after_step_0_numbers_its_losses():
     resumed = dataclasses.replace(BASE, first_step=5)
     assert resumed.steps == [6, 7] and resumed.to_json()["steps"] == [6, 7]
     assert BASE.steps == [1, 2] and "steps" not in BASE.to_json()  # from step 1: the list's order says it
+
+
+def test_tokens_padding_and_rate_come_from_the_steps_counted():
+    res = dataclasses.replace(BASE, tokens=(300, 200), token_places=(400, 400))
+    out = res.to_json()
+    assert out["tokens"] == 500 and out["padding_fraction"] == pytest.approx(0.375)
+    assert out["tokens_per_s"] == pytest.approx(200 / 0.1)  # after the first step, which warms up
+    one = dataclasses.replace(BASE, losses=(4.0,), step_time_s=(0.5,), tokens=(100,), token_places=(100,))
+    assert one.tokens_per_s == pytest.approx(200.0) and one.padding_fraction == 0.0
+    partial = dataclasses.replace(res, tokens=(300,), token_places=(400,))  # a restarted run's last attempt only
+    assert "tokens" not in partial.to_json()

@@ -42,6 +42,10 @@ def register(sub) -> None:
     g.add_argument("--data", metavar="FILE", default=None,
                    help="train on this file's bytes (vocab 256); default: a seeded synthetic token stream")
     g.add_argument("--seed", type=int, default=0, help="weights and data, default 0")
+    g.add_argument("--pack", action="store_true",
+                   help="packed documents (docs/packing.md): each step's documents, of lengths drawn from BERT's "
+                   "Wikipedia histogram scaled to --seq, packed into rows of --seq tokens, attention within each "
+                   "document, tokens balanced across micro-batches and --dp ranks; with --hf too")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=positive_int, default=3, help="optimizer steps, default 3")
     g.add_argument("--batch", type=positive_int, default=None, help="sequences per step (default: 8, rounded up "
@@ -76,7 +80,8 @@ def config_from(args):
     vocab = args.vocab if args.vocab is not None else (256 if args.data else 64)
     model = train_hf.model(args) if args.hf else GPTConfig(layers_n=args.layers, d_model=args.d_model,
                                                            heads=args.heads, seq=args.seq, vocab=vocab,
-                                                           dtype=args.dtype, data=args.data, seed=args.seed)
+                                                           dtype=args.dtype, data=args.data, seed=args.seed,
+                                                           pack=args.pack)
     return RunConfig(schedule=None if reference else name, csv=args.csv, ranks=1 if reference else ranks,
                      microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
                      model=model, split=_split(args.split), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
@@ -204,6 +209,9 @@ def summary(res) -> str:
               f"the unpipelined reference, one process over {res.microbatches} micro-batches one after another "
               "(a pipeline's, its dropout masks too)")
     lines = [f"{res.schedule}: {shape}, mean step {_sec(sum(times) / len(times))}{warm}"]
+    if res.padding_fraction and res.tokens_per_s is not None:  # padded or packed rows (--json: every run)
+        lines.append(f"tokens: {sum(res.tokens):,} real, padding {res.padding_fraction:.1%}, "
+                     f"{res.tokens_per_s:,.0f} tokens/s{' (after step ' + str(first) + ')' if warm else ''}")
     if res.ranks > 1:
         over = (f"step {last}" if last == first + 1 else f"the mean over steps {first + 1}..{last}") \
             if len(res.step_time_s) > 1 else f"step {first}"

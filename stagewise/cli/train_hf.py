@@ -45,7 +45,7 @@ def model(args):
     except ImportError as e:
         raise UsageError(f"--hf needs {e.name}: pip install 'stagewise[hf]'") from None
     return HFRun(source=args.hf, data=args.data, tokenizer=args.tokenizer, seq=args.seq, dtype=args.dtype,
-                 seed=args.seed)
+                 seed=args.seed, pack=args.pack)
 
 
 def check_tp_plan(cfg) -> None:

@@ -4,7 +4,7 @@ transformers' own modules under HF's names; ``pip install stagewise[hf]``. trans
 a model is loaded or built; each rank reads only its own layers' tensors. ``run.HFRun`` is the adapter as a
 run's model (``stagewise train --hf``).
 
-May import: the core, `stagewise.runtime`, `torch`, `transformers`, `safetensors`.
+May import: the core, `stagewise.runtime`, `stagewise.data` (packed documents), `torch`, `transformers`, `safetensors`.
 """
 
 from .errors import HFError

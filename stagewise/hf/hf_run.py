@@ -40,6 +40,9 @@ class HFRun:
     seq: int = 128  #: tokens per sequence
     dtype: str = "float32"
     seed: int = 0  #: random weights (a config.json alone) and the order of the text's windows
+    #: packed documents (``stagewise.data``): windows of the text of lengths drawn from a published long-tailed
+    #: distribution, packed into rows of ``seq``, with per-document position ids and a block-causal 4D mask
+    pack: bool = False
 
     # ---- the model interface (runtime/config.py: ModelConfig)
 
@@ -78,8 +81,15 @@ class HFRun:
         """This model as ``stagewise.Layers``: a rank builds (and reads) only its own layers, under HF names."""
         return self.model().as_layers()
 
-    def batch(self, step: int, size: int):
-        """Step ``step``'s (input_ids, labels); labels are the ids (transformers shifts them in its loss)."""
+    def batch(self, step: int, size: int, shares: tuple[int, int] = (1, 1)):
+        """Step ``step``'s (input_ids, labels); labels are the ids (transformers shifts them in its loss).
+        Packed (``pack``): the packed dict and labels with -100 at each document's first token and on padding,
+        rows dealt to ``shares`` = (data-parallel shares, micro-batches) with tokens balanced."""
+        if self.pack:
+            from ..data.tensors import documents_step
+
+            return documents_step(self._stream(), seed=self.seed * 1_000_003 + step, rows=size, budget=self.seq,
+                                  shares=shares, labels="same")
         text = self.text()
         if text is not None:
             return text.batch(step, size)
@@ -89,6 +99,16 @@ class HFRun:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         ids = torch.randint(0, vocab, (size, self.seq), generator=g)
         return ids, ids
+
+    def _stream(self):
+        """The tokens packed documents are cut from: the text's, or seeded random ids without ``data``."""
+        text = self.text()
+        if text is not None:
+            return text.tokens()
+        import torch
+
+        g = torch.Generator().manual_seed(self.seed)
+        return torch.randint(0, int(self.model().config.vocab_size), (max(1 << 12, 4 * self.seq),), generator=g)
 
     def loss(self, logits, labels):
         return self.model().loss(logits, labels)

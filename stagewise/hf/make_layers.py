@@ -8,10 +8,14 @@ pipeline's state_dict loads into the HF model as is.
 
 Only hidden states cross a stage boundary: each decoder layer makes its
 position ids, rotary tables and causal mask from the hidden states' shape.
-They depend on nothing else (training batches are packed sequences, no
+They depend on nothing else (training batches are windows of text, no
 padding), cost ``T * head_dim`` numbers against a layer's ``T * hidden**2``
 work, so they are cheaper to recompute than to send; boundaries stay one
 tensor, right under any schedule, DualPipe's two copies and recomputation.
+Packed documents (``stagewise.data``, ``train --hf --pack``) are the exception: the embedding takes the packed
+dict and gives (hidden, position ids, document ids), each decoder layer passes the triple on with the
+block-causal 4D mask HF's attention takes (bool for SDPA, additive for eager), and the final norm keeps the
+hidden states only.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from ..data.tensors import block_mask, packed
 
 
 def modeling(model_type: str):
@@ -37,9 +43,29 @@ class GPT2Embedding(nn.Module):
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.drop = nn.Dropout(config.embd_pdrop)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids):
+        if packed(input_ids):
+            x = input_ids
+            return self.drop(self.wte(x["input_ids"]) + self.wpe(x["position_ids"])), x["position_ids"], \
+                x["document_ids"]
         pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         return self.drop(self.wte(input_ids) + self.wpe(pos))
+
+
+class PackedEmbedding:
+    """Mixed into the token embedding: a packed dict gives (hidden, position ids, document ids)."""
+
+    def forward(self, x):
+        if packed(x):
+            return super().forward(x["input_ids"]), x["position_ids"], x["document_ids"]
+        return super().forward(x)
+
+
+class PackedNorm:
+    """Mixed into the final norm: of a packed run's triple it takes the hidden states only."""
+
+    def forward(self, x):
+        return super().forward(x[0] if isinstance(x, tuple) else x)
 
 
 class PipelinedDecoder:
@@ -51,23 +77,46 @@ class PipelinedDecoder:
     rotary_emb: nn.Module | None
     mask_function: Callable
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+    def forward(self, hidden):
+        documents = None
+        if isinstance(hidden, tuple):  # packed documents: (hidden, position ids, document ids)
+            hidden, pos, documents = hidden
+            mask = _document_mask(documents, hidden.dtype, self.stagewise_config, self.mask_function)
+        else:
+            pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+            mask = self.mask_function(config=self.stagewise_config, inputs_embeds=hidden, attention_mask=None,
+                                      cache=None, position_ids=pos)
         extra = {} if self.rotary_emb is None else {"position_embeddings": self.rotary_emb(hidden, pos)}
-        mask = self.mask_function(config=self.stagewise_config, inputs_embeds=hidden, attention_mask=None,
-                                  cache=None, position_ids=pos)
         out = super().forward(hidden, attention_mask=mask, position_ids=pos, **extra)
-        return out[0] if isinstance(out, tuple) else out
+        out = out[0] if isinstance(out, tuple) else out
+        return out if documents is None else (out, pos, documents)
 
 
-_CLASSES: dict[type, type] = {}
+def _document_mask(documents: torch.Tensor, dtype, config: Any, mask_function: Callable) -> torch.Tensor:
+    """The 4D mask of packed rows as HF's attention takes it: causal within each document (and within the
+    sliding window where the layer has one); bool for SDPA, additive (0 / dtype's min) for eager."""
+    from transformers import masking_utils
+
+    allowed = block_mask(documents)
+    if mask_function is masking_utils.create_sliding_window_causal_mask:
+        t = documents.shape[-1]
+        i = torch.arange(t, device=documents.device)
+        allowed = allowed & ((i[:, None] - i[None, :]) < config.sliding_window)
+    if getattr(config, "_attn_implementation", "eager") == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=documents.device).masked_fill(~allowed,
+                                                                                         torch.finfo(dtype).min)
 
 
-def pipelined_class(cls: type) -> type:
-    """``Pipelined<cls>``: transformers' decoder layer class with a one-argument forward (made once per class)."""
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Pipelined{cls.__name__}", (PipelinedDecoder, cls), {"__module__": __name__})
-    return _CLASSES[cls]
+_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def pipelined_class(cls: type, mixin: type = PipelinedDecoder) -> type:
+    """``Pipelined<cls>``: transformers' class with ``mixin``'s forward (a decoder layer's one-argument one;
+    made once per class)."""
+    if (cls, mixin) not in _CLASSES:
+        _CLASSES[cls, mixin] = type(f"Pipelined{cls.__name__}", (mixin, cls), {"__module__": __name__})
+    return _CLASSES[cls, mixin]
 
 
 def make_layer(config: Any, prefix: str, i: int) -> nn.Module:
@@ -80,11 +129,12 @@ def make_layer(config: Any, prefix: str, i: int) -> nn.Module:
     gpt2 = prefix == "GPT2"
     with torch.device("meta"):
         if i == 0:
-            return GPT2Embedding(config) if gpt2 else nn.Embedding(config.vocab_size, config.hidden_size,
-                                                                   config.pad_token_id)
+            return GPT2Embedding(config) if gpt2 else pipelined_class(nn.Embedding, PackedEmbedding)(
+                config.vocab_size, config.hidden_size, config.pad_token_id)
         if i == layers + 1:
-            return (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon) if gpt2
-                    else getattr(mod, f"{prefix}RMSNorm")(config.hidden_size, eps=config.rms_norm_eps))
+            return (pipelined_class(nn.LayerNorm, PackedNorm)(config.hidden_size, eps=config.layer_norm_epsilon)
+                    if gpt2 else pipelined_class(getattr(mod, f"{prefix}RMSNorm"), PackedNorm)(
+                        config.hidden_size, eps=config.rms_norm_eps))
         if i == layers + 2:
             return nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         cls = pipelined_class(getattr(mod, "GPT2Block" if gpt2 else f"{prefix}DecoderLayer"))

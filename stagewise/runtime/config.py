@@ -91,7 +91,8 @@ class ModelConfig(Protocol):
         """The layer sequence (``nn.Module`` each), freshly built."""
 
     def batch(self, step: int, size: int) -> tuple[Any, Any]:
-        """Step ``step``'s ``size`` samples: (inputs, targets)."""
+        """Step ``step``'s ``size`` samples: (inputs, targets). A model with ``pack`` true is called
+        ``batch(step, size, shares=(data-parallel shares, micro-batches))`` (``RunConfig.step_batch``)."""
 
     def loss(self, output: Any, target: Any) -> Any:
         """The scalar loss of the last layer's ``output``."""
@@ -188,6 +189,15 @@ class RunConfig:
     def pipelined(self) -> bool:
         """Runs on ranks (p x dp x fsdp x ep x tp > 1), not as the in-process reference."""
         return (self.schedule is not None or self.csv is not None) and self.world > 1
+
+    def step_batch(self, step: int) -> tuple[Any, Any]:
+        """Step ``step``'s (inputs, targets) from the model. A model that packs documents (``model.pack``) is
+        told the shares its rows are dealt to, (data-parallel shares, micro-batches), to balance their tokens."""
+        if not getattr(self.model, "pack", False):
+            return self.model.batch(step, self.batch)
+        shards = self.shards if self.pipelined else 1
+        m = self.microbatches if self.batch % (self.microbatches * shards) == 0 else 1
+        return self.model.batch(step, self.batch, shares=(shards, m))
 
     def check(self) -> None:
         """Checks that need neither torch nor the schedule; raise ``RunError``."""

@@ -60,6 +60,8 @@ class RunResult:
     #: the time from the death to the first step after it (restart.py)
     restarts: tuple[dict, ...] | None = None
     grads: Copies | None = None  #: collect="grads": after step 1
+    tokens: tuple[int, ...] | None = None  #: per step, the batch's real tokens (targets not -100; float: rows)
+    token_places: tuple[int, ...] | None = None  #: per step, its token places (real tokens plus padding)
     params: Copies | None = None  #: collect="params": at the end
 
     @property
@@ -78,6 +80,22 @@ class RunResult:
         return list(range(self.first_step + 1, self.first_step + len(self.losses) + 1))
 
     @property
+    def padding_fraction(self) -> float | None:
+        """Padding over all token places of the run's steps (None: not counted)."""
+        if not self.token_places or not sum(self.token_places):
+            return None
+        return 1.0 - sum(self.tokens) / sum(self.token_places)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Real tokens per second of step time, over the steps after the first (it warms up) when there are."""
+        if not self.tokens or len(self.tokens) != len(self.step_time_s):
+            return None
+        k = 1 if len(self.tokens) > 1 else 0
+        seconds = sum(self.step_time_s[k:])
+        return sum(self.tokens[k:]) / seconds if seconds > 0 else None
+
+    @property
     def last_timeline(self):
         """The last step's measured timeline, or None (not rank 0, or no step)."""
         return self.timelines[-1] if self.timelines else None
@@ -88,6 +106,9 @@ class RunResult:
                "losses": list(self.losses), "step_time_s": list(self.step_time_s),
                "measured_bubble_fraction": self.measured_bubble_fraction,
                "predicted_bubble_fraction": self.predicted_bubble_fraction}
+        if self.tokens and len(self.tokens) == len(self.losses):  # real tokens, padding, rate (docs/packing.md)
+            out.update(tokens=sum(self.tokens), padding_fraction=self.padding_fraction,
+                       tokens_per_s=self.tokens_per_s)
         if self.first_step:  # a resumed run, a torchrun-restarted attempt: its losses' step numbers
             out["steps"] = self.steps
         if self.dp is not None:

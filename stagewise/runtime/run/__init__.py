@@ -8,5 +8,5 @@ May import: the core, `stagewise.schedules`, `stagewise.plan.elastic`, `stagewis
 the runtime's floor (`stagewise.runtime.config`, `stagewise.runtime.arguments`, `stagewise.runtime.resolve`,
 `stagewise.runtime.result`), `stagewise.runtime.dtensor`, `stagewise.runtime.execution`,
 `stagewise.runtime.launching`, `stagewise.runtime.parallel`, `stagewise.runtime.resilience`,
-`stagewise.runtime.stages`, `torch`.
+`stagewise.runtime.stages`, `stagewise.data` (packed documents), `torch`.
 """

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import limits
+from ...data.tensors import block_mask, documents_step, packed
 from ..dtensor import is_dtensor
 from ..stages.layers import Layers
 from ..stages.moe import MoE, check_moe, pack, unpack
@@ -34,16 +35,30 @@ SYNTHETIC_TOKENS = 1 << 16
 
 
 class Embedding(nn.Module):
-    """Token plus learned position embedding: (B, T) ids -> (B, T, d)."""
+    """Token plus learned position embedding: (B, T) ids -> (B, T, d). A packed micro-batch (the dict
+    ``stagewise.data.tensors.build`` makes) takes each token's position in its own document and gives the pair
+    (hidden, document ids), which the blocks pass on so attention stays within each document."""
 
     def __init__(self, vocab: int, seq: int, d_model: int):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq, d_model)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx):
+        if packed(idx):
+            return self.tok(idx["input_ids"]) + self.pos(idx["position_ids"]), idx["document_ids"]
         pos = torch.arange(idx.shape[1], device=idx.device)
         return self.tok(idx) + self.pos(pos)
+
+
+def _documents(h) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(hidden, document ids) of a packed run's pair; (hidden, None) otherwise."""
+    return h if isinstance(h, tuple) else (h, None)
+
+
+def _with(h: torch.Tensor, documents: torch.Tensor | None):
+    """What a block passes on: the hidden states, with the document ids in a packed run."""
+    return h if documents is None else (h, documents)
 
 
 class Block(nn.Module):
@@ -65,16 +80,19 @@ class Block(nn.Module):
 
     def forward(self, x):
         if self.moe is None:
-            x = _attend(self, x)
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+            x, documents = _documents(x)
+            x = _attend(self, x, documents)
+            return _with(x + self.out(F.gelu(self.fc(self.ln2(x)))), documents)
         h, aux = unpack(x)
-        h = _attend(self, h)
+        h, documents = _documents(h)
+        h = _attend(self, h, documents)
         y, a = self.moe(self.ln2(h))
-        return pack(h + y, a if aux is None else aux + a)
+        return pack(_with(h + y, documents), a if aux is None else aux + a)
 
 
-def _attend(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Causal self-attention of a block (its ln1, qkv, proj), residual."""
+def _attend(block: nn.Module, x: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal self-attention of a block (its ln1, qkv, proj), residual; with ``documents`` (packed rows) each
+    token attends only to its own document's earlier tokens (``stagewise.data.tensors.block_mask``)."""
     B, T, D = x.shape
     qkv, heads, first = block.qkv(block.ln1(x)), block.heads, 0
     if is_dtensor(qkv):  # tensor parallel (TP_PLAN): q|k|v is fused, so it is gathered; this rank's heads
@@ -87,7 +105,8 @@ def _attend(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     q, k, v = (t.view(B, T, block.heads, hd)[:, :, first:first + heads] if heads < block.heads else
                t.view(B, T, block.heads, hd) for t in qkv.split(D, dim=2))
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True) if documents is None else \
+        F.scaled_dot_product_attention(q, k, v, attn_mask=block_mask(documents))
     return x + block.proj(a.transpose(1, 2).reshape(B, T, heads * hd))
 
 
@@ -115,6 +134,7 @@ class Head(nn.Module):
 
     def forward(self, x):
         h, aux = unpack(x)
+        h, _ = _documents(h)
         return pack(F.linear(self.ln(h), self.weight), aux)
 
 
@@ -136,6 +156,9 @@ class GPTConfig:
     moe_capacity: float | None = None  #: tokens an expert takes per sequence, x its fair share; None: dropless
     moe_pad: bool = False  #: fixed-size expert buffers (padded to the capacity)
     moe_aux: float = 0.01  #: the load-balancing loss's coefficient
+    #: packed documents (``stagewise.data``): each step's documents, lengths drawn from a published long-tailed
+    #: distribution (``data/wikipedia.py``) scaled to ``seq``, packed into rows of ``seq`` tokens
+    pack: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -243,8 +266,12 @@ class GPTConfig:
         return MoE(self.d_model, self.moe_experts, self.moe_top_k, 4 * self.d_model, shared=self.moe_shared,
                    capacity=self.moe_capacity, pad=self.moe_pad, aux=self.moe_aux)
 
-    def batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step ``step``'s ``size`` sequences: (inputs, targets), both (size, seq) token ids."""
+    def batch(self, step: int, size: int, shares: tuple[int, int] = (1, 1)) -> tuple:
+        """Step ``step``'s ``size`` sequences: (inputs, targets), both (size, seq) token ids. Packed (``pack``):
+        the documents that fit in ``size`` rows, dealt to ``shares`` = (data-parallel shares, micro-batches)
+        with tokens balanced (``stagewise.data.pack``); inputs are the dict of ids, positions and documents."""
+        if self.pack:
+            return self._packed(step, size, shares)
         stream = _stream(self)
         window = self.seq + 1
         n = len(stream) - window + 1
@@ -253,12 +280,20 @@ class GPTConfig:
         rows = torch.stack([stream[s:s + window] for s in starts.tolist()])
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
+    def _packed(self, step: int, size: int, shares: tuple[int, int]) -> tuple:
+        """A packed step: documents are windows of the stream at seeded offsets, of drawn lengths (the
+        same documents for any ``shares``: only which row goes where changes)."""
+        return documents_step(_stream(self), seed=self.seed * 1_000_003 + step, rows=size, budget=self.seq,
+                              shares=shares)
+
     @staticmethod
     def loss(output, target: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the tokens of ``output`` (B, T, vocab), plus the MoE blocks' aux loss when the
-        output is the pair (logits, aux)."""
+        output is the pair (logits, aux). Targets of -100 (a packed row's padding) are not tokens."""
         logits, aux = unpack(output)
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        target = target.flatten()  # the mean over real tokens; a micro-batch of padding only adds 0, not nan
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), target, reduction="sum") / \
+            (target != -100).sum().clamp_min(1)
         return ce if aux is None else ce + aux.float()
 
 

@@ -29,6 +29,7 @@ from ..result import RunResult
 from ..stages import microbatches, pytree, rng
 from ..stages.stage import Stage, logical_names
 from .worker import optimizer, optimizer_class
+from ...data.tensors import tokens
 
 
 def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
@@ -48,9 +49,10 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     elif cfg.save is not None:
         checkpoint_files.preflight(cfg, optimizer_class(cfg.optimizer).__name__, cfg.model.num_layers)
     saver = Saver(cfg, spec, layers, opt, first, (info or {}).pop("run_id", None))
-    losses, times, grads = [], [], None
+    losses, times, grads, counted = [], [], None, []
     for step in range(first, cfg.steps):
-        inputs, targets = cfg.model.batch(step, cfg.batch)
+        inputs, targets = cfg.step_batch(step)
+        counted.append(tokens(targets))
         t0 = time.perf_counter()
         loss = torch.zeros((), dtype=torch.float64)
         for mb, (x, y, scale) in enumerate(micro_parts(inputs, targets, m)):
@@ -76,7 +78,8 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
     if "params" in cfg.collect:
         params_out = {lg: [_get(layers, i, n).detach().numpy().copy()] for lg, (i, n) in names.items()}
     return RunResult(schedule="none", ranks=1, microbatches=m, losses=tuple(losses), first_step=first,
-                     step_time_s=tuple(times),
+                     step_time_s=tuple(times), tokens=tuple(t for t, _ in counted),
+                     token_places=tuple(n for _, n in counted),
                      measured_bubble_fraction=0.0, predicted_bubble_fraction=0.0, grads=grads, params=params_out,
                      checkpoint=info)
 

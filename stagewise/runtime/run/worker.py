@@ -32,6 +32,7 @@ from ..parallel.state_memory import held_bytes, predicted_bytes
 from ..result import Memory, RunResult
 from ..stages.stage import partition
 from ..execution.timing import bubbles
+from ...data.tensors import tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,6 +171,7 @@ class RankTrainer:
         self.optimizer = optimizer(cfg, pipe.parameters(), pipe.group("dp") if cfg.zero else None)
         self.state_bytes: dict | None = None  # parameter, gradient and optimizer bytes here (after step 1)
         self.losses: list[float] = []
+        self.tokens: list[tuple[int, int]] = []  # per step, (real tokens, token places) of the whole batch
         self.step_time_s: list[float] = []
         self.timelines: list = []  # rank 0's
         self.skipped: list[dict] = []  # the steps whose update a non-finite loss skipped
@@ -184,7 +186,8 @@ class RankTrainer:
         """Step ``k``: the pipeline's step (program, replica and loss collectives), clipping, the optimizer.
         (loss, seconds)."""
         env, cfg = self.env, self.cfg
-        inputs, targets = cfg.model.batch(k, cfg.batch)
+        inputs, targets = cfg.step_batch(k)
+        self.tokens.append(tokens(targets))
         self.flight.step(k)
         if env.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(env.device)
@@ -234,6 +237,7 @@ class RankTrainer:
         built = self._gather(self.pipe.built_layers)
         return RunResult(schedule=self.schedule.name, ranks=self.schedule.ranks,
                          microbatches=self.schedule.microbatches, losses=tuple(self.losses),
+                         tokens=tuple(t for t, _ in self.tokens), token_places=tuple(n for _, n in self.tokens),
                          first_step=self.first_step,
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),
                          measured_bubble_fraction=measured, predicted_bubble_fraction=predicted,
