@@ -109,8 +109,9 @@ class Pipeline:
       times ``dp`` must be the world size.
     - ``model``: a sequence of layers, a ``Layers(count, build)`` factory called only for this rank's layers,
       or an ``nn.Module`` with ``split`` points (built on the meta device, materialized only here).
-    - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean; of micro-batches
-      given as a list, weighted by their tokens: ``stages/microbatches.py``).
+    - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss weighs each by its tokens,
+      targets not -100, so it is the mean over the step's tokens; equal micro-batches: the mean of their means:
+      ``stages/microbatches.py``).
     - ``split``: layers per stage of one model copy: counts, layout text (``"E+t*3 | t*4"``) or module names.
     - ``ties``: groups of parameter names that are one parameter, besides those found by identity.
     - ``dp``: data-parallel replicas of the pipeline (gradients all-reduced per stage); ``fsdp``: sharded data
@@ -240,8 +241,8 @@ class Pipeline:
 
         ``inputs`` / ``targets``: the whole step's batch (a tensor or pytree, split into micro-batches along
         dimension 0; with ``dp`` each replica takes its rows), or a ``list`` of the step's micro-batches each
-        (pytrees whose shapes may differ: sequence length, rows; each cut into the data shards' rows), whose
-        losses count by their tokens (``stages/microbatches.py``). A rank without a first stage may pass None
+        (pytrees whose shapes may differ: sequence length, rows; each cut into the data shards' rows). Either way
+        each micro-batch's loss counts by its tokens (``stages/microbatches.py``). A rank without a first stage may pass None
         as ``inputs``, one without a last stage None as ``targets``. ``timeline``: gather every rank's op times
         into a measured Timeline on rank 0 (a collective: every rank passes the same).
         """
@@ -249,8 +250,7 @@ class Pipeline:
         split = microbatches.check(inputs, targets, self.schedule.microbatches, self.topo.data_shards)
         varying = self._check_rows(inputs, targets, self._varies(inputs))
         xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
-        scales = microbatches.scales(targets, self.topo.data_shards, self.topo.data_index) \
-            if split and targets is not None else None
+        scales = self._scales(targets, split)
         self._use(self.executor, False, varying)
         earlier = self._stash_grads()  # gradient accumulation: this step's gradients are summed alone
         self.steps_done += 1
@@ -290,8 +290,7 @@ class Pipeline:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             varying = bool(flag.item())
         xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
-        scales = microbatches.scales(targets, self.topo.data_shards, self.topo.data_index) \
-            if split and targets is not None else None
+        scales = self._scales(targets, split)
         self._use(self._evaluator, True, varying)
         self.clock.start()
         t0 = self.clock.mark()
@@ -539,6 +538,16 @@ class Pipeline:
                            "tensor (reduce it, e.g. .mean())")
         n = self.topo.data_shards
         return loss / n if n > 1 else loss
+
+    def _scales(self, targets, split: bool) -> list[float] | None:
+        """What each of this replica's micro-batch losses counts in the step's: its tokens among the step's
+        (``stages/microbatches.py``); None on a rank without targets."""
+        if targets is None:
+            return None
+        shards, index = self.topo.data_shards, self.topo.data_index
+        if split:
+            return microbatches.scales(targets, shards, index)
+        return microbatches.batch_scales(targets, self.schedule.microbatches, shards, index)
 
     def _micro(self, tree, what: str) -> list | None:
         """A step's batch as this replica's micro-batches."""

@@ -86,10 +86,11 @@ def run_reference(cfg: RunConfig, report: Callable | None = None) -> RunResult:
 
 def micro_parts(inputs, targets, m: int) -> list[tuple]:
     """(inputs, targets, what its loss counts) of each micro-batch of a step, as a pipeline runs them: given as
-    lists, weighted by their tokens; else ``m`` equal pieces, 1/m each."""
+    lists or cut into ``m`` equal pieces, each weighted by its tokens among the step's."""
     if microbatches.is_split(inputs):
         return list(zip(inputs, targets, microbatches.scales(targets, 1, 0)))
-    return [(x, y, 1.0 / m) for x, y in zip(pytree.split(inputs, m, "inputs"), pytree.split(targets, m, "targets"))]
+    return list(zip(pytree.split(inputs, m, "inputs"), pytree.split(targets, m, "targets"),
+                    microbatches.batch_scales(targets, m, 1, 0)))
 
 
 def micro_batches(cfg: RunConfig) -> int:

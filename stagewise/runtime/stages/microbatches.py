@@ -5,7 +5,7 @@ sequence lengths, rows), as torch's pipelining takes ``arg_mbs`` / ``target_mbs`
 of micro-batches, a leaf missing or extra in one, a dtype that differs, a micro-batch the data shards cannot
 split, inputs a list but targets one batch); ``varies``: whether the micro-batches' shapes differ (then
 every message between stages carries its own header); ``shard``: one data shard's rows of each;
-``weights``: each micro-batch's token count, by which its loss counts in the step's (the number of target
+``scales`` / ``batch_scales``: each micro-batch's token count, by which its loss counts in the step's (the number of target
 elements that are not the ignore index -100 for integer targets, else its rows), so the step's loss is the
 mean over its tokens whatever the split, and equal micro-batches count equally (the mean of their means).
 A ``tuple`` or any other pytree stays one batch, cut into equal micro-batches (``pytree.split``).
@@ -95,6 +95,19 @@ def weight(targets) -> float:
     if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
         return float((t != IGNORE_INDEX).sum())
     return float(t.shape[0]) if t.dim() else 1.0
+
+
+def batch_scales(targets, microbatches: int, shards: int, index: int) -> list[float]:
+    """``scales`` of one batch that the pipeline cuts into ``shards`` data shards, then each into
+    ``microbatches`` equal pieces: each piece counts by its tokens among the whole step's, so the step's loss is
+    the mean over its tokens however the batch was cut (padding, -100, counts nothing). Pieces with equal
+    tokens each count 1/microbatches exactly: today's mean of micro-batch means."""
+    parts = pytree.split(targets, shards, "targets") if shards > 1 else [targets]
+    weights = [[weight(mb) for mb in pytree.split(part, microbatches, "targets")] for part in parts]
+    total = sum(map(sum, weights))
+    if total <= 0:
+        return [1.0 / microbatches] * microbatches
+    return [shards * w / total for w in weights[index]]
 
 
 def scales(targets: list, shards: int, index: int) -> list[float]:
