@@ -323,9 +323,9 @@ class ClusterSearcher(Searcher):
         c = pre.config
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl, hw = self.profile, self.cluster, self.job.hardware
-        key = (c, fw.overlap.blocking_p2p)
+        key = (c, fw.blocks_p2p(c.v))
         if key not in self._timelines:
-            costs = blocking_p2p(pre.costs, h) if fw.overlap.blocking_p2p else pre.costs
+            costs = blocking_p2p(pre.costs, h) if fw.blocks_p2p(c.v) else pre.costs
             self._timelines[key] = self._play(c, sched, costs)
         tl, makespan, bubble, _ = self._timelines[key]
         layer_bytes = self._reduction_bytes(pre.counts)
@@ -355,13 +355,13 @@ class ClusterSearcher(Searcher):
         pre = self._played_faster(pre)  # the split ``finish`` played
         c = pre.config
         h = self._schedules[(c.family, c.p, c.m, c.v)][1]
-        _, makespan, _, (sched, span) = self._timelines[(c, fw.overlap.blocking_p2p)]
+        _, makespan, _, (sched, span) = self._timelines[(c, fw.blocks_p2p(c.v))]
         par = got.parallelism
         if par.dp * par.fsdp * par.ep == 1 and len(sched.lanes) == 1:  # nothing to reduce, gather or sum: the
             return replace(got, lowered=True)  # sends carry the cost model's time alone, as the compute's play
         layers = self._reduction_bytes(pre.counts)
         comm = communication(par, [layers[piece] for piece in h.stage_piece], self.gather_scale, fw, self.cluster)
-        costs = blocking_p2p(pre.costs, h) if fw.overlap.blocking_p2p else pre.costs
+        costs = blocking_p2p(pre.costs, h) if fw.blocks_p2p(c.v) else pre.costs
         low = comm.lower(sched)
         extra, gather = exposure(low, costs, span)
         step = makespan + extra + pre.step_end + got.candidate.overhead
