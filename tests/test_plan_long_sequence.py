@@ -32,7 +32,7 @@ def _args(tmp_path, *more):
 def test_a_128k_sequence_fits_only_with_slices_or_offload(tmp_path, capsys):
     # whole micro-batches: 1F1B-like schedules hold p micro-batches of L/p blocks on rank 0 (~360 GB here)
     err = fails(capsys, *_args(tmp_path, "--slices", "1", "--offload", "none"))
-    assert "none of the" in err and "configurations fits" in err
+    assert "none of the" in err and "configurations fits" in err and "--slices 2,4,8 (Seq1F1B) or --offload all" in err
     rc, out, err = run(capsys, *_args(tmp_path, "--slices", "1,2,4,8", "--offload", "none,all", "--json"))
     assert rc == 0, err
     plan = json.loads(out)
@@ -67,6 +67,8 @@ def test_bad_long_sequence_options_are_one_line(tmp_path, capsys):
     err = fails(capsys, "plan", "--model", "llama3-8b", "--hardware", "b200", "--gpus", "8",
                 "--global-batch-tokens", "1M", "--offload", "all")
     assert "--offload all: --hardware b200 gives no host_bandwidth" in err
+    err = fails(capsys, "plan", "--profile", "p.json", "-N", "4", "-G", "8", "--slices", "2")
+    assert "--slices belongs to planning with --model" in err
 
 
 def test_seq1f1b_and_offload_holdings():

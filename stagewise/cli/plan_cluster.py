@@ -409,4 +409,15 @@ def _nothing_fits(job, res) -> str:
     return (f"--hardware {hw.name}: none of the {res.configurations} configurations fits in "
             f"{fmt_bytes(job.usable)} per GPU ({fmt_bytes(hw.memory)} less the reserve of "
             f"{reserve.describe(hw.memory)}); the least any needs is {fmt_bytes(need)} ({x.config.label()}); "
-            f"give more --gpus or a GPU with more memory" + (f"; {note}" if note else ""))
+            f"give more --gpus or a GPU with more memory" + (f"; {note}" if note else "") + _long_hint(job))
+
+
+#: from this sequence length on a refusal names the long-sequence options when they were not searched
+LONG_SEQUENCE = 32768
+
+
+def _long_hint(job) -> str:
+    """Where a long sequence's activations did not fit: the options that cut them, if not tried."""
+    if job.spec.seq < LONG_SEQUENCE or (max(job.slices) > 1 and "all" in job.offload):
+        return ""
+    return "; a long sequence's activations shrink with --slices 2,4,8 (Seq1F1B) or --offload all"
