@@ -61,6 +61,22 @@ def test_the_printed_offload_flags_are_megatron_lms_and_others_say_none(tmp_path
     assert "none (" in said["stagewise"]
 
 
+def test_offloaded_activations_fit_the_nodes_host_memory(tmp_path, capsys):
+    rc, out, err = run(capsys, *_args(tmp_path, "--offload", "all", "--json", "--top", "20"))
+    assert rc == 0, err
+    rows = [r for r in json.loads(out)["ranking"] if r["offload"] == "all"]
+    assert rows and all(0 < r["offloaded_bytes"] * 8 <= 2 * 2**40 for r in rows)  # DGX H100: 2 TB a node
+    small = json.loads((ROOT / "stagewise/plan/cluster/data/hardware/h100.json").read_text())
+    small.update(name="h100-small-host", host_memory=min(r["offloaded_bytes"] for r in rows) * 8 - 1)
+    path = tmp_path / "h100-small-host.json"
+    path.write_text(json.dumps(small))
+    args = list(_args(tmp_path, "--offload", "all", "--json", "--top", "20"))
+    args[args.index("h100")] = str(path)
+    rc, out, err = run(capsys, *args)
+    assert rc == 0, err
+    assert all(r["offloaded_bytes"] * 8 <= small["host_memory"] for r in json.loads(out)["ranking"])
+
+
 def test_bad_long_sequence_options_are_one_line(tmp_path, capsys):
     assert "--offload some: each must be one of none, all" in fails(capsys, *_args(tmp_path, "--offload", "some"))
     assert "--slices" in fails(capsys, *_args(tmp_path, "--slices", "0"))

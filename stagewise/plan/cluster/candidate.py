@@ -52,6 +52,7 @@ class ClusterCandidate:
     lowered: bool = False
     slices: int = 1  #: sequence slices per micro-batch (Seq1F1B; ``config.m`` counts the m x slices units)
     offload: str = "none"  #: of ``long_sequence.OFFLOAD``: activations moved to host memory after each forward
+    offloaded: float = 0.0  #: the most bytes one GPU keeps in host memory at once (``Prepared.offloaded``)
 
     @property
     def config(self) -> Config:
@@ -111,7 +112,8 @@ class ClusterCandidate:
         band, par = self.step_band, self.parallelism
         return {"t": par.tp, "ep": par.expert_degree, "ep_nodes": self.ep_nodes, "etp": par.expert_tp,
                 "expert_placement": self.expert_placement, **self.candidate.to_dict(), "parallelism": par.to_dict(),
-                "recompute": self.recompute, "slices": self.slices, "offload": self.offload, "framework": self.framework, "sharding": self.sharding,
+                "recompute": self.recompute, "slices": self.slices, "offload": self.offload,
+                "offloaded_bytes": self.offloaded, "framework": self.framework, "sharding": self.sharding,
                 "shard": par.fsdp if self.sharding == "hsdp" else None,
                 "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "lowered": self.lowered,
                 "mfu": self.mfu,

@@ -18,14 +18,16 @@ holds at most two units' activations, the one just made while it streams out and
 next backward, instead of its in-flight count (``offloaded_holding``); a rank that holds two or fewer (1F1B's last
 stage) offloads nothing. The link carries each offloaded unit's bytes out and back once; where that takes longer
 than the rank's compute of its units, the difference is exposed (``offload_exposure``), as the paper's condition
-for a free offload says (transfer time at most the compute between a forward and its backward).
+for a free offload says (transfer time at most the compute between a forward and its backward). The node's host
+memory (``Hardware.host_memory``) holds what its GPUs offload (``offloaded_bytes``); a plan that needs more does
+not fit.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..search import Holding, Profile
+from ..search import Holding, Profile, peak_activation_bytes
 
 #: the offload policies searched: none, or every unit of a rank that holds more than two (``offloaded_holding``)
 OFFLOAD = ("none", "all")
@@ -90,6 +92,13 @@ def offload_exposure(h: Holding, offloads: tuple[bool, ...], sc, units: int, ban
         busy = sum(units * h.stage_share[s] * (sc.f[s] + sc.b[s]) for s in stages)
         worst = max(worst, moved - busy)
     return worst
+
+
+def offloaded_bytes(kept: Holding, held: Holding, activation_bytes) -> float:
+    """The most bytes one GPU has in host memory at once: what its rank would hold (``kept``, before offload)
+    less what it holds (``held``)."""
+    before, after = peak_activation_bytes(kept, activation_bytes), peak_activation_bytes(held, activation_bytes)
+    return max((b - a for b, a in zip(before, after)), default=0.0)
 
 
 def megatron_offload_flags(moe: bool) -> list[str]:

@@ -27,7 +27,7 @@ from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, bloc
 from .candidate import ClusterCandidate, MemoryParts
 from .data_parallel import (exposed_gather, exposed_reduction, gathered_factor, held_gathered, reduce_scatter_time,
                             reduction_cost)
-from .long_sequence import offload_exposure, offloaded_holding, offloading_ranks, sliced_holding
+from .long_sequence import offload_exposure, offloaded_bytes, offloaded_holding, offloading_ranks, sliced_holding
 from .lowered import communication, held_memory, overlap
 from .job import Job
 from .overlap_rules import Framework
@@ -51,6 +51,7 @@ class Prepared(NamedTuple):
     #: program's UNSHARD/RESHARD points will bound)
     parts: "MemoryParts | None" = None
     gathered: tuple[float, ...] = ()  #: per rank, the bytes held only while gathered (``held_gathered``)
+    offloaded: float = 0.0  #: the most bytes one GPU keeps in host memory (``long_sequence.offloaded_bytes``)
 
 
 @dataclass(kw_only=True)
@@ -99,11 +100,12 @@ class ClusterSearcher(Searcher):
     def _sliced(self, sched):
         return sliced_holding(super()._holding(sched), self.slices, sched.microbatches)
 
-    def _offloads(self, c: Config, sched) -> tuple[bool, ...]:
-        """Per rank, whether it offloads in ``c`` (cached per schedule)."""
+    def _kept(self, c: Config, sched):
+        """(``c``'s holding before offload, per rank whether it offloads), cached per schedule."""
         key = ("offloads", c.family, c.p, c.m, c.v)
         if key not in self._partitions:
-            self._partitions[key] = offloading_ranks(self._sliced(sched))
+            kept = self._sliced(sched)
+            self._partitions[key] = (kept, offloading_ranks(kept))
         return self._partitions[key]
 
     def configs(self, build: bool = True) -> list[Config]:
@@ -191,8 +193,12 @@ class ClusterSearcher(Searcher):
                             transient=transient[r] + replay)
         opt = max(rank_optimizer_time(prof, counts, h)) / self._opt_share(c.dp)
         end = step_sync_time(prof, counts, h, cl, c.p, c.dp) + opt
-        if self.offload == "all":  # the host link's time that the rank's compute does not hide
-            end += offload_exposure(h, self._offloads(c, sched), resolved, c.m, self.job.hardware.host_bandwidth)
+        hw, offloaded = self.job.hardware, 0.0
+        if self.offload == "all":  # the host link's time that the rank's compute does not hide; the host's memory
+            kept, offloads = self._kept(c, sched)
+            end += offload_exposure(h, offloads, resolved, c.m, hw.host_bandwidth)
+            offloaded = offloaded_bytes(kept, h, resolved.activation_bytes)
+        host_fits = hw.host_memory is None or offloaded * hw.gpus_per_node <= hw.host_memory
         split = FAMILIES[c.family].split_backward if c.family in FAMILIES else True
         fill = pipeline_bound(sched, resolved, split, c.m)  # a long step's stand-in scaled to m (``_play``)
         if self.long_step(c):
@@ -200,9 +206,9 @@ class ClusterSearcher(Searcher):
         over = self.job.hardware.step_overhead(max(len(prog) for prog in sched.programs) * _steps(self.long_step(c), c.m))
         bound = max(c.m * part.bottleneck, fill) + end + over
         return Prepared(config=c, counts=counts, memory=memory, activations=acts,
-                        fits=max(memory) <= cl.memory * (1 + 1e-9), bound=max(bound, self.floor(c)), step_end=end,
-                        optimizer=opt, costs=costs, free=counts == self._free_split(h, c), parts=parts,
-                        gathered=tuple(gathered))
+                        fits=max(memory) <= cl.memory * (1 + 1e-9) and host_fits, bound=max(bound, self.floor(c)),
+                        step_end=end, optimizer=opt, costs=costs, free=counts == self._free_split(h, c), parts=parts,
+                        gathered=tuple(gathered), offloaded=offloaded)
 
     def _gathered(self, counts, h, c: Config) -> list[float]:
         """Per rank, the bytes its sharded stages hold only while gathered (``held_gathered``)."""
@@ -347,7 +353,7 @@ class ClusterSearcher(Searcher):
                                 usable=cl.memory, band=hw.band, costed_from=long[0] if long else None,
                                 memory_band=hw.memory_band, memory_parts=pre.parts,
                                 fragmentation=self.job.memory_reserve.fragmentation * hw.memory,
-                                slices=self.slices, offload=self.offload, **layout)
+                                slices=self.slices, offload=self.offload, offloaded=pre.offloaded, **layout)
 
     def lowered(self, got: ClusterCandidate, pre: Prepared, fw: Framework) -> ClusterCandidate:
         """``got`` (``finish``'s) with its step from playing the lowered program under ``fw``'s rules
