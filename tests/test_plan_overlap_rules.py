@@ -1,6 +1,7 @@
 """Each framework's overlap rules (plan/overlap.py) move the exposed data-parallel traffic the way its docs say."""
 
 import json
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -36,6 +37,30 @@ def test_the_rules_are_each_frameworks_documented_ones():
         Framework(name="x", title="X", families=None, sharding=("zero3",), default_sharding=("ddp",), overlap=Overlap())
     for fw in FRAMEWORKS.values():  # the planner's rules are the lowering's, written once
         assert fw.overlap is OVERLAPS[fw.name]
+
+
+def test_megatrons_sends_block_without_a_virtual_pipeline_only(capsys):
+    """Megatron-LM's non-interleaved 1F1B exchanges synchronously (batch_isend_irecv, waited, then
+    torch.cuda.synchronize); its interleaved schedule overlaps P2P. The plan costs a v = 1 row with blocking
+    sends: its step is at least the overlapped one's, all else equal."""
+    import doctest
+
+    from stagewise.plan.cluster import overlap_rules
+
+    assert doctest.testmod(overlap_rules).failed == 0
+    meg, st = FRAMEWORKS["megatron"], FRAMEWORKS["stagewise"]
+    assert meg.blocks_p2p(1) and not meg.blocks_p2p(4) and not st.blocks_p2p(1)
+    from stagewise.plan.cluster import Hardware, Job, TransformerSpec, cluster_search
+    from stagewise.plan.search import Space
+
+    def step(fw):
+        job = Job(spec=TransformerSpec.load("llama3-8b"), hardware=Hardware.load("h100"), gpus=32,
+                  global_batch_tokens=2**20, tensor=(8,), pipeline=(4,), micro_batch_sizes=(1,), recompute=("off",),
+                  space=Space(families=("1f1b",), chunks=None), frameworks=(fw,), sharding=("zero1",))
+        return cluster_search(job, keep=1).ranking[0]
+    blocked = step(meg)
+    free = step(replace(meg, blocking_one_chunk=False))
+    assert blocked.config == free.config and blocked.step_time > free.step_time
 
 
 def test_a_stages_reduction_waits_for_its_last_backward_and_drain_for_the_rank():

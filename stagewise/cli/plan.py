@@ -97,6 +97,10 @@ def cmd_plan(args) -> int:
         if args.recompute == "selective":
             raise UsageError("--recompute selective needs --model: a measured profile cannot tell the attention "
                              "core from the rest of a layer")
+        for opt, given in (("--slices", args.slices), ("--offload", args.offload)):
+            if given is not None:
+                raise UsageError(f"{opt} belongs to planning with --model: sequence slices and offload are costed "
+                                 "from the model and hardware files (the host link's bandwidth)")
         missing = [o for o, v in (("--profile", args.profile), ("-N/--devices", args.devices),
                                   ("-G/--global-batch", args.global_batch)) if v is None]
         if missing:

@@ -62,6 +62,13 @@ def add_options(p) -> None:
     g.add_argument("--recompute-modules", default=None, metavar="MODULE,..",
                    help="what --recompute selective recomputes, of core_attn (default), layernorm, mla_up_proj, "
                         "mlp, moe_act (Megatron-LM's --recompute-modules)")
+    g.add_argument("--slices", default=None, metavar="K,..",
+                   help="sequence slices per micro-batch to try (Seq1F1B: each micro-batch's sequence cut into K "
+                        "equal-cost slices that flow as pipeline units, with 1F1B; default 1: whole micro-batches)")
+    g.add_argument("--offload", default=None, metavar="POLICY,..",
+                   help="activation offload to try, of none, all (PipeOffload: every unit's saved activations copied to "
+                        "host memory after its forward and back before its backward, over the hardware file's "
+                        "host_bandwidth; default none)")
     g.add_argument("--no-sequence-parallel", action="store_true",
                    help="keep norms and dropouts whole under tensor parallel (Megatron-LM 2021)")
     g.add_argument("--no-zero", action="store_true",
@@ -181,7 +188,9 @@ def _job(args):
                else ("within", "across"),
                precision=args.precision, fp8_gather=args.fp8_all_gather, async_tp=args.async_tp,
                recompute_modules=_words(args.recompute_modules, "--recompute-modules") if args.recompute_modules
-               else ("core_attn",))
+               else ("core_attn",),
+               slices=tuple(whole_numbers(args.slices, "--slices")) if args.slices is not None else (1,),
+               offload=_words(args.offload, "--offload") if args.offload is not None else ("none",))
 
 
 def _words(text: str, option: str) -> tuple[str, ...]:
@@ -228,6 +237,12 @@ def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict], fault
                         top=args.top, seconds=elapsed, csv=out.csv)
     if faults is not None:
         plan["failures"] = faults.to_dict()
+    from ..plan.cluster import option_commands
+
+    options = option_commands(best.slices, best.offload, job.spec.moe is not None)
+    if options:
+        plan["long_sequence"] = {opt: {name: {"flags": flags, "note": note} for name, (flags, note) in by.items()}
+                                 for opt, by in options.items()}
     table = cluster_table(res.ranking[:args.top], rec.tied, best)
     out.write(plan, markdown(plan, table))
     if args.json:
@@ -249,12 +264,28 @@ def _report(args, job, res, elapsed, out, why: str, rec, sens: list[dict], fault
         print(_framework_line(name, c, cmd, note, res.ranking))
     for why_not, n in res.not_offered.items():
         print(f"{why_not} ({n} layout{'s' if n > 1 else ''})")
+    for line in _option_lines(options):
+        print(line)
     print(f"\nwrote {out.csv} (torch compute-only CSV of the recommended schedule, {schedule.ranks} pipeline ranks, "
-          f"{best.config.m} micro-batches){said_default(args)}")
+          f"{best.config.m} " + (f"units: {best.slices} slices of each micro-batch, played as 1F1B over them; Seq1F1B runs a "
+                                 "micro-batch's backwards last slice first" if best.slices > 1 else "micro-batches")
+          + f"){said_default(args)}")
     if out.plan:
         print(f"wrote {out.plan} (the plan: inputs, assumptions, results and commands; stagewise "
               f"{plan['stagewise']})")
     return 0
+
+
+def _option_lines(options: dict) -> list[str]:
+    """The recommended row's sequence slices and offload in each framework's words (``option_commands``)."""
+    from ..plan.cluster import FRAMEWORKS
+
+    out = []
+    for opt, by in options.items():
+        out.append(f"{opt} (the recommended row's), framework by framework:")
+        for name, (flags, note) in by.items():
+            out.append(f"  {FRAMEWORKS[name].title + ':':<13}" + (f"{flags}  # {note}" if flags else f"none ({note})"))
+    return out
 
 
 def full_schedule(c):
@@ -310,7 +341,9 @@ def cluster_table(cands, ties: int = 0, recommended=None) -> str:
 
     moe = any(c.parallelism.expert_degree > 1 for c in cands)
     ep_head = f"{'ep/etp':>7}" if moe else ""  # expert parallel / expert tensor parallel
-    head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} "
+    long = any(c.slices > 1 or c.offload != "none" for c in cands)
+    long_head = f"{'k':>3} {'offload':<8}" if long else ""  # sequence slices, activation offload
+    head = (f"{'#':>3}  {'t':>2}{'p':>4}{'dp':>6}{ep_head}  {'schedule':<17}{'v':>2}{'m':>5}{'mbs':>4} {'rc':<4} {long_head}"
             f"{'sharding':<9}{'framework':<11}{'step (band)':>20}{'MFU (band)':>20}{'mem/GPU (band)':>22}"
             f"{'free':>9}{'bubble':>8}  blocks per stage")
     lines = [head, "-" * len(head)]
@@ -322,9 +355,10 @@ def cluster_table(cands, ties: int = 0, recommended=None) -> str:
                 else fmt_seconds(c.step_time))
         mfus = f"{c.mfu:.1%} ({mfu[0]:.0%}-{mfu[1]:.0%})" if mfu else f"{c.mfu:.1%}"
         shard = c.sharding_label()
+        extra = f"{c.slices:>3} {c.offload:<8}" if long else ""
         mark = "*" if c is recommended else "=" if 1 < n <= ties else " "
         lines.append(f"{n:>3}{mark} {c.parallelism.tp:>2}{g.p:>4}{g.dp:>6}{ep}  {g.family:<17}{g.v:>2}"
-                     f"{g.m:>5}{g.mbs:>4} {_RC[c.recompute]:<4} {shard:<9}{c.framework:<11}{step:>20}{mfus:>20}"
+                     f"{g.m:>5}{g.mbs:>4} {_RC[c.recompute]:<4} {extra}{shard:<9}{c.framework:<11}{step:>20}{mfus:>20}"
                      f"{_memory(c):>22}{fmt_bytes(c.headroom):>9}"
                      f"{c.candidate.bubble:>8.1%}  {_blocks(c)}")
     if ties > 1:
@@ -375,4 +409,15 @@ def _nothing_fits(job, res) -> str:
     return (f"--hardware {hw.name}: none of the {res.configurations} configurations fits in "
             f"{fmt_bytes(job.usable)} per GPU ({fmt_bytes(hw.memory)} less the reserve of "
             f"{reserve.describe(hw.memory)}); the least any needs is {fmt_bytes(need)} ({x.config.label()}); "
-            f"give more --gpus or a GPU with more memory" + (f"; {note}" if note else ""))
+            f"give more --gpus or a GPU with more memory" + (f"; {note}" if note else "") + _long_hint(job))
+
+
+#: from this sequence length on a refusal names the long-sequence options when they were not searched
+LONG_SEQUENCE = 32768
+
+
+def _long_hint(job) -> str:
+    """Where a long sequence's activations did not fit: the options that cut them, if not tried."""
+    if job.spec.seq < LONG_SEQUENCE or (max(job.slices) > 1 and "all" in job.offload):
+        return ""
+    return "; a long sequence's activations shrink with --slices 2,4,8 (Seq1F1B) or --offload all"

@@ -30,6 +30,7 @@ from .frameworks import VERSIONS, block_counts, commands
 from .placement import PLACEMENTS, StageGrid, expert_layouts, group_nodes
 from .hardware import PRECISIONS, Fp8, Hardware, Reserve, parse_reserve
 from .job import Job, check_job, shardings, tensor_degrees
+from .long_sequence import OFFLOAD, option_commands
 from .layouts import recompute_modes, searchers, unsearched_recompute
 from .overlap_rules import (DEEPSPEED, FRAMEWORKS, MEGATRON, STAGEWISE, TORCHTITAN, Framework, framework,
                       refusal)
@@ -41,12 +42,12 @@ from .transformer import MLA, MoE, TransformerSpec
 from .written import cluster_plan, markdown
 
 __all__ = ["CHECKPOINT_BYTES_PER_PARAM", "ClusterCandidate", "ClusterSearcher", "Compute", "DEEPSPEED", "DEFAULT_MODULES", "ExpertParallel",
-           "FRAMEWORKS", "Fp8", "Framework", "Hardware", "Job", "MEGATRON", "MLA", "MemoryParts", "MoE", "PLACEMENTS",
+           "FRAMEWORKS", "Fp8", "Framework", "Hardware", "Job", "MEGATRON", "MLA", "MemoryParts", "MoE", "OFFLOAD", "PLACEMENTS",
            "PRECISIONS", "RECOMPUTE", "RECOMPUTE_MODULES", "Reserve", "Result", "STAGEWISE", "SpecError",
            "StageGrid", "TORCHTITAN", "TensorParallel", "TransformerSpec", "VERSIONS", "analytic_profile",
            "block_activation_bytes", "block_counts", "boundary_bytes", "check_job", "cluster_plan", "cluster_search",
            "cluster_why", "commands", "expert_a2a_time", "expert_layouts", "exposed_gather", "exposed_reduction",
-           "extend", "framework", "gathered_factor", "group_nodes", "kept_bytes", "markdown", "parse_reserve",
+           "extend", "framework", "gathered_factor", "group_nodes", "kept_bytes", "markdown", "option_commands", "parse_reserve",
            "pipeline_bound", "recompute_modes", "reduce_scatter_time", "reduction_cost", "refusal", "score_bytes",
            "searchers", "sensitivity", "shardings", "shipped", "short_m", "state_factor", "tensor_degrees",
            "tp_allreduce_time", "unsearched_recompute"]

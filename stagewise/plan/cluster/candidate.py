@@ -50,6 +50,9 @@ class ClusterCandidate:
     #: the step is the lowered program's (``lowered``: the data-parallel traffic played as actions); False: the
     #: O(stages) rules' of ``data_parallel``, the search's bound before a configuration is lowered
     lowered: bool = False
+    slices: int = 1  #: sequence slices per micro-batch (Seq1F1B; ``config.m`` counts the m x slices units)
+    offload: str = "none"  #: of ``long_sequence.OFFLOAD``: activations moved to host memory after each forward
+    offloaded: float = 0.0  #: the most bytes one GPU keeps in host memory at once (``Prepared.offloaded``)
 
     @property
     def config(self) -> Config:
@@ -100,14 +103,17 @@ class ClusterCandidate:
         ep = f" ep={par.expert_degree}" if par.expert_degree > 1 else ""
         if par.etp is not None:
             ep += f" etp={par.etp}"
-        return f"t={par.tp}{ep} {self.config.label()} recompute={self.recompute} {self.sharding_label()} " \
+        extra = (f" slices={self.slices}" if self.slices > 1 else "") + \
+            (f" offload={self.offload}" if self.offload != "none" else "")
+        return f"t={par.tp}{ep} {self.config.label()} recompute={self.recompute}{extra} {self.sharding_label()} " \
                f"({self.framework})"
 
     def to_dict(self) -> dict:
         band, par = self.step_band, self.parallelism
         return {"t": par.tp, "ep": par.expert_degree, "ep_nodes": self.ep_nodes, "etp": par.expert_tp,
                 "expert_placement": self.expert_placement, **self.candidate.to_dict(), "parallelism": par.to_dict(),
-                "recompute": self.recompute, "framework": self.framework, "sharding": self.sharding,
+                "recompute": self.recompute, "slices": self.slices, "offload": self.offload,
+                "offloaded_bytes": self.offloaded, "framework": self.framework, "sharding": self.sharding,
                 "shard": par.fsdp if self.sharding == "hsdp" else None,
                 "exposed_dp": self.exposed_dp, "exposed_gather": self.exposed_gather, "lowered": self.lowered,
                 "mfu": self.mfu,

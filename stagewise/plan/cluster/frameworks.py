@@ -352,6 +352,8 @@ def commands(best: dict, job: Job, csv_path: str | None, winner: ClusterCandidat
             cmd, note = torchtitan_options(c, job, csv)
         elif name == "deepspeed":
             cmd, note = deepspeed_config(c, job), ""
+        elif c.slices > 1 or c.offload != "none":  # only stagewise's rows slice or offload (``layouts.NOT_LONG``)
+            cmd, note = None, "its `train` has no option for sequence slices or offload in this build (see below)"
         else:
             cmd, note = stagewise_command(c, job, csv), stagewise_note(c, job)
         out[name] = (c, cmd, note)

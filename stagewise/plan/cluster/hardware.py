@@ -103,6 +103,11 @@ class Hardware:
     #: a rank runs (kernel launches and each action's P2P set-up); where the pipeline barely fills they weigh most
     step_fixed: float = 0.0
     step_per_action: float = 0.0
+    #: bytes/s one way between a GPU and host memory (its PCIe link): what offloaded activations move over, each
+    #: direction at once; None: not given, so no plan offloads
+    host_bandwidth: float | None = None
+    #: bytes of host memory in a node: what its GPUs' offloaded activations must fit in; None: not checked
+    host_memory: float | None = None
 
     def step_overhead(self, actions: int) -> float:
         """Seconds of host overhead of a step whose busiest rank runs ``actions`` forwards and backwards."""
@@ -138,6 +143,7 @@ class Hardware:
 #: physical ranges of the hardware fields (a GPU outside them is a typo, and its times would overflow)
 RANGES = {"peak_flops": (1e9, 1e18, " FLOP/s"), "memory": (2.0**20, 2.0**50, " bytes"),
           "memory_bandwidth": (1e6, 1e15, " bytes/s"), "bandwidth": (1e6, 1e15, " bytes/s"),
+          "host_bandwidth": (1e6, 1e15, " bytes/s"), "host_memory": (2.0**20, 2.0**60, " bytes"),
           "latency": (0.0, 1.0, " s")}
 
 
@@ -148,7 +154,7 @@ def _ranged(data: dict, key: str, where: str, **kw) -> float:
 
 #: a hardware file's fields (an unknown one is refused: a typo's value would be silently unused)
 FIELDS = ("format", "version", "name", "description", "peak_flops", "memory", "memory_bandwidth", "gpus_per_node",
-          "intra", "inter", "efficiency", "fp8", "step_overhead", "memory_band", "band", "reserve", "sources")
+          "intra", "inter", "efficiency", "fp8", "step_overhead", "memory_band", "band", "reserve", "host_bandwidth", "host_memory", "sources")
 
 
 def _known(raw: dict, fields, where: str) -> None:
@@ -180,6 +186,8 @@ def from_json(data: dict, where: str) -> Hardware:
                     memory=memory, memory_bandwidth=_ranged(data, "memory_bandwidth", where),
                     gpus_per_node=per_node, efficiency=number(data, "efficiency", where, maximum=1.0),
                     reserve=_reserve(data, memory, where), band=band, memory_band=mband, fp8=_fp8(data, where),
+                    host_bandwidth=_ranged(data, "host_bandwidth", where) if "host_bandwidth" in data else None,
+                    host_memory=_ranged(data, "host_memory", where) if "host_memory" in data else None,
                     sources=sources(data, where), **_overhead(data, where), **links)
 
 

@@ -14,6 +14,7 @@ from .data_parallel import state_factor
 from .placement import PLACEMENTS
 from ..errors import PlanError
 from .hardware import Hardware, Reserve
+from .long_sequence import OFFLOAD
 from ...parallelism import SHARDINGS
 from .overlap_rules import FRAMEWORKS, Framework
 from ..search import Space
@@ -62,6 +63,10 @@ class Job:
     fp8_gather: bool = False  #: FP8 weights, all-gathered in FP8 (torchao Float8 FSDP2, Megatron --fp8-param-gather)
     async_tp: bool = False  #: tensor-parallel collectives overlapped with the multiplies (AsyncTP, --tp-comm-overlap)
     recompute_modules: tuple[str, ...] = DEFAULT_MODULES  #: what "selective" recomputes (``activations``)
+    #: sequence slices per micro-batch tried (Seq1F1B, ``long_sequence``); (1,): whole micro-batches only
+    slices: tuple[int, ...] = (1,)
+    #: activation offload tried, of ``long_sequence.OFFLOAD`` (over the hardware file's ``host_bandwidth``)
+    offload: tuple[str, ...] = ("none",)
 
     @property
     def global_batch(self) -> int:
@@ -163,6 +168,7 @@ def check_job(job: Job) -> None:
             raise PlanError(f"`expert` {bad[0] if bad else ''}: each expert-parallel degree must be >= 1 and divide "
                             f"the {job.spec.moe.experts} experts of {job.spec.name}")
     _check_precision(job)
+    _check_long(job)
     degrees = tensor_degrees(job)
     if not degrees:
         node = job.hardware.gpus_per_node
@@ -200,6 +206,21 @@ def _check_precision(job: Job) -> None:
         if bad or not job.expert_tensor:
             raise PlanError(f"`expert_tensor` {bad[0] if bad else ''}: each expert tensor-parallel degree must be >= 1 "
                             f"and divide a node of {job.hardware.gpus_per_node} GPUs")
+
+
+def _check_long(job: Job) -> None:
+    """``slices`` and ``offload``: whole slice counts that cut a sequence, known policies, a host link to offload
+    over."""
+    bad = [k for k in job.slices if not isinstance(k, int) or k < 1 or k > job.spec.seq]
+    if bad or not job.slices:
+        raise PlanError(f"--slices {','.join(map(str, job.slices))}: each must be a whole number from 1 to the "
+                        f"sequence length {job.spec.seq}")
+    bad = [x for x in job.offload if x not in OFFLOAD]
+    if bad or not job.offload:
+        raise PlanError(f"--offload {','.join(job.offload)}: each must be one of {', '.join(OFFLOAD)}")
+    if "all" in job.offload and job.hardware.host_bandwidth is None:
+        raise PlanError(f"--offload all: --hardware {job.hardware.name} gives no host_bandwidth (bytes/s each way "
+                        "between a GPU and host memory); add it to the hardware file, or plan with --offload none")
 
 
 def _nothing_to_search(job: Job, skipped: dict) -> str:

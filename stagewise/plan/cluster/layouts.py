@@ -16,10 +16,15 @@ from .activations import dropped_modules
 from .analytic import ExpertParallel, TensorParallel, analytic_profile, replay_bytes
 from .placement import StageGrid, expert_layouts
 from .job import Job, shardings, state_factor, tensor_degrees
+from .long_sequence import SLICED_FAMILIES, sliced_profile
 from .overlap_rules import Framework, refusal
 from .searcher import ClusterSearcher
 
 WEIGHTS_TOO_BIG = "weights, gradients and optimizer state alone exceed the GPU's usable memory"
+#: why a framework gets no sliced or offloaded rows (``long_sequence``: the stagewise schedule's units and memory
+#: actions; the others' commands say what they have)
+NOT_LONG = ("not offered for sequence slices or activation offload: of the frameworks, only stagewise runs them "
+            "as planned (every saved activation offloaded, Seq1F1B's units)")
 
 
 def searchers(job: Job, skipped: dict, schedules: dict | None = None) -> list[ClusterSearcher]:
@@ -34,15 +39,28 @@ def searchers(job: Job, skipped: dict, schedules: dict | None = None) -> list[Cl
         for mode in recompute_modes(job):
             if job.spec.moe is not None and mode == "stage":  # the runtime replays no expert-parallel stage
                 continue
-            out += _at_tensor_degree(job, t, tp, mode, profiles, shared, skipped)
+            for k in job.slices:
+                for off in job.offload:
+                    cache = shared if (k, off) == (1, "none") else shared.setdefault(("long", k, off), {})
+                    out += _at_tensor_degree(job, t, tp, mode, profiles, cache, skipped, k, off)
+    return out
+
+
+def _long_frameworks(frameworks: tuple[Framework, ...], k: int, offload: str, skipped: dict) -> tuple:
+    """Of ``frameworks``, those that run ``k`` slices and ``offload`` (``NOT_LONG``)."""
+    if (k, offload) == (1, "none"):
+        return frameworks
+    out = tuple(fw for fw in frameworks if fw.name == "stagewise")
+    if len(out) < len(frameworks):
+        skipped[NOT_LONG] = skipped.get(NOT_LONG, 0) + 1
     return out
 
 
 def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles: dict, shared: dict,
-                      skipped: dict) -> list[ClusterSearcher]:
+                      skipped: dict, k: int = 1, offload: str = "none") -> list[ClusterSearcher]:
     spec, hw = job.spec, job.hardware
     base = "off" if mode == "stage" else mode
-    replay = ({b: replay_bytes(spec, b, tp, linear_factor=job.linear_factor) for b in job.micro_batch_sizes}
+    replay = ({b: replay_bytes(spec, b, tp, linear_factor=job.linear_factor) / k for b in job.micro_batch_sizes}
               if mode == "full" else {})
     ranks = job.gpus // t
     out = []
@@ -57,7 +75,9 @@ def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles:
                 expert = ExpertParallel(ep=key[1], nodes=key[3], zero=job.zero, etp=key[2])
                 profiles[key] = analytic_profile(spec, hw, tp, job.micro_batch_sizes, recompute=base, expert=expert,
                                                  compute=job.compute)
-            prof = profiles[key]
+            if (k,) + key not in profiles:  # a slice's costs: 1/k of its micro-batch's
+                profiles[(k,) + key] = sliced_profile(profiles[key], k)
+            prof = profiles[(k,) + key]
             for sharding, shard in groups(job, dp, mode, skipped):
                 if sharding == "hsdp" and spec.moe is not None:  # HSDP is not searched for MoE models
                     continue
@@ -73,17 +93,21 @@ def _at_tensor_degree(job: Job, t: int, tp: TensorParallel, mode: str, profiles:
                                           etp=layout.etp)
                 fits_order = tuple(fw for fw in runners(job, mode, sharding)
                                    if not moe or grid.placement in fw.expert_placements)
-                frameworks = offered(fits_order, par, skipped)
+                frameworks = _long_frameworks(offered(fits_order, par, skipped), k, offload, skipped)
                 families = families_run(job, frameworks, skipped)
+                if k > 1:  # Seq1F1B: 1F1B over slices
+                    families = tuple(f for f in families if f in SLICED_FAMILIES)
                 if not families:
                     continue
                 cl = replace(grid, state_factor=sf, expert_state_factor=esf if moe else None)
                 for rhythm, fws in _by_rhythm(frameworks, p, sharding):
                     run = replace(par, reshard_after_forward=rhythm and par.fsdp > 1)
+                    fams = tuple(f for f in families_run(job, fws) if k == 1 or f in SLICED_FAMILIES)
                     out.append(ClusterSearcher(profile=prof, cluster=replace(cl, parallelism=run),
-                                               global_batch=job.global_batch, job=job,
-                                               space=replace(job.space, families=families_run(job, fws),
+                                               global_batch=job.global_batch * k, job=job,
+                                               space=replace(job.space, families=fams,
                                                              recompute=(mode == "stage",)),
+                                               slices=k, offload=offload,
                                                recompute=mode, replay=replay, sharding=sharding,
                                                frameworks=fws, per_block=rhythm, _schedules=shared,
                                                skipped=skipped))

@@ -57,6 +57,8 @@ class Framework:
     async_tp: bool = False
     #: the device orders it runs an MoE model's expert groups in (``expert_parallel.PLACEMENTS``)
     expert_placements: tuple[str, ...] = ("within",)
+    #: its non-interleaved schedule's sends block the sender although its interleaved ones overlap (``blocks_p2p``)
+    blocking_one_chunk: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -67,6 +69,20 @@ class Framework:
 
     def runs(self, family: str) -> bool:
         return self.families is None or family in self.families
+
+    def blocks_p2p(self, v: int) -> bool:
+        """Whether a sender waits for its message to arrive, with ``v`` chunks per rank (``search.blocking_p2p``).
+
+        Megatron-LM at v = 1: the non-interleaved schedule cannot overlap P2P (training/arguments.py sets
+        ``overlap_p2p_comm`` False without a virtual pipeline, training/argument_utils.py then ``batch_p2p_comm``
+        True), so every exchange of ``forward_backward_pipelining_without_interleaving`` (pipeline_parallel/
+        schedules.py) is p2p_communication.py ``_communicate`` with ``wait_on_reqs=True`` over
+        ``batch_isend_irecv`` followed by ``torch.cuda.synchronize()`` (``batch_p2p_sync``, default True).
+
+        >>> MEGATRON.blocks_p2p(1), MEGATRON.blocks_p2p(2), DEEPSPEED.blocks_p2p(1), STAGEWISE.blocks_p2p(1)
+        (True, False, True, False)
+        """
+        return self.overlap.blocking_p2p or (self.blocking_one_chunk and v == 1)
 
     def per_block(self, p: int) -> bool:
         """Whether FSDP runs block by block at pipeline degree ``p``: each block gathered one ahead of its
@@ -84,10 +100,11 @@ class Framework:
 MEGATRON = Framework(
     name="megatron", title="Megatron-LM", families=("1f1b", "interleaved-1f1b"), sharding=("zero1", "ddp"),
     default_sharding=("zero1",), overlap=OVERLAPS["megatron"], async_tp=True,
-    expert_placements=("within", "across"),
+    expert_placements=("within", "across"), blocking_one_chunk=True,
     source="Megatron-LM --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
            "(docs/source/distrib_optimizer.md: reduce-scatter in buckets during the backward, all-gather "
-           "overlapped with the next forward); P2P overlapped")
+           "overlapped with the next forward); P2P overlapped by the interleaved schedule, blocking without it "
+           "(``Framework.blocks_p2p``)")
 DEEPSPEED = Framework(
     name="deepspeed", title="DeepSpeed", families=("1f1b",), sharding=("zero1", "ddp"), default_sharding=("zero1",),
     overlap=OVERLAPS["deepspeed"], recompute=("off", "full"),

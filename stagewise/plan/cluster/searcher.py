@@ -27,6 +27,7 @@ from ..search import (Candidate, Config, LayerCosts, Searcher, block_split, bloc
 from .candidate import ClusterCandidate, MemoryParts
 from .data_parallel import (exposed_gather, exposed_reduction, gathered_factor, held_gathered, reduce_scatter_time,
                             reduction_cost)
+from .long_sequence import offload_exposure, offloaded_bytes, offloaded_holding, offloading_ranks, sliced_holding
 from .lowered import communication, held_memory, overlap
 from .job import Job
 from .overlap_rules import Framework
@@ -50,6 +51,7 @@ class Prepared(NamedTuple):
     #: program's UNSHARD/RESHARD points will bound)
     parts: "MemoryParts | None" = None
     gathered: tuple[float, ...] = ()  #: per rank, the bytes held only while gathered (``held_gathered``)
+    offloaded: float = 0.0  #: the most bytes one GPU keeps in host memory (``long_sequence.offloaded_bytes``)
 
 
 @dataclass(kw_only=True)
@@ -65,6 +67,9 @@ class ClusterSearcher(Searcher):
     frameworks: tuple[Framework, ...] = ()  #: those that run this sharding and recomputation
     #: FSDP runs block by block (``Framework.per_block``: the same for every one of ``frameworks``)
     per_block: bool = False
+    #: sequence slices per micro-batch (``long_sequence``: the profile is a slice's, m counts units); 1: none
+    slices: int = 1
+    offload: str = "none"  #: of ``long_sequence.OFFLOAD``: what a rank moves to host memory after a forward
     _timelines: dict = field(default_factory=dict)  #: (config, blocking P2P) -> (timeline, makespan, bubble)
 
     @property
@@ -86,6 +91,32 @@ class ClusterSearcher(Searcher):
         self._schedules[key] = hb
         self._schedules[("short",) + key] = (mc, a)
         return b
+
+    def _holding(self, sched):
+        """The schedule's holding with Seq1F1B's longer warm-up (slices) and offloaded units (``long_sequence``)."""
+        h = self._sliced(sched)
+        return offloaded_holding(h) if self.offload == "all" else h
+
+    def _sliced(self, sched):
+        return sliced_holding(super()._holding(sched), self.slices, sched.microbatches)
+
+    def _kept(self, c: Config, sched):
+        """(``c``'s holding before offload, per rank whether it offloads), cached per schedule."""
+        key = ("offloads", c.family, c.p, c.m, c.v)
+        if key not in self._partitions:
+            kept = self._sliced(sched)
+            self._partitions[key] = (kept, offloading_ranks(kept))
+        return self._partitions[key]
+
+    def configs(self, build: bool = True) -> list[Config]:
+        """The base configurations; with slices, those whose units make whole micro-batches on every pipeline."""
+        out = super().configs(build)
+        return out if self.slices == 1 else [c for c in out if c.m % self.slices == 0]
+
+    @property
+    def sequences(self) -> int:
+        """Sequences per step (``global_batch`` counts units: a sequence is ``slices`` of them)."""
+        return self.global_batch // self.slices
 
     def _named_families(self) -> bool:
         """The job's families, not those its frameworks run (``space.families``, always set here)."""
@@ -121,8 +152,8 @@ class ClusterSearcher(Searcher):
         holds (``Family.holds_all``: every micro-batch of every stage at once): the average of every rank's
         state and its m micro-batches' kept bytes. 0 for the others."""
         fam = FAMILIES.get(c.family)
-        if fam is None or not fam.holds_all or self.per_block:  # (block by block: less than the layers' state)
-            return 0.0
+        if fam is None or not fam.holds_all or self.per_block or self.offload != "none":  # (block by block: less
+            return 0.0  # than the layers' state; offloaded: at most two units)
         lc = self._layer_costs(c)
         kept = min(lc.input_bytes) * c.p * c.v if lc.input_bytes else sum(lc.act)  # a recomputed piece: its input
         return (sum(lc.fixed) + c.m * kept) / c.p
@@ -162,6 +193,12 @@ class ClusterSearcher(Searcher):
                             transient=transient[r] + replay)
         opt = max(rank_optimizer_time(prof, counts, h)) / self._opt_share(c.dp)
         end = step_sync_time(prof, counts, h, cl, c.p, c.dp) + opt
+        hw, offloaded = self.job.hardware, 0.0
+        if self.offload == "all":  # the host link's time that the rank's compute does not hide; the host's memory
+            kept, offloads = self._kept(c, sched)
+            end += offload_exposure(h, offloads, resolved, c.m, hw.host_bandwidth)
+            offloaded = offloaded_bytes(kept, h, resolved.activation_bytes)
+        host_fits = hw.host_memory is None or offloaded * hw.gpus_per_node <= hw.host_memory
         split = FAMILIES[c.family].split_backward if c.family in FAMILIES else True
         fill = pipeline_bound(sched, resolved, split, c.m)  # a long step's stand-in scaled to m (``_play``)
         if self.long_step(c):
@@ -169,9 +206,9 @@ class ClusterSearcher(Searcher):
         over = self.job.hardware.step_overhead(max(len(prog) for prog in sched.programs) * _steps(self.long_step(c), c.m))
         bound = max(c.m * part.bottleneck, fill) + end + over
         return Prepared(config=c, counts=counts, memory=memory, activations=acts,
-                        fits=max(memory) <= cl.memory * (1 + 1e-9), bound=max(bound, self.floor(c)), step_end=end,
-                        optimizer=opt, costs=costs, free=counts == self._free_split(h, c), parts=parts,
-                        gathered=tuple(gathered))
+                        fits=max(memory) <= cl.memory * (1 + 1e-9) and host_fits, bound=max(bound, self.floor(c)),
+                        step_end=end, optimizer=opt, costs=costs, free=counts == self._free_split(h, c), parts=parts,
+                        gathered=tuple(gathered), offloaded=offloaded)
 
     def _gathered(self, counts, h, c: Config) -> list[float]:
         """Per rank, the bytes its sharded stages hold only while gathered (``held_gathered``)."""
@@ -292,20 +329,20 @@ class ClusterSearcher(Searcher):
         c = pre.config
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
         prof, cl, hw = self.profile, self.cluster, self.job.hardware
-        key = (c, fw.overlap.blocking_p2p)
+        key = (c, fw.blocks_p2p(c.v))
         if key not in self._timelines:
-            costs = blocking_p2p(pre.costs, h) if fw.overlap.blocking_p2p else pre.costs
+            costs = blocking_p2p(pre.costs, h) if fw.blocks_p2p(c.v) else pre.costs
             self._timelines[key] = self._play(c, sched, costs)
         tl, makespan, bubble, _ = self._timelines[key]
         layer_bytes = self._reduction_bytes(pre.counts)
         exposed, gather = self._traffic(tl, layer_bytes, h, pre, fw)
         over = hw.step_overhead(max(len(prog) for prog in sched.programs) * _steps(self.long_step(c), c.m))
         step = makespan + exposed + gather + pre.step_end + over
-        tokens = self.global_batch * self.job.spec.seq
+        tokens = self.sequences * self.job.spec.seq
         cand = Candidate(config=c, counts=pre.counts, layout=format_layout(prof.symbols, pre.counts),
                          step_time=step, makespan=makespan,
                          allreduce=step - makespan - pre.optimizer - over, optimizer=pre.optimizer, overhead=over,
-                         throughput=self.global_batch / step, bubble=bubble, memory=pre.memory,
+                         throughput=self.sequences / step, bubble=bubble, memory=pre.memory,
                          activations=pre.activations, fits=pre.fits, schedule=sched)
         mfu = self.job.spec.model_flops_per_token() * tokens / (step * self.job.gpus * hw.peak_flops)
         long = self.long_step(c)
@@ -315,7 +352,8 @@ class ClusterSearcher(Searcher):
                                 sharding=self.sharding, exposed_gather=gather,
                                 usable=cl.memory, band=hw.band, costed_from=long[0] if long else None,
                                 memory_band=hw.memory_band, memory_parts=pre.parts,
-                                fragmentation=self.job.memory_reserve.fragmentation * hw.memory, **layout)
+                                fragmentation=self.job.memory_reserve.fragmentation * hw.memory,
+                                slices=self.slices, offload=self.offload, offloaded=pre.offloaded, **layout)
 
     def lowered(self, got: ClusterCandidate, pre: Prepared, fw: Framework) -> ClusterCandidate:
         """``got`` (``finish``'s) with its step from playing the lowered program under ``fw``'s rules
@@ -323,20 +361,20 @@ class ClusterSearcher(Searcher):
         pre = self._played_faster(pre)  # the split ``finish`` played
         c = pre.config
         h = self._schedules[(c.family, c.p, c.m, c.v)][1]
-        _, makespan, _, (sched, span) = self._timelines[(c, fw.overlap.blocking_p2p)]
+        _, makespan, _, (sched, span) = self._timelines[(c, fw.blocks_p2p(c.v))]
         par = got.parallelism
         if par.dp * par.fsdp * par.ep == 1 and len(sched.lanes) == 1:  # nothing to reduce, gather or sum: the
             return replace(got, lowered=True)  # sends carry the cost model's time alone, as the compute's play
         layers = self._reduction_bytes(pre.counts)
         comm = communication(par, [layers[piece] for piece in h.stage_piece], self.gather_scale, fw, self.cluster)
-        costs = blocking_p2p(pre.costs, h) if fw.overlap.blocking_p2p else pre.costs
+        costs = blocking_p2p(pre.costs, h) if fw.blocks_p2p(c.v) else pre.costs
         low = comm.lower(sched)
         extra, gather = exposure(low, costs, span)
         step = makespan + extra + pre.step_end + got.candidate.overhead
         memory, parts = held_memory(low, pre, h, self.profile, self.cluster, self.sharding) \
             if self.sharding in ("fsdp", "hsdp") else (pre.memory, pre.parts)
         cand = replace(got.candidate, step_time=step, allreduce=step - makespan - pre.optimizer - got.candidate.overhead,
-                       throughput=self.global_batch / step, memory=memory)
+                       throughput=self.sequences / step, memory=memory)
         scale = got.step_time / step
         return replace(got, candidate=cand, exposed_dp=extra - gather, exposed_gather=gather, mfu=got.mfu * scale,
                        tokens_per_second=got.tokens_per_second * scale, lowered=True, memory_parts=parts)

@@ -58,7 +58,8 @@ def _replan(job, best, fw, hw, mode: str, schedules):
                   expert_placement=(best.expert_placement,)) if job.spec.moe is not None else {}
     probe = replace(job, hardware=hw, tensor=(par.tp,), pipeline=(g.p,), micro_batch_sizes=(g.mbs,),
                     recompute=(mode,), frameworks=(fw,), sharding=(best.sharding,),
-                    hsdp_shards=(par.fsdp,) if best.sharding == "hsdp" else job.hsdp_shards, space=space, **expert)
+                    hsdp_shards=(par.fsdp,) if best.sharding == "hsdp" else job.hsdp_shards, space=space,
+                    slices=(best.slices,), offload=(best.offload,), **expert)
     try:
         res = cluster_search(probe, keep=1, schedules=schedules)
     except PlanError:

@@ -40,6 +40,7 @@ def cluster_plan(*, argv: list[str], job, res, commands: dict, why: str, rec, se
             "micro_batch_sizes": job.micro_batch_sizes,
             "recompute": job.recompute, "sequence_parallel": job.sequence_parallel, "sharding": job.sharding,
             "hsdp_shards": job.hsdp_shards, "families": job.space.families, "chunks": job.space.chunks,
+            "slices": job.slices, "offload": job.offload,
         },
         "assumptions": {
             "frameworks": frameworks,

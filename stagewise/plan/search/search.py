@@ -199,7 +199,7 @@ class Searcher:
         if key not in self._schedules:
             try:
                 sched = generate(name, p, m, v)
-                self._schedules[key] = (sched, holding(sched))
+                self._schedules[key] = (sched, self._holding(sched))
             except (ScheduleArgError, limits.LimitError) as e:  # a rule of the family, or m over the limit
                 self._schedules[key] = None
                 self.skipped[str(e)] = self.skipped.get(str(e), 0) + 1
@@ -208,6 +208,10 @@ class Searcher:
                 self.skipped[f"{name}: generator not installed"] = 1
         got = self._schedules[key]
         return got[0] if got else None
+
+    def _holding(self, sched: Schedule) -> Holding:
+        """What the partitioner reads of ``sched`` (a searcher that changes what a rank holds overrides it)."""
+        return holding(sched)
 
     def evaluate(self, c: Config) -> Candidate:
         sched, h = self._schedules[(c.family, c.p, c.m, c.v)]
