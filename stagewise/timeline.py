@@ -109,11 +109,13 @@ class Timeline:
         return out
 
 
-    def memory_events(self, rank: int, unit_bytes: bool = False) -> list[tuple[float, float, float]]:
+    def memory_events(self, rank: int, unit_bytes: bool = False,
+                      transfers: bool = True) -> list[tuple[float, float, float]]:
         """(time, order, change) of ``rank``'s live activations, sorted: compute ops in program order (an F's at
         its start, a backward's at its end); at one instant an OFFLOAD's free (at its end: the transfer is done)
         first, and a RELOAD's allocation (at its start; no earlier than its own offload's end) in program order,
-        after the frees of the backwards before it (the runtime frees, then reloads)."""
+        after the frees of the backwards before it (the runtime frees, then reloads). ``transfers``: False leaves
+        the OFFLOADs' and RELOADs' events out (what stays on the device whatever moves)."""
         bytes_ = unit_bytes and self.activation_bytes
         size = self.activation_bytes if bytes_ else self.activation
         kept = (self.kept_bytes if bytes_ else self.kept) or (0.0,) * len(size)
@@ -129,9 +131,11 @@ class Timeline:
                 elif kind == RECOMPUTE:
                     out.append((start, 2 * k, c * (size[s] - kept[s])))
                 elif kind == RELOAD:
-                    out.append((start, 2 * k, c * size[s]))
+                    if transfers:
+                        out.append((start, 2 * k, c * size[s]))
                 elif kind == OFFLOAD:
-                    out.append((end, -2, -c * size[s]))
+                    if transfers:
+                        out.append((end, -2, -c * size[s]))
                 else:
                     out.append((end, 2 * k + 1, -freed(kind, c * size[s], self.free_at_i)))
         out.sort()

@@ -223,13 +223,13 @@ def predicted_peaks(schedule, added: dict[str, dict[int, int]], recompute: froze
     offloaded = {s for s in range(S) if (OFFLOAD, s) in kinds}
     moved = [float(-O.get(s, 0)) if s in offloaded else 0.0 for s in range(S)]
     # two views of one timeline: the moved bytes with their OFFLOADs and RELOADs, and the rest without them
-    # (the host transfers' events are those at negative positions); at one instant what ends frees before what
+    # (``transfers=False``); at one instant what ends frees before what
     # starts allocates, as the rank runs its program in order (a RELOAD issued after a backward follows its free)
     away = replace(tl, activation_bytes=tuple(moved))
     stays = replace(tl, activation_bytes=tuple(f - m for f, m in zip(full, moved)))
     peaks = []
     for r in range(schedule.ranks):
-        events = away.memory_events(r, True) + [e for e in stays.memory_events(r, True) if e[1] >= 0]
+        events = away.memory_events(r, True) + stays.memory_events(r, True, transfers=False)
         live = peak = 0.0
         for _, _, delta in sorted(events, key=lambda e: (e[0], e[2] > 0, e[1])):
             live += delta
