@@ -160,3 +160,37 @@ def test_the_cli_takes_slices(capsys):
     assert res["peak_activations"] == [2.5, 2.0, 1.5, 1.0]
     assert "gpipe does not cut micro-batches into sequence slices: --slices 1 only" in fails(
         capsys, "simulate", "gpipe", "--slices", "2")
+
+
+# --- what reads a sliced timeline: explain, pictures ----------------------------------------------
+
+def test_explain_says_why_a_slice_waits_and_every_gap_adds_up():
+    from stagewise.causes import plain
+    from stagewise.explain import explain, idle_by_cause
+    from stagewise.timeline import Timeline
+
+    tl = simulate(generate("seq1f1b", 4, 2, slices=2))
+    gaps = explain(tl)
+    assert sum(idle_by_cause(gaps).values()) == pytest.approx(sum(metrics(tl).idle))
+    first = gaps[0]
+    assert first.text.startswith("rank 0 idle 2..5.5 (3.5): 0B1 waits for 1B1 (gradient from rank 1) <- ")
+    assert "<- 0F1 <- 0F0 (slice 1 waits for slice 0's forward on this stage: its keys and values)" in first.text
+    assert plain(first, tl).startswith("rank 0 waits for micro-batch 0 slice 1's gradient")
+    # a measured slice that started late, its keys and values long there: the sentence names the slice rule
+    sched = generate("seq1f1b", 1, 1, slices=2)
+    late = Timeline(schedule=sched, starts=((0.0, 2.0, 3.0, 4.0),), ends=((1.0, 3.0, 4.0, 5.0),), source="measured")
+    gap = explain(late)[0]
+    assert plain(gap, late) == ("rank 0: slice 1 of micro-batch 0 waits for slice 0's forward on this stage: its "
+                                "keys and values")
+    assert "0F1 waits for 0F0 (slice 1 waits for slice 0's forward on this stage: its keys and values)" in gap.text
+
+
+def test_pictures_label_each_cell_micro_batch_dot_slice():
+    from stagewise.render.ascii import draw_text
+    from stagewise.render.svg import timeline_svg
+
+    tl = simulate(generate("seq1f1b", 2, 2, slices=2))
+    svg = timeline_svg(tl)
+    assert ">1.1</text>" in svg and "1F3 stage 1 mb 1 slice 1 " in svg
+    assert "seq1f1b · p=2 m=2 k=2 slices v=1" in svg
+    assert "F1.1" in draw_text(tl, width=160, color=False)
