@@ -101,6 +101,8 @@ def memory() -> None:
 
 
 if __name__ == "__main__":
+    print("Seq1F1B (Sun et al., NAACL 2025, arXiv:2406.03488) Figure 1, and the authors' Seq1F1B-ZB figure "
+          "(thunlp/Seq1F1B README), against the generators and the simulator\n")
     compare_rows("seq1f1b", FIGURE_1)
     compare_rows("seq1f1b-zb", FIGURE_ZB)
     compare_ends()
