@@ -266,6 +266,16 @@ def transformer_activation(hidden: int, heads: int, seq_length: int, micro_batch
     return Activation(m_b=(34 * hidden + 5 * heads * seq_length) * sb * layers, m_w=32 * hidden * sb * layers)
 
 
+def transformer_kv_share(hidden: int, heads: int, seq_length: int) -> float:
+    """The keys' and values' share of a GPT layer's activations (``Costs.kv_share``): K and V, 2 x 2sbh bytes
+    in 16 bits, of M_B = (34h + 5as)sb (Korthikanti et al. 2022, as ``transformer_activation``).
+
+    >>> round(transformer_kv_share(4096, 32, 2048), 4)
+    0.0522
+    """
+    return 4 * hidden / (34 * hidden + 5 * heads * seq_length)
+
+
 def expert_dispatch_bytes(tokens: int, hidden: int, top_k: int, ep: int, experts_per_rank: int = 1,
                           bytes_per_element: float = 2.0) -> float:
     """Bytes one rank sends to the other ranks of its expert-parallel group in one dispatch all-to-all
