@@ -18,6 +18,7 @@ every later stage (the pipeline is still filling)"
 from __future__ import annotations
 
 from .actions import Pair
+from .slices import split_unit
 from .explain import KEYS, SLICE_INPUTS
 
 #: cause -> (a short label, what it means in one sentence)
@@ -71,7 +72,7 @@ def unit_words(mb: int, slices: int = 1) -> str:
     >>> unit_words(5, 2)
     '2 slice 1'
     """
-    return str(mb) if slices == 1 else "%d slice %d" % divmod(mb, slices)
+    return str(mb) if slices == 1 else "%d slice %d" % split_unit(mb, slices)
 
 
 def plain(gap, timeline) -> str:

@@ -45,9 +45,10 @@ def lowered_memory(low, costs: Costs) -> dict:
     from .lowering.rank_memory import lowered_memory as walk
 
     S = low.schedule.stages
-    sc = costs.resolve(S)
+    sc = costs.resolve(S, low.schedule.slices)
     act = sc.activation_bytes or [0.0] * S
-    ranks = walk(low, act, sc.free_at_i, boundary=per_stage("boundary_bytes", costs.boundary_bytes, S))
+    ranks = walk(low, act, sc.free_at_i, boundary=per_stage("boundary_bytes", costs.boundary_bytes, S),
+                 kv_share=sc.kv_share)
     return {"activations_in_bytes": sc.activation_bytes is not None, "peak": [m.peak.total for m in ranks],
             "parts": [m.peak._asdict() for m in ranks], "at": [m.at for m in ranks]}
 

@@ -194,3 +194,19 @@ def test_pictures_label_each_cell_micro_batch_dot_slice():
     assert ">1.1</text>" in svg and "1F3 stage 1 mb 1 slice 1 " in svg
     assert "seq1f1b · p=2 m=2 k=2 slices v=1" in svg
     assert "F1.1" in draw_text(tl, width=160, color=False)
+
+
+def test_the_lowering_sends_a_slice_s_share_and_its_memory_walk_holds_slices():
+    from stagewise.comm_actions import SENDS, CommAction
+    from stagewise.lowering import LoweringOptions, Sizes, lower
+    from stagewise.lowering.rank_memory import lowered_memory
+    from stagewise.parallelism import Parallelism
+
+    sched = generate("seq1f1b", 2, 4, slices=2)
+    low = lower(sched, Parallelism(pp=2), LoweringOptions(sizes=Sizes(boundary=10.0)))
+    sends = [a for prog in low.programs for a in prog if type(a) is CommAction and a.kind in SENDS]
+    assert len(sends) == 2 * 8 and {a.nbytes for a in sends} == {5.0}  # a slice sends half a micro-batch's
+    walked = lowered_memory(low, [100.0, 100.0], kv_share=0.5)
+    peaks = metrics(simulate(sched, Costs(activation=100.0, kv_share=0.5))).peak_activations
+    assert [max(h.activations for _, h in m.curve) for m in walked] == pytest.approx(list(peaks))
+    assert max(h.received for _, h in walked[0].curve) == 5.0  # a slice's gradient buffer

@@ -161,7 +161,8 @@ def _wiring(schedule: Schedule, sizes: dict) -> _Wiring:
 
     ahead = tuple(rank_of(message_out(("F", s, 0), first, last)) for s in range(S))
     behind = tuple(rank_of(message_out(("B", s, 0), first, last)) for s in range(S))
-    nbytes = tuple(sizes["boundary"]) if sizes["boundary"] is not None else (0.0,) * S
+    # a sequence slice sends 1/k of a micro-batch's boundary
+    nbytes = tuple(x / schedule.slices for x in sizes["boundary"]) if sizes["boundary"] is not None else (0.0,) * S
     mail = {}
     for (src, dst), keys in send_orders(schedule).items():
         recvs = [new(CommAction, (RECV_F, s, mb, src, "pp", nbytes[s - 1], "p2p", "", False) if d == "F" else

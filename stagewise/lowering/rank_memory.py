@@ -25,7 +25,8 @@ The kinds, each read off the lowered program's own actions:
   which this does not model.
 
 Sizes: ``Sizes`` (the lowering's options) gives the weights, gradients and boundary bytes; the activations
-come from the cost model (``StageCosts.sizes``).
+come from the cost model (``StageCosts.sizes``). With sequence slices a unit holds its slice's share of a
+micro-batch's activation (``costs.slice_activation``) and receives 1/k of its boundary.
 
 Example:
     >>> from stagewise.schedules import generate
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
 from ..actions import Pair
-from ..costs import freed
+from ..costs import freed, slice_activation
 from ..comm_actions import RECV_B, RECV_F, REDUCE_GRAD, RESHARD, UNSHARD, CommAction
 from .lower import Lowered
 
@@ -93,7 +94,7 @@ def at_once(shares: Sequence[float]) -> float:
 
 
 def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = None,
-           per_layer: bool = False) -> Iterator[tuple[int, int, int, float]]:
+           per_layer: bool = False, share=None, part: float = 1.0) -> Iterator[tuple[int, int, int, float]]:
     """The rank's holdings as they change, in program order: (position, kind (``KINDS`` index), stage, amount
     per unit of that kind's size at that stage). A received buffer's stage is the boundary's: the stage that
     sent an activation (``s - 1`` for ``RECV_F`` of s), or whose input gradient came back (s for ``RECV_B``).
@@ -101,7 +102,11 @@ def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = Non
     ``window``: per stage, ``at_once`` of its layers' shares. A stage gathered ``per_layer`` (reshard after
     forward: FSDP2 frees each layer after it ran) holds that share of its weights; gradients that the op making
     the first of them also reduces bucket by bucket (``during`` it: no earlier backward accumulated any) are
-    that share of the stage's, each layer's freed once reduced."""
+    that share of the stage's, each layer's freed once reduced.
+
+    ``share``: with sequence slices, unit -> the share of a micro-batch's activation its slice keeps; ``part``:
+    the share of a boundary one unit's message carries (1/k)."""
+    one = (lambda mb: 1.0) if share is None else share
     gathered: set[int] = set()
     graded: dict[int, float] = {}  # sharded stages whose unsharded gradients exist -> the share held
     sharded = any(type(a) is CommAction and a.kind == UNSHARD and a.group == "fsdp" for a in program)
@@ -113,7 +118,7 @@ def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = Non
             if kind == RECV_F or kind == RECV_B:
                 b = op.stage - 1 if kind == RECV_F else op.stage
                 waiting[("F" if kind == RECV_F else "B", op.stage, op.mb)] = b
-                yield k, 3, b, 1.0
+                yield k, 3, b, part
             elif kind == UNSHARD and op.group == "fsdp" and op.stage not in gathered:
                 gathered.add(op.stage)
                 yield k, 1, op.stage, window[op.stage] if per_layer else 1.0
@@ -128,16 +133,16 @@ def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = Non
             if kind == "F":
                 b = waiting.pop(("F", s, mb), None)
                 if b is not None:  # becomes this F's input: counted in its activation from here
-                    yield k, 3, b, -1.0
-                yield k, 0, s, 1.0
+                    yield k, 3, b, -part
+                yield k, 0, s, one(mb)
                 continue
             if sharded and kind != "I" and s not in graded:
                 graded[s] = window[s] if (k, s) in bucketed else 1.0
                 yield k, 2, s, graded[s]
             b = waiting.pop(("B", s, mb), None) if kind != "W" else None
-            yield k, 0, s, -freed(kind, 1.0, free_at_i)
+            yield k, 0, s, -freed(kind, one(mb), free_at_i)
             if b is not None:
-                yield k, 3, b, -1.0
+                yield k, 3, b, -part
 
 
 def _reduced_during(program) -> set[tuple[int, int]]:
@@ -160,10 +165,13 @@ def sizes_of(low: Lowered, activation: Sequence[float], boundary: Sequence[float
 
 
 def lowered_memory(low: Lowered, activation: Sequence[float], free_at_i: float = 0.0,
-                   boundary: Sequence[float] | None = None) -> tuple[RankMemory, ...]:
+                   boundary: Sequence[float] | None = None, kv_share: float = 0.0) -> tuple[RankMemory, ...]:
     """Each rank's ``RankMemory`` under ``activation`` (per stage, one micro-batch's, in the unit wanted) and
-    ``free_at_i`` (the cost model's), the weights, gradients and boundaries at ``sizes_of``'s."""
+    ``free_at_i`` (the cost model's), the weights, gradients and boundaries at ``sizes_of``'s; with sequence
+    slices each unit's slice share (``kv_share``: the cost model's)."""
     size = sizes_of(low, activation, boundary)
+    n = low.schedule.slices
+    share = None if n == 1 else (lambda mb: slice_activation(1.0, mb % n, n, kv_share))
     window = [at_once(xs) for xs in low.options.sizes.resolve(low.schedule.stages)["layers"]]
     per_layer = low.parallelism.reshard_after_forward
     out = []
@@ -171,7 +179,7 @@ def lowered_memory(low: Lowered, activation: Sequence[float], free_at_i: float =
         held = [0.0] * len(KINDS)
         curve: list[tuple[int, Held]] = []
         best, at, top = Held(), 0, 0.0
-        for k, kind, s, amount in events(prog, free_at_i, window, per_layer):
+        for k, kind, s, amount in events(prog, free_at_i, window, per_layer, share, 1.0 / n):
             held[kind] += amount * size[kind][s]
             now = Held(*held)
             if curve and curve[-1][0] == k:

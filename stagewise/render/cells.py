@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from ..actions import Action, Pair
 from ..schedule import Schedule
+from ..slices import split_unit
 from ..timeline import Timeline, metrics
 
 WHOLE, TOP, BOTTOM = 0, 1, 2
@@ -134,13 +135,13 @@ def unit_label(mb: int, slices: int = 1) -> str:
     """
     if slices == 1:
         return str(mb)
-    return "%d.%d" % divmod(mb, slices)
+    return "%d.%d" % split_unit(mb, slices)
 
 
 def tooltip(cell: Cell, unit: str, slices: int = 1) -> str:
     """'2F3 stage 2 mb 3 0..1 t_f' (the contract of the SVG tooltips); with slices '2F5 stage 2 mb 2 slice 1 ...'."""
     a = cell.action
-    mb = f"mb {a.mb}" if slices == 1 else "mb %d slice %d" % divmod(a.mb, slices)
+    mb = f"mb {a.mb}" if slices == 1 else "mb %d slice %d" % split_unit(a.mb, slices)
     return f"{a} stage {a.stage} {mb} {cell.start:.6g}..{cell.end:.6g} {unit}"
 
 
