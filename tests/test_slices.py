@@ -40,21 +40,33 @@ def check_slice_order(tl) -> None:
             assert start >= when[(kind, s, u + 1)][1] - 1e-9, (kind, s, u)
 
 
-@given(st.sampled_from(SLICED), st.integers(1, 8), st.integers(1, 8), st.integers(1, 5), times, times,
-       st.sampled_from([0.0, 0.5]))
-def test_every_sliced_schedule_validates_and_plays_each_unit_after_its_slices(name, p, m, k, f, b, latency):
-    sched = validate(generate(name, p, m, slices=k))
+def sliced_args(name: str, p: int, m: int, v: int) -> tuple[int, int]:
+    """(m, v) the family takes: v only where it takes v, m at least its minimum."""
+    fam = FAMILIES[name]
+    v = v if fam.chunks is None else fam.default_chunks
+    return max(m, fam.min_microbatches(p, v)), v
+
+
+@given(st.sampled_from(SLICED), st.integers(1, 8), st.integers(1, 8), st.integers(1, 3), st.integers(1, 5), times,
+       times, st.sampled_from([0.0, 0.5]))
+def test_every_sliced_schedule_validates_and_plays_each_unit_after_its_slices(name, p, m, v, k, f, b, latency):
+    m, v = sliced_args(name, p, m, v)
+    sched = validate(generate(name, p, m, v, slices=k))
     assert (sched.slices, sched.microbatches) == (k, m * k)
     tl = simulate(sched, Costs(t_f=f, t_b=b, latency=latency))  # the engine never gets stuck
     check_timeline(tl, latency)
     check_slice_order(tl)
 
 
-@pytest.mark.parametrize("name, plain", [("seq1f1b", "1f1b"), ("seq1f1b-zb", "zb-h1")])
+@pytest.mark.parametrize("name, plain", [("seq1f1b", "1f1b"), ("seq1f1b-zb", "zb-h1"),
+                                         ("seq1f1b-i", "interleaved-1f1b")])
 def test_one_slice_is_the_family_without_slices_exactly(name, plain):
     for p in range(1, 7):
         for m in range(1, 13):
-            assert generate(name, p, m, slices=1).programs == generate(plain, p, m).programs, (p, m)
+            for v in (1, 2, 3) if FAMILIES[name].chunks is None else (None,):
+                if m < FAMILIES[name].min_microbatches(p, v or 1):
+                    continue
+                assert generate(name, p, m, v, slices=1).programs == generate(plain, p, m, v).programs, (p, m, v)
 
 
 def test_seq1f1b_warms_up_in_slices_and_runs_backwards_last_slice_first():
@@ -63,16 +75,19 @@ def test_seq1f1b_warms_up_in_slices_and_runs_backwards_last_slice_first():
                           "rank 1: 1F0 1F1 1B1 1F2 1B0 1F3 1B3 1B2")
 
 
-@given(st.sampled_from(SLICED), st.integers(1, 8), st.integers(1, 8), st.integers(1, 5), times, times)
-def test_the_closed_forms_hold_in_a_slice_s_costs(name, p, m, k, f, b):
-    """1F1B's (p-1)(F+B) and ZB-H1's (p-1)(F+B-2W) in the costs of one slice (1/k of a micro-batch's), and the
-    first rank's peak (p + k - 1)/k micro-batches."""
+@given(st.sampled_from(SLICED), st.integers(1, 8), st.integers(1, 8), st.integers(1, 3), st.integers(1, 5), times,
+       times)
+def test_the_closed_forms_hold_in_a_slice_s_costs(name, p, m, v, k, f, b):
+    """1F1B's (p-1)(F+B), ZB-H1's (p-1)(F+B-2W) and interleaving's (p-1)(F+B) per chunk in the costs of one slice
+    (1/k of a micro-batch's), and the first rank's peak (p + k - 1)/k micro-batches."""
+    m, v = sliced_args(name, p, m, v)
     costs = Costs(t_f=f, t_b=b, t_i=b / 2, t_w=b / 2)
-    mt = metrics(simulate(generate(name, p, m, slices=k), costs))
-    idle = idle_per_rank(name, p, m, 1, costs, k)
+    mt = metrics(simulate(generate(name, p, m, v, slices=k), costs))
+    idle = idle_per_rank(name, p, m, v, costs, k)
     if idle is not None:
         assert max(mt.idle) == pytest.approx(idle)
-    assert max(mt.peak_activations) == pytest.approx(FAMILIES[name].memory(p, m, 1, k))
+    if FAMILIES[name].memory is not None:
+        assert max(mt.peak_activations) == pytest.approx(FAMILIES[name].memory(p, m, 1, k))
 
 
 @pytest.mark.parametrize("p", [2, 4, 8, 16])
@@ -146,7 +161,7 @@ def test_units_must_be_whole_micro_batches():
 
 def test_slices_are_refused_where_a_family_has_none():
     with raises_said(ScheduleArgError, _said("1f1b does not cut micro-batches into sequence slices: --slices 1 only; "
-                                             "got 2 (families with slices: seq1f1b, seq1f1b-zb)")):
+                                             "got 2 (families with slices: seq1f1b, seq1f1b-zb, seq1f1b-i)")):
         generate("1f1b", 4, 8, slices=2)
     with raises_said(ScheduleArgError, _said("--slices must be >= 1; got 0")):
         generate("seq1f1b", 4, 8, slices=0)
@@ -210,3 +225,13 @@ def test_the_lowering_sends_a_slice_s_share_and_its_memory_walk_holds_slices():
     peaks = metrics(simulate(sched, Costs(activation=100.0, kv_share=0.5))).peak_activations
     assert [max(h.activations for _, h in m.curve) for m in walked] == pytest.approx(list(peaks))
     assert max(h.received for _, h in walked[0].curve) == 5.0  # a slice's gradient buffer
+
+
+def test_seq1f1b_i_runs_each_chunk_visit_as_its_slices_as_the_authors_figure():
+    """The authors' Seq1F1B-I figure (thunlp/Seq1F1B README), p=4, v=2, 2 slices: rank 0 runs 16 forwards (4
+    micro-batches' slices through chunk 0, then chunk 1), then chunk 1's backward of micro-batch 0's last slice."""
+    sched = generate("seq1f1b-i", 4, 8, 2, slices=2)
+    first = [str(a) for a in sched.programs[0][:20]]
+    assert first[:16] == [f"0F{u}" for u in range(8)] + [f"4F{u}" for u in range(8)]
+    assert first[16:] == ["4B1", "0F8", "4B0", "0F9"]
+    assert [str(a) for a in sched.programs[3][:12]][8:] == ["7F0", "7F1", "7B1", "7F2"]  # 2(p-r-1) + (v-1)Nk + k-1

@@ -109,6 +109,10 @@ FAMILIES: dict[str, Family] = {
         Family(name="seq1f1b-zb", target="seq1f1b:seq1f1b_zb", split_backward=True, slices=True,
                summary="Seq1F1B-ZB: Seq1F1B with Zero Bubble's split backward (ZB-H1's shape over slices)",
                idle=forms.sliced(forms.zb_h1), memory=forms.seq1f1b_memory),
+        Family(name="seq1f1b-i", target="seq1f1b:seq1f1b_i", slices=True, chunks=None, default_chunks=2,
+               min_microbatches=lambda p, v: p if v > 1 else 1, min_rule="`microbatches` >= `ranks`",
+               summary="Seq1F1B-I: interleaved 1F1B (v chunks per rank) over sequence slices",
+               idle=forms.sliced(forms.fill_from_p)),
     ]
 }
 

@@ -12,11 +12,17 @@ micro-batch's slices in reverse (slice j hands the gradient of those keys and va
   (1F1B: p). k = 1 is 1F1B.
 - ``seq1f1b-zb``: the same units with Zero Bubble's split backward (ZB-H1's shape, the authors' Seq1F1B-ZB):
   ``p - r + k - 1`` warm-up forwards, then I [W] F with W put off by r to fill the cooldown. k = 1 is ZB-H1.
+- ``seq1f1b-i``: interleaved 1F1B (v chunks per rank, Megatron's schedule table) with each micro-batch's visit
+  of a chunk cut into its k slices, forwards first slice first, backwards last slice first (the authors'
+  Seq1F1B-I figure): ``2 (p - r - 1) + (v - 1) N k + k - 1`` warm-up units for a group of N micro-batches.
+  k = 1 is interleaved 1F1B.
 """
 
 from __future__ import annotations
 
+from ..actions import Action, new
 from ..schedule import Schedule, make
+from .interleaved import group_size, schedule_table
 from .one_f_one_b import program
 from .zero_bubble import split_program
 
@@ -44,3 +50,24 @@ def seq1f1b_zb(ranks: int, microbatches: int, chunks: int = 1, slices: int = 1) 
     back = backward_order(n, k)
     programs = [split_program(r, n, warmup=p - r + k - 1, delay=r, backwards=back) for r in range(p)]
     return make("seq1f1b-zb", programs, range(p), n, slices=k)
+
+
+def seq1f1b_i(ranks: int, microbatches: int, chunks: int = 2, slices: int = 1) -> Schedule:
+    p, m, v, k = ranks, microbatches, chunks, slices
+    group = group_size(p, m) if v > 1 else p  # Megatron's microbatch_group_size_per_vp_stage
+    table = schedule_table(m, v, group)
+    ahead = [(mb * k + j, c) for mb, c in table for j in range(k)]  # a visit's slices, first to last
+    back = [(mb * k + j, c) for mb, c in table for j in reversed(range(k))]  # and last to first
+    total = len(ahead)
+    programs = []
+    for r in range(p):
+        forwards = [new(Action, ("F", c * p + r, u)) for u, c in ahead]
+        backwards = [new(Action, ("B", (v - 1 - c) * p + r, u)) for u, c in back]
+        hops = p - r - 1 if v == 1 else 2 * (p - r - 1) + (v - 1) * group * k
+        warmup = min(hops + k - 1, total)
+        prog = forwards[:warmup]  # warmup
+        for f, b in zip(forwards[warmup:], backwards[:total - warmup]):  # steady 1F1B
+            prog += (f, b)
+        prog += backwards[total - warmup:]  # cooldown
+        programs.append(prog)
+    return make("seq1f1b-i", programs, [s % p for s in range(p * v)], m * k, slices=k)
