@@ -2,7 +2,9 @@
 
 An op starts when its rank is free and its inputs have arrived (the
 dependency rules, as the engine applies them: ``F(s)`` needs ``F(s-1)``, ``B|I(s)``
-need ``F(s)`` and the gradient of ``s+1``, ``W(s)`` needs ``I(s)``; lanes start and
+need ``F(s)`` and the gradient of ``s+1``, ``W(s)`` needs ``I(s)``, and with sequence
+slices a slice's forward needs the previous slice's on its stage (its keys and
+values), a slice's backward the next slice's (their gradients); lanes start and
 end where the engine's do). An op that starts after its rank was free waited for
 its latest input; that input's op may have waited in turn, and so on: the chain
 follows these waits back until an op that started as soon as its own rank was
@@ -50,6 +52,9 @@ from .timeline import Timeline
 from .validate import check_structure, describe_deadlock, wait_cycle
 
 CAUSES = ("fill", "drain", "slow stage", "link", "order", "collective", "long micro-batch")
+#: what a slice waits for from its neighbour slice on its own stage (``Input.what``)
+KEYS, KEY_GRADS = "keys and values", "key and value gradients"
+SLICE_INPUTS = (KEYS, KEY_GRADS)
 #: a stage is slow when its ops of one kind take this much longer than the fastest stage's (median)
 SLOW = 1.05
 #: longest chain followed (a chain of waits visits each op at most once, so this only bounds odd inputs)
@@ -67,7 +72,9 @@ class Input(NamedTuple):
     """An op's input: the op that makes it, what it carries, and the link time to bring it over."""
 
     at: At
-    what: str  #: "activation", "gradient" (from another stage), "forward" or "input gradient" (its own stage's)
+    #: "activation", "gradient" (from another stage), "forward" or "input gradient" (its own stage's), or a
+    #: neighbour slice's ``KEYS`` or ``KEY_GRADS`` (its own stage's)
+    what: str
     link: float
 
 
@@ -160,11 +167,13 @@ class _Index:
         return self.sc.message_of(boundary, mb) if self.sc is not None and t > 0 else t
 
     def inputs(self, at: At) -> tuple[Input, ...]:
-        found = []
+        found, k = [], self.sched.slices
         for kind, s, mb in actions_of(self.sched.programs[at.rank][at.pos]):
             if kind == "F":
                 if s != self.first[s]:
                     found.append(Input(self.fwd(s - 1, mb), "activation", self.link(self.fwd_link[s], s - 1, mb)))
+                if mb % k:
+                    found.append(Input(self.fwd(s, mb - 1), KEYS, 0.0))
             elif kind == "W":
                 found.append(Input(self.grad(s, mb), "input gradient", 0.0))
             elif kind == RECOMPUTE:
@@ -175,6 +184,8 @@ class _Index:
                 found.append(Input(self.fwd(s, mb), "forward", 0.0))
                 if s != self.last[s]:
                     found.append(Input(self.grad(s + 1, mb), "gradient", self.link(self.bwd_link[s], s, mb)))
+                if mb % k < k - 1:
+                    found.append(Input(self.grad(s, mb + 1), KEY_GRADS, 0.0))
                 back = self._back.get(s * self.sched.microbatches + mb)
                 if back is not None:
                     kind_back = self.sched.programs[back // self.width][back % self.width][0]
@@ -191,7 +202,9 @@ def link_times(timeline: Timeline) -> list[float] | None:
 def _resolved(timeline: Timeline):
     """The costs the timeline was simulated with, per stage (``StageCosts``; None if unknown)."""
     costs = timeline.meta.get("costs")
-    return None if costs is None else costs.resolve(timeline.schedule.stages, timeline.schedule.microbatches)
+    if costs is None:
+        return None
+    return costs.resolve(timeline.schedule.stages, timeline.schedule.microbatches, slices=timeline.schedule.slices)
 
 
 _UNKNOWN = object()
@@ -432,7 +445,7 @@ def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: 
     blocker = At(origin.rank, origin.pos - 1) if w.free(origin) > w.t0 + w.eps else None
     if blocker is None:
         return _Why("fill", None, f"the chain starts at {w.op(origin)}, the step's first action" + _linked(link, w))
-    if first.in_flight >= length - w.eps and first.in_flight > w.eps:
+    if first.in_flight >= length - w.eps and first.in_flight > w.eps and first.what not in SLICE_INPUTS:
         return _Why("link", blocker, f"the {first.what} was in flight from rank {first.waits_for.rank} for "
                     f"{_n(first.in_flight)}")
     if link > length / 2:
@@ -491,6 +504,14 @@ def _long_on_chain(w: _Waits, at: At, blocker: At) -> tuple[At, int, float] | No
         if got is not None and (best is None or got[0] > best[2]):
             best = (step.waits_for, got[1], got[0])
     return best
+def _slice_wait(step: Step, w: _Waits) -> str:
+    """A wait for a neighbour slice on the same stage, in words: "slice 1 waits for slice 0's forward on this
+    stage: its keys and values"."""
+    k = w.sched.slices
+    waiting, waited = (a.mb % k for a in (w.op(step.at), w.op(step.waits_for)))
+    if step.what == KEYS:
+        return f"slice {waiting} waits for slice {waited}'s forward on this stage: its keys and values"
+    return f"slice {waiting} waits for slice {waited}'s backward on this stage: the gradients of its keys and values"
 
 
 def _linked(link: float, w: _Waits) -> str:
@@ -507,8 +528,10 @@ def _gap(w: _Waits, at: At, free: float, why: _Why) -> Gap:
         return Gap(rank=at.rank, start=free, end=w.start(at), before=at, chain=(), origin=at, blocker=None,
                    cause=why.cause, text=f"{head}{why.why}")
     first = steps[0]
-    links = " <- ".join(str(w.op(s.waits_for)) for s in steps[1:])
-    text = (f"{w.op(at)} waits for {w.op(first.waits_for)} ({first.what} from rank {first.waits_for.rank})"
+    links = " <- ".join(str(w.op(s.waits_for)) + (f" ({_slice_wait(s, w)})" if s.what in SLICE_INPUTS else "")
+                        for s in steps[1:])
+    source = _slice_wait(first, w) if first.what in SLICE_INPUTS else f"{first.what} from rank {first.waits_for.rank}"
+    text = (f"{w.op(at)} waits for {w.op(first.waits_for)} ({source})"
             + (f" <- {links}" if links else "") + f": {why.cause}: {why.why}")
     return Gap(rank=at.rank, start=free, end=w.start(at), before=at, chain=tuple(steps), origin=w.origin(at),
                blocker=why.blocker, cause=why.cause, text=head + text)
@@ -568,7 +591,7 @@ def _durations(tl: Timeline) -> dict[tuple[str, int], float]:
                 took.setdefault((op.kind, op.stage), []).append(e - s)
     out = {key: statistics.median(xs) for key, xs in took.items()}
     if costs is not None:
-        sc = costs.resolve(tl.schedule.stages)
+        sc = costs.resolve(tl.schedule.stages, tl.schedule.microbatches, slices=tl.schedule.slices)
         out.update({(k, s): sc.duration(k, s) for k in "FBIW" for s in range(tl.schedule.stages)})
     return out
 
@@ -664,7 +687,7 @@ def deadlock(schedule: Schedule, costs) -> Deadlock | None:
     the wrong rank), as the validator does.
     """
     check_structure(schedule)
-    sc = costs.resolve(schedule.stages)
+    sc = costs.resolve(schedule.stages, schedule.microbatches, slices=schedule.slices)
     try:
         play(schedule, sc)
         return None

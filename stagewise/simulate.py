@@ -21,7 +21,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = Tr
     costs = costs or Costs()
     if costs.comm is not None:  # communication as actions: the lowered programs, transfers on their resources
         return costs.comm.simulate(schedule, costs, check=check)
-    sc = costs.resolve(schedule.stages, schedule.microbatches)
+    sc = costs.resolve(schedule.stages, schedule.microbatches, slices=schedule.slices)
     if check:
         check_structure(schedule)
     try:
@@ -45,7 +45,7 @@ def timeline(schedule: Schedule, costs: Costs, sc, starts, ends, comm, exposed=N
         activation=tuple(sc.activation), activation_bytes=tuple(sc.activation_bytes) if sc.activation_bytes else None,
         kept=tuple(sc.kept) if sc.kept is not None else None,
         kept_bytes=tuple(sc.kept_bytes) if sc.kept_bytes is not None else None,
-        free_at_i=sc.free_at_i, mb_activation=sc.mb_activation,
+        free_at_i=sc.free_at_i, mb_activation=sc.mb_activation, kv_share=sc.kv_share,
         cap=tuple(cap.per_rank(schedule.ranks)) if cap is not None else None,
         cap_unit=cap.unit if cap is not None else "chunks", comm=comm, meta={"costs": costs, **meta})
 

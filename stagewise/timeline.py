@@ -20,7 +20,7 @@ from operator import sub
 
 from . import display
 from .actions import HOST_KINDS, OFFLOAD, RECOMPUTE, RELOAD, Pair, actions_of
-from .costs import freed
+from .costs import freed, slice_activation
 from .all_to_all import Comm, kinds, totals
 from .schedule import Schedule
 
@@ -41,6 +41,7 @@ class Timeline:
     mb_activation: tuple[float, ...] | None = None
     kept: tuple[float, ...] | None = None  #: per stage, what the F of a unit with a RECOMPUTE keeps (chunk-units)
     kept_bytes: tuple[float, ...] | None = None  #: the same in bytes
+    kv_share: float = 0.0  #: keys' and values' share of the activations (sequence slices: ``slice_activation``)
     cap: tuple[float, ...] | None = None  #: most activation each rank may hold (None: no cap)
     cap_unit: str = "chunks"  #: "chunks" (compared with peak_activations) or "bytes"
     #: per rank, the all-to-all of each action that has one (its own lane beside compute); None: none
@@ -95,16 +96,16 @@ class Timeline:
                 out.append((t, live))
             return out
         size = self.activation_bytes if unit_bytes and self.activation_bytes else self.activation
-        f = self.mb_activation
+        held = unit_sizes(self.schedule, size, self.kv_share, self.mb_activation)
         live, out = 0.0, [(0.0, 0.0)]
         for op, start, end in self.rows(rank):
             for a in actions_of(op):
                 if a.kind == "F":
-                    live += size[a.stage] * f[a.mb] if f is not None else size[a.stage]
+                    live += held(a)
                     out.append((start, live))
             for a in actions_of(op):
                 if a.kind != "F":
-                    live -= freed(a.kind, size[a.stage] * f[a.mb] if f is not None else size[a.stage], self.free_at_i)
+                    live -= freed(a.kind, held(a), self.free_at_i)
                     out.append((end, live))
         return out
 
@@ -119,34 +120,52 @@ class Timeline:
         bytes_ = unit_bytes and self.activation_bytes
         size = self.activation_bytes if bytes_ else self.activation
         kept = (self.kept_bytes if bytes_ else self.kept) or (0.0,) * len(size)
-        f = self.mb_activation
+        held = unit_sizes(self.schedule, size, self.kv_share, self.mb_activation)
         prog = self.schedule.programs[rank]
         redone = {(a.stage, a.mb) for a in prog if type(a) is not Pair and a.kind == RECOMPUTE}
         out = []
         for k, (op, start, end) in enumerate(self.rows(rank)):
-            for kind, s, mb in actions_of(op):
-                c = f[mb] if f is not None else 1.0
+            for a in actions_of(op):
+                kind, s, mb = a
+                x = held(a)  # the unit's whole activation; a recomputed F keeps its kept share of it
+                keep = x * kept[s] / size[s] if size[s] else 0.0
                 if kind == "F":
-                    out.append((start, 2 * k, c * (kept[s] if (s, mb) in redone else size[s])))
+                    out.append((start, 2 * k, keep if (s, mb) in redone else x))
                 elif kind == RECOMPUTE:
-                    out.append((start, 2 * k, c * (size[s] - kept[s])))
+                    out.append((start, 2 * k, x - keep))
                 elif kind == RELOAD:
                     if transfers:
-                        out.append((start, 2 * k, c * size[s]))
+                        out.append((start, 2 * k, x))
                 elif kind == OFFLOAD:
                     if transfers:
-                        out.append((end, -2, -c * size[s]))
+                        out.append((end, -2, -x))
                 else:
-                    out.append((end, 2 * k + 1, -freed(kind, c * size[s], self.free_at_i)))
+                    out.append((end, 2 * k + 1, -freed(kind, x, self.free_at_i)))
         out.sort()
         return out
 
 
-def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0, mb_factor=None) -> list[float]:
+def unit_sizes(schedule: Schedule, size, kv_share: float = 0.0, mb_factor=None):
+    """The activation an action's unit keeps on its stage, as a function of the action: ``size`` per stage;
+    with sequence slices what its slice keeps (``costs.slice_activation``); times its micro-batch's factor
+    (``Costs.mb_activation``) when micro-batches differ."""
+    k = schedule.slices
+    if mb_factor is None:
+        if k == 1:
+            return lambda a: size[a.stage]
+        return lambda a: slice_activation(size[a.stage], a.mb % k, k, kv_share)
+    if k == 1:
+        return lambda a: size[a.stage] * mb_factor[a.mb]
+    return lambda a: slice_activation(size[a.stage], a.mb % k, k, kv_share) * mb_factor[a.mb]
+
+
+def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0, mb_factor=None,
+                kv_share: float = 0.0) -> list[float]:
     """Peak live activations per rank; time-free since a rank's ops are sequential. ``mb_factor``: per
-    micro-batch (unit), a factor on its activation (``Costs.mb_activation``; None: 1)."""
-    if mb_factor is not None:
-        return _peak_varied(schedule, size, free_at_i, mb_factor)
+    micro-batch (unit), a factor on its activation (``Costs.mb_activation``; None: 1); ``kv_share``: with
+    sequence slices, what each slice keeps (``costs.slice_activation``)."""
+    if mb_factor is not None or schedule.slices > 1:
+        return _unit_peak(schedule, unit_sizes(schedule, size, kv_share, mb_factor), free_at_i)
     # what an action of each kind adds to its rank's activations, per stage: one lookup per op on the hot path
     # of every metrics call (adding -x is subtracting x, bit for bit); any other kind frees as ``freed``'s W
     frees_w = [-freed("W", x, free_at_i) for x in size]
@@ -170,14 +189,14 @@ def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0, mb_factor=None
     return peaks
 
 
-def _peak_varied(schedule: Schedule, size, free_at_i: float, f) -> list[float]:
-    """``peak_memory`` when micro-batches differ: each action's size times its micro-batch's factor."""
+def _unit_peak(schedule: Schedule, held, free_at_i: float) -> list[float]:
+    """``peak_memory`` where units differ (slices, micro-batch factors): ``held``, action -> its unit's size."""
     peaks = []
     for prog in schedule.programs:
         live = peak = 0.0
         for op in prog:
             for a in actions_of(op):  # a pair: its forward, then its backward (as ``peak_memory``)
-                x = size[a.stage] * f[a.mb]
+                x = held(a)
                 live += x if a.kind == "F" else -freed(a.kind, x, free_at_i)
                 if live > peak:
                     peak = live
@@ -269,8 +288,9 @@ def metrics(tl: Timeline) -> Metrics:
         peak_b = tuple(_timed_peaks(tl, True)) if tl.activation_bytes else None
         peaks = tuple(_timed_peaks(tl, False))
     else:
-        peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i, f)) if tl.activation_bytes else None
-        peaks = tuple(peak_memory(sched, tl.activation, tl.free_at_i, f))
+        peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i, f, tl.kv_share)) \
+            if tl.activation_bytes else None
+        peaks = tuple(peak_memory(sched, tl.activation, tl.free_at_i, f, tl.kv_share))
     a2a, exposed = totals(tl.comm, R)
     return Metrics(
         makespan=makespan,

@@ -281,6 +281,7 @@ LESSON_ANSWERS = [
     ("dualpipe", [("a2a", "0.25")]),
     ("uneven", [("tf", "1.25,1.25,1.25,1.25"), ("tb", "2.5,2.5,2.5,2.5")]),
     ("lengths", [("lengths", "8192,4096,2048,1024,1024,1024,512,512")]),  # longest first, typed
+    ("slices", [("slices", "3")]),
 ]
 
 

@@ -99,12 +99,14 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
     from ..lengths import ORDERS
 
     names = family_names(args.schedules)
+    slices = getattr(args, "slices", 1)
     if lengths_from(args) is not None:
         orders = ORDERS if args.order == "all" else (args.order,)
-        entries = compare_orders(schedules_for(names, args.ranks, args.microbatches, args.chunks),
+        entries = compare_orders(schedules_for(names, args.ranks, args.microbatches, args.chunks, slices=slices),
                                  lambda sched, order: costs_from(args, sched, order), orders)
     else:
-        entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched))
+        entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched),
+                          slices)
     if not entries:
         raise UsageError(f"no schedule family accepts -p {args.ranks} -m {args.microbatches}")
     return [(e.result, e.timeline) for e in entries]
@@ -135,7 +137,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_export(args) -> int:
-    sched = generate(args.name, args.ranks, args.microbatches, args.chunks)
+    sched = generate(args.name, args.ranks, args.microbatches, args.chunks, args.slices)
     try:
         if args.comms:
             from ..lowering.torch_comms import dump, dumps

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ..costs import Costs, MemoryCap, transformer_activation, with_transformer_memory
+from ..costs import Costs, MemoryCap, transformer_activation, transformer_kv_share, with_transformer_memory
 from ..option_values import UsageError, finite_float, whole_int
 
 
@@ -40,6 +40,10 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-length", type=whole_int, default=None, help="sequence length (s)")
     g.add_argument("--micro-batch-size", type=whole_int, default=1, help="sequences per micro-batch (b), default 1")
     g.add_argument("--layers-per-stage", type=_positive, default=1.0, help="layers in one stage, default 1")
+    g.add_argument("--kv-share", type=_fraction, default=None,
+                   help="with --slices: the share of a micro-batch's activations that are attention keys and values "
+                        "(a slice also keeps those of the slices before it), default 0, or 4h/(34h + 5as) with "
+                        "--hidden-size --heads --seq-length")
     g.add_argument("--cap", default=None, metavar="N[,N..]",
                    help="most activation per rank in chunk-units, one number or one per rank")
     g.add_argument("--cap-bytes", default=None, metavar="N[,N..]",
@@ -116,7 +120,7 @@ def memory_costs(args: argparse.Namespace, costs: Costs) -> Costs:
         raise UsageError(f"{given[0]} needs --hidden-size, --heads and --seq-length together")
     if given:
         act = transformer_activation(hidden, heads, seq, args.micro_batch_size, args.layers_per_stage)
-        costs = with_transformer_memory(costs, act)
+        costs = replace(with_transformer_memory(costs, act), kv_share=transformer_kv_share(hidden, heads, seq))
     if getattr(args, "free_at_i", None) is not None:
         costs = replace(costs, free_at_i=args.free_at_i)
     if getattr(args, "host_bandwidth", None) is not None:
@@ -125,6 +129,8 @@ def memory_costs(args: argparse.Namespace, costs: Costs) -> Costs:
         costs = replace(costs, host_bandwidth=args.host_bandwidth)
     if getattr(args, "recompute_keep", None) is not None:
         costs = replace(costs, recompute_keep=args.recompute_keep)
+    if getattr(args, "kv_share", None) is not None:
+        costs = replace(costs, kv_share=args.kv_share)
     cap = memory_cap(getattr(args, "cap", None), getattr(args, "cap_bytes", None))
     return replace(costs, cap=cap) if cap is not None else costs
 

@@ -184,7 +184,8 @@ def _wiring(schedule: Schedule, sizes: dict, headers: str = "none") -> _Wiring:
 
     ahead = tuple(rank_of(message_out(("F", s, 0), first, last)) for s in range(S))
     behind = tuple(rank_of(message_out(("B", s, 0), first, last)) for s in range(S))
-    nbytes = tuple(sizes["boundary"]) if sizes["boundary"] is not None else (0.0,) * S
+    # a sequence slice sends 1/k of a micro-batch's boundary
+    nbytes = tuple(x / schedule.slices for x in sizes["boundary"]) if sizes["boundary"] is not None else (0.0,) * S
     mail, headed = {}, set()
     for (src, dst), keys in send_orders(schedule).items():
         heads = headed_keys(keys, headers)

@@ -28,7 +28,8 @@ The kinds, each read off the lowered program's own actions:
   which this does not model.
 
 Sizes: ``Sizes`` (the lowering's options) gives the weights, gradients and boundary bytes; the activations
-come from the cost model (``StageCosts.sizes``).
+come from the cost model (``StageCosts.sizes``). With sequence slices a unit holds its slice's share of a
+micro-batch's activation (``costs.slice_activation``) and receives 1/k of its boundary.
 
 Example:
     >>> from stagewise.schedules import generate
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
 from ..actions import MEMORY_KINDS, OFFLOAD, RECOMPUTE, RELOAD, Action, Pair
-from ..costs import freed
+from ..costs import freed, slice_activation
 from ..comm_actions import RECV_B, RECV_F, REDUCE_GRAD, RESHARD, UNSHARD, CommAction
 from .lower import Lowered
 
@@ -97,7 +98,8 @@ def at_once(shares: Sequence[float]) -> float:
 
 def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = None,
            per_layer: bool = False, mb_factor: Sequence[float] | None = None,
-           kept: Sequence[float] | None = None) -> Iterator[tuple[int, int, int, float]]:
+           kept: Sequence[float] | None = None, share=None,
+           part: float = 1.0) -> Iterator[tuple[int, int, int, float]]:
     """The rank's holdings as they change, in program order: (position, kind (``KINDS`` index), stage, amount
     per unit of that kind's size at that stage). A received buffer's stage is the boundary's: the stage that
     sent an activation (``s - 1`` for ``RECV_F`` of s), or whose input gradient came back (s for ``RECV_B``).
@@ -107,9 +109,15 @@ def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = Non
     the first of them also reduces bucket by bucket (``during`` it: no earlier backward accumulated any) are
     that share of the stage's, each layer's freed once reduced. ``mb_factor``: per micro-batch, a factor on its
     activation and received buffers (its tokens: ``Costs.mb_activation``; None: 1). ``kept``: per stage, the
-    share of its activation the F of a unit with a RECOMPUTE keeps (default none)."""
+    share of its activation the F of a unit with a RECOMPUTE keeps (default none).
+
+    ``share``: with sequence slices, unit -> the share of a micro-batch's activation its slice keeps; ``part``:
+    the share of a boundary one unit's message carries (1/k)."""
     def tok(mb) -> float:
         return mb_factor[mb] if mb_factor is not None and 0 <= mb < len(mb_factor) else 1.0
+
+    def one(mb) -> float:  # a unit's activation, in micro-batch activations
+        return tok(mb) * (share(mb) if share is not None else 1.0)
 
     gathered: set[int] = set()
     redone = {(a.stage, a.mb) for a in program if type(a) is Action and a.kind == RECOMPUTE}
@@ -123,7 +131,7 @@ def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = Non
             if kind == RECV_F or kind == RECV_B:
                 b = op.stage - 1 if kind == RECV_F else op.stage
                 waiting[("F" if kind == RECV_F else "B", op.stage, op.mb)] = b
-                yield k, 3, b, tok(op.mb)
+                yield k, 3, b, tok(op.mb) * part
             elif kind == UNSHARD and op.group == "fsdp" and op.stage not in gathered:
                 gathered.add(op.stage)
                 yield k, 1, op.stage, window[op.stage] if per_layer else 1.0
@@ -138,20 +146,20 @@ def events(program, free_at_i: float = 0.0, window: Sequence[float] | None = Non
             if kind == "F":
                 b = waiting.pop(("F", s, mb), None)
                 if b is not None:  # becomes this F's input: counted in its activation from here
-                    yield k, 3, b, -tok(mb)
-                yield k, 0, s, tok(mb) * ((kept[s] if kept is not None else 0.0) if (s, mb) in redone else 1.0)
+                    yield k, 3, b, -tok(mb) * part
+                yield k, 0, s, one(mb) * ((kept[s] if kept is not None else 0.0) if (s, mb) in redone else 1.0)
                 continue
             if kind in MEMORY_KINDS:
-                yield k, 0, s, tok(mb) * (-1.0 if kind == OFFLOAD else 1.0 if kind == RELOAD else
+                yield k, 0, s, one(mb) * (-1.0 if kind == OFFLOAD else 1.0 if kind == RELOAD else
                                           1.0 - (kept[s] if kept is not None else 0.0))
                 continue
             if sharded and kind != "I" and s not in graded:
                 graded[s] = window[s] if (k, s) in bucketed else 1.0
                 yield k, 2, s, graded[s]
             b = waiting.pop(("B", s, mb), None) if kind != "W" else None
-            yield k, 0, s, -freed(kind, tok(mb), free_at_i)
+            yield k, 0, s, -freed(kind, one(mb), free_at_i)
             if b is not None:
-                yield k, 3, b, -tok(mb)
+                yield k, 3, b, -tok(mb) * part
 
 
 def _reduced_during(program) -> set[tuple[int, int]]:
@@ -176,13 +184,16 @@ def sizes_of(low: Lowered, activation: Sequence[float], boundary: Sequence[float
 def lowered_memory(low: Lowered, activation: Sequence[float], free_at_i: float = 0.0,
                    boundary: Sequence[float] | None = None,
                    mb_factor: Sequence[float] | None = None,
-                   kept: Sequence[float] | None = None) -> tuple[RankMemory, ...]:
+                   kept: Sequence[float] | None = None, kv_share: float = 0.0) -> tuple[RankMemory, ...]:
     """Each rank's ``RankMemory`` under ``activation`` (per stage, one micro-batch's, in the unit wanted) and
     ``free_at_i`` (the cost model's), the weights, gradients and boundaries at ``sizes_of``'s; ``mb_factor``
     per micro-batch on its activations and received buffers (``Costs.mb_activation``); ``kept`` per stage
-    what the F of a recomputed unit keeps, in ``activation``'s unit (``StageCosts.kept_sizes``)."""
-    share = [k / a if a else 0.0 for k, a in zip(kept, activation)] if kept is not None else None
+    what the F of a recomputed unit keeps, in ``activation``'s unit (``StageCosts.kept_sizes``); with sequence
+    slices each unit's slice share (``kv_share``: the cost model's)."""
+    kept_share = [k / a if a else 0.0 for k, a in zip(kept, activation)] if kept is not None else None
     size = sizes_of(low, activation, boundary)
+    n = low.schedule.slices
+    share = None if n == 1 else (lambda mb: slice_activation(1.0, mb % n, n, kv_share))
     window = [at_once(xs) for xs in low.options.sizes.resolve(low.schedule.stages)["layers"]]
     per_layer = low.parallelism.reshard_after_forward
     out = []
@@ -190,7 +201,7 @@ def lowered_memory(low: Lowered, activation: Sequence[float], free_at_i: float =
         held = [0.0] * len(KINDS)
         curve: list[tuple[int, Held]] = []
         best, at, top = Held(), 0, 0.0
-        for k, kind, s, amount in events(prog, free_at_i, window, per_layer, mb_factor, share):
+        for k, kind, s, amount in events(prog, free_at_i, window, per_layer, mb_factor, kept_share, share, 1.0 / n):
             held[kind] += amount * size[kind][s]
             now = Held(*held)
             if curve and curve[-1][0] == k:

@@ -1,6 +1,6 @@
 """Names of the schedule families, their argument rules, and how to make one.
 
-``generate(name, ranks, microbatches, chunks)`` checks the arguments against the
+``generate(name, ranks, microbatches, chunks, slices)`` checks the arguments against the
 family's rules first, so a bad option gets a message naming it and the rule
 instead of a failure from deep inside a generator.
 """
@@ -15,7 +15,6 @@ from .. import limits
 from ..collector import gc_paused
 from ..schedule import Schedule
 from . import forms
-from .forms import Uniform
 from ..errors import StagewiseError
 
 
@@ -37,15 +36,19 @@ class Family:
     min_rule: str = ""
     even_microbatches: bool = False
     split_backward: bool = False
-    #: the papers' largest idle time of a rank, (p, m, v, Uniform) -> time or None where not exact
-    idle: Callable[[int, int, int, Uniform], float | None] | None = None
+    #: the papers' largest idle time of a rank, (p, m, v, Uniform) -> time or None where not exact (a family with
+    #: slices takes k too, m micro-batches of k slices: ``forms.sliced``)
+    idle: Callable[..., float | None] | None = None
     #: F&B pairs each rank runs (p, m) -> one count per rank; they cost F&B instead of F + B
     pairs: Callable[[int, int], list[int]] | None = None
-    #: the papers' peak activations of the busiest rank, (p, m, v) -> micro-batches of one rank's share
-    memory: Callable[[int, int, int], float] | None = None
+    #: the papers' peak activations of the busiest rank, (p, m, v) -> micro-batches of one rank's share (a family
+    #: with slices takes k too: (p, m, v, k))
+    memory: Callable[..., float] | None = None
     param_copies: int = 1  #: whole-model parameter copies the ranks hold together
     #: every rank holds every micro-batch of each of its stages at its peak (all forwards before the backwards)
     holds_all: bool = False
+    #: cuts micro-batches into sequence slices (Seq1F1B): its generator and forms take ``slices``
+    slices: bool = False
 
     @property
     def generator(self) -> Callable[..., Schedule]:
@@ -100,12 +103,28 @@ FAMILIES: dict[str, Family] = {
                summary="DualPipeV: DualPipe cut in half, V-shape, one parameter copy",
                idle=forms.dualpipe_idle(2), pairs=lambda p, m: _lazy("dualpipe_v:pairs")(p, m),
                memory=lambda p, m, v: p + 0.5),
+        Family(name="seq1f1b", target="seq1f1b:seq1f1b", slices=True,
+               summary="Seq1F1B: 1F1B over sequence slices (--slices k), backwards reversed in a micro-batch",
+               idle=forms.sliced(forms.fill), memory=forms.seq1f1b_memory),
+        Family(name="seq1f1b-zb", target="seq1f1b:seq1f1b_zb", split_backward=True, slices=True,
+               summary="Seq1F1B-ZB: Seq1F1B with Zero Bubble's split backward (ZB-H1's shape over slices)",
+               idle=forms.sliced(forms.zb_h1), memory=forms.seq1f1b_memory),
+        Family(name="seq1f1b-i", target="seq1f1b:seq1f1b_i", slices=True, chunks=None, default_chunks=2,
+               min_microbatches=lambda p, v: p if v > 1 else 1, min_rule="`microbatches` >= `ranks`",
+               summary="Seq1F1B-I: interleaved 1F1B (v chunks per rank) over sequence slices",
+               idle=forms.sliced(forms.fill_from_p)),
     ]
 }
 
 
 def names() -> list[str]:
     return list(FAMILIES)
+
+
+def whole_names() -> tuple[str, ...]:
+    """The families that run whole micro-batches: what the planners search when no family is named (a family of
+    sequence slices at one slice is its plain family: seq1f1b is 1f1b, seq1f1b-zb is zb-h1)."""
+    return tuple(n for n, f in FAMILIES.items() if not f.slices)
 
 
 def family(name: str) -> Family:
@@ -115,9 +134,9 @@ def family(name: str) -> Family:
         raise ScheduleArgError(f"unknown schedule {name!r}; choose one of: {', '.join(FAMILIES)}") from None
 
 
-def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
+def check_args(fam: Family, ranks: int, microbatches: int, chunks: int, slices: int = 1) -> None:
     """Raise ``ScheduleArgError`` naming the option and the rule it breaks."""
-    for name, value in (("ranks", ranks), ("microbatches", microbatches), ("chunks", chunks)):
+    for name, value in (("ranks", ranks), ("microbatches", microbatches), ("chunks", chunks), ("slices", slices)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ScheduleArgError(f"`{name}` must be a whole number; got {value!r} ({type(value).__name__})")
         if value < 1:
@@ -125,6 +144,10 @@ def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
     if fam.chunks is not None and chunks not in fam.chunks:
         allowed = " or ".join(map(str, fam.chunks))
         raise ScheduleArgError(f"{fam.name} needs `chunks` {allowed}; got {chunks}")
+    if slices != 1 and not fam.slices:
+        sliced = ", ".join(f.name for f in FAMILIES.values() if f.slices)
+        raise ScheduleArgError(f"{fam.name} does not cut micro-batches into sequence slices: `slices` 1 only; got "
+                               f"{slices} (families with slices: {sliced})")
     if fam.even_ranks and ranks % 2:
         raise ScheduleArgError(f"{fam.name} needs an even `ranks`; got {ranks}")
     if fam.even_microbatches and microbatches % 2:
@@ -134,13 +157,18 @@ def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
         raise ScheduleArgError(f"{fam.name} needs {fam.min_rule or f'`microbatches` >= {low}'} ({low}); got {microbatches}")
 
 
-def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None) -> Schedule:
-    """The schedule of family ``name`` for ``ranks`` x ``microbatches`` (x ``chunks``)."""
+def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None, slices: int = 1) -> Schedule:
+    """The schedule of family ``name`` for ``ranks`` x ``microbatches`` (x ``chunks``), each micro-batch cut into
+    ``slices`` sequence slices where the family has them (the schedule then counts m x slices units)."""
     fam = family(name)
     v = fam.default_chunks if chunks is None else chunks
-    check_args(fam, ranks, microbatches, v)
-    limits.check_schedule_size(ranks, microbatches, v, 3 if fam.split_backward else 2, name=fam.name)
+    check_args(fam, ranks, microbatches, v, slices)
+    if slices > 1:
+        limits.MICROBATCHES.check(microbatches * slices, "", detail=f"-m {microbatches} x --slices {slices} units")
+    limits.check_schedule_size(ranks, microbatches * slices, v, 3 if fam.split_backward else 2, name=fam.name)
     with gc_paused():
+        if fam.slices:
+            return fam.generator(ranks, microbatches, v, slices=slices)
         return fam.generator(ranks, microbatches, v)
 
 
