@@ -12,6 +12,11 @@ They depend on nothing else (training batches are packed sequences, no
 padding), cost ``T * head_dim`` numbers against a layer's ``T * hidden**2``
 work, so they are cheaper to recompute than to send; boundaries stay one
 tensor, right under any schedule, DualPipe's two copies and recomputation.
+
+Under sequence slices (``Schedule.slices``; runtime/stages/kv.py) a slice's positions start at its offset and
+each attention takes the earlier slices' keys and values through HF's own cache argument: ``SliceCache.update``
+hands them over (as detached leaves whose gradients go back to their slices), and the mask is the causal mask of
+the slice's queries over every key so far.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from ..runtime.stages import kv
 
 
 def modeling(model_type: str):
@@ -38,7 +45,7 @@ class GPT2Embedding(nn.Module):
         self.drop = nn.Dropout(config.embd_pdrop)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        pos = (torch.arange(input_ids.shape[1], device=input_ids.device) + kv.offset()).unsqueeze(0)
         return self.drop(self.wte(input_ids) + self.wpe(pos))
 
 
@@ -52,12 +59,41 @@ class PipelinedDecoder:
     mask_function: Callable
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        start = kv.offset()
+        pos = (torch.arange(hidden.shape[1], device=hidden.device) + start).unsqueeze(0)
         extra = {} if self.rotary_emb is None else {"position_embeddings": self.rotary_emb(hidden, pos)}
-        mask = self.mask_function(config=self.stagewise_config, inputs_embeds=hidden, attention_mask=None,
-                                  cache=None, position_ids=pos)
+        if kv.sliced():
+            extra["cache"] = SLICE_CACHE
+        if start:  # a later slice: its queries over the earlier slices' keys and its own
+            mask = self._slice_mask(hidden, start)
+        else:
+            mask = self.mask_function(config=self.stagewise_config, inputs_embeds=hidden, attention_mask=None,
+                                      cache=None, position_ids=pos)
         out = super().forward(hidden, attention_mask=mask, position_ids=pos, **extra)
         return out[0] if isinstance(out, tuple) else out
+
+    def _slice_mask(self, hidden: torch.Tensor, start: int) -> torch.Tensor:
+        """The 4-D mask of a slice starting at ``start``: bool for sdpa, additive for eager attention."""
+        config = self.stagewise_config
+        window = getattr(config, "sliding_window", None) if self.mask_function.__name__.startswith("create_sliding") \
+            else None
+        T = hidden.shape[1]
+        seen = kv.causal_mask(T, start + T, hidden.device, window)[None, None]
+        if config._attn_implementation == "sdpa":
+            return seen
+        return torch.zeros(seen.shape, dtype=hidden.dtype, device=hidden.device).masked_fill(
+            ~seen, torch.finfo(hidden.dtype).min)
+
+
+class SliceCache:
+    """What a sliced forward passes as HF's ``cache``: each attention's ``update`` returns its keys and values
+    with the earlier slices' prepended (kv.extend: the same detach-and-hand-back rule as every model)."""
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        return kv.extend(keys, values)
+
+
+SLICE_CACHE = SliceCache()
 
 
 _CLASSES: dict[type, type] = {}

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..schedule import Schedule
 from ..timeline import Timeline
-from .stages import pytree, rng
+from .stages import kv, pytree, rng
 from .execution.activation_memory import ActivationMeter
 from .messages.p2p import P2P
 from .execution.program import lower
@@ -213,6 +213,9 @@ class Pipeline:
             self.dp.flight = self.flight
         self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
+        if self.recompute and sched.slices > 1:
+            raise RunError(f"`recompute` with {sched.slices} sequence slices: a replayed slice would attend to "
+                           "keys and values kept without their graph; run sliced schedules without `recompute`")
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
         self.meter = ActivationMeter(self.stages) if measure_memory else None
         self._autocast = (lambda: torch.autocast(self.device.type, dtype=autocast)) if autocast else None
@@ -276,8 +279,10 @@ class Pipeline:
         done = self._evaluator.step(xs, ys)
         has = bool(done.mb_losses) and self._counts_loss
         loss, counted = RankSum([done.loss if has else 0.0, float(has)], self.device).value()
-        mbs = tuple(sorted(done.outputs))
-        outs = _concat([done.outputs[k] for k in mbs]) if mbs else None
+        k = self.schedule.slices
+        mbs = tuple(sorted({u // k for u in done.outputs}))
+        outs = _concat([kv.join([done.outputs[m * k + j] for j in range(k)]) if k > 1 else done.outputs[m]
+                        for m in mbs]) if mbs else None
         res = self._result(loss if counted else None, done, t0, False)
         return StepResult(total=res.total, seconds=res.seconds, op_seconds=res.op_seconds, outputs=outs,
                           output_mbs=mbs)
@@ -497,7 +502,10 @@ class Pipeline:
         if self.topo.data_shards > 1:
             tree = pytree.split(tree, self.topo.data_shards, what)[self.topo.data_index]
         moved = pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), tree)
-        parts = pytree.split(moved, self.schedule.microbatches, what)
+        k = self.schedule.slices  # the schedule's units are micro-batches x sequence slices (stages/kv.py)
+        parts = pytree.split(moved, self.schedule.microbatches // k, what)
+        if k > 1:
+            parts = [piece for part in parts for piece in kv.cut(part, k, what)]
         if self.meter is not None:  # a storage per micro-batch, so the meter counts each one's tokens apart
             parts = [pytree.map_tensors(torch.Tensor.clone, part) for part in parts]
         return parts

@@ -22,6 +22,7 @@ from torch import nn
 
 from ... import limits
 from ..dtensor import is_dtensor
+from ..stages import kv
 from ..stages.layers import Layers
 from ..stages.moe import MoE, check_moe, pack, unpack
 from ..arguments import check_seed
@@ -34,7 +35,8 @@ SYNTHETIC_TOKENS = 1 << 16
 
 
 class Embedding(nn.Module):
-    """Token plus learned position embedding: (B, T) ids -> (B, T, d)."""
+    """Token plus learned position embedding: (B, T) ids -> (B, T, d); a sequence slice's positions start at its
+    offset (stages/kv.py)."""
 
     def __init__(self, vocab: int, seq: int, d_model: int):
         super().__init__()
@@ -42,7 +44,7 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(seq, d_model)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
+        pos = torch.arange(idx.shape[1], device=idx.device) + kv.offset()
         return self.tok(idx) + self.pos(pos)
 
 
@@ -74,7 +76,8 @@ class Block(nn.Module):
 
 
 def _attend(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Causal self-attention of a block (its ln1, qkv, proj), residual."""
+    """Causal self-attention of a block (its ln1, qkv, proj), residual; a sequence slice also attends to the
+    keys and values of the slices before it (stages/kv.py)."""
     B, T, D = x.shape
     qkv, heads, first = block.qkv(block.ln1(x)), block.heads, 0
     if is_dtensor(qkv):  # tensor parallel (TP_PLAN): q|k|v is fused, so it is gathered; this rank's heads
@@ -87,7 +90,9 @@ def _attend(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     q, k, v = (t.view(B, T, block.heads, hd)[:, :, first:first + heads] if heads < block.heads else
                t.view(B, T, block.heads, hd) for t in qkv.split(D, dim=2))
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    k, v = kv.extend(k, v)
+    mask = kv.causal_mask(T, k.shape[2], x.device)
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
     return x + block.proj(a.transpose(1, 2).reshape(B, T, heads * hd))
 
 
