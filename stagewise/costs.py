@@ -19,12 +19,18 @@ gradient still needs); a full B frees it all (``freed``). Sizes are per stage
 in chunk-units (one micro-batch's activations of one stage) and, when known,
 bytes (``transformer_activation`` gives the paper's M_B and M_W of a GPT
 layer). A ``MemoryCap`` bounds each rank's peak in either unit.
+
+Sequence slices (Seq1F1B, ``Schedule.slices = k``): the costs still describe one micro-batch; a slice is a
+unit of 1/k of its compute (the paper's computation-wise partition cuts slices of equal compute) and 1/k of the
+message it sends, and keeps ``slice_activation``: its own 1/k of the activations plus a copy of the keys and
+values of the slices before it that it attends to (``kv_share`` of the micro-batch's activations are keys and
+values).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections import namedtuple
 from collections.abc import Sequence
 from .errors import StagewiseError
@@ -57,6 +63,9 @@ class Costs:
     #: fraction of a stage's activations freed at I (rest at W); negative when I holds more until W
     #: (the output gradients W needs: the runtime measures about -0.6 on its GPT)
     free_at_i: float = 0.0
+    #: share of a micro-batch's activations on a stage that are attention keys and values: a sequence slice also
+    #: keeps those of the slices before it, which it attends to (``slice_activation``)
+    kv_share: float = 0.0
     recompute: bool | Sequence[bool] = False  #: stages that keep only their input and redo F in B
     recompute_keep: PerStage = 0.0  #: activation (chunk-units) kept by a recomputed stage
     cap: "MemoryCap | None" = None  #: most activation each rank may hold (reported; `auto` searches under it)
@@ -64,8 +73,26 @@ class Costs:
     #: simulator then plays the lowered programs, transfers on their own resources. None: links and a2a only
     comm: "object | None" = None
 
-    def resolve(self, stages: int) -> "StageCosts":
-        """Per-stage lists for a schedule with ``stages`` stages."""
+    def resolve(self, stages: int, slices: int = 1) -> "StageCosts":
+        """Per-stage lists for a schedule with ``stages`` stages; with ``slices`` k, the durations and message
+        bytes of one unit (1/k of a micro-batch's) and the activations of a whole micro-batch
+        (``StageCosts.unit_size`` gives a slice's)."""
+        if not 0 <= self.kv_share <= 1:  # also NaN
+            raise CostError(f"--kv-share must be between 0 and 1; got {self.kv_share}")
+        sc = self._resolve(stages)
+        if slices == 1:
+            return sc
+        part = 1.0 / slices
+
+        def unit(xs):
+            return None if xs is None else [x * part for x in xs]
+
+        link = [self.latency + (b * part / self.bandwidth if self.bandwidth else 0.0)
+                for b in per_stage("boundary_bytes", self.boundary_bytes, stages)]
+        return replace(sc, f=unit(sc.f), b=unit(sc.b), i=unit(sc.i), w=unit(sc.w), fb=unit(sc.fb), message=link,
+                       a2a_f=unit(sc.a2a_f), a2a_b=unit(sc.a2a_b), slices=slices, kv_share=self.kv_share)
+
+    def _resolve(self, stages: int) -> "StageCosts":
         f = per_stage("t_f", self.t_f, stages)
         b = per_stage("t_b", self.t_b, stages)
         i = per_stage("t_i", self.t_i, stages, [x / 2 for x in b])
@@ -127,6 +154,8 @@ class StageCosts:
     free_at_i: float
     a2a_f: list[float] | None = None  #: all-to-all of a forward per stage; None: no all-to-all anywhere
     a2a_b: list[float] | None = None  #: of a backward (B or I), recomputed forward's included
+    slices: int = 1  #: sequence slices per micro-batch: the durations above are one slice's
+    kv_share: float = 0.0  #: keys' and values' share of a micro-batch's activations (``slice_activation``)
 
     def compute(self, kind: str, stage: int) -> float:
         return {"F": self.f, "B": self.b, "I": self.i, "W": self.w}[kind][stage]
@@ -145,10 +174,24 @@ class StageCosts:
         """Activation of one micro-batch per stage, in chunk-units or bytes."""
         return self.activation_bytes if unit_bytes and self.activation_bytes else self.activation
 
-    def allocated(self, kind: str, stage: int, unit_bytes: bool = False) -> float:
-        """What an action of ``kind`` on ``stage`` adds to its rank's live activations (negative: frees)."""
-        size = self.sizes(unit_bytes)[stage]
+    def allocated(self, kind: str, stage: int, unit_bytes: bool = False, unit: int = 0) -> float:
+        """What an action of ``kind`` on ``stage`` (of pipeline unit ``unit``) adds to its rank's live activations
+        (negative: frees)."""
+        size = slice_activation(self.sizes(unit_bytes)[stage], unit % self.slices, self.slices, self.kv_share)
         return size if kind == "F" else -freed(kind, size, self.free_at_i)
+
+
+def slice_activation(size: float, j: int, k: int, kv_share: float = 0.0) -> float:
+    """What slice ``j`` of ``k`` keeps of a micro-batch's activation ``size`` on a stage: its own 1/k, and a copy
+    of the keys and values of slices 0..j-1, which its attention reads (``kv_share`` of ``size`` are the keys and
+    values of the whole sequence): size / k * (1 + j * kv_share). k = 1: ``size``.
+
+    >>> slice_activation(8.0, 0, 2), slice_activation(8.0, 1, 2, 0.25)
+    (4.0, 5.0)
+    """
+    if k == 1:
+        return size
+    return size / k * (1.0 + j * kv_share)
 
 
 def freed(kind: str, size: float, free_at_i: float) -> float:

@@ -5,7 +5,10 @@ ops with their transfers and collectives (``lowering.play``); a compute-only sch
 without communication whose messages take their link's time.
 
 - An op starts when its rank is free and its inputs have arrived (``F(s)`` after ``F(s-1)``, ``B|I(s)`` after
-  ``F(s)`` and the gradient of ``s+1``, ``W(s)`` after ``I(s)``). A message not lowered adds
+  ``F(s)`` and the gradient of ``s+1``, ``W(s)`` after ``I(s)``). With sequence slices (``Schedule.slices``) a
+  slice's forward also waits for the previous slice's forward on its stage (the keys and values it attends to)
+  and a slice's backward for the next slice's (their gradients handed back): on the same rank, so program
+  order gives it, and a program that breaks it is ``Stuck``. A message not lowered adds
   the link's time (``costs.message``) to the receiver's ready time and never occupies the sender. An op's
   duration depends on the op alone (compute, its all-to-all, and for an F&B pair what of that is hidden:
   ``overlap``), never on when it runs.
@@ -128,6 +131,7 @@ class Engine:
         programs = self.programs = low.programs if low is not None else schedule.programs
         R, S, m = len(programs), schedule.stages, schedule.microbatches
         self.S, self.m, self.n_keys = S, m, S * m
+        self.slices = schedule.slices
         place, first, last, fwd, bwd = schedule.placement, *routes(schedule, sc)
         lowered_p2p = low is not None and low.options.p2p
         # per stage, its input's link time: a computed key's (0 on one rank), or none, or a lowered message
@@ -174,6 +178,7 @@ class Engine:
         bw, lat, blocking = self.bw, self.lat, self.blocking
         Comm_, SENDS_, RECVS_, SEND_B_, RECV_B_, UNSHARD_, _ = self.kinds
         Pair_, state, parked = Pair, self.state, self.parked
+        sl = self.slices
         stages, mbs = range(S), range(m)  # a message key in both: its id is arithmetic
         # per rank, what it plays on at every wake-up: its program, times, gathers' end and position per stage,
         # and messages got (id -> (arrival, sent at, receive position)); its links (receiver -> free at)
@@ -215,6 +220,13 @@ class Engine:
                         if y > base:
                             base = y
                         ik, x = dk + m, g_lat[s]
+                    if sl > 1 and dk >= 0:  # a neighbour slice's forward or backward on this stage
+                        y = self.slice_ready(kind, mb, dk)
+                        if y < -1.0:
+                            kw = int(-y - 2.0)
+                            break
+                        if y > base:
+                            base = y
                     if x >= 0.0:  # computed here, or a message as its link time
                         y = done[ik]
                         if y < 0:
@@ -310,6 +322,22 @@ class Engine:
         if self.low is not None:
             self.tail()
         return out
+
+    def slice_ready(self, kind: str, mb: int, dk: int) -> float:
+        """When the slice an F or a B|I of unit ``mb`` (making key ``dk``) waits for on its stage was done: the
+        previous slice's forward, the next slice's backward; -1 when it waits for none, -(key + 2) when that is
+        not done yet."""
+        j = mb % self.slices
+        if kind == "F":
+            if j == 0:
+                return -1.0
+            key = dk - 1
+        else:
+            if j == self.slices - 1:
+                return -1.0
+            key = dk + 1
+        y = self.done[key]
+        return y if y >= 0 else -(key + 2.0)
 
     def wake(self, k: int) -> None:
         """Key ``k`` (a compute result or a message) is there: the ranks parked on it go back on the work list."""
@@ -444,6 +472,12 @@ class Engine:
                 return (k,)
             mid = self.n_keys + k
             ik, link = mid + m, self.g_lat[s]
+        if self.slices > 1 and kind != "W":
+            y = self.slice_ready(kind, mb, k if kind == "F" else mid)
+            if y < -1.0:
+                return (int(-y - 2.0),)
+            if y > base:
+                base = y
         if link >= 0.0:  # computed here, or a message as its link time
             x = done[ik]
             if x < 0:

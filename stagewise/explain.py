@@ -164,7 +164,7 @@ def link_times(timeline: Timeline) -> list[float] | None:
     costs = timeline.meta.get("costs")
     if costs is None:
         return None
-    return list(costs.resolve(timeline.schedule.stages).message)
+    return list(costs.resolve(timeline.schedule.stages, timeline.schedule.slices).message)
 
 
 _UNKNOWN = object()
@@ -487,7 +487,7 @@ def _durations(tl: Timeline) -> dict[tuple[str, int], float]:
                 took.setdefault((op.kind, op.stage), []).append(e - s)
     out = {key: statistics.median(xs) for key, xs in took.items()}
     if costs is not None:
-        sc = costs.resolve(tl.schedule.stages)
+        sc = costs.resolve(tl.schedule.stages, tl.schedule.slices)
         out.update({(k, s): sc.duration(k, s) for k in "FBIW" for s in range(tl.schedule.stages)})
     return out
 
@@ -556,7 +556,7 @@ def deadlock(schedule: Schedule, costs) -> Deadlock | None:
     the wrong rank), as the validator does.
     """
     check_structure(schedule)
-    sc = costs.resolve(schedule.stages)
+    sc = costs.resolve(schedule.stages, schedule.slices)
     try:
         play(schedule, sc)
         return None

@@ -17,7 +17,7 @@ from .parallelism import Parallelism
 FLAGS = {
     # the schedule and the ranks (RunConfig, Pipeline, generate)
     "schedule": "--schedule", "csv": "--csv", "ranks": "--ranks", "microbatches": "--microbatches",
-    "chunks": "--chunks",
+    "chunks": "--chunks", "slices": "--slices",
     # the layout's degrees and options, from Parallelism's fields (pp is -p/--ranks)
     **{f.name: f.metadata["flag"] for f in fields(Parallelism)},
     # the degrees the cluster planner tries (Job), said as the fields' flags

@@ -11,7 +11,8 @@ ZB-V are "zero bubble" only with the step-end synchronisation dropped).
 
 Notation: p ranks, m micro-batches, v stages per rank; F, B (full backward =
 I + W), W (weight part), F&B an overlapped pair; costs are per stage. Idle is
-the largest idle time of a rank, makespan - busy.
+the largest idle time of a rank, makespan - busy. With k sequence slices
+(Seq1F1B) a family's form reads m k units of 1/k of the costs each.
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ def uniform(costs: Costs) -> Uniform | None:
     return Uniform(f=f + a_f, b=b + a_b, i=i + a_b, w=w, fb=fb)
 
 
-def idle_per_rank(name: str, p: int, m: int, v: int, costs: Costs) -> float | None:
-    """Idle time per rank predicted by the papers (None where there is no exact closed form)."""
+def idle_per_rank(name: str, p: int, m: int, v: int, costs: Costs, slices: int = 1) -> float | None:
+    """Idle time per rank predicted by the papers (None where there is no exact closed form); ``m`` micro-batches
+    cut into ``slices`` units each."""
     fam, u = FAMILIES.get(name), uniform(costs)
     if fam is None or fam.idle is None or u is None:
         return None
-    return fam.idle(p, m, v, u)
+    return fam.idle(p, m * slices, v, Uniform(*(x / slices for x in u)))
 
 
 def overlapped_pairs(name: str, p: int, m: int) -> list[int]:
@@ -68,10 +70,10 @@ def busy_per_rank(name: str, p: int, m: int, v: int, costs: Costs) -> list[float
     return [visits * (u.f + u.b) - k * (u.f + u.b - u.fb) for k in overlapped_pairs(name, p, m)]
 
 
-def bubble_fraction(name: str, p: int, m: int, v: int, costs: Costs | None = None) -> float | None:
-    """Idle share 1 - busy / (p * makespan) implied by the closed form."""
+def bubble_fraction(name: str, p: int, m: int, v: int, costs: Costs | None = None, slices: int = 1) -> float | None:
+    """Idle share 1 - busy / (p * makespan) implied by the closed form (``m`` micro-batches of ``slices`` units)."""
     costs = costs or Costs()
-    idle = idle_per_rank(name, p, m, v, costs)
+    idle = idle_per_rank(name, p, m, v, costs, slices)
     busy = busy_per_rank(name, p, m, v, costs)
     if idle is None or busy is None:
         return None

@@ -47,7 +47,7 @@ def closed_form(tl: Timeline) -> float | None:
     if tl.source != "simulated" or not isinstance(costs, Costs):
         return None
     sc = tl.schedule
-    return bubble_fraction(sc.name, sc.ranks, sc.microbatches, sc.chunks, costs)
+    return bubble_fraction(sc.name, sc.ranks, sc.microbatches // sc.slices, sc.chunks, costs, sc.slices)
 
 
 def summary_row(tl: Timeline) -> str:

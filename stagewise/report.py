@@ -18,18 +18,20 @@ def result(schedule: Schedule, costs: Costs, timeline: Timeline | None = None) -
     if not math.isfinite(mt.makespan):  # finite costs whose sum overflows (--tf 1e308)
         raise CostError(f"the costs overflow: the makespan is {mt.makespan}; give --tf, --tb and the other "
                         "times in a larger unit (smaller numbers)")
-    formula = formula_bubble(schedule.name, schedule.ranks, schedule.microbatches, schedule.chunks, costs)
+    k = schedule.slices
+    formula = formula_bubble(schedule.name, schedule.ranks, schedule.microbatches // k, schedule.chunks, costs, k)
     return {
         "schedule": schedule.name,
         "ranks": schedule.ranks,
-        "microbatches": schedule.microbatches,
+        "microbatches": schedule.microbatches // k,
+        "slices": k,
         "chunks": schedule.chunks,
         "stages": schedule.stages,
         "actions": schedule.num_compute_actions,
         "formula_bubble_fraction": formula,
         **mt.to_dict(),
         "parameter_copies": [x * schedule.ranks for x in mt.param_share],
-        "memory_model": memory_model(costs, schedule.stages),
+        "memory_model": memory_model(costs, schedule.stages, k),
         **({"parallelism": tl.meta["lowered"].parallelism.to_dict(),
             "lowered_memory": lowered_memory(tl.meta["lowered"], costs)} if "lowered" in tl.meta else {}),
     }
@@ -62,11 +64,15 @@ def lowered_memory_line(res: dict) -> str | None:
     return f"{res['schedule']}: lowered memory peak {got['peak'][r]:.4g} bytes on rank {r}: {parts}{note}"
 
 
-def memory_model(costs: Costs, stages: int) -> dict:
-    """What each action kind adds to its rank's live activations, per stage (negative: frees)."""
-    sc = costs.resolve(stages)
+def memory_model(costs: Costs, stages: int, slices: int = 1) -> dict:
+    """What each action kind adds to its rank's live activations, per stage (negative: frees); with sequence
+    slices, per slice j of a micro-batch too (``by_slice``: unit -> kind -> per stage)."""
+    sc = costs.resolve(stages, slices)
     units = {"chunks": False, "bytes": True} if sc.activation_bytes else {"chunks": False}
     out = {u: {k: [sc.allocated(k, s, b) for s in range(stages)] for k in "FBIW"} for u, b in units.items()}
+    if slices > 1:
+        out["by_slice"] = [{u: {k: [sc.allocated(k, s, b, j) for s in range(stages)] for k in "FBIW"}
+                            for u, b in units.items()} for j in range(slices)]
     return {"free_at_i": sc.free_at_i, **out}
 
 
@@ -114,8 +120,9 @@ def table(results: list[dict]) -> str:
         peaks = " ".join(f"{x:g}" for x in r["peak_activations"])
         exposed, hidden = a2a_cells(r)
         cells = f" {exposed:>8} {hidden:>6}" if comm else ""
+        name = r["schedule"] + (f" k={r['slices']}" if r.get("slices", 1) > 1 else "")
         lines.append(
-            f"{r['schedule']:<18} {r['ranks']:>3} {r['microbatches']:>4} {r['chunks']:>2} "
+            f"{name:<18} {r['ranks']:>3} {r['microbatches']:>4} {r['chunks']:>2} "
             f"{r['makespan']:>9.4g} {r['bubble_fraction']:>7.1%} {formula:>7}{cells}  {peaks}"
         )
     if comm:

@@ -20,7 +20,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, *, check: bool = Tr
     costs = costs or Costs()
     if costs.comm is not None:  # communication as actions: the lowered programs, transfers on their resources
         return costs.comm.simulate(schedule, costs, check=check)
-    sc = costs.resolve(schedule.stages)
+    sc = costs.resolve(schedule.stages, schedule.slices)
     if check:
         check_structure(schedule)
     try:
@@ -37,7 +37,7 @@ def timeline(schedule: Schedule, costs: Costs, sc, starts, ends, comm, **meta) -
     return Timeline(
         schedule=schedule, starts=tuple(map(tuple, starts)), ends=tuple(map(tuple, ends)),
         activation=tuple(sc.activation), activation_bytes=tuple(sc.activation_bytes) if sc.activation_bytes else None,
-        free_at_i=sc.free_at_i, cap=tuple(cap.per_rank(schedule.ranks)) if cap is not None else None,
+        free_at_i=sc.free_at_i, kv_share=sc.kv_share, cap=tuple(cap.per_rank(schedule.ranks)) if cap is not None else None,
         cap_unit=cap.unit if cap is not None else "chunks", comm=comm, meta={"costs": costs, **meta})
 
 

@@ -14,7 +14,7 @@ from operator import sub
 
 from . import display
 from .actions import Pair, actions_of
-from .costs import freed
+from .costs import freed, slice_activation
 from .all_to_all import Comm, kinds, totals
 from .schedule import Schedule
 
@@ -31,6 +31,7 @@ class Timeline:
     activation: tuple[float, ...] = ()  #: chunk-units kept per micro-batch, per stage
     activation_bytes: tuple[float, ...] | None = None
     free_at_i: float = 0.0
+    kv_share: float = 0.0  #: keys' and values' share of the activations (sequence slices: ``slice_activation``)
     cap: tuple[float, ...] | None = None  #: most activation each rank may hold (None: no cap)
     cap_unit: str = "chunks"  #: "chunks" (compared with peak_activations) or "bytes"
     #: per rank, the all-to-all of each action that has one (its own lane beside compute); None: none
@@ -79,21 +80,33 @@ class Timeline:
         (or W; ``free_at_i`` of it already at the end of I).
         """
         size = self.activation_bytes if unit_bytes and self.activation_bytes else self.activation
+        held = unit_sizes(self.schedule, size, self.kv_share)
         live, out = 0.0, [(0.0, 0.0)]
         for op, start, end in self.rows(rank):
             for a in actions_of(op):
                 if a.kind == "F":
-                    live += size[a.stage]
+                    live += held(a)
                     out.append((start, live))
             for a in actions_of(op):
                 if a.kind != "F":
-                    live -= freed(a.kind, size[a.stage], self.free_at_i)
+                    live -= freed(a.kind, held(a), self.free_at_i)
                     out.append((end, live))
         return out
 
 
-def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]:
+def unit_sizes(schedule: Schedule, size, kv_share: float = 0.0):
+    """The activation an action's unit keeps on its stage, as a function of the action: ``size`` per stage, or
+    with sequence slices what its slice keeps (``costs.slice_activation``)."""
+    k = schedule.slices
+    if k == 1:
+        return lambda a: size[a.stage]
+    return lambda a: slice_activation(size[a.stage], a.mb % k, k, kv_share)
+
+
+def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0, kv_share: float = 0.0) -> list[float]:
     """Peak live activations per rank; time-free since a rank's ops are sequential."""
+    if schedule.slices > 1:
+        return _sliced_peak(schedule, unit_sizes(schedule, size, kv_share), free_at_i)
     # what an action of each kind adds to its rank's activations, per stage: one lookup per op on the hot path
     # of every metrics call (adding -x is subtracting x, bit for bit); any other kind frees as ``freed``'s W
     frees_w = [-freed("W", x, free_at_i) for x in size]
@@ -113,6 +126,19 @@ def peak_memory(schedule: Schedule, size, free_at_i: float = 0.0) -> list[float]
             live += adds[kind][s]
             if live > peak:  # after a backward too: I grows what it keeps when free_at_i < 0
                 peak = live
+        peaks.append(peak)
+    return peaks
+
+
+def _sliced_peak(schedule: Schedule, held, free_at_i: float) -> list[float]:
+    """``peak_memory`` where each unit keeps what its slice does (``held``: action -> size)."""
+    peaks = []
+    for prog in schedule.programs:
+        live = peak = 0.0
+        for op in prog:
+            for a in actions_of(op):
+                live += held(a) if a.kind == "F" else -freed(a.kind, held(a), free_at_i)
+                peak = max(peak, live)
         peaks.append(peak)
     return peaks
 
@@ -193,14 +219,14 @@ def metrics(tl: Timeline) -> Metrics:
     R = tl.ranks
     bubble = 1.0 - sum(busy) / (R * makespan) if makespan > 0 else 0.0
     sched = tl.schedule
-    peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i)) if tl.activation_bytes else None
+    peak_b = tuple(peak_memory(sched, tl.activation_bytes, tl.free_at_i, tl.kv_share)) if tl.activation_bytes else None
     a2a, exposed = totals(tl.comm, R)
     return Metrics(
         makespan=makespan,
         bubble_fraction=bubble,
         busy=busy,
         idle=idle,
-        peak_activations=tuple(peak_memory(sched, tl.activation, tl.free_at_i)),
+        peak_activations=tuple(peak_memory(sched, tl.activation, tl.free_at_i, tl.kv_share)),
         peak_activation_bytes=peak_b,
         param_share=tuple(sched.param_share()),
         span_idle=tuple((span[1] - span[0] - b) if span else 0.0 for span, b in zip(tl.spans, busy)),

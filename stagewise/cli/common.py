@@ -99,6 +99,10 @@ def add_schedule_args(p: argparse.ArgumentParser, *, csv: bool = True, name_requ
     p.add_argument("name", nargs=None if name_required else "?", metavar="NAME",
                    help="schedule family (see `stagewise list`)")
     add_shape_args(p)
+    p.add_argument("--slices", type=positive_int, default=1,
+                   help="sequence slices per micro-batch (Seq1F1B: seq1f1b, seq1f1b-zb), default 1; -m counts "
+                        "micro-batches, the schedule m x slices units" + (" (with --csv: its micro-batch indices "
+                                                                         "are those units)" if csv else ""))
     if csv:
         p.add_argument("--csv", metavar="FILE", help="read the schedule from torch's compute-only CSV instead of NAME")
 
@@ -179,16 +183,26 @@ def schedule_from(args: argparse.Namespace):
         from ..lowering import torch_comms
 
         if torch_comms.has_comms(limits.read_text(args.csv, "--csv")):  # torch's compute+comms CSV
+            if getattr(args, "slices", 1) != 1:
+                raise UsageError("--slices reads a compute-only CSV's units as slices; a compute+comms CSV is "
+                                 "lowered as it is written: leave --slices out")
             from ..lowering.check import check
 
             args.lowered = check(torch_comms.load(args.csv))  # its sends, receives and collectives must match
             from ..validate import validate
 
             return validate(args.lowered.schedule)
-        return torch_csv.load(args.csv)
+        sched = torch_csv.load(args.csv)
+        if getattr(args, "slices", 1) != 1:  # its units as slices: checked again under the slice rules
+            from dataclasses import replace
+
+            from ..validate import validate
+
+            return validate(replace(sched, slices=args.slices))
+        return sched
     if not args.name:
         raise UsageError("a schedule NAME or --csv FILE is required")
-    return generate(args.name, args.ranks, args.microbatches, args.chunks)
+    return generate(args.name, args.ranks, args.microbatches, args.chunks, getattr(args, "slices", 1))
 
 
 def read_checked(args: argparse.Namespace) -> bool:

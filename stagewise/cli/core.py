@@ -125,7 +125,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_export(args) -> int:
-    sched = generate(args.name, args.ranks, args.microbatches, args.chunks)
+    sched = generate(args.name, args.ranks, args.microbatches, args.chunks, args.slices)
     try:
         if args.comms:
             from ..lowering.torch_comms import dump, dumps

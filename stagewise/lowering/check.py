@@ -156,6 +156,6 @@ def _check_deadlock(low: Lowered) -> None:
 
     costs = Costs()
     try:
-        play_lowered(low, costs.resolve(low.schedule.stages), costs)
+        play_lowered(low, costs.resolve(low.schedule.stages, low.schedule.slices), costs)
     except Stuck as stuck:
         raise ScheduleError(describe_stuck(low, stuck)) from None

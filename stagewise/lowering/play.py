@@ -74,7 +74,7 @@ def step_span(low: Lowered, costs: Costs) -> tuple[float, dict[str, float]]:
     of a valid lowered schedule: ``simulate_lowered``'s ``finish - origin`` and ``Metrics.comm``'s worst
     exposed time without building the timeline (the planner asks it of every configuration it lowers)."""
     costs = a2a_costs(low, costs)
-    played = play_lowered(low, costs.resolve(low.schedule.stages), costs)
+    played = play_lowered(low, costs.resolve(low.schedule.stages, low.schedule.slices), costs)
     origin = min(min(st) for st in played.starts if st)
     finish = max(max(en) for en in played.ends if en)
     worst: dict[str, float] = {}
@@ -99,7 +99,7 @@ def simulate_lowered(low: Lowered, costs: Costs | None = None, *, check: bool = 
 
     costs = a2a_costs(low, costs or Costs())
     sched = low.schedule
-    sc = costs.resolve(sched.stages)
+    sc = costs.resolve(sched.stages, sched.slices)
     if check:
         check_structure(sched)
     try:

@@ -11,12 +11,17 @@ from ..schedule import Schedule, make
 
 def one_f_one_b(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
     m = microbatches
-    programs = []
-    for r in range(ranks):
-        warmup = min(ranks - r - 1, m)
-        prog = run("F", r, range(warmup))  # warmup
-        for i in range(m - warmup):  # steady 1F1B
-            prog += (new(Action, ("F", r, warmup + i)), new(Action, ("B", r, i)))
-        prog += run("B", r, range(m - warmup, m))  # cooldown
-        programs.append(prog)
+    programs = [program(r, min(ranks - r - 1, m), range(m), range(m)) for r in range(ranks)]
     return make("1f1b", programs, range(ranks), m)
+
+
+def program(stage: int, warmup: int, forwards, backwards) -> list[Action]:
+    """``warmup`` forwards, then one forward and one backward, then the remaining backwards: the 1F1B shape
+    over the units ``forwards`` and ``backwards`` run in (micro-batches; Seq1F1B's slices, backwards reversed
+    within a micro-batch)."""
+    n = len(forwards)
+    prog = run("F", stage, forwards[:warmup])  # warmup
+    for i in range(n - warmup):  # steady 1F1B
+        prog += (new(Action, ("F", stage, forwards[warmup + i])), new(Action, ("B", stage, backwards[i])))
+    prog += run("B", stage, backwards[n - warmup:])  # cooldown
+    return prog

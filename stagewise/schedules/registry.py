@@ -1,6 +1,6 @@
 """Names of the schedule families, their argument rules, and how to make one.
 
-``generate(name, ranks, microbatches, chunks)`` checks the arguments against the
+``generate(name, ranks, microbatches, chunks, slices)`` checks the arguments against the
 family's rules first, so a bad option gets a message naming it and the rule
 instead of a failure from deep inside a generator.
 """
@@ -46,6 +46,9 @@ class Family:
     param_copies: int = 1  #: whole-model parameter copies the ranks hold together
     #: every rank holds every micro-batch of each of its stages at its peak (all forwards before the backwards)
     holds_all: bool = False
+    #: cuts micro-batches into sequence slices (Seq1F1B): its generator takes ``slices``; the forms above then
+    #: read p, m x slices units at a unit's costs (``formulas``)
+    slices: bool = False
 
     @property
     def generator(self) -> Callable[..., Schedule]:
@@ -76,6 +79,12 @@ FAMILIES: dict[str, Family] = {
                chunks=None, default_chunks=2, idle=forms.fill_from_p, holds_all=True),
         Family(name="zb-h1", target="zero_bubble:zb_h1", split_backward=True,
                summary="Zero Bubble H1: split backward, W fills the cooldown, 1F1B memory",
+               idle=forms.zb_h1, memory=forms.one_f_one_b_memory),
+        Family(name="seq1f1b", target="seq1f1b:seq1f1b", slices=True,
+               summary="Seq1F1B: 1F1B over sequence slices (--slices k), backwards reversed in a micro-batch",
+               idle=forms.fill, memory=forms.one_f_one_b_memory),
+        Family(name="seq1f1b-zb", target="seq1f1b:seq1f1b_zb", split_backward=True, slices=True,
+               summary="Seq1F1B-ZB: Seq1F1B with Zero Bubble's split backward (ZB-H1's shape over slices)",
                idle=forms.zb_h1, memory=forms.one_f_one_b_memory),
         Family(name="zb-h2", target="zero_bubble:zb_h2", split_backward=True,
                summary="Zero Bubble H2: extra warmup forwards, W fills the rest, ~2x 1F1B memory",
@@ -115,9 +124,9 @@ def family(name: str) -> Family:
         raise ScheduleArgError(f"unknown schedule {name!r}; choose one of: {', '.join(FAMILIES)}") from None
 
 
-def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
+def check_args(fam: Family, ranks: int, microbatches: int, chunks: int, slices: int = 1) -> None:
     """Raise ``ScheduleArgError`` naming the option and the rule it breaks."""
-    for name, value in (("ranks", ranks), ("microbatches", microbatches), ("chunks", chunks)):
+    for name, value in (("ranks", ranks), ("microbatches", microbatches), ("chunks", chunks), ("slices", slices)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ScheduleArgError(f"`{name}` must be a whole number; got {value!r} ({type(value).__name__})")
         if value < 1:
@@ -125,6 +134,10 @@ def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
     if fam.chunks is not None and chunks not in fam.chunks:
         allowed = " or ".join(map(str, fam.chunks))
         raise ScheduleArgError(f"{fam.name} needs `chunks` {allowed}; got {chunks}")
+    if slices != 1 and not fam.slices:
+        sliced = ", ".join(f.name for f in FAMILIES.values() if f.slices)
+        raise ScheduleArgError(f"{fam.name} does not cut micro-batches into sequence slices: `slices` 1 only; got "
+                               f"{slices} (families with slices: {sliced})")
     if fam.even_ranks and ranks % 2:
         raise ScheduleArgError(f"{fam.name} needs an even `ranks`; got {ranks}")
     if fam.even_microbatches and microbatches % 2:
@@ -134,13 +147,18 @@ def check_args(fam: Family, ranks: int, microbatches: int, chunks: int) -> None:
         raise ScheduleArgError(f"{fam.name} needs {fam.min_rule or f'`microbatches` >= {low}'} ({low}); got {microbatches}")
 
 
-def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None) -> Schedule:
-    """The schedule of family ``name`` for ``ranks`` x ``microbatches`` (x ``chunks``)."""
+def generate(name: str, ranks: int, microbatches: int, chunks: int | None = None, slices: int = 1) -> Schedule:
+    """The schedule of family ``name`` for ``ranks`` x ``microbatches`` (x ``chunks``), each micro-batch cut into
+    ``slices`` sequence slices where the family has them (the schedule then counts m x slices units)."""
     fam = family(name)
     v = fam.default_chunks if chunks is None else chunks
-    check_args(fam, ranks, microbatches, v)
-    limits.check_schedule_size(ranks, microbatches, v, 3 if fam.split_backward else 2, name=fam.name)
+    check_args(fam, ranks, microbatches, v, slices)
+    if slices > 1:
+        limits.MICROBATCHES.check(microbatches * slices, "", detail=f"-m {microbatches} x --slices {slices} units")
+    limits.check_schedule_size(ranks, microbatches * slices, v, 3 if fam.split_backward else 2, name=fam.name)
     with gc_paused():
+        if fam.slices:
+            return fam.generator(ranks, microbatches, v, slices=slices)
         return fam.generator(ranks, microbatches, v)
 
 

@@ -23,22 +23,24 @@ from ..schedule import Schedule, make
 
 def zb_h1(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
     p, m = ranks, microbatches
-    programs = [_program(r, m, warmup=p - r, delay=r) for r in range(p)]
+    programs = [split_program(r, m, warmup=p - r, delay=r) for r in range(p)]
     return make("zb-h1", programs, range(p), m)
 
 
 def zb_h2(ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
     p, m = ranks, microbatches
-    programs = [_program(r, m, warmup=2 * (p - r) - 1, delay=2 * r) for r in range(p)]
+    programs = [split_program(r, m, warmup=2 * (p - r) - 1, delay=2 * r) for r in range(p)]
     return make("zb-h2", programs, range(p), m)
 
 
-def _program(stage: int, m: int, *, warmup: int, delay: int) -> list[Action]:
-    """F x warmup, (I [W] F) while forwards remain, (I [W]) for the rest, then the W's owed."""
+def split_program(stage: int, m: int, *, warmup: int, delay: int, backwards=None) -> list[Action]:
+    """F x warmup, (I [W] F) while forwards remain, (I [W]) for the rest, then the W's owed. ``backwards``: the
+    order of the units' I and W (default the forwards'; Seq1F1B's slices run theirs reversed in a micro-batch)."""
     warmup = min(warmup, m)
+    back = range(m) if backwards is None else backwards
     fwd = run("F", stage, range(m))
-    inp = run("I", stage, range(m))
-    wgt = run("W", stage, range(m))
+    inp = run("I", stage, back)
+    wgt = run("W", stage, back)
     prog = fwd[:warmup]  # warmup
     w = 0  # W's done so far; the i-th I (1-based) is followed by a W once i > delay
     for i in range(m):  # steady (I W F) while forwards remain, then cooldown (I W)

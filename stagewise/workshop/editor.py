@@ -131,7 +131,7 @@ def plain_deadlock(sched: Schedule, stop) -> str:
 
 def pending(sched: Schedule, ran: Timeline, costs) -> list[list]:
     """Per rank, the ops it did not reach, laid out after what it ran at their durations (drawn as ghosts)."""
-    sc = costs.resolve(sched.stages)
+    sc = costs.resolve(sched.stages, sched.slices)
     chunk = chunk_of_stage(sched)
     out = []
     for r, prog in enumerate(sched.programs):
