@@ -271,7 +271,8 @@ class HFModel:
         next slice's first token, which a shift inside the slice would lose."""
         from transformers.loss.loss_utils import ForCausalLMLoss
 
-        return ForCausalLMLoss(logits, None, vocab_size=self.config.vocab_size, shift_labels=shift_labels)
+        return ForCausalLMLoss(logits, None, vocab_size=self.config.vocab_size,
+                               shift_labels=shift_labels.contiguous())
 
     @staticmethod
     def shift_labels(labels):

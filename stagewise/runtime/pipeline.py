@@ -105,6 +105,10 @@ class Pipeline:
     - ``schedule``: a family name (``"1f1b"``, ``"zb-v"``, ``"dualpipe"``...) with ``microbatches`` (and
       ``chunks``), or any ``Schedule`` (generated, from ``plan``/``auto``, read from a torch CSV); its ranks
       times ``dp`` must be the world size.
+    - ``slices``: sequence slices per micro-batch (``"seq1f1b"``, ``"seq1f1b-zb"``; a ``Schedule``'s own
+      ``slices``): each micro-batch is cut along dimension 1 of its inputs and targets, and a slice attends to
+      the keys and values of the slices before it (``stagewise.kv``, which the model's attention calls: the
+      built-in GPT's and the HF adapter's do); loss and gradients are the unsliced run's.
     - ``model``: a sequence of layers, a ``Layers(count, build)`` factory called only for this rank's layers,
       or an ``nn.Module`` with ``split`` points (built on the meta device, materialized only here).
     - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss is their mean).
@@ -157,7 +161,7 @@ class Pipeline:
                  init: Callable | None = None, measure_memory: bool = False, mesh=None, nonfinite: str = "raise",
                  flight=None, fsdp: int = 1, tp: int = 1, tp_plan=None, parallelize: Callable | None = None,
                  reshard_after_forward: bool = False, ep: int = 1, overlap: Callable | bool | None = None,
-                 parallelism: Parallelism | None = None, seed: int | None = None):
+                 parallelism: Parallelism | None = None, seed: int | None = None, slices: int | None = None):
         check_timeout(timeout)
         if seed is not None:
             check_seed(seed)
@@ -178,7 +182,7 @@ class Pipeline:
                                  self.device)
         self.topo = topo = grid.topo
         self.schedule = sched = resolve_schedule(schedule, world=world, dp=topo.data_shards * topo.size("tp"),
-                                                 microbatches=microbatches, chunks=chunks,
+                                                 microbatches=microbatches, chunks=chunks, slices=slices,
                                                  launched_by=f"a world of {world} ranks")
         self.loss_fn, self.timeout, self.nonfinite = loss_fn, timeout, nonfinite
         self.flight = flight if flight is not None else NO_FLIGHT
