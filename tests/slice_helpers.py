@@ -117,8 +117,12 @@ def reference(model: str, rows: int, m: int) -> tuple[float, dict]:
         part = loss_fn(h, ys) / m
         part.backward()
         total += part.item()
-    grads = {f"{spec.prefix(i)}.{n}": p.grad.clone() for i, layer in enumerate(built)
-             for n, p in layer.named_parameters(remove_duplicate=False)}
+    grads, seen = {}, set()
+    for i, layer in enumerate(built):  # a tied parameter under its first name, as the pipeline names it
+        for n, p in layer.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                grads[f"{spec.prefix(i)}.{n}"] = p.grad.clone()
     return total, grads
 
 
@@ -150,3 +154,25 @@ def sliced_cases(cases) -> dict:
         dist.all_gather_object(every, mine)
         out[label] = (res.loss, {n: g for part in every for n, g in part.items()})
     return out
+
+
+def memory_cases(cases) -> dict:
+    """On every rank: for each (label, schedule, GPTConfig, rows) one step with the activation meter on; rank 0
+    gets {label: every rank's ``meter.report()``}."""
+    import torch.distributed as dist
+
+    import stagewise
+
+    out = {}
+    for label, sched, cfg, rows in cases:
+        pipe = stagewise.Pipeline(sched, cfg.layers(), cfg.loss, measure_memory=True)
+        pipe.step(*cfg.batch(0, rows))
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, pipe.meter.report())
+        out[label] = every
+    return out
+
+
+def cases_and_memory(cases, memory) -> tuple[dict, dict]:
+    """``sliced_cases`` and ``memory_cases`` in one launch."""
+    return sliced_cases(cases), memory_cases(memory)
