@@ -175,7 +175,7 @@ def predicted_peaks(schedule, added: dict[str, dict[int, int]], recompute: froze
     F, I, R = (added.get(k, {}) for k in KINDS)
     # sequence slices: F's growth is the largest slice's (the last, which also holds the earlier slices' keys and
     # values), and the simulator keeps 1/k of a micro-batch per slice: every slice counted as that one (an upper
-    # bound; tests/test_runtime_slices.py checks the slice model from an unsliced run's bytes)
+    # bound; tests/test_runtime_kv.py checks the slice model from an unsliced run's bytes)
     held = [float(F.get(s, 0)) * schedule.slices for s in range(S)]
     full = [held[s] + R.get(s, 0) if s in recompute else held[s] for s in range(S)]
     keep = [held[s] / full[s] if s in recompute and full[s] else 0.0 for s in range(S)]
