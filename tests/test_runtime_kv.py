@@ -169,3 +169,12 @@ def test_a_sequence_the_slices_do_not_divide_is_refused_naming_the_rule():
         kv.cut(torch.zeros(2, 6, dtype=torch.long), 4, "targets")
     with pytest.raises(RunError, match=r"`slices` 2: inputs has shape \(3,\); .* needs two or more"):
         kv.cut(torch.zeros(3), 2, "inputs")
+
+
+def test_a_run_config_with_slices_is_checked_before_any_rank_starts():
+    from stagewise.runtime import RunConfig
+
+    with pytest.raises(RunError, match=r"`slices` 3: the model's `seq` 16 must be a multiple of it"):
+        RunConfig(schedule="seq1f1b", ranks=2, microbatches=2, slices=3, model=TINY).check()
+    with pytest.raises(RunError, match=r"`slices` 2 with `recompute`"):
+        RunConfig(schedule="seq1f1b", ranks=2, microbatches=2, slices=2, recompute=True, model=TINY).check()
