@@ -128,7 +128,8 @@ def reference(model: str, rows: int, m: int) -> tuple[float, dict]:
 
 def sliced_cases(cases) -> dict:
     """On every rank: for each (label, schedule, model, rows) one step of ``stagewise.Pipeline``; rank 0 gets
-    {label: (loss, {name: gradient})} with every rank's gradients."""
+    {label: (loss, {name: gradient}, logits)} with every rank's gradients, and for the own model the last stage's
+    outputs of an ``eval_step`` after the step (its slices joined back; else None)."""
     import torch.distributed as dist
 
     import stagewise
@@ -149,10 +150,12 @@ def sliced_cases(cases) -> dict:
             layers, loss_fn, (x, y) = MODELS[model](rows)
             pipe = stagewise.Pipeline(sched, layers, loss_fn)
             res = pipe.step(x, y)
+        logits = pipe.eval_step(x).outputs if model == "own" else None
         mine = {n: p.grad.detach().clone() for n, p in pipe.named_parameters() if p.grad is not None}
         every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
-        out[label] = (res.loss, {n: g for part in every for n, g in part.items()})
+        dist.all_gather_object(every, (mine, logits))
+        out[label] = (res.loss, {n: g for part, _ in every for n, g in part.items()},
+                      next((t for _, t in every if t is not None), None))
     return out
 
 

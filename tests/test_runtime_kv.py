@@ -72,7 +72,7 @@ def test_sliced_runs_equal_the_unpipelined_run(runs):
     refs = {model: reference(model, ROWS, M) for model in ("gpt", "own")}
     for p, got in runs.items():
         assert len([k for k in got if not k.startswith("hf")]) == (8 if p == 2 else 4)
-        for label, (loss, grads) in got.items():
+        for label, (loss, grads, _) in got.items():
             model = label.split("/")[0]
             if model == "hf":
                 continue
@@ -96,7 +96,7 @@ def test_a_sliced_hf_llama_equals_transformers_own_model(runs, hf):
     want = {n: p.grad for n, p in model.named_parameters()}
     seen = 0
     for p, got in runs[0].items():
-        for label, (got_loss, grads) in got.items():
+        for label, (got_loss, grads, _) in got.items():
             if not label.startswith("hf"):
                 continue
             seen += 1
@@ -122,6 +122,19 @@ def test_the_slice_memory_model_predicts_the_measured_activation_bytes_within_15
         for got, want in zip(measured, predicted):
             assert abs(got - want) <= 0.15 * want, (k, measured, predicted)
         assert measured[0] < one[0]  # the first rank holds less than 1f1b's whole micro-batches
+
+
+def test_a_sliced_evaluation_gives_the_unsliced_models_outputs(runs):
+    """After its step (weights unchanged: no optimizer), the own model's eval_step joins its slices back."""
+    x, _ = own_batch(ROWS)
+    with torch.no_grad():
+        h = x
+        for layer in own_layers():
+            h = layer(h)
+    labels = [k for k in runs[0][2] if k.startswith("own")]
+    assert labels
+    for label in labels:
+        assert rel_err(runs[0][2][label][2], h) <= 1e-6, label
 
 
 def _stage_grads(stage, x, y, loss_fn, k: int) -> tuple[float, list]:

@@ -240,7 +240,8 @@ class Pipeline:
         """Run this rank's program on one step's batch; gradients add into ``.grad`` (like ``loss.backward()``).
 
         ``inputs`` / ``targets``: the whole step's batch (a tensor or pytree, split into micro-batches along
-        dimension 0; with ``dp`` each replica takes its rows). A rank without a first stage may pass None as
+        dimension 0; with ``dp`` each replica takes its rows; with sequence slices each micro-batch is cut
+        along dimension 1 too). A rank without a first stage may pass None as
         ``inputs``, one without a last stage None as ``targets``. ``timeline``: gather every rank's op times
         into a measured Timeline on rank 0 (a collective: every rank passes the same).
         """

@@ -20,6 +20,12 @@ sends back one gradient per input leaf that carries one. A forward-only executor
 evaluation) keeps nothing for a backward. An F&B pair runs its forward, then its backward, unless the
 context has an ``overlap`` hook (fb_pair.py: the halves interleaved at their all-to-alls); either way its
 outputs are sent after it, by the SENDs that follow it.
+
+With sequence slices (``Schedule.slices`` k; ``stages/kv.py``) an action's ``mb`` is a unit, slice ``u % k`` of
+micro-batch ``u // k``: its forward runs with the keys and values its micro-batch's earlier slices left on the
+stage (a ``kv.Carry`` per (stage, micro-batch)), its backward (B or I) also differentiates the stand-in leaves of
+those keys and values and hands their gradients back, and adds the gradients later slices handed back for its
+own as extra (tensor, gradient) pairs. Each unit's loss weighs its share of the step's tokens (``unit_weights``).
 """
 
 from __future__ import annotations
