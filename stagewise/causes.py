@@ -18,6 +18,7 @@ every later stage (the pipeline is still filling)"
 from __future__ import annotations
 
 from .actions import Pair
+from .explain import KEYS, SLICE_INPUTS
 
 #: cause -> (a short label, what it means in one sentence)
 MEANING = {
@@ -47,8 +48,9 @@ def meaning(cause: str) -> str:
     return MEANING[cause][1]
 
 
-def op_words(op, stages: bool = True) -> str:
-    """An op as a student reads it: "micro-batch 4's forward (stage 7)", an F&B pair by its two halves.
+def op_words(op, stages: bool = True, slices: int = 1) -> str:
+    """An op as a student reads it: "micro-batch 4's forward (stage 7)", an F&B pair by its two halves; with
+    sequence slices "micro-batch 2 slice 0's forward (stage 7)".
 
     >>> from stagewise.actions import parse
     >>> op_words(parse("(7F4;0B0)OVERLAP_F_B"))
@@ -57,14 +59,24 @@ def op_words(op, stages: bool = True) -> str:
     if type(op) is Pair:
         f, b = op
         where = f" (stages {f.stage} and {b.stage})" if stages else ""
-        return f"micro-batch {f.mb}'s forward and micro-batch {b.mb}'s backward as one F&B pair{where}"
+        return (f"micro-batch {unit_words(f.mb, slices)}'s forward and micro-batch {unit_words(b.mb, slices)}'s "
+                f"backward as one F&B pair{where}")
     where = f" (stage {op.stage})" if stages else ""
-    return f"micro-batch {op.mb}'s {_KIND[op.kind]}{where}"
+    return f"micro-batch {unit_words(op.mb, slices)}'s {_KIND[op.kind]}{where}"
+
+
+def unit_words(mb: int, slices: int = 1) -> str:
+    """A unit after "micro-batch": "4", or with slices "2 slice 0".
+
+    >>> unit_words(5, 2)
+    '2 slice 1'
+    """
+    return str(mb) if slices == 1 else "%d slice %d" % divmod(mb, slices)
 
 
 def plain(gap, timeline) -> str:
     """One sentence about ``gap`` (an ``explain.Gap`` of ``timeline``) in plain words, without op codes."""
-    progs = timeline.schedule.programs
+    progs, k = timeline.schedule.programs, timeline.schedule.slices
     many = timeline.schedule.stages > timeline.schedule.ranks  # several stages a rank: name the stage
     r = gap.rank
 
@@ -84,10 +96,15 @@ def plain(gap, timeline) -> str:
         return f"rank {r} has finished its part of the step and waits for the other ranks to finish (the pipeline drains)"
     waiting = op(gap.before)
     if not gap.chain:
-        return (f"rank {r} started {op_words(waiting, many)} later than it could: what it needs was already there "
+        return (f"rank {r} started {op_words(waiting, many, k)} later than it could: what it needs was already there "
                 "(time spent between ops, not a dependency)")
     first = gap.chain[0]
-    mb = _mb(waiting, first.what)
+    if first.what in SLICE_INPUTS:  # a neighbour slice on its own stage (a measured timeline's late start)
+        j, i = waiting.mb % k, op(first.waits_for).mb % k
+        return (f"rank {r}: slice {j} of micro-batch {waiting.mb // k} waits for slice {i}'s "
+                + ("forward on this stage: its keys and values" if first.what == KEYS else
+                   "backward on this stage: the gradients of its keys and values"))
+    mb = unit_words(_mb(waiting, first.what), k)
     if gap.cause == "fill":
         if first.what == "activation":
             return f"rank {r} has nothing to do yet: micro-batch {mb} has not reached it (the pipeline is filling)"
@@ -112,7 +129,7 @@ def plain(gap, timeline) -> str:
     blocker = gap.blocker
     if gap.cause == "order" and blocker is not None:
         return (f"rank {r} waits for micro-batch {mb}'s {first.what} from rank {first.waits_for.rank}: it is late "
-                f"because rank {blocker.rank} ran {op_words(op(blocker), many)} first, as its program orders")
+                f"because rank {blocker.rank} ran {op_words(op(blocker), many, k)} first, as its program orders")
     return f"rank {r} waits: {meaning(gap.cause)}"
 
 

@@ -32,8 +32,8 @@ class Entry(NamedTuple):
 
 
 def schedules_for(names: Sequence[str] | None, ranks: int, microbatches: int, chunks: int | None = None,
-                  limit: Limit | None = COMPARE_ACTIONS) -> list[Schedule]:
-    """The schedule of each named family; ``chunks`` only goes to the families that take it.
+                  limit: Limit | None = COMPARE_ACTIONS, slices: int = 1) -> list[Schedule]:
+    """The schedule of each named family; ``chunks`` and ``slices`` only go to the families that take them.
 
     ``names=None`` means every family, skipping those that do not accept p and m; a named family that
     does not raises ``ScheduleArgError`` naming the option and its rule. Every timeline is kept, so the
@@ -44,7 +44,7 @@ def schedules_for(names: Sequence[str] | None, ranks: int, microbatches: int, ch
         fam = family(name.strip())
         v = chunks if chunks and (fam.chunks is None or chunks in fam.chunks) else None
         try:
-            sched = generate(fam.name, ranks, microbatches, v)
+            sched = generate(fam.name, ranks, microbatches, v, slices if fam.slices else 1)
         except ScheduleArgError:
             if names is not None:
                 raise
@@ -68,6 +68,7 @@ def simulate_all(schedules: Sequence[Schedule], costs: CostsFor = None) -> list[
 
 
 def compare(names: Sequence[str] | None, ranks: int, microbatches: int, chunks: int | None = None,
-            costs: CostsFor = None) -> list[Entry]:
-    """Each named family (None: all that accept p, m) simulated at the same p, m and costs."""
-    return simulate_all(schedules_for(names, ranks, microbatches, chunks), costs)
+            costs: CostsFor = None, slices: int = 1) -> list[Entry]:
+    """Each named family (None: all that accept p, m) simulated at the same p, m and costs (``slices`` for the
+    families that cut micro-batches into sequence slices)."""
+    return simulate_all(schedules_for(names, ranks, microbatches, chunks, slices=slices), costs)

@@ -2,7 +2,9 @@
 
 An op starts when its rank is free and its inputs have arrived (the
 dependency rules, as the engine applies them: ``F(s)`` needs ``F(s-1)``, ``B|I(s)``
-need ``F(s)`` and the gradient of ``s+1``, ``W(s)`` needs ``I(s)``; lanes start and
+need ``F(s)`` and the gradient of ``s+1``, ``W(s)`` needs ``I(s)``, and with sequence
+slices a slice's forward needs the previous slice's on its stage (its keys and
+values), a slice's backward the next slice's (their gradients); lanes start and
 end where the engine's do). An op that starts after its rank was free waited for
 its latest input; that input's op may have waited in turn, and so on: the chain
 follows these waits back until an op that started as soon as its own rank was
@@ -44,6 +46,9 @@ from .timeline import Timeline
 from .validate import check_structure, describe_deadlock, wait_cycle
 
 CAUSES = ("fill", "drain", "slow stage", "link", "order", "collective")
+#: what a slice waits for from its neighbour slice on its own stage (``Input.what``)
+KEYS, KEY_GRADS = "keys and values", "key and value gradients"
+SLICE_INPUTS = (KEYS, KEY_GRADS)
 #: a stage is slow when its ops of one kind take this much longer than the fastest stage's (median)
 SLOW = 1.05
 #: longest chain followed (a chain of waits visits each op at most once, so this only bounds odd inputs)
@@ -61,7 +66,9 @@ class Input(NamedTuple):
     """An op's input: the op that makes it, what it carries, and the link time to bring it over."""
 
     at: At
-    what: str  #: "activation", "gradient" (from another stage), "forward" or "input gradient" (its own stage's)
+    #: "activation", "gradient" (from another stage), "forward" or "input gradient" (its own stage's), or a
+    #: neighbour slice's ``KEYS`` or ``KEY_GRADS`` (its own stage's)
+    what: str
     link: float
 
 
@@ -145,17 +152,21 @@ class _Index:
         return At(*divmod(code, self.width)) if code >= 0 else None
 
     def inputs(self, at: At) -> tuple[Input, ...]:
-        found = []
+        found, k = [], self.sched.slices
         for kind, s, mb in actions_of(self.sched.programs[at.rank][at.pos]):
             if kind == "F":
                 if s != self.first[s]:
                     found.append(Input(self.fwd(s - 1, mb), "activation", self.fwd_link[s]))
+                if mb % k:
+                    found.append(Input(self.fwd(s, mb - 1), KEYS, 0.0))
             elif kind == "W":
                 found.append(Input(self.grad(s, mb), "input gradient", 0.0))
             else:
                 found.append(Input(self.fwd(s, mb), "forward", 0.0))
                 if s != self.last[s]:
                     found.append(Input(self.grad(s + 1, mb), "gradient", self.bwd_link[s]))
+                if mb % k < k - 1:
+                    found.append(Input(self.grad(s, mb + 1), KEY_GRADS, 0.0))
         return tuple(i for i in found if i.at is not None and i.at != at)
 
 
@@ -388,7 +399,7 @@ def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: 
     blocker = At(origin.rank, origin.pos - 1) if w.free(origin) > w.t0 + w.eps else None
     if blocker is None:
         return _Why("fill", None, f"the chain starts at {w.op(origin)}, the step's first action" + _linked(link, w))
-    if first.in_flight >= length - w.eps and first.in_flight > w.eps:
+    if first.in_flight >= length - w.eps and first.in_flight > w.eps and first.what not in SLICE_INPUTS:
         return _Why("link", blocker, f"the {first.what} was in flight from rank {first.waits_for.rank} for "
                     f"{_n(first.in_flight)}")
     if link > length / 2:
@@ -412,6 +423,16 @@ def _classify(w: _Waits, at: At, free: float, slow: dict, *, drain: bool, link: 
                 "first" + _linked(link, w))
 
 
+def _slice_wait(step: Step, w: _Waits) -> str:
+    """A wait for a neighbour slice on the same stage, in words: "slice 1 waits for slice 0's forward on this
+    stage: its keys and values"."""
+    k = w.sched.slices
+    waiting, waited = (a.mb % k for a in (w.op(step.at), w.op(step.waits_for)))
+    if step.what == KEYS:
+        return f"slice {waiting} waits for slice {waited}'s forward on this stage: its keys and values"
+    return f"slice {waiting} waits for slice {waited}'s backward on this stage: the gradients of its keys and values"
+
+
 def _linked(link: float, w: _Waits) -> str:
     return f" ({_n(link)} of the wait is link time)" if link > w.eps else ""
 
@@ -426,8 +447,10 @@ def _gap(w: _Waits, at: At, free: float, why: _Why) -> Gap:
         return Gap(rank=at.rank, start=free, end=w.start(at), before=at, chain=(), origin=at, blocker=None,
                    cause=why.cause, text=f"{head}{why.why}")
     first = steps[0]
-    links = " <- ".join(str(w.op(s.waits_for)) for s in steps[1:])
-    text = (f"{w.op(at)} waits for {w.op(first.waits_for)} ({first.what} from rank {first.waits_for.rank})"
+    links = " <- ".join(str(w.op(s.waits_for)) + (f" ({_slice_wait(s, w)})" if s.what in SLICE_INPUTS else "")
+                        for s in steps[1:])
+    source = _slice_wait(first, w) if first.what in SLICE_INPUTS else f"{first.what} from rank {first.waits_for.rank}"
+    text = (f"{w.op(at)} waits for {w.op(first.waits_for)} ({source})"
             + (f" <- {links}" if links else "") + f": {why.cause}: {why.why}")
     return Gap(rank=at.rank, start=free, end=w.start(at), before=at, chain=tuple(steps), origin=w.origin(at),
                blocker=why.blocker, cause=why.cause, text=head + text)

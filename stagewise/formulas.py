@@ -12,7 +12,7 @@ ZB-V are "zero bubble" only with the step-end synchronisation dropped).
 Notation: p ranks, m micro-batches, v stages per rank; F, B (full backward =
 I + W), W (weight part), F&B an overlapped pair; costs are per stage. Idle is
 the largest idle time of a rank, makespan - busy. With k sequence slices
-(Seq1F1B) a family's form reads m k units of 1/k of the costs each.
+(Seq1F1B) m micro-batches run as m k units of 1/k of the costs each.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def idle_per_rank(name: str, p: int, m: int, v: int, costs: Costs, slices: int =
     fam, u = FAMILIES.get(name), uniform(costs)
     if fam is None or fam.idle is None or u is None:
         return None
-    return fam.idle(p, m * slices, v, Uniform(*(x / slices for x in u)))
+    return fam.idle(p, m, v, u, slices) if fam.slices else fam.idle(p, m, v, u) if slices == 1 else None
 
 
 def overlapped_pairs(name: str, p: int, m: int) -> list[int]:

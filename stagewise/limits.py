@@ -82,11 +82,11 @@ PLAN_ACTIONS = Limit(env="STAGEWISE_MAX_PLAN_ACTIONS", default=4_000_000,
 #: `auto` searches many greedy orders (and memory grows with m): p=8, m=2000 takes about 20 s and 150 MB
 AUTO_ACTIONS = Limit(env="STAGEWISE_MAX_AUTO_ACTIONS", default=30_000, what="actions for `auto`",
                      where="p=8, m=2000 takes about 20 s")
-#: the workshop page redraws on every change: all schedules of one view together (11 families at p=16,
-#: m=64 make 41,443)
-WORKSHOP_ACTIONS = Limit(env="STAGEWISE_MAX_WORKSHOP_ACTIONS", default=48_000, what="actions on the workshop page",
-                         where="one workshop view, counted from p, m and v before any schedule is made (11 "
-                         "families at p=16, m=64 make up to 46,080; the page also caps p <= 64, m <= 256, v <= 8)")
+#: the workshop page redraws on every change: all schedules of one view together (13 families at p=16,
+#: m=64 make 48,688)
+WORKSHOP_ACTIONS = Limit(env="STAGEWISE_MAX_WORKSHOP_ACTIONS", default=56_000, what="actions on the workshop page",
+                         where="one workshop view, counted from p, m, v and slices before any schedule is made "
+                         "(13 families at p=16, m=64 make up to 51,200; the page also caps p <= 64, m <= 256, v <= 8, slices <= 8)")
 LAYERS = Limit(env="STAGEWISE_MAX_LAYERS", default=100_000, what="layers",
                where="a model (--layers, an HF config, Layers(count)), a profile, a plan's model file")
 #: a cluster plan's GPUs (and a hardware file's GPUs per node): its layouts are the divisors of this count

@@ -2,15 +2,17 @@
 
 Checks, in order: indices in range, each stage on its one rank, each
 (stage, mb, kind) exactly once, every micro-batch complete (F and either B or
-I+W), and no deadlock. Messages name the rank, the position in its program,
-the action and, for a deadlock, the cycle of waits.
+I+W), with sequence slices each stage's slices in their order (a slice's
+forward after the previous slice's, its backward after the next slice's), and
+no deadlock. Messages name the rank, the position in its program, the action
+and, for a deadlock, the cycle of waits.
 """
 
 from __future__ import annotations
 
 from collections import namedtuple
 
-from .actions import Action, Pair, actions_of
+from .actions import GRAD_KINDS, Action, Pair, actions_of
 from .costs import Costs
 from .engine import Blocked, Stuck, play
 from .schedule import Schedule
@@ -48,6 +50,8 @@ def check_structure(schedule: Schedule) -> None:
     lo_of = [lo for lo, _ in lane_mb]
     hi_of = [hi for _, hi in lane_mb]
     kind_base = {k: i * S * m for k, i in _KIND_INDEX.items()}
+    if schedule.slices != 1:
+        _check_slice_counts(schedule)
     for r, prog in enumerate(schedule.programs):
         for pos, op in enumerate(prog):
             if type(op) is Pair:
@@ -66,6 +70,43 @@ def check_structure(schedule: Schedule) -> None:
             for a in actions:
                 _check_action(schedule, r, pos, op, a, lane_mb, seen, kind_base)
     _check_complete(schedule, seen)
+    if schedule.slices > 1:
+        _check_slice_order(schedule)
+
+
+def _check_slice_counts(schedule: Schedule) -> None:
+    k = schedule.slices
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ScheduleError(f"slices must be a whole number >= 1; got {k!r}")
+    for lane in schedule.lanes:
+        if lane.mb_lo % k or lane.mb_hi % k:
+            raise ScheduleError(f"units {lane.mb_lo}..{lane.mb_hi - 1} of stages {lane.stage_lo}..{lane.stage_hi - 1}"
+                                f" are not whole micro-batches of {k} slices (a lane's units must start and end at a "
+                                "multiple of slices)")
+
+
+def _check_slice_order(schedule: Schedule) -> None:
+    """On every stage, slice j's forward after slice j-1's (the keys and values it attends to) and slice j's backward
+    (B or I) before slice j-1's (the gradient of those keys and values, handed back); both on the stage's rank, so
+    its program order says it."""
+    k, where = schedule.slices, _locate(schedule)
+    for (kind, s, u), (r, pos) in where.items():
+        j = u % k
+        if kind == "F" and j > 0:
+            before, why = ("F", s, u - 1), f"its forward attends to the keys and values of slice {j - 1}'s"
+        elif kind in GRAD_KINDS and j < k - 1:
+            before = next((x for x in (("B", s, u + 1), ("I", s, u + 1)) if x in where), None)
+            why = f"its backward needs the gradient of its keys and values from slice {j + 1}'s"
+            if before is None:
+                continue  # a missing backward was named by _check_complete
+        else:
+            continue
+        at = where[before][1]
+        if at >= pos:
+            op = schedule.programs[r][pos]
+            raise ScheduleError(
+                f"rank {r} position {pos} ({op}): slice {j} of micro-batch {u // k} runs {Action(kind, s, u)} before "
+                f"{Action(*before)} (position {at}): {why} on stage {s}, which must run first")
 
 
 def _check_action(schedule: Schedule, r: int, pos: int, op, a: Action, lane_mb, seen: bytearray,
@@ -156,10 +197,22 @@ def describe_deadlock(schedule: Schedule, stuck: Stuck) -> str:
     waits, cycle = wait_cycle(schedule, stuck)
     where = _locate(schedule)
     links = "; ".join(f"rank {w.blocked.rank} position {w.blocked.position} ({w.blocked.op}) waits for "
-                      f"{target_text(w.blocked.waits_for, where)}" for w in waits)
+                      f"{target_text(w.blocked.waits_for, where)}{slice_reason(schedule, w.blocked)}" for w in waits)
     if cycle:
         return f"deadlock: wait cycle: {links}; back to rank {waits[0].blocked.rank}"
     return f"deadlock: {links}"
+
+
+def slice_reason(schedule: Schedule, blocked: Blocked) -> str:
+    """Why a wait for a neighbour slice on the same stage is there, in words ('' for any other wait)."""
+    dep, k = blocked.waits_for, schedule.slices
+    ops = [a for a in actions_of(blocked.op) if a.stage == dep.stage] if k > 1 and dep.stage >= 0 else []
+    for a in ops:
+        if dep.kind == "F" and a.kind == "F" and dep.mb == a.mb - 1 and a.mb % k:
+            return f" (slice {a.mb % k - 1}'s forward: the keys and values slice {a.mb % k} attends to)"
+        if dep.kind == "B|I" and a.kind in GRAD_KINDS and dep.mb == a.mb + 1 and dep.mb % k:
+            return f" (slice {dep.mb % k}'s backward: the gradient of slice {a.mb % k}'s keys and values)"
+    return ""
 
 
 def target_text(dep: Action, where: dict) -> str:

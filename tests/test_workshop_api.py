@@ -255,7 +255,7 @@ def test_a_view_over_the_limit_is_refused_before_any_schedule_is_made(monkeypatc
     api.generated.cache_clear()
     monkeypatch.setattr(api, "generated", never)
     e = error(schedules=",".join(FAMILIES), p=64, m=256)  # 663k actions: refused from p, m and v alone
-    assert e.field == "m" and "make up to 737280 actions; the page draws at most 48000" in str(e)
+    assert e.field == "m" and "make up to 819200 actions; the page draws at most 56000" in str(e)
     monkeypatch.setenv("STAGEWISE_MAX_WORKSHOP_ACTIONS", "100")
     assert "at most 100" in str(error(schedules="1f1b", p=8, m=8))
 
@@ -271,7 +271,7 @@ def test_the_bound_holds_every_family_and_the_largest_documented_view_fits():
                 continue
             assert sched.num_compute_actions <= api.most_actions((name,), p, m, v)
     names = tuple(api.available())
-    assert api.most_actions(names, 16, 64, None) <= limits.WORKSHOP_ACTIONS.default  # the README's 11 families
+    assert api.most_actions(names, 16, 64, None) <= limits.WORKSHOP_ACTIONS.default  # the README's 13 families
 
 
 def test_a_size_limit_met_while_generating_is_a_400_on_its_control(monkeypatch):

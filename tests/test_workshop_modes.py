@@ -280,6 +280,7 @@ LESSON_ANSWERS = [
     ("v-shape", [("cap", "5"), ("toggle", "zb-v"), ("toggle", "v-min")]),
     ("dualpipe", [("a2a", "0.25")]),
     ("uneven", [("tf", "1.25,1.25,1.25,1.25"), ("tb", "2.5,2.5,2.5,2.5")]),
+    ("slices", [("slices", "3")]),
 ]
 
 

@@ -200,7 +200,7 @@ def test_a_view_over_the_page_limit_is_a_400_before_any_schedule_is_made(server,
     monkeypatch.setattr(api, "generated", never)
     status, _, body = request(server, "GET", f"/api/simulate?schedules={','.join(FAMILIES)}&p=64&m=256")
     assert status == 400 and json.loads(body)["field"] == "m"
-    assert "make up to 737280 actions; the page draws at most 48000" in json.loads(body)["error"]
+    assert "make up to 819200 actions; the page draws at most 56000" in json.loads(body)["error"]
 
 
 def test_a_bad_limit_variable_stops_the_server_at_start_and_is_never_a_500(server, monkeypatch, capsys):

@@ -58,6 +58,7 @@ ANSWERS = {
     "v-shape": {"cap": 5, "schedules": "v-half"},
     "dualpipe": {"a2a": 0.25},
     "uneven": {"tf": "1.25,1.25,1.25,1.25", "tb": "2.5,2.5,2.5,2.5"},
+    "slices": {"slices": 3},
 }
 
 
@@ -84,6 +85,8 @@ def test_a_near_answer_is_not_an_answer():
     assert not lesson("uneven", {"schedules": "1f1b", "p": 4, "m": 8, "tf": 1, "tb": 2})["answered"]  # less work
     assert lesson("uneven", {"schedules": "1f1b", "p": 4, "m": 8, "tf": "1,1,1,2", "tb": "2,2,2,4"})["now"] == (
         "t_F sums to 5, t_B to 10: makespan 57")
+    two = lesson("slices", {"schedules": "1f1b,seq1f1b", "p": 8, "m": 8, "slices": 2})  # (8+1)/2 = 4.5 of 8
+    assert not two["answered"] and two["now"] == "at p=8, m=8, 2 slices: Seq1F1B's peak 4.5, 1F1B's 8 (56%)"
 
 
 def test_an_unknown_schedule_is_refused_not_taught():

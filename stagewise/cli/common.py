@@ -99,10 +99,6 @@ def add_schedule_args(p: argparse.ArgumentParser, *, csv: bool = True, name_requ
     p.add_argument("name", nargs=None if name_required else "?", metavar="NAME",
                    help="schedule family (see `stagewise list`)")
     add_shape_args(p)
-    p.add_argument("--slices", type=positive_int, default=1,
-                   help="sequence slices per micro-batch (Seq1F1B: seq1f1b, seq1f1b-zb), default 1; -m counts "
-                        "micro-batches, the schedule m x slices units" + (" (with --csv: its micro-batch indices "
-                                                                         "are those units)" if csv else ""))
     if csv:
         p.add_argument("--csv", metavar="FILE", help="read the schedule from torch's compute-only CSV instead of NAME")
 
@@ -113,6 +109,10 @@ def add_shape_args(p: argparse.ArgumentParser, *,
     add_layout_options(p, ("pp",), defaults={"pp": 4}, more={"pp": "default 4"})
     p.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
     p.add_argument("-v", "--chunks", type=positive_int, default=None, help=chunks)
+    p.add_argument("--slices", type=positive_int, default=1,
+                   help="sequence slices per micro-batch for the families that take them (Seq1F1B: seq1f1b, "
+                        "seq1f1b-zb), default 1: -m counts micro-batches, the schedule m x slices units (with "
+                        "--csv: its micro-batch indices are those units)")
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:

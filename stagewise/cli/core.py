@@ -94,7 +94,8 @@ def compare_entries(args) -> list[tuple[dict, Timeline]]:
     from ..compare import compare
 
     names = family_names(args.schedules)
-    entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched))
+    entries = compare(names, args.ranks, args.microbatches, args.chunks, lambda sched: costs_from(args, sched),
+                      getattr(args, "slices", 1))
     if not entries:
         raise UsageError(f"no schedule family accepts -p {args.ranks} -m {args.microbatches}")
     return [(e.result, e.timeline) for e in entries]

@@ -19,7 +19,7 @@ from bisect import bisect_right
 
 from ..timeline import Timeline
 from . import palette
-from .cells import Cell, CommCell, cells, comm_cells, summary
+from .cells import Cell, CommCell, cells, comm_cells, summary, unit_label
 
 IDLE = "."
 RESET = "\x1b[0m"
@@ -49,7 +49,7 @@ def draw_text(timeline: Timeline, *, width: int | None = None, color: bool | Non
         lanes[c.rank].append(c)
     lines = [_fit(sm.title, width), _fit(sm.subtitle, width)]
     for r, row in enumerate(by_rank):
-        body = _row(row, cols, scale, timeline.schedule.chunks, color)
+        body = _row(row, cols, scale, timeline.schedule.chunks, color, timeline.schedule.slices)
         lines.append(f"{f'rank {r}':<{label_w}}|" + body)
         if sm.comm or sm.transfers:
             lines.append(f"{'':<{label_w}}:" + _lane(lanes[r], cols, scale))
@@ -85,8 +85,9 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "~"
 
 
-def _row(row: list[Cell], cols: int, scale: float, chunks: int, color: bool) -> str:
-    """One rank's columns: sample each column's midpoint, then write labels that fit."""
+def _row(row: list[Cell], cols: int, scale: float, chunks: int, color: bool, slices: int = 1) -> str:
+    """One rank's columns: sample each column's midpoint, then write labels that fit (micro-batch.slice with
+    slices)."""
     whole = [c for c in row if c.part != 2]  # a pair shows as its forward half, labelled with both mbs
     partner = {id(top): bottom for top, bottom in zip(row, row[1:]) if top.part == 1}
     starts = [c.start for c in whole]
@@ -102,9 +103,9 @@ def _row(row: list[Cell], cols: int, scale: float, chunks: int, color: bool) -> 
         while col + run < cols and owner[col + run] is c:
             run += 1
         if c is not None:
-            text = _letter(c) + str(c.action.mb)
+            text = _letter(c) + unit_label(c.action.mb, slices)
             if id(c) in partner:
-                text += "/" + str(partner[id(c)].action.mb)
+                text += "/" + unit_label(partner[id(c)].action.mb, slices)
             if run >= len(text):
                 chars[col:col + run] = text + " " * (run - len(text))
         col += run

@@ -6,6 +6,9 @@ An overlapped F&B pair becomes two cells over the same interval, the forward
 in the top half of the row and the backward in the bottom half, so the pair
 reads as one overlapped cell while every action keeps its own shape.
 
+A cell is labelled with its micro-batch, or with sequence slices (Seq1F1B) its unit as micro-batch.slice
+(``unit_label``: unit 5 of 2 slices is "2.1").
+
 Expert-parallel all-to-all (``Timeline.comm``) is drawn on its own thin lane
 under each rank's row (``comm_cells``), and the part the rank waits for is
 hatched at the end of its op (``exposed_spans``).
@@ -123,10 +126,22 @@ def exposed_spans(timeline: Timeline) -> list[tuple[int, float, float]]:
     return out
 
 
-def tooltip(cell: Cell, unit: str) -> str:
-    """'2F3 stage 2 mb 3 0..1 t_f' (the contract of the SVG tooltips)."""
+def unit_label(mb: int, slices: int = 1) -> str:
+    """A cell's label: its micro-batch, or with slices its micro-batch.slice.
+
+    >>> unit_label(3), unit_label(5, 2)
+    ('3', '2.1')
+    """
+    if slices == 1:
+        return str(mb)
+    return "%d.%d" % divmod(mb, slices)
+
+
+def tooltip(cell: Cell, unit: str, slices: int = 1) -> str:
+    """'2F3 stage 2 mb 3 0..1 t_f' (the contract of the SVG tooltips); with slices '2F5 stage 2 mb 2 slice 1 ...'."""
     a = cell.action
-    return f"{a} stage {a.stage} mb {a.mb} {cell.start:.6g}..{cell.end:.6g} {unit}"
+    mb = f"mb {a.mb}" if slices == 1 else "mb %d slice %d" % divmod(a.mb, slices)
+    return f"{a} stage {a.stage} {mb} {cell.start:.6g}..{cell.end:.6g} {unit}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +164,7 @@ class Summary:
     a2a_exposed: float = 0.0  #: exposed all-to-all of the rank that exposes most
     a2a_hidden: float = 0.0  #: share of all all-to-all hidden behind compute
     transfers: bool = False  #: whether the lane holds lowered communication (gathers, reductions, sends)
+    slices: int = 1  #: sequence slices per micro-batch (``microbatches`` counts micro-batches)
 
     @property
     def comm(self) -> bool:
@@ -168,7 +184,8 @@ class Summary:
 
     @property
     def title(self) -> str:
-        return (f"{self.name} · p={self.ranks} m={self.microbatches} v={self.chunks} · "
+        k = f" k={self.slices} slices" if self.slices > 1 else ""
+        return (f"{self.name} · p={self.ranks} m={self.microbatches}{k} v={self.chunks} · "
                 f"bubble {self.bubble:.1%} · peak activations {self.peak_max:g}")
 
     @property
@@ -198,7 +215,8 @@ def summary(timeline: Timeline) -> Summary:
     mt = metrics(timeline)
     present = {a.kind for a in sched.actions()}
     return Summary(
-        name=sched.name, ranks=sched.ranks, microbatches=sched.microbatches, chunks=sched.chunks,
+        name=sched.name, ranks=sched.ranks, microbatches=sched.microbatches // sched.slices, chunks=sched.chunks,
+        slices=sched.slices,
         makespan=mt.makespan, bubble=mt.bubble_fraction, peak=mt.peak_activations,
         unit=timeline.unit, source=timeline.source,
         kinds=tuple(k for k in "FBIW" if k in present),

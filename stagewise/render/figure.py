@@ -16,7 +16,8 @@ from typing import Sequence
 
 from ..timeline import Timeline
 from . import palette, raster
-from .cells import BOTTOM, TOP, Summary, cells, comm_cells, comm_colours, exposed_spans, memory_envelope, memory_steps, summary
+from .cells import (BOTTOM, TOP, Summary, cells, comm_cells, comm_colours, exposed_spans, memory_envelope, memory_steps,
+                    summary, unit_label)
 
 WIDTH_IN = 12.0  #: figure width (inches)
 DPI = 150
@@ -105,7 +106,7 @@ def _draw_rows(ax, timeline: Timeline, span: float, *, vector: bool) -> None:
         _draw_dense(ax, timeline, span, columns)
     else:
         _draw_cells(ax, timeline, vector=vector)
-        _labels(ax, cells(timeline), timeline.schedule.chunks, span, _row_shape(timeline))
+        _labels(ax, cells(timeline), timeline.schedule.chunks, span, _row_shape(timeline), timeline.schedule.slices)
     ranks = timeline.ranks
     ax.set_xlim(0, span or 1)
     ax.set_ylim(ranks - 0.5, -0.5)
@@ -201,14 +202,15 @@ def _draw_comm(ax, timeline: Timeline, *, vector: bool, dense: bool) -> None:
     ax.add_collection(hatch)
 
 
-def _labels(ax, cs, chunks: int, span: float, shape: tuple[float, float, float] = PLAIN_ROW) -> None:
-    """Micro-batch numbers, shrunk down to MIN_FONT to fit their cell, left out below that."""
+def _labels(ax, cs, chunks: int, span: float, shape: tuple[float, float, float] = PLAIN_ROW, slices: int = 1) -> None:
+    """Micro-batch numbers (micro-batch.slice with slices), shrunk down to MIN_FONT to fit their cell, left out
+    below that."""
     fig = ax.figure
     # points per time unit once laid out: the figure less ~0.9 inch of rank labels and margins
     pts_per_unit = (fig.get_figwidth() - 0.9) * 72 / (span or 1)
     placed = []
     for c in cs:
-        text = str(c.action.mb)
+        text = unit_label(c.action.mb, slices)
         top = FONT if c.part == 0 else FONT - 1.5
         size = min(top, ((c.end - c.start) * pts_per_unit - 1.5) / (0.62 * len(text)))
         if size >= MIN_FONT:

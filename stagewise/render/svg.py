@@ -19,7 +19,7 @@ import base64
 
 from . import palette, raster
 from .cells import (TOP, WHOLE, Summary, cells, comm_cells, comm_colours, comm_label, exposed_spans, memory_envelope, memory_steps, summary,
-                    tick_label, ticks, tooltip)
+                    tick_label, ticks, tooltip, unit_label)
 
 ROW = 22  #: row height (px)
 GAP = 4  #: space between rows
@@ -129,7 +129,7 @@ def _rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
         return _dense_rows(out, timeline, frame, y0)
     labels: dict[str, list[str]] = {}
     scale = frame.scale
-    unit = timeline.unit
+    unit, slices = timeline.unit, timeline.schedule.slices
     out.append(f'<g class="cells" stroke="{palette.IDLE}" stroke-width="0.5">')
     rank = -1
     cells_ = cells(timeline)
@@ -143,8 +143,8 @@ def _rows(out: list[str], timeline: Timeline, frame: Frame, y0: float) -> float:
         y, h = (0.0, ROW) if c.part == WHOLE else (0.0 if c.part == TOP else ROW / 2, ROW / 2)
         ya = f' y="{y:g}"' if y else ""
         out.append(f'<rect class="a {a.kind} c{c.chunk}" x="{x:.2f}"{ya} width="{w:.2f}" height="{h:g}" '
-                   f'fill="{fill}"><title>{tooltip(c, unit)}</title></rect>')
-        text = str(a.mb)
+                   f'fill="{fill}"><title>{tooltip(c, unit, slices)}</title></rect>')
+        text = unit_label(a.mb, slices)
         size = min(FONT if h == ROW else FONT - 2, (w - 2) / (len(text) * DIGIT / FONT))
         if size >= MIN_FONT:  # shrink the number to fit its cell, down to MIN_FONT
             fs = "" if size == FONT else f' font-size="{size:.3g}"'

@@ -5,6 +5,6 @@ family's generator. No torch.
 May import: the core.
 """
 
-from .registry import FAMILIES, ScheduleArgError, family, generate, names
+from .registry import FAMILIES, ScheduleArgError, family, generate, names, whole_names
 
-__all__ = ["FAMILIES", "ScheduleArgError", "family", "generate", "names"]
+__all__ = ["FAMILIES", "ScheduleArgError", "family", "generate", "names", "whole_names"]

@@ -48,3 +48,26 @@ def dualpipe_idle(stages_of: int):
 def one_f_one_b_memory(p: int, m: int, v: int) -> float:
     """1F1B and its kin keep p micro-batches on the first rank (fewer when m < p)."""
     return min(p, m)
+
+
+def sliced(form):
+    """A form over units made a Seq1F1B form over m micro-batches of k slices, in a micro-batch's costs ``u``: the
+    units' form at 1/k of the costs, where m >= p when the units' form needs m >= p (ZB-H1's shape over slices
+    with fewer micro-batches than ranks idles more than its form: the simulator finds it)."""
+
+    def idle(p: int, m: int, v: int, u: Uniform, k: int = 1) -> float | None:
+        if k == 1:
+            return form(p, m, v, u)
+        if form is not fill and m < p:
+            return None
+        return form(p, m * k, v, Uniform(*(x / k for x in u)))
+
+    idle.__doc__ = f"{form.__doc__} Over slices: m k units of 1/k of the costs."
+    return idle
+
+
+def seq1f1b_memory(p: int, m: int, v: int, k: int = 1) -> float:
+    """Seq1F1B (Sun et al. 2025): the first rank holds p + k - 1 slices of 1/k of a micro-batch each (all m k
+    when fewer), (p + k - 1)/k micro-batches: 1F1B's p at k = 1, toward p/k as k grows (equal slices, no
+    keys/values kept twice: ``costs.slice_activation`` with ``kv_share`` 0)."""
+    return min(p + k - 1, m * k) / k

@@ -15,7 +15,6 @@ from .. import limits
 from ..collector import gc_paused
 from ..schedule import Schedule
 from . import forms
-from .forms import Uniform
 from ..errors import StagewiseError
 
 
@@ -37,17 +36,18 @@ class Family:
     min_rule: str = ""
     even_microbatches: bool = False
     split_backward: bool = False
-    #: the papers' largest idle time of a rank, (p, m, v, Uniform) -> time or None where not exact
-    idle: Callable[[int, int, int, Uniform], float | None] | None = None
+    #: the papers' largest idle time of a rank, (p, m, v, Uniform) -> time or None where not exact (a family with
+    #: slices takes k too, m micro-batches of k slices: ``forms.sliced``)
+    idle: Callable[..., float | None] | None = None
     #: F&B pairs each rank runs (p, m) -> one count per rank; they cost F&B instead of F + B
     pairs: Callable[[int, int], list[int]] | None = None
-    #: the papers' peak activations of the busiest rank, (p, m, v) -> micro-batches of one rank's share
-    memory: Callable[[int, int, int], float] | None = None
+    #: the papers' peak activations of the busiest rank, (p, m, v) -> micro-batches of one rank's share (a family
+    #: with slices takes k too: (p, m, v, k))
+    memory: Callable[..., float] | None = None
     param_copies: int = 1  #: whole-model parameter copies the ranks hold together
     #: every rank holds every micro-batch of each of its stages at its peak (all forwards before the backwards)
     holds_all: bool = False
-    #: cuts micro-batches into sequence slices (Seq1F1B): its generator takes ``slices``; the forms above then
-    #: read p, m x slices units at a unit's costs (``formulas``)
+    #: cuts micro-batches into sequence slices (Seq1F1B): its generator and forms take ``slices``
     slices: bool = False
 
     @property
@@ -80,12 +80,6 @@ FAMILIES: dict[str, Family] = {
         Family(name="zb-h1", target="zero_bubble:zb_h1", split_backward=True,
                summary="Zero Bubble H1: split backward, W fills the cooldown, 1F1B memory",
                idle=forms.zb_h1, memory=forms.one_f_one_b_memory),
-        Family(name="seq1f1b", target="seq1f1b:seq1f1b", slices=True,
-               summary="Seq1F1B: 1F1B over sequence slices (--slices k), backwards reversed in a micro-batch",
-               idle=forms.fill, memory=forms.one_f_one_b_memory),
-        Family(name="seq1f1b-zb", target="seq1f1b:seq1f1b_zb", split_backward=True, slices=True,
-               summary="Seq1F1B-ZB: Seq1F1B with Zero Bubble's split backward (ZB-H1's shape over slices)",
-               idle=forms.zb_h1, memory=forms.one_f_one_b_memory),
         Family(name="zb-h2", target="zero_bubble:zb_h2", split_backward=True,
                summary="Zero Bubble H2: extra warmup forwards, W fills the rest, ~2x 1F1B memory",
                memory=lambda p, m, v: min(2 * p - 1, m)),
@@ -109,12 +103,24 @@ FAMILIES: dict[str, Family] = {
                summary="DualPipeV: DualPipe cut in half, V-shape, one parameter copy",
                idle=forms.dualpipe_idle(2), pairs=lambda p, m: _lazy("dualpipe_v:pairs")(p, m),
                memory=lambda p, m, v: p + 0.5),
+        Family(name="seq1f1b", target="seq1f1b:seq1f1b", slices=True,
+               summary="Seq1F1B: 1F1B over sequence slices (--slices k), backwards reversed in a micro-batch",
+               idle=forms.sliced(forms.fill), memory=forms.seq1f1b_memory),
+        Family(name="seq1f1b-zb", target="seq1f1b:seq1f1b_zb", split_backward=True, slices=True,
+               summary="Seq1F1B-ZB: Seq1F1B with Zero Bubble's split backward (ZB-H1's shape over slices)",
+               idle=forms.sliced(forms.zb_h1), memory=forms.seq1f1b_memory),
     ]
 }
 
 
 def names() -> list[str]:
     return list(FAMILIES)
+
+
+def whole_names() -> tuple[str, ...]:
+    """The families that run whole micro-batches: what the planners search when no family is named (a family of
+    sequence slices at one slice is its plain family: seq1f1b is 1f1b, seq1f1b-zb is zb-h1)."""
+    return tuple(n for n, f in FAMILIES.items() if not f.slices)
 
 
 def family(name: str) -> Family:

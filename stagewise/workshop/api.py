@@ -35,12 +35,12 @@ from ..validate import ScheduleError
 OPTIONS = {"schedules": "--schedules", "p": FLAGS["pp"], "m": "--microbatches", "v": "--chunks", "tf": "--tf",
            "tb": "--tb", "ti": "--ti", "tw": "--tw", "tfb": "--tfb", "a2a": "--a2a", "latency": "--latency",
            "skew": "skew", "per": "per", "free_at_i": "--free-at-i", "cap": "--cap", "fsdp": FLAGS["fsdp"],
-           "bandwidth": "--intra-bandwidth"}
+           "bandwidth": "--intra-bandwidth", "slices": FLAGS["slices"]}
 #: the durations that take one number or one per stage (``1,1,1,2``), as the CLI's options do
 PER_STAGE = ("tf", "tb", "ti", "tw", "tfb", "a2a")
 _FIELD_OF_OPTION = {opt: name for name, opt in OPTIONS.items()}
 #: a page is for exploring: keep one request about a second at worst
-LIMITS = {"p": 64, "m": 256, "v": 8, "fsdp": 8}
+LIMITS = {"p": 64, "m": 256, "v": 8, "fsdp": 8, "slices": 8}
 #: most values in a per-stage list: every stage of the largest view (DualPipe keeps two copies)
 MOST_STAGES = 2 * LIMITS["p"] * LIMITS["v"]
 #: one duration, or one per stage
@@ -81,6 +81,8 @@ class Settings:
     fsdp: int = 1
     #: of those collectives: one rank's share of the weights per t_f (None: free); lower it to see a bubble
     bandwidth: float | None = None
+    #: sequence slices per micro-batch, for the families that take them (Seq1F1B)
+    slices: int = 1
 
     def to_query(self) -> dict[str, str]:
         """The non-default settings as strings (the page's URL state)."""
@@ -134,7 +136,7 @@ def parse_settings(data: Mapping) -> Settings:
             if raw not in ("rank", "stage"):
                 raise SettingError(f"per must be 'rank' or 'stage'; got {raw!r}", "per")
             kw[name] = raw
-        elif name in ("p", "m", "v", "fsdp"):
+        elif name in ("p", "m", "v", "fsdp", "slices"):
             kw[name] = _whole(name, raw)
         elif name in PER_STAGE:
             kw[name] = _times(name, raw)
@@ -248,7 +250,7 @@ def schedules_of(s: Settings) -> tuple[Schedule, ...]:
     """The schedules to show; with several, v goes only to the families that take it (as `compare`)."""
     check_names(s)
     check_size(s)
-    return generated(s.schedules, s.p, s.m, s.v)
+    return generated(s.schedules, s.p, s.m, s.v, s.slices)
 
 
 def check_names(s: Settings) -> None:
@@ -261,9 +263,9 @@ def check_names(s: Settings) -> None:
             raise SettingError(f"unknown schedule {name!r}; choose one of: {', '.join(have)}", "schedules")
 
 
-def most_actions(names: tuple[str, ...], p: int, m: int, v: int | None) -> int:
-    """The most actions ``names`` can make at p, m (v where a family takes it), from these numbers alone:
-    each (stage, micro-batch) of a lane runs F and B, or F, I and W.
+def most_actions(names: tuple[str, ...], p: int, m: int, v: int | None, slices: int = 1) -> int:
+    """The most actions ``names`` can make at p, m (v and slices where a family takes them), from these numbers
+    alone: each (stage, unit) of a lane runs F and B, or F, I and W.
 
     >>> most_actions(("1f1b", "zb-v"), 4, 8, None)  # 2 x 4 x 8 + 3 x 8 x 8
     256
@@ -272,13 +274,14 @@ def most_actions(names: tuple[str, ...], p: int, m: int, v: int | None) -> int:
     for name in names:
         fam = FAMILIES[name]
         chunks = v if v and (fam.chunks is None or v in fam.chunks) else fam.default_chunks
-        total += p * chunks * m * (3 if fam.split_backward else 2) // fam.param_copies
+        units = m * (slices if fam.slices else 1)
+        total += p * chunks * units * (3 if fam.split_backward else 2) // fam.param_copies
     return total
 
 
 def check_size(s: Settings) -> None:
     """Refuse a view over the page's limit before any schedule is made (``SettingError`` on m)."""
-    total, most = most_actions(s.schedules, s.p, max(1, s.m), s.v), limits.WORKSHOP_ACTIONS.value
+    total, most = most_actions(s.schedules, s.p, max(1, s.m), s.v, max(1, s.slices)), limits.WORKSHOP_ACTIONS.value
     if total > most:
         raise SettingError(f"these settings make up to {total} actions; the page draws at most {most}: lower "
                            "--microbatches or compare fewer schedules (`stagewise draw` takes any size; "
@@ -286,16 +289,16 @@ def check_size(s: Settings) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def generated(names: tuple[str, ...], p: int, m: int, v: int | None) -> tuple[Schedule, ...]:
+def generated(names: tuple[str, ...], p: int, m: int, v: int | None, slices: int = 1) -> tuple[Schedule, ...]:
     """The schedules of ``names``, kept for the next request: moving a cost, the cap or what I frees
     re-simulates without regenerating (v-half's generator takes 0.2 s at p=16, m=64; schedules are immutable).
 
     >>> generated(("1f1b",), 2, 2, None)[0].name
     '1f1b'
     """
-    if len(names) == 1:  # one family: a v it does not take is an error, not a default
-        return (generate(names[0], p, m, v),)
-    return tuple(schedules_for(names, p, m, v, limit=None))  # bounded by the caller, as a setting
+    if len(names) == 1:  # one family: a v (or slices) it does not take is an error, not a default
+        return (generate(names[0], p, m, v, slices),)
+    return tuple(schedules_for(names, p, m, v, limit=None, slices=slices))  # bounded by the caller, as a setting
 
 
 def simulate_settings(s: Settings) -> list[tuple[Timeline, dict]]:

@@ -3,7 +3,8 @@
 The lessons go from the bubble to the schedules that shrink it: the bubble itself (and why more
 micro-batches shrink it), why 1F1B keeps GPipe's bubble but not its memory, interleaving (v), zero
 bubble (W fills the gap), the V shape (memory against bubble), DualPipe (both ends, F&B pairs hiding
-the all-to-all) and uneven stages (the slowest sets the pace). Each ``Lesson`` is data: where it starts
+the all-to-all), uneven stages (the slowest sets the pace) and sequence slices (Seq1F1B: a micro-batch cut
+along the sequence holds less and fills faster). Each ``Lesson`` is data: where it starts
 (the page's settings), the question it ends with, and ``goal``, which reads the view the student made
 and says whether it answers the question and where it stands (``payload``'s ``lessons``); the page
 writes the lesson's text around them (static/lessons.js).
@@ -20,10 +21,12 @@ from typing import Callable
 
 from ..explain import gap_causes, idle_by_cause
 from ..formulas import uniform
+from ..schedules import FAMILIES
 from .api import Settings, SettingError, available, check_names, costs_for, simulate_settings
 
 #: the families the lessons talk about, simulated at the page's settings
-TAUGHT = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe", "dualpipe-v")
+TAUGHT = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe", "dualpipe-v",
+          "seq1f1b")
 #: the V-shape schedules of the controllable-memory lesson
 V_SHAPES = ("zb-v", "v-half", "v-min")
 
@@ -104,6 +107,17 @@ def _uneven_goal(s: Settings, shown: dict) -> tuple[bool, str]:
     return same and span < 45, now
 
 
+def _slices_goal(s: Settings, shown: dict) -> tuple[bool, str]:
+    if not {"1f1b", "seq1f1b"} <= set(shown):
+        return False, "tick 1f1b and seq1f1b"
+    ob, sq = max(shown["1f1b"]["peak_activations"]), max(shown["seq1f1b"]["peak_activations"])
+    now = (f"at p={s.p}, m={s.m}, {s.slices} slice{'s' if s.slices > 1 else ''}: Seq1F1B's peak {sq:g}, 1F1B's "
+           f"{ob:g} ({sq / ob:.0%})")
+    if (s.p, s.m) != (8, 8):
+        return False, now + "; the question is at p=8, m=8"
+    return sq <= ob / 2 + 1e-9, now
+
+
 LESSONS = (
     Lesson(key="bubble", title="The bubble", start={"schedules": "1f1b", "p": 8, "m": 8},
            question="Make 1F1B's bubble under 10% at p = 8.", goal=_bubble_goal("1f1b", 0.10, p=8)),
@@ -127,6 +141,9 @@ LESSONS = (
            start={"schedules": "1f1b", "p": 4, "m": 8, "tf": "1,1,1,2", "tb": "2,2,2,4"},
            question="Move work between the stages (t_F still summing to 5, t_B to 10) so the makespan drops under 45.",
            goal=_uneven_goal),
+    Lesson(key="slices", title="Sequence slices: Seq1F1B", start={"schedules": "1f1b,seq1f1b", "p": 8, "m": 8},
+           question="Keep p = 8 and m = 8: cut each micro-batch into slices until Seq1F1B keeps at most half of "
+                    "1F1B's peak activations.", goal=_slices_goal),
 )
 
 
@@ -139,7 +156,8 @@ def payload(s: Settings) -> dict:
         if name not in available():
             continue
         try:
-            ((tl, res),) = simulate_settings(replace(s, schedules=(name,), v=None, cap=None))
+            slices = s.slices if FAMILIES[name].slices else 1  # the page's slices go to the families that take them
+            ((tl, res),) = simulate_settings(replace(s, schedules=(name,), v=None, cap=None, slices=slices))
         except SettingError as e:
             rows.append({"schedule": name, "error": str(e)})
             continue

@@ -167,7 +167,7 @@ class _Search:
     def families(self) -> dict:
         out = {}
         for name, fam in FAMILIES.items():
-            if fam.chunks is not None and 1 not in fam.chunks:
+            if (fam.chunks is not None and 1 not in fam.chunks) or fam.slices:  # one slice: its plain family
                 continue
             try:
                 sched = generate(name, self.p, self.m, 1)

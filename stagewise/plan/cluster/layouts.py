@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...parallelism import Parallelism
-from ...schedules import FAMILIES
+from ...schedules import whole_names
 from .activations import dropped_modules
 from .analytic import ExpertParallel, TensorParallel, analytic_profile, replay_bytes
 from .placement import StageGrid, expert_layouts
@@ -157,7 +157,7 @@ def unsearched_recompute(job: Job) -> str | None:
     runs it for this model), in one clause naming what those frameworks recompute; None when each was searched
     (or, "selective" on a model where it keeps what "off" keeps, searched as "off")."""
     moe = job.spec.moe is not None
-    fams = job.space.families or tuple(FAMILIES)
+    fams = job.space.families or whole_names()
     fws = [fw for fw in job.frameworks if any(fw.runs(f) for f in fams) and shardings(job, fw)
            and (fw.async_tp or not job.async_tp)]
     run = {m for fw in fws for m in fw.recompute if not (moe and m == "full" and fw.stage_recompute)}
@@ -215,7 +215,7 @@ def groups(job: Job, dp: int, mode: str, skipped: dict | None = None) -> list[tu
 def families_run(job: Job, runners: tuple[Framework, ...], skipped: dict | None = None) -> tuple[str, ...]:
     """The families the job asks for that one of ``runners`` runs (``skipped`` collects the others, in
     the frameworks' words)."""
-    asked = job.space.families or tuple(FAMILIES)
+    asked = job.space.families or whole_names()
     out = tuple(f for f in asked if any(fw.runs(f) for fw in runners))
     if skipped is not None and runners:
         for f in asked:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...lowering.options import FRAMEWORKS as OVERLAPS, Overlap
-from ...schedules import FAMILIES
+from ...schedules import whole_names
 from ...parallelism import SHARDINGS, Parallelism
 from ..errors import PlanError
 
@@ -94,7 +94,7 @@ DEEPSPEED = Framework(
     source="DeepSpeed runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads, OptimizerStep after "
            "the last backward; SendActivation/SendGrad block the sender; ZeRO stage <= 1 with pipeline parallelism")
 TORCHTITAN = Framework(
-    name="torchtitan", title="torchtitan", families=tuple(f for f in FAMILIES if f != "dualpipe"),
+    name="torchtitan", title="torchtitan", families=tuple(f for f in whole_names() if f != "dualpipe"),
     sharding=("fsdp", "hsdp", "ddp"), default_sharding=("fsdp",), overlap=OVERLAPS["torchtitan"],
     recompute=("off", "full"), async_tp=True,
     reshard_after_forward="default",

@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 from ...parallelism import Parallelism
 from ...schedule import Schedule
-from ...schedules import FAMILIES, generate
+from ...schedules import FAMILIES, generate, whole_names
 from ... import limits
 from ...schedules.registry import ScheduleArgError, check_args
 from ...simulate import simulate
@@ -149,7 +149,7 @@ class Searcher:
         return out
 
     def _families(self, p: int, m: int, layers: int, build: bool = True) -> Iterable[tuple[str, int]]:
-        for name in self.space.families or tuple(FAMILIES):
+        for name in self.space.families or whole_names():
             if p == 1 and name != "1f1b" and not self._named_families():
                 continue  # on one stage every family is gradient accumulation, which 1f1b's program is
             fam = FAMILIES[name]

@@ -5,7 +5,7 @@
 "use strict";
 
 const FIELDS = ["p", "m", "v", "tf", "tb", "ti", "tw", "tfb", "a2a", "latency", "skew", "per", "free_at_i", "cap", "fsdp",
-  "bandwidth"];
+  "bandwidth", "slices"];
 const MODES = ["view", "play", "why", "build", "teach"];
 const ZOOMS = [1, 2, 4, 8];
 const PLACES = ["mode", "t", "gap", "zoom", "lesson"]; // the page's own state in the address, besides the settings

@@ -111,6 +111,21 @@ const LESSONS = {
         "its lane under each rank.") + "</p>";
   },
 
+  slices(c) {
+    const sq = c.by.seq1f1b || c.rows.seq1f1b, ob = c.rows["1f1b"];
+    if (!sq || sq.error || !c.ok("1f1b")) return `<p>Seq1F1B does not run at these settings${sq && sq.error ? `: ${esc(sq.error)}` : ""}.</p>`;
+    const k = sq.slices || 1, p = c.p;
+    return `<p>${c.fam("seq1f1b", "Seq1F1B")} cuts each micro-batch into k slices along the sequence (the slices ` +
+      `control, here k = ${k}) and runs 1F1B over the slices: a cell ${c.term("kind:F", "2.1")} is micro-batch 2's ` +
+      "slice 1. A slice's forward attends to the keys and values of the slices before it, so it runs after them on " +
+      "its stage; the backwards run the other way, last slice first, each handing the gradients of those keys and " +
+      "values back (Why it waits names such a wait).</p>" +
+      `<p>A slice is 1/k of the work, so the pipeline fills and drains in steps 1/k as long: bubble ` +
+      `<b>${pct(sq.bubble_fraction)}</b> against 1F1B's ${pct(ob.bubble_fraction)}. And rank 0 keeps p+k−1 slices ` +
+      `at its peak, (p+k−1)/k micro-batches: ${c.peak(sq)} against 1F1B's ${c.peak(ob)} ` +
+      `(${c.term("memory", "the memory strips")}), toward 1/k of it as p grows (here p = ${p}).</p>`;
+  },
+
   uneven(c) {
     const { r, p, m } = c;
     const tf = $("tf").value, tb = $("tb").value;
