@@ -1,5 +1,5 @@
-"""Sequence slices at run time: sliced schedules, an own causal model on ``stagewise.kv``, and the rank function
-that runs several cases in one launch (spawned ranks import it from here)."""
+"""Sequence slices at run time: an own causal model on ``stagewise.kv``, the unpipelined reference, and the rank
+functions that run several cases in one launch (spawned ranks import them from here)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stagewise.actions import Action
-from stagewise.schedule import Schedule
-
 OWN_D, OWN_HEADS, OWN_VOCAB, OWN_SEQ = 16, 2, 32, 8
-
-
-def hand_built(p: int, m: int, k: int, split: bool = False) -> Schedule:
-    """Every rank's forwards in unit order, then its backwards in reverse unit order (B, or I's then W's): the
-    slice rules hold by construction."""
-    units = m * k
-    programs = []
-    for r in range(p):
-        back = [Action("I" if split else "B", r, u) for u in reversed(range(units))]
-        if split:
-            back += [Action("W", r, u) for u in range(units)]
-        programs.append(tuple([Action("F", r, u) for u in range(units)] + back))
-    return Schedule(name=f"sliced-{'zb' if split else 'gpipe'}", programs=tuple(programs),
-                    placement=tuple(range(p)), microbatches=units, slices=k)
 
 
 # ---- a user's own causal model: the docs/api.md protocol (stagewise.kv)
@@ -49,7 +32,8 @@ class OwnAttention(nn.Module):
     def __init__(self):
         super().__init__()
         self.qkv, self.proj = nn.Linear(OWN_D, 3 * OWN_D), nn.Linear(OWN_D, OWN_D)
-        self.mlp = nn.Sequential(nn.LayerNorm(OWN_D), nn.Linear(OWN_D, 2 * OWN_D), nn.Tanh(), nn.Linear(2 * OWN_D, OWN_D))
+        self.mlp = nn.Sequential(nn.LayerNorm(OWN_D), nn.Linear(OWN_D, 2 * OWN_D), nn.Tanh(),
+                                 nn.Linear(2 * OWN_D, OWN_D))
 
     def forward(self, x):
         import stagewise

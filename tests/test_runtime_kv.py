@@ -191,3 +191,21 @@ def test_a_run_config_with_slices_is_checked_before_any_rank_starts():
         RunConfig(schedule="seq1f1b", ranks=2, microbatches=2, slices=3, model=TINY).check()
     with pytest.raises(RunError, match=r"`slices` 2 with `recompute`"):
         RunConfig(schedule="seq1f1b", ranks=2, microbatches=2, slices=2, recompute=True, model=TINY).check()
+
+
+def test_each_unit_weighs_its_share_of_the_steps_counted_tokens():
+    from stagewise.runtime.execution.executor import unit_weights
+
+    shifted = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, -100]])]  # a shifted label's last slice: one fewer
+    assert unit_weights(shifted) == [0.6, 0.4]
+    assert unit_weights([torch.randn(2, 3), torch.randn(2, 3)]) == [0.5, 0.5]  # float targets: rows
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--schedule", "seq1f1b", "--slices", "3", "--seq", "32"], "--slices 3: the model's --seq 32 must be a multiple"),
+    (["--schedule", "1f1b", "--slices", "2"], "1f1b does not cut micro-batches into sequence slices"),
+])
+def test_train_slices_mistakes_exit_2_naming_the_flag(capsys, argv, needle):
+    from cli_helpers import fails
+
+    assert needle in fails(capsys, "train", "-p", "2", "-m", "2", *argv)

@@ -391,18 +391,25 @@ def unit_weights(targets: list) -> list[float]:
     index, of integer targets; else its rows), so sequence slices with fewer counted tokens (the last position of a
     shifted label) weigh less and the step's loss is the unpipelined mean. Equal units: 1 / units each."""
     counts = [_tokens(t) for t in targets]
+    if any(isinstance(c, torch.Tensor) for c in counts):  # one device sync for the step, not one per unit
+        counts = torch.stack([torch.as_tensor(c, device=_device(counts)) for c in counts]).tolist()
     total = sum(counts)
     return [c / total for c in counts] if total else [1.0 / len(targets)] * len(targets)
 
 
-def _tokens(target) -> int:
+def _tokens(target):
+    """A unit's tokens: an int, or a 0-d tensor on the targets' device (counted where they are)."""
     leaves = pytree.tensors(target)
     if not leaves:
         return 1
     t = leaves[0]
     if t.is_floating_point() or t.is_complex() or t.dim() == 0:
         return int(t.shape[0]) if t.dim() else 1
-    return int((t != -100).sum())
+    return (t != -100).sum()
+
+
+def _device(counts: list):
+    return next(c.device for c in counts if isinstance(c, torch.Tensor))
 
 
 def _with_extra(roots: list, grads: list | None, tensors: list, extra: list) -> tuple[list, list | None]:
