@@ -206,6 +206,7 @@ def test_each_unit_weighs_its_share_of_the_steps_counted_tokens():
 @pytest.mark.parametrize("argv, needle", [
     (["--schedule", "seq1f1b", "--slices", "3", "--seq", "32"], "--slices 3: the model's --seq 32 must be a multiple"),
     (["--schedule", "1f1b", "--slices", "2"], "1f1b does not cut micro-batches into sequence slices"),
+    (["--csv", "x.csv", "--slices", "2"], "--slices 2 cuts a family's micro-batches"),
 ])
 def test_train_slices_mistakes_exit_2_naming_the_flag(capsys, argv, needle):
     from cli_helpers import fails

@@ -73,6 +73,9 @@ def config_from(args):
 
     name, ranks, reference = schedule_choice(args, world_per_replica=False)
     _check_sizes(args)
+    if args.csv and args.slices != 1:
+        raise UsageError(f"--slices {args.slices} cuts a family's micro-batches (--schedule seq1f1b); a --csv "
+                         "schedule runs as written: leave --slices out")
     # the same default batch for the reference as for a pipelined -m (train_scale: x --dp); 0 or less is an error
     batch = args.batch if args.batch is not None else default_batch(args.microbatches)
     vocab = args.vocab if args.vocab is not None else (256 if args.data else 64)
