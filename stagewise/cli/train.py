@@ -29,6 +29,8 @@ def register(sub) -> None:
     add_layout_options(g, ("pp",), more={"pp": "default 4 (under torchrun: WORLD_SIZE / (dp x fsdp x ep x tp))"})
     g.add_argument("-m", "--microbatches", type=positive_int, default=8, help="micro-batches per step, default 8")
     g.add_argument("-v", "--chunks", type=positive_int, default=None, help="stages per rank (family default)")
+    g.add_argument("--slices", type=positive_int, default=1,
+                   help="sequence slices per micro-batch (seq1f1b, seq1f1b-zb; --seq a multiple of it), default 1")
     g.add_argument("--split", default=None, metavar="SPLIT",
                    help="layers per stage of one model copy: counts like 3,2,2,3 or a layout like 'E+t*2 | t*2+H' "
                    "(E embedding, t block, H head; as `stagewise plan` prints it); default: even")
@@ -75,6 +77,9 @@ def config_from(args):
 
     name, ranks, reference = schedule_choice(args, world_per_replica=False)
     _check_sizes(args)
+    if args.csv and args.slices != 1:
+        raise UsageError(f"--slices {args.slices} cuts a family's micro-batches (--schedule seq1f1b); a --csv "
+                         "schedule runs as written: leave --slices out")
     # the same default batch for the reference as for a pipelined -m (train_scale: x --dp); 0 or less is an error
     batch = args.batch if args.batch is not None else default_batch(args.microbatches)
     vocab = args.vocab if args.vocab is not None else (256 if args.data else 64)
@@ -83,7 +88,8 @@ def config_from(args):
                                                            dtype=args.dtype, data=args.data, seed=args.seed,
                                                            pack=args.pack)
     return RunConfig(schedule=None if reference else name, csv=args.csv, ranks=1 if reference else ranks,
-                     microbatches=args.microbatches, chunks=args.chunks, steps=args.steps, batch=batch,
+                     microbatches=args.microbatches, chunks=args.chunks, slices=1 if reference else args.slices,
+                     steps=args.steps, batch=batch,
                      model=model, split=_split(args.split), lr=args.lr, optimizer=args.optimizer, clip=args.clip,
                      timeout=args.timeout, threads=args.threads)
 
@@ -204,7 +210,8 @@ def summary(res) -> str:
     first = (res.checkpoint or {}).get("resumed_step", 0) + 1
     last = first + len(res.step_time_s) - 1
     warm = f" (step {first} excluded as warm-up)" if len(res.step_time_s) > 1 else ""
-    shape = (f"p={res.ranks} m={res.microbatches}" if res.schedule != "none" else
+    sliced = f" x {res.slices} slices" if res.slices > 1 else ""
+    shape = (f"p={res.ranks} m={res.microbatches}{sliced}" if res.schedule != "none" else
               "the unpipelined reference, one process over the whole batch at once" if res.microbatches == 1 else
               f"the unpipelined reference, one process over {res.microbatches} micro-batches one after another "
               "(a pipeline's, its dropout masks too)")

@@ -113,6 +113,13 @@ class HFRun:
     def loss(self, logits, labels):
         return self.model().loss(logits, labels)
 
+    def shifted_loss(self, logits, shift_labels):
+        """The loss from labels shifted before a run cuts sequence slices (``HFModel.shifted_loss``)."""
+        return self.model().shifted_loss(logits, shift_labels)
+
+    def shift_labels(self, labels):
+        return self.model().shift_labels(labels)
+
     def check(self) -> None:
         """The config, the weights folder and the text against the model, before any rank starts (every time:
         a limit raised or lowered since the model was loaded applies)."""

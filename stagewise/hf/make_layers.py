@@ -16,6 +16,11 @@ Packed documents (``stagewise.data``, ``train --hf --pack``) are the exception: 
 dict and gives (hidden, position ids, document ids), each decoder layer passes the triple on with the
 block-causal 4D mask HF's attention takes (bool for SDPA, additive for eager), and the final norm keeps the
 hidden states only.
+
+Under sequence slices (``Schedule.slices``; runtime/stages/kv.py) a slice's positions start at its offset and
+each attention takes the earlier slices' keys and values through HF's own cache argument: ``SliceCache.update``
+hands them over (as detached leaves whose gradients go back to their slices), and the mask is the causal mask of
+the slice's queries over every key so far.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 from torch import nn
 
 from ..data.tensors import block_mask, packed
+from ..runtime.stages import kv
 
 
 def modeling(model_type: str):
@@ -48,7 +54,7 @@ class GPT2Embedding(nn.Module):
             x = input_ids
             return self.drop(self.wte(x["input_ids"]) + self.wpe(x["position_ids"])), x["position_ids"], \
                 x["document_ids"]
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        pos = (torch.arange(input_ids.shape[1], device=input_ids.device) + kv.offset()).unsqueeze(0)
         return self.drop(self.wte(input_ids) + self.wpe(pos))
 
 
@@ -79,17 +85,48 @@ class PipelinedDecoder:
 
     def forward(self, hidden):
         documents = None
+        extra = {}
         if isinstance(hidden, tuple):  # packed documents: (hidden, position ids, document ids)
             hidden, pos, documents = hidden
             mask = _document_mask(documents, hidden.dtype, self.stagewise_config, self.mask_function)
         else:
-            pos = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-            mask = self.mask_function(config=self.stagewise_config, inputs_embeds=hidden, attention_mask=None,
-                                      cache=None, position_ids=pos)
-        extra = {} if self.rotary_emb is None else {"position_embeddings": self.rotary_emb(hidden, pos)}
+            start = kv.offset()
+            pos = (torch.arange(hidden.shape[1], device=hidden.device) + start).unsqueeze(0)
+            if kv.sliced():
+                extra["cache"] = SLICE_CACHE
+            if start:  # a later slice: its queries over the earlier slices' keys and its own
+                mask = self._slice_mask(hidden, start)
+            else:
+                mask = self.mask_function(config=self.stagewise_config, inputs_embeds=hidden, attention_mask=None,
+                                          cache=None, position_ids=pos)
+        if self.rotary_emb is not None:
+            extra["position_embeddings"] = self.rotary_emb(hidden, pos)
         out = super().forward(hidden, attention_mask=mask, position_ids=pos, **extra)
         out = out[0] if isinstance(out, tuple) else out
         return out if documents is None else (out, pos, documents)
+
+    def _slice_mask(self, hidden: torch.Tensor, start: int) -> torch.Tensor:
+        """The 4-D mask of a slice starting at ``start``: bool for sdpa, additive for eager attention."""
+        config = self.stagewise_config
+        window = getattr(config, "sliding_window", None) if self.mask_function.__name__.startswith("create_sliding") \
+            else None
+        T = hidden.shape[1]
+        seen = kv.causal_mask(T, start + T, hidden.device, window)[None, None]
+        if config._attn_implementation == "sdpa":
+            return seen
+        return torch.zeros(seen.shape, dtype=hidden.dtype, device=hidden.device).masked_fill(
+            ~seen, torch.finfo(hidden.dtype).min)
+
+
+class SliceCache:
+    """What a sliced forward passes as HF's ``cache``: each attention's ``update`` returns its keys and values
+    with the earlier slices' prepended (kv.extend: the same detach-and-hand-back rule as every model)."""
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
+        return kv.extend(keys, values)
+
+
+SLICE_CACHE = SliceCache()
 
 
 def _document_mask(documents: torch.Tensor, dtype, config: Any, mask_function: Callable) -> torch.Tensor:

@@ -265,6 +265,22 @@ class HFModel:
 
         return ForCausalLMLoss(logits, labels, vocab_size=self.config.vocab_size)
 
+    def shifted_loss(self, logits, shift_labels):
+        """The same loss from labels already shifted (``shift_labels``: position t holds token t + 1, -100 at each
+        sequence's end), as transformers takes them for context parallel: a sequence slice's labels then hold the
+        next slice's first token, which a shift inside the slice would lose."""
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        return ForCausalLMLoss(logits, None, vocab_size=self.config.vocab_size,
+                               shift_labels=shift_labels.contiguous())
+
+    @staticmethod
+    def shift_labels(labels):
+        """``labels`` (B, T) shifted left by one, -100 (ignored) at each sequence's end: ``shifted_loss``'s labels."""
+        import torch.nn.functional as F
+
+        return F.pad(labels[:, 1:], (0, 1), value=-100)
+
     def checkpoint(self):
         """This process's reader of ``folder`` (one per folder, so its read counts add up)."""
         return _checkpoint(self.folder)

@@ -17,6 +17,9 @@ from .model import HFModel
 def pipeline(model: HFModel, schedule, *, device=None, **options):
     """``stagewise.Pipeline(schedule, model.as_layers(), model.loss, **options)`` after checking the layers fit.
 
+    A schedule with sequence slices takes ``model.shifted_loss``: its targets are ``model.shift_labels(ids)``
+    (each slice's labels then hold the token after it, which a shift inside the slice would lose).
+
     >>> model = stagewise.hf.load("models/tiny-llama")                          # doctest: +SKIP
     >>> pipe = pipeline(model, "zb-v", microbatches=4)                         # this rank's layers only
     >>> pipe.step(ids, ids)                                                   # labels = ids, as in HF
@@ -37,7 +40,8 @@ def pipeline(model: HFModel, schedule, *, device=None, **options):
                              microbatches=options.pop("microbatches", None), chunks=options.pop("chunks", None))
     model.check_fit(sched.stages_per_copy, options.get("split"))
     device = _device(device)  # layers are materialized right there (a GPU under NCCL), not moved
-    return Pipeline(sched, model.as_layers(device), model.loss, device=device, **options)
+    loss = model.shifted_loss if sched.slices > 1 else model.loss
+    return Pipeline(sched, model.as_layers(device), loss, device=device, **options)
 
 
 def save_pretrained(pipe, model: HFModel, folder: str | Path) -> Path:

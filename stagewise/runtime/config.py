@@ -109,6 +109,8 @@ class RunConfig:
     parallelism: Parallelism = Parallelism(pp=4)
     microbatches: int = 8  #: m
     chunks: int | None = None  #: v (family default when None)
+    #: sequence slices per micro-batch (a family with slices: seq1f1b, seq1f1b-zb; the model's `seq` a multiple)
+    slices: int = 1
     overlap: bool = True  #: interleave F&B pairs at the MoE all-to-alls (execution/fb_pair.py); False: F then B
     measure_memory: bool = True  #: count activation bytes per rank (costs ~1-15% of a small model's step)
     recompute: bool | tuple[int, ...] = False  #: recompute the forward in the backward: all stages, or these
@@ -211,6 +213,7 @@ class RunConfig:
         check_count("`steps`", self.steps, 1)
         if self.chunks is not None:
             check_count("`chunks`", self.chunks, 1, limits.CHUNKS)
+        self._check_slices()
         if self.threads is not None:
             check_count("`threads`", self.threads, 1, limits.THREADS)
         seq = getattr(self.model, "seq", 1)
@@ -235,6 +238,26 @@ class RunConfig:
                                        else self.batch))
         if self.model is not None:
             self.layer_split()
+
+    def _check_slices(self) -> None:
+        """`slices`: a whole number that divides the model's sequence, without `recompute`, `offload` or
+        packed documents."""
+        check_count("`slices`", self.slices, 1, limits.MICROBATCHES)
+        if self.slices == 1:
+            return
+        seq = getattr(self.model, "seq", None)
+        if isinstance(seq, int) and seq % self.slices:
+            raise RunError(f"`slices` {self.slices}: the model's `seq` {seq} must be a multiple of it (each slice "
+                           "takes seq / slices tokens)")
+        if self.recompute:
+            raise RunError(f"`slices` {self.slices} with `recompute`: a replayed slice would attend to keys and "
+                           "values kept without their graph; leave one out")
+        if self.offload:
+            raise RunError(f"`slices` {self.slices} with `offload`: a slice's saved keys and values are read by the "
+                           "later slices' backwards, so they cannot leave the device after its forward; leave one out")
+        if getattr(self.model, "pack", False):
+            raise RunError(f"`slices` {self.slices} with packed documents (`pack`): a slice would cut documents whose "
+                           "masks span it; leave one out")
 
     def _check_scale(self) -> None:
         """`dp`, `fsdp`, `tp`, `zero`, `ep` and `recompute` (runtime at scale)."""

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..schedule import Schedule
 from ..timeline import Timeline
-from .stages import microbatches, pytree, rng
+from .stages import kv, microbatches, pytree, rng
 from .execution.activation_memory import ActivationMeter
 from .messages.p2p import P2P
 from .execution.program import lower
@@ -107,6 +107,10 @@ class Pipeline:
     - ``schedule``: a family name (``"1f1b"``, ``"zb-v"``, ``"dualpipe"``...) with ``microbatches`` (and
       ``chunks``), or any ``Schedule`` (generated, from ``plan``/``auto``, read from a torch CSV); its ranks
       times ``dp`` must be the world size.
+    - ``slices``: sequence slices per micro-batch (``"seq1f1b"``, ``"seq1f1b-zb"``; a ``Schedule``'s own
+      ``slices``): each micro-batch is cut along dimension 1 of its inputs and targets, and a slice attends to
+      the keys and values of the slices before it (``stagewise.kv``, which the model's attention calls: the
+      built-in GPT's and the HF adapter's do); loss and gradients are the unsliced run's.
     - ``model``: a sequence of layers, a ``Layers(count, build)`` factory called only for this rank's layers,
       or an ``nn.Module`` with ``split`` points (built on the meta device, materialized only here).
     - ``loss_fn(output, target)``: the mean loss of one micro-batch (a step's loss weighs each by its tokens,
@@ -162,7 +166,7 @@ class Pipeline:
                  init: Callable | None = None, measure_memory: bool = False, mesh=None, nonfinite: str = "raise",
                  flight=None, fsdp: int = 1, tp: int = 1, tp_plan=None, parallelize: Callable | None = None,
                  reshard_after_forward: bool = False, ep: int = 1, overlap: Callable | bool | None = None,
-                 parallelism: Parallelism | None = None, seed: int | None = None):
+                 parallelism: Parallelism | None = None, seed: int | None = None, slices: int | None = None):
         check_timeout(timeout)
         if seed is not None:
             check_seed(seed)
@@ -183,7 +187,7 @@ class Pipeline:
                                  self.device)
         self.topo = topo = grid.topo
         self.schedule = sched = resolve_schedule(schedule, world=world, dp=topo.data_shards * topo.size("tp"),
-                                                 microbatches=microbatches, chunks=chunks,
+                                                 microbatches=microbatches, chunks=chunks, slices=slices,
                                                  launched_by=f"a world of {world} ranks")
         self.loss_fn, self.timeout, self.nonfinite = loss_fn, timeout, nonfinite
         self.flight = flight if flight is not None else NO_FLIGHT
@@ -218,6 +222,9 @@ class Pipeline:
             self.dp.flight = self.flight
         self._overlap = _overlap_hook(overlap, self.ep)
         self.recompute = recompute_stages(recompute, sched.stages)
+        if self.recompute and sched.slices > 1:
+            raise RunError(f"`recompute` with {sched.slices} sequence slices: a replayed slice would attend to "
+                           "keys and values kept without their graph; run sliced schedules without `recompute`")
         self.clock = CudaClock(self.device) if self.device.type == "cuda" else WallClock()
         self.meter = ActivationMeter(self.stages) if measure_memory else None
         self._autocast = (lambda: torch.autocast(self.device.type, dtype=autocast)) if autocast else None
@@ -241,16 +248,17 @@ class Pipeline:
 
         ``inputs`` / ``targets``: the whole step's batch (a tensor or pytree, split into micro-batches along
         dimension 0; with ``dp`` each replica takes its rows), or a ``list`` of the step's micro-batches each
-        (pytrees whose shapes may differ: sequence length, rows; each cut into the data shards' rows). Either way
-        each micro-batch's loss counts by its tokens (``stages/microbatches.py``). A rank without a first stage may pass None
+        (pytrees whose shapes may differ: sequence length, rows; each cut into the data shards' rows); with
+        sequence slices each micro-batch is cut along dimension 1 too. Either way each micro-batch's (unit's)
+        loss counts by its tokens (``stages/microbatches.py``). A rank without a first stage may pass None
         as ``inputs``, one without a last stage None as ``targets``. ``timeline``: gather every rank's op times
         into a measured Timeline on rank 0 (a collective: every rank passes the same).
         """
         self._check_usable()
-        split = microbatches.check(inputs, targets, self.schedule.microbatches, self.topo.data_shards)
+        microbatches.check(inputs, targets, self.schedule.microbatches // self.schedule.slices, self.topo.data_shards)
         varying = self._check_rows(inputs, targets, self._varies(inputs))
         xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
-        scales = self._scales(targets, split)
+        scales = self._scales(targets)
         self._use(self.executor, False, varying)
         earlier = self._stash_grads()  # gradient accumulation: this step's gradients are summed alone
         self.steps_done += 1
@@ -283,22 +291,25 @@ class Pipeline:
         ``targets`` as ``step`` takes them (one batch, or lists of micro-batches)."""
         if self._evaluator is None:
             self._evaluator = Executor(self._context(self.schedule.forward_only(), forward_only=True))
-        split = microbatches.check(inputs, targets, self.schedule.microbatches, self.topo.data_shards)
+        split = microbatches.check(inputs, targets, self.schedule.microbatches // self.schedule.slices,
+                                   self.topo.data_shards)
         varying = self._varies(inputs)
         if not self._static:  # every rank lowers the same headers: one small sum says whether any varies
             flag = torch.tensor([float(varying)], dtype=torch.float64, device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             varying = bool(flag.item())
         xs, ys = self._micro(inputs, "inputs"), self._micro(targets, "targets")
-        scales = self._scales(targets, split)
+        scales = self._scales(targets)
         self._use(self._evaluator, True, varying)
         self.clock.start()
         t0 = self.clock.mark()
         done = self._evaluator.step(xs, ys, scales)
         has = bool(done.mb_losses) and self._counts_loss
         loss, counted = RankSum([done.loss if has else 0.0, float(has)], self.device).value()
-        mbs = tuple(sorted(done.outputs))
-        outs = None if not mbs else [done.outputs[k] for k in mbs] if split else _concat([done.outputs[k] for k in mbs])
+        k = self.schedule.slices
+        mbs = tuple(sorted({u // k for u in done.outputs}))
+        whole = [kv.join([done.outputs[m * k + j] for j in range(k)]) if k > 1 else done.outputs[m] for m in mbs]
+        outs = None if not mbs else whole if split else _concat(whole)
         res = self._result(loss if counted else None, done, t0, False)
         return StepResult(total=res.total, seconds=res.seconds, op_seconds=res.op_seconds, outputs=outs,
                           output_mbs=mbs)
@@ -539,31 +550,37 @@ class Pipeline:
         n = self.topo.data_shards
         return loss / n if n > 1 else loss
 
-    def _scales(self, targets, split: bool) -> list[float] | None:
-        """What each of this replica's micro-batch losses counts in the step's: its tokens among the step's
-        (``stages/microbatches.py``); None on a rank without targets."""
+    def _scales(self, targets) -> list[float] | None:
+        """What each of this replica's unit losses counts in the step's: its tokens among the step's, over every
+        data shard (``stages/microbatches.py``); None on a rank without targets."""
         if targets is None:
             return None
-        shards, index = self.topo.data_shards, self.topo.data_index
-        if split:
-            return microbatches.scales(targets, shards, index)
-        return microbatches.batch_scales(targets, self.schedule.microbatches, shards, index)
+        weights = [[microbatches.weight(u) for u in self._units(targets, d, "targets")]
+                   for d in range(self.topo.data_shards)]
+        return microbatches.shares(weights, self.topo.data_index)
+
+    def _units(self, tree, shard: int, what: str) -> list:
+        """Data shard ``shard``'s piece of a step's batch for each unit of the schedule: its rows of each given
+        micro-batch, or its rows cut into equal micro-batches; with sequence slices each cut along dimension 1
+        (``stages/kv.py``)."""
+        shards, k = self.topo.data_shards, self.schedule.slices
+        if microbatches.is_split(tree):  # checked (``microbatches.check``)
+            parts = microbatches.shard(tree, shards, shard, what)
+        else:
+            if shards > 1:
+                tree = pytree.split(tree, shards, what)[shard]
+            parts = pytree.split(tree, self.schedule.microbatches // k, what)
+        if k > 1:
+            parts = [piece for part in parts for piece in kv.cut(part, k, what)]
+        return parts
 
     def _micro(self, tree, what: str) -> list | None:
-        """A step's batch as this replica's micro-batches."""
+        """A step's batch as this replica's units (micro-batches, or their sequence slices), on its device."""
         if tree is None:
             return None
-        if microbatches.is_split(tree):  # checked (``microbatches.check``): this replica's rows of each
-            parts = microbatches.shard(tree, self.topo.data_shards, self.topo.data_index, what)
-            parts = [pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), part) for part in parts]
-            if self.meter is not None:
-                parts = [pytree.map_tensors(torch.Tensor.clone, part) for part in parts]
-            return parts
-        if self.topo.data_shards > 1:
-            tree = pytree.split(tree, self.topo.data_shards, what)[self.topo.data_index]
-        moved = pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), tree)
-        parts = pytree.split(moved, self.schedule.microbatches, what)
-        if self.meter is not None:  # a storage per micro-batch, so the meter counts each one's tokens apart
+        parts = self._units(tree, self.topo.data_index, what)
+        parts = [pytree.map_tensors(lambda t: t.to(self.device, non_blocking=True), part) for part in parts]
+        if self.meter is not None:  # a storage per unit, so the meter counts each one's tokens apart
             parts = [pytree.map_tensors(torch.Tensor.clone, part) for part in parts]
         return parts
 

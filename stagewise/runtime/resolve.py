@@ -11,7 +11,7 @@ from .config import RunError
 
 def resolve_schedule(schedule, *, world: int, dp: int = 1, microbatches: int | None = None,
                      chunks: int | None = None, csv: str | None = None, launched_by: str | None = None,
-                     ranks: int | None = None, across: str | None = None) -> Schedule:
+                     ranks: int | None = None, across: str | None = None, slices: int | None = None) -> Schedule:
     """The schedule value for ``world`` ranks in ``dp`` replicas of one pipeline.
 
     ``schedule``: a family name (made for world / dp ranks with ``microbatches`` and ``chunks``) or a
@@ -19,7 +19,8 @@ def resolve_schedule(schedule, *, world: int, dp: int = 1, microbatches: int | N
     CSV instead. ``launched_by`` says what set the number of ranks, for the messages (``WORLD_SIZE=4``);
     ``ranks``: the pipeline ranks asked for, when they were asked for apart from the world (a run's ``ranks``).
     ``dp`` is every rank of the grid per pipeline rank; ``across`` names its parts for the messages
-    (``"`dp` 2 x `fsdp` 2"``; default ``"`dp` N"``).
+    (``"`dp` 2 x `fsdp` 2"``; default ``"`dp` N"``). ``slices``: sequence slices per micro-batch (a family
+    that has them: ``seq1f1b``); a schedule value's own when given.
 
     >>> resolve_schedule("1f1b", world=4, dp=2, microbatches=4).ranks
     2
@@ -36,8 +37,8 @@ def resolve_schedule(schedule, *, world: int, dp: int = 1, microbatches: int | N
 
         return _fits(torch_csv.load(csv), p, dp, launched_by, f"`csv` {csv}", across)
     if isinstance(schedule, Schedule):
-        for name, value, have in (("microbatches", microbatches, schedule.microbatches),
-                                  ("chunks", chunks, schedule.chunks)):
+        for name, value, have in (("microbatches", microbatches, schedule.microbatches // schedule.slices),
+                                  ("chunks", chunks, schedule.chunks), ("slices", slices, schedule.slices)):
             if value is not None and value != have:
                 raise RunError(f"`{name}` {value} but the schedule {schedule.name} has {have}; leave `{name}` out")
         return _fits(schedule, p, dp, launched_by, f"schedule {schedule.name}", across)
@@ -50,7 +51,7 @@ def resolve_schedule(schedule, *, world: int, dp: int = 1, microbatches: int | N
             raise RunError(f"schedule {schedule!r} needs `microbatches` (micro-batches per step)")
         from ..schedules import generate
 
-        return generate(schedule, p, microbatches, chunks)
+        return generate(schedule, p, microbatches, chunks, slices=slices or 1)
     raise RunError(f"`schedule` must be a family name or a Schedule; got {type(schedule).__name__}")
 
 

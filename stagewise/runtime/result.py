@@ -43,6 +43,7 @@ class RunResult:
     schedule: str  #: the schedule's name ("none": the unpipelined reference)
     ranks: int  #: p, ranks of one pipeline replica
     microbatches: int  #: m
+    slices: int = 1  #: sequence slices per micro-batch (the schedule ran m x slices units)
     losses: tuple[float, ...]  #: per step, the mean loss over the step's batch
     first_step: int = 0  #: steps done before ``losses[0]`` (a resumed run's, a torchrun-restarted attempt's)
     step_time_s: tuple[float, ...]  #: per step, seconds (program, collectives, optimizer)
@@ -103,6 +104,7 @@ class RunResult:
     def to_json(self) -> dict:
         """The ``train --json`` object: the keys tests and users read, sections only when the run has them."""
         out = {"schedule": self.schedule, "ranks": self.ranks, "microbatches": self.microbatches,
+               **({"slices": self.slices} if self.slices > 1 else {}),
                "losses": list(self.losses), "step_time_s": list(self.step_time_s),
                "measured_bubble_fraction": self.measured_bubble_fraction,
                "predicted_bubble_fraction": self.predicted_bubble_fraction}

@@ -208,7 +208,10 @@ def predicted_peaks(schedule, added: dict[str, dict[int, int]], recompute: froze
     kinds = {(a.kind, a.stage) for a in schedule.actions()}
     placed = {s for s in range(S) if (RECOMPUTE, s) in kinds}
     redone = set(recompute) | placed
-    held = [float(F.get(s, 0)) for s in range(S)]
+    # sequence slices: F's growth is the largest slice's (the last, which also holds the earlier slices' keys and
+    # values), and the simulator keeps 1/k of a micro-batch per slice: every slice counted as that one (an upper
+    # bound; tests/test_runtime_kv.py checks the slice model from an unsliced run's bytes)
+    held = [float(F.get(s, 0)) * schedule.slices for s in range(S)]
     full = [held[s] + R.get(s, 0) if s in redone else held[s] for s in range(S)]
     keep = [held[s] / full[s] if s in redone and full[s] else 0.0 for s in range(S)]
     split = [s for s in I if s not in redone and held[s]]

@@ -26,6 +26,13 @@ per input leaf that carries one. A forward-only executor (a program of F's, for 
 for a backward. An F&B pair runs its forward, then its backward, unless the context has an ``overlap`` hook
 (fb_pair.py: the halves interleaved at their all-to-alls); either way its outputs are sent after it, by the
 SENDs that follow it.
+
+With sequence slices (``Schedule.slices`` k; ``stages/kv.py``) an action's ``mb`` is a unit, slice ``u % k`` of
+micro-batch ``u // k``: its forward runs with the keys and values its micro-batch's earlier slices left on the
+stage (a ``kv.Carry`` per (stage, micro-batch)), its backward (B or I) also differentiates the stand-in leaves of
+those keys and values and hands their gradients back, and adds the gradients later slices handed back for its
+own as extra (tensor, gradient) pairs. Each unit's loss weighs its share of the step's tokens (the pipeline's
+``scales``).
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ import torch
 from ...actions import MEMORY_KINDS, OFFLOAD, RECOMPUTE, RELOAD, Action, Pair
 from ...comm_actions import (ALL_TO_ALL, HEADERS, RECV_B, RECV_F, REDUCE_GRAD, RESHARD, SEND_B, SEND_F, STEP_END,
                                TIE_GRAD, UNSHARD, CommAction)
-from ..stages import pytree
+from ...slices import split_unit
+from ..stages import kv, pytree
 from .activation_memory import ActivationMeter
 from .program import RankPlan
 from ..messages.p2p import P2P, route_in, route_of, route_out
@@ -109,7 +117,9 @@ class Executor:
         self.rank = plan.rank
         self.splitters = {s: Splitter(st, s) for s, st in ctx.stages.items() if s in plan.split_stages}
         self.saved: dict[tuple[int, int], Saved] = {}
-        self.scales = [1.0 / plan.schedule.microbatches] * plan.schedule.microbatches
+        self.slices = plan.schedule.slices  #: sequence slices per micro-batch: actions' ``mb`` are units (kv.py)
+        self.carries: dict[tuple[int, int], kv.Carry] = {}  # (stage, micro-batch) -> its slices' keys and values
+        self.scales = [1.0 / plan.schedule.microbatches] * plan.schedule.microbatches  # set per step from targets
         self.completes: dict[int, list[int]] = {}  # compute op index -> stages complete after it
         for s, k in sorted(plan.last_backward.items()):
             self.completes.setdefault(k, []).append(s)
@@ -140,6 +150,7 @@ class Executor:
         self.losses: list = []  # on the device; summed once at the end (no sync per micro-batch on a GPU)
         self.mail: dict = {}  # route -> (True, the RECV) once a RECV posted it, (False, the pytree) an op made
         self.ops, self.ended = 0, False
+        self.carries.clear()
         if self.ctx.meter is not None:
             self.ctx.meter.start_step()
         handlers = self.handlers
@@ -299,17 +310,34 @@ class Executor:
         first = self.plan.is_first(s)
         xs = [] if first else pytree.grad_leaves(sv.x)
         roots, grads = _roots(sv.root, got, self.plan.is_last(s), sv.replayed)
+        carry, j = self._carry(s, mb)
+        leaves = carry.leaves_of(j) if carry is not None else []
+        if carry is not None:  # the gradients later slices handed back join this slice's backward
+            roots, grads = _with_extra(roots, grads, *carry.extra(j))
         with self._measure(kind, s):
             if kind == "B":
                 if roots:
                     torch.autograd.backward(roots, grads)
                 dx = tuple(_or_zeros(x.grad, x) for x in xs)
+                handed = [leaf.grad for leaf in leaves]
             else:
-                dx = input_grad(roots, grads, xs, sv.rec)
+                got_all = input_grad(roots, grads, xs + leaves, sv.rec)
+                dx, handed = got_all[:len(xs)], got_all[len(xs):]
                 sv.root = None  # the recorded holder outputs keep what W needs
                 sv.held = sv.held[:1]  # the input's token stays, the output's goes (before W's gradients count)
                 sv.held += self._hold(*sv.rec.grads)
+            if carry is not None:
+                carry.hand_back(j, handed)
+                if carry.done(j):
+                    del self.carries[(s, mb // self.slices)]
         return None, dx
+
+    def _carry(self, s: int, u: int) -> tuple[kv.Carry | None, int]:
+        """(the carry of unit ``u``'s micro-batch on stage ``s``, its slice), or (None, 0) without slices."""
+        if self.slices == 1:
+            return None, 0
+        m, j = split_unit(u, self.slices)
+        return self.carries.setdefault((s, m), kv.Carry()), j
 
     def prepare_backward(self, a: Action) -> None:
         """Before a B or I: an offloaded (stage, mb)'s activations reloaded; a recomputed one's forward replayed
@@ -336,6 +364,8 @@ class Executor:
             else:
                 out, root, rec = self._compute(s, mb, x)
                 self.saved[(s, mb)] = Saved(x=x, root=root, rec=rec, held=self._hold(x, root))
+        if self.ctx.forward_only and self.slices > 1 and mb % self.slices == self.slices - 1:
+            self.carries.pop((s, mb // self.slices), None)  # the micro-batch's last slice: nothing attends later
         if plan.is_last(s):
             if self.ctx.forward_only:
                 self.outcome.outputs[mb] = pytree.map_tensors(torch.Tensor.detach, out)
@@ -364,7 +394,10 @@ class Executor:
         last = self.plan.is_last(s)
         autocast = self.ctx.autocast() if self.ctx.autocast is not None else nullcontext()
         draws = self.ctx.draws(mb) if self.ctx.draws is not None else nullcontext()
-        with self._saving(s, mb), record as rec, autocast, draws:
+        carry, j = self._carry(s, mb)
+        sliced = kv.running(carry, j, kv.slice_length(x), grad=not self.ctx.forward_only) if carry is not None \
+            else nullcontext()
+        with self._saving(s, mb), record as rec, autocast, draws, sliced:
             out = self.ctx.stages[s](x)
             if not last:
                 root = out
@@ -412,6 +445,16 @@ def _roots(root, got, last: bool, replayed: bool = False) -> tuple[list, list | 
     floating = [t for t in pytree.tensors(root) if t.is_floating_point() or t.is_complex()]
     pairs = [(t, g) for t, g in zip(floating, got) if t.requires_grad]
     return [t for t, _ in pairs], [g for _, g in pairs]
+
+
+
+def _with_extra(roots: list, grads: list | None, tensors: list, extra: list) -> tuple[list, list | None]:
+    """A slice's backward roots with its carried tensors and the gradients later slices handed back for them."""
+    if not tensors:
+        return roots, grads
+    if grads is None:  # the loss alone: its gradient is one
+        grads = [torch.ones_like(r) for r in roots]
+    return [*roots, *tensors], [*grads, *extra]
 
 
 def _or_zeros(grad, x: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from torch import nn
 from ... import limits
 from ...data.tensors import block_mask, documents_step, packed
 from ..dtensor import is_dtensor
+from ..stages import kv
 from ..stages.layers import Layers
 from ..stages.moe import MoE, check_moe, pack, unpack
 from ..arguments import check_seed
@@ -35,9 +36,10 @@ SYNTHETIC_TOKENS = 1 << 16
 
 
 class Embedding(nn.Module):
-    """Token plus learned position embedding: (B, T) ids -> (B, T, d). A packed micro-batch (the dict
-    ``stagewise.data.tensors.build`` makes) takes each token's position in its own document and gives the pair
-    (hidden, document ids), which the blocks pass on so attention stays within each document."""
+    """Token plus learned position embedding: (B, T) ids -> (B, T, d); a sequence slice's positions start at its
+    offset (stages/kv.py). A packed micro-batch (the dict ``stagewise.data.tensors.build`` makes) takes each
+    token's position in its own document and gives the pair (hidden, document ids), which the blocks pass on so
+    attention stays within each document."""
 
     def __init__(self, vocab: int, seq: int, d_model: int):
         super().__init__()
@@ -47,7 +49,7 @@ class Embedding(nn.Module):
     def forward(self, idx):
         if packed(idx):
             return self.tok(idx["input_ids"]) + self.pos(idx["position_ids"]), idx["document_ids"]
-        pos = torch.arange(idx.shape[1], device=idx.device)
+        pos = torch.arange(idx.shape[1], device=idx.device) + kv.offset()
         return self.tok(idx) + self.pos(pos)
 
 
@@ -92,7 +94,8 @@ class Block(nn.Module):
 
 def _attend(block: nn.Module, x: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
     """Causal self-attention of a block (its ln1, qkv, proj), residual; with ``documents`` (packed rows) each
-    token attends only to its own document's earlier tokens (``stagewise.data.tensors.block_mask``)."""
+    token attends only to its own document's earlier tokens (``stagewise.data.tensors.block_mask``); a sequence
+    slice also attends to the keys and values of the slices before it (stages/kv.py)."""
     B, T, D = x.shape
     qkv, heads, first = block.qkv(block.ln1(x)), block.heads, 0
     if is_dtensor(qkv):  # tensor parallel (TP_PLAN): q|k|v is fused, so it is gathered; this rank's heads
@@ -105,8 +108,12 @@ def _attend(block: nn.Module, x: torch.Tensor, documents: torch.Tensor | None = 
     q, k, v = (t.view(B, T, block.heads, hd)[:, :, first:first + heads] if heads < block.heads else
                t.view(B, T, block.heads, hd) for t in qkv.split(D, dim=2))
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True) if documents is None else \
-        F.scaled_dot_product_attention(q, k, v, attn_mask=block_mask(documents))
+    if documents is not None:
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=block_mask(documents))
+    else:
+        k, v = kv.extend(k, v)
+        mask = kv.causal_mask(T, k.shape[2], x.device)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
     return x + block.proj(a.transpose(1, 2).reshape(B, T, heads * hd))
 
 

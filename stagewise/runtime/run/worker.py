@@ -59,8 +59,8 @@ def preflight(cfg: RunConfig, world: int | None = None, launched_by: str | None 
     sched = resolve_schedule(cfg.schedule, world=world, dp=cfg.parallelism.per_pipeline_rank, csv=cfg.csv,
                              launched_by=launched_by, microbatches=cfg.microbatches if named else None,
                              chunks=cfg.chunks if named else None, ranks=cfg.ranks if named else None,
-                             across=across(cfg))
-    check_batch(cfg.batch, sched.microbatches, cfg.dp, cfg.fsdp, cfg.ep)  # a --csv schedule brings its own m
+                             across=across(cfg), slices=cfg.slices if named else None)
+    check_batch(cfg.batch, sched.microbatches // sched.slices, cfg.dp, cfg.fsdp, cfg.ep)  # a --csv schedule brings its own m
     recompute_stages(cfg.recompute, sched.stages)
     sched = with_memory_actions(cfg, sched)
     fit = getattr(cfg.model, "check_fit", None)  # a model may say it in its own terms (HF: decoder layers)
@@ -158,8 +158,9 @@ class RankTrainer:
         self.schedule = sched = preflight(cfg, env.world, env.launched_by)
         injector = injector_for(cfg.fault, env.rank)  # tests only: a failure on purpose, at an op's start
         self.flight = flight.Recorder(path=env.flight_path, on_start=injector.at if injector else None)
-        loss = injector.loss(cfg.model.loss) if injector is not None and injector.fault.how == "nan" else \
-            cfg.model.loss
+        self.shifts = sched.slices > 1 and hasattr(cfg.model, "shift_labels")  # HF: labels shifted before slicing
+        own = cfg.model.shifted_loss if self.shifts else cfg.model.loss
+        loss = injector.loss(own) if injector is not None and injector.fault.how == "nan" else own
         layout = dataclasses.replace(cfg.parallelism, pp=sched.ranks)  # a --csv schedule brings its own ranks
         self.pipe = pipe = Pipeline(sched, cfg.model.layers(), loss, split=cfg.layer_split(), parallelism=layout,
                                     overlap=None if cfg.overlap else False, device=env.device,
@@ -187,6 +188,8 @@ class RankTrainer:
         (loss, seconds)."""
         env, cfg = self.env, self.cfg
         inputs, targets = cfg.step_batch(k)
+        if self.shifts:
+            targets = cfg.model.shift_labels(targets)
         self.tokens.append(tokens(targets))
         self.flight.step(k)
         if env.device.type == "cuda":
@@ -236,7 +239,8 @@ class RankTrainer:
         memory = self._memory()  # a collective: every rank calls it
         built = self._gather(self.pipe.built_layers)
         return RunResult(schedule=self.schedule.name, ranks=self.schedule.ranks,
-                         microbatches=self.schedule.microbatches, losses=tuple(self.losses),
+                         microbatches=self.schedule.microbatches // self.schedule.slices,
+                         slices=self.schedule.slices, losses=tuple(self.losses),
                          tokens=tuple(t for t, _ in self.tokens), token_places=tuple(n for _, n in self.tokens),
                          first_step=self.first_step,
                          step_time_s=tuple(self.step_time_s), timelines=tuple(self.timelines),

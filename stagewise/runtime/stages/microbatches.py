@@ -97,24 +97,27 @@ def weight(targets) -> float:
     return float(t.shape[0]) if t.dim() else 1.0
 
 
+def shares(weights: list[list[float]], index: int) -> list[float]:
+    """What each of data shard ``index``'s pieces counts in the step's loss, from every shard's pieces' token
+    ``weights``: its tokens over the step's, times the shards (the pipeline divides every loss by them). No
+    token anywhere: each piece of the shard alike. Pieces with equal tokens each count 1/pieces exactly."""
+    shards, total = len(weights), sum(map(sum, weights))
+    mine = weights[index]
+    if total <= 0:
+        return [1.0 / len(mine)] * len(mine)
+    return [shards * w / total for w in mine]
+
+
 def batch_scales(targets, microbatches: int, shards: int, index: int) -> list[float]:
     """``scales`` of one batch that the pipeline cuts into ``shards`` data shards, then each into
     ``microbatches`` equal pieces: each piece counts by its tokens among the whole step's, so the step's loss is
     the mean over its tokens however the batch was cut (padding, -100, counts nothing). Pieces with equal
     tokens each count 1/microbatches exactly: today's mean of micro-batch means."""
     parts = pytree.split(targets, shards, "targets") if shards > 1 else [targets]
-    weights = [[weight(mb) for mb in pytree.split(part, microbatches, "targets")] for part in parts]
-    total = sum(map(sum, weights))
-    if total <= 0:
-        return [1.0 / microbatches] * microbatches
-    return [shards * w / total for w in weights[index]]
+    return shares([[weight(mb) for mb in pytree.split(part, microbatches, "targets")] for part in parts], index)
 
 
 def scales(targets: list, shards: int, index: int) -> list[float]:
     """What each of data shard ``index``'s micro-batch losses counts in the step's (each a mean over its own
     tokens): its tokens over the step's, times ``shards`` (the pipeline divides every loss by the shards)."""
-    total = sum(weight(mb) for mb in targets)
-    mine = [weight(mb) for mb in shard(targets, shards, index, "targets")]
-    if total <= 0:  # no token counts at all: each micro-batch as much as another
-        return [1.0 / len(mine)] * len(mine)
-    return [shards * w / total for w in mine]
+    return shares([[weight(mb) for mb in shard(targets, shards, d, "targets")] for d in range(shards)], index)
