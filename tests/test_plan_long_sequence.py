@@ -58,7 +58,26 @@ def test_the_printed_offload_flags_are_megatron_lms_and_others_say_none(tmp_path
     assert set(flags) <= megatron_names()  # Megatron-LM's own parser at the fixture's commit knows them
     assert "none (torchtitan has no activation offload" in said["torchtitan"]
     assert "none (DeepSpeed" in said["DeepSpeed"]
-    assert "none (" in said["stagewise"]
+    assert "--offload all" in said["stagewise"]  # train places OFFLOAD and RELOAD (stagewise.memory_actions)
+    line = next(ln for ln in lines if ln.startswith("stagewise:"))
+    assert "--offload all" in line
+    _train_parses(line)
+
+
+def _train_parses(line: str):
+    """The printed stagewise line is what `stagewise train` parses, every flag with its value."""
+    from stagewise.cli import build_parser
+
+    words = shlex.split(line[line.index("torchrun"):], comments=True)
+    return build_parser().parse_args(words[words.index("train"):])
+
+
+def test_the_stagewise_line_of_a_sliced_plan_runs_seq1f1b_over_its_slices(tmp_path, capsys):
+    rc, out, err = run(capsys, *_args(tmp_path, "--slices", "1,2,4,8"))
+    assert rc == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("stagewise:"))
+    args = _train_parses(line)
+    assert (args.schedule, args.slices, args.microbatches, args.batch) == ("seq1f1b", 8, 16, 16)  # micro-batches
 
 
 def test_offloaded_activations_fit_the_nodes_host_memory(tmp_path, capsys):

@@ -116,7 +116,7 @@ def _memory_actions(args, costs) -> dict:
         raise UsageError("--memory-actions chooses what fits under a cap: give --cap or --cap-bytes")
     out = {}
     for name, fam in FAMILIES.items():
-        if fam.chunks is not None and 1 not in fam.chunks:
+        if (fam.chunks is not None and 1 not in fam.chunks) or fam.slices:  # a sliced family at k=1 is its plain
             continue
         try:
             sched = _generate(name, args.ranks, args.microbatches)

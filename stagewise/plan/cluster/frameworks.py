@@ -309,11 +309,17 @@ def stagewise_train_argv(c: ClusterCandidate, job: Job, csv_path: str | None = N
     text over the HF layers (``stagewise_split``) and the whole-stage recomputation when planned."""
     g, spec, par = c.config, job.spec, c.parallelism
     args = ["--hf", "MODEL_FOLDER", "--data", "TEXT_FILE"]
-    args += ["--csv", csv_path] if csv_path else ["--schedule", g.family, "-v", str(g.v)]
-    args += ["-m", str(g.m), *par.flags(), "--batch", str(g.m * g.mbs * par.data_shards), "--seq", str(spec.seq),
+    m = g.m // c.slices  # a sliced plan's m counts units: micro-batches x slices
+    if c.slices > 1:  # Seq1F1B: 1F1B's order over the slices (its CSV is of units, which train reads as slices)
+        args += ["--schedule", "seq1f1b", "--slices", str(c.slices)]
+    else:
+        args += ["--csv", csv_path] if csv_path else ["--schedule", g.family, "-v", str(g.v)]
+    args += ["-m", str(m), *par.flags(), "--batch", str(m * g.mbs * par.data_shards), "--seq", str(spec.seq),
              "--dtype", DTYPE, "--split", stagewise_split(c.candidate.counts, spec)]
     if c.recompute == "stage":
         args.append("--recompute")
+    if c.offload != "none":
+        args += ["--offload", "all"]
     return args
 
 
@@ -352,8 +358,9 @@ def commands(best: dict, job: Job, csv_path: str | None, winner: ClusterCandidat
             cmd, note = torchtitan_options(c, job, csv)
         elif name == "deepspeed":
             cmd, note = deepspeed_config(c, job), ""
-        elif c.slices > 1 or c.offload != "none":  # only stagewise's rows slice or offload (``layouts.NOT_LONG``)
-            cmd, note = None, "its `train` has no option for sequence slices or offload in this build (see below)"
+        elif c.slices > 1 and (c.offload != "none" or c.recompute == "stage"):  # (only stagewise's rows slice)
+            cmd, note = None, ("its `train` runs sequence slices without offload or whole-stage recomputation (a "
+                               "slice's keys and values are read by the later slices' backwards)")
         else:
             cmd, note = stagewise_command(c, job, csv), stagewise_note(c, job)
         out[name] = (c, cmd, note)

@@ -125,11 +125,12 @@ def option_commands(slices: int, offload: str, moe: bool) -> dict:
                          "--cpu-offloading-num-layers refuses pipeline parallelism"),
             "torchtitan": (None, OFFLOAD_NOTE["torchtitan"]),
             "deepspeed": (None, OFFLOAD_NOTE["deepspeed"]),
-            "stagewise": (None, "the schedule's OFFLOAD and RELOAD actions (issue 47's memory actions); this build's "
-                                "`stagewise train` has no option that places them"),
+            "stagewise": ("--offload all", "OFFLOAD and RELOAD actions placed into the schedule "
+                                           "(stagewise.memory_actions); every saved activation but the stage's input "
+                                           "and output moves"),
         }
     if slices > 1:
         out["slices"] = {**{name: (None, note) for name, note in SLICES_NOTE.items()},
-                         "stagewise": (None, f"the seq1f1b schedule with {slices} slices (issue 47's sequence slices); "
-                                             "this build's `stagewise train` has no option for them")}
+                         "stagewise": (f"--schedule seq1f1b --slices {slices}",
+                                       "Seq1F1B over the slices; not with --offload or --recompute")}
     return out
