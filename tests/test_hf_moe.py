@@ -24,7 +24,10 @@ import stagewise  # noqa: E402
 from stagewise.hf import load  # noqa: E402
 from stagewise.hf.errors import HFError  # noqa: E402
 from stagewise.runtime.stages.stage import stage_ranges  # noqa: E402
-from stagewise.schedules import FAMILIES  # noqa: E402
+from stagewise.schedules.registry import whole_names  # noqa: E402
+
+#: every family of whole micro-batches (a sliced family at one slice is its plain family: tests/test_slices.py)
+FAMILIES_RUN = whole_names()
 
 KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 STEPS, ROWS, SEQ, LR = 2, 8, 16, 0.1
@@ -135,14 +138,14 @@ def test_a_deepseek_folder_without_its_router_bias_is_refused_naming_it(folders,
 
 # ---- pipelined on 2 ranks (one launch)
 
-CASES = [(name, 4, 2 if name in ("interleaved-1f1b", "looped-bfs") else None) for name in FAMILIES] \
+CASES = [(name, 4, 2 if name in ("interleaved-1f1b", "looped-bfs") else None) for name in FAMILIES_RUN] \
     + [("1f1b", 4, None, 2)]  # pp 1 x ep 2: the stacked experts sharded over the two ranks
 
 
 @pytest.fixture(scope="module")
 def pipelined(folders):
     _, text, paths = folders
-    wanted = {kind: (str(paths[kind]), {"dualpipe-v", "zb-v", "ep"} | (set(FAMILIES) if kind == "mixtral" else set()))
+    wanted = {kind: (str(paths[kind]), {"dualpipe-v", "zb-v", "ep"} | (set(FAMILIES_RUN) if kind == "mixtral" else set()))
               for kind in KINDS}
     return stagewise.launch(moe_cases, 2, wanted, text, CASES, STEPS, ROWS, SEQ, LR, threads=1, timeout=120)
 
@@ -154,7 +157,7 @@ def test_every_moe_family_pipelined_equals_transformers(folders, pipelined, kind
     _, text, paths = folders
     want_losses, want_grads, want_state = plain_loop(paths[kind], text, STEPS, ROWS, SEQ, LR)
     got = pipelined[kind]["cases"]
-    assert {c[0] for c in got} == ({"dualpipe-v", "zb-v", "1f1b"} | (set(FAMILIES) if kind == "mixtral" else set()))
+    assert {c[0] for c in got} == ({"dualpipe-v", "zb-v", "1f1b"} | (set(FAMILIES_RUN) if kind == "mixtral" else set()))
     assert ("1f1b", 4, None, 2) in got
     for case, (losses, grads, state, _) in got.items():
         if len(case) == 4:  # ep: each rank's gradient of its experts' share; the shares in ep order are the whole

@@ -7,13 +7,16 @@ import torch
 from torch import nn
 
 import stagewise
-from stagewise.schedules import FAMILIES
+from stagewise.schedules.registry import whole_names
 from api_helpers import (STEPS, Net, batch, features, layers, loss_fn, reference, strict_factory_bytes, train_cases,
                          tree_reference, tree_train)
 
+#: every family of whole micro-batches (a sliced family at one slice is its plain family: tests/test_slices.py)
+FAMILIES_RUN = whole_names()
+
 pytestmark = [pytest.mark.timeout(300)]
 
-P2 = [(name, 4, None) for name in FAMILIES]  # every family the registry has, at its default v
+P2 = [(name, 4, None) for name in FAMILIES_RUN]  # every family the registry has, at its default v
 P4 = [("1f1b", 4, None), ("zb-v", 8, None), ("dualpipe", 8, None)]
 
 
