@@ -181,13 +181,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a seconds-long run end to end (its figures mean nothing)")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.m, args.rows, args.seq, args.layers, args.d_model, args.warmup, args.rounds = 4, 1, 64, 2, 16, 1, 1
+        args.m, args.rows, args.seq, args.layers, args.d_model, args.warmup, args.rounds = 4, 1, 64, 2, 16, 0, 1
+        args.calibrate = args.calibrate or "8,64"
     args.families = args.families.split(",")
     n = args.seq
     args.calibrate = (tuple(int(x) for x in args.calibrate.split(",")) if args.calibrate
                       else (n // 8, n // 4, n // 2, n))
     from stagewise import launch
-    from stagewise.lengths import describe
 
     var = step_lengths(args)
     t = time.time()
@@ -195,8 +195,8 @@ def main(argv=None) -> int:
     print(f"GPT {args.layers} blocks d_model={args.d_model}, p=2, m={args.m} micro-batches of {args.rows} rows; "
           f"gloo, 1 thread per rank; {args.warmup} warm-up + {args.rounds} timed rounds "
           f"({time.time() - t:.0f} s in all)")
-    print(f"variable step: lengths {list(var)} ({describe(var)}; BERT Wikipedia histogram, Krell et al. 2021, "
-          f"scaled to {args.seq}, floor {args.seq // 8})")
+    print(f"variable step: lengths {list(var)} ({max(var) / min(var):.1f}x apart, mean {sum(var) / len(var):.1f}; "
+          f"BERT Wikipedia histogram, Krell et al. 2021, scaled to {args.seq}, floor {args.seq // 8})")
     print(f"calibrated on uniform steps at {list(args.calibrate)} tokens")
     head = (f"{'family':<8} {'a':>5} {'measured ms':>11} {'predicted':>9} {'meas/pred':>9} {'blind':>7} "
             f"{'meas/blind':>10} {'step wall ms':>12} {'wall/pred':>9}")
