@@ -26,6 +26,7 @@ measurement alike. The built-in GPT, p=2 ranks (one per core), gloo, one thread 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -108,9 +109,8 @@ def rank_main(args, var) -> dict:
                 r["costs"].append(mean_costs([res.timeline]))
                 r["makespan"].append(metrics(res.timeline).makespan)
                 r["seconds"].append(res.seconds)
-    out = {"link": latency_s, "link_bytes": (4 * small, 4 * large), "stages": {}}
-    for f, p in pipes.items():
-        out["stages"][f] = p.schedule.stages
+    out = {"link": latency_s, "link_bytes": (4 * small, 4 * large),
+           "schedule": {f: p.schedule for f, p in pipes.items()}}
     for key, r in rec.items():
         out[key] = r
     return out if rank == 0 else {}
@@ -138,13 +138,13 @@ def fit(lengths, times) -> tuple[float, float]:
 
 def predict(out, family: str, var, args) -> dict:
     """The calibrated prediction for ``family``'s variable step (and the length-blind one)."""
-    from stagewise import Costs, generate, lengths, metrics, simulate
+    from stagewise import Costs, lengths, metrics, simulate
 
-    stages = out["stages"][family]
+    sched = out["schedule"][family]  # the one the pipeline ran
+    stages = sched.stages
     per_len = {n: median_costs(out[(family, ("uniform", n))]["costs"]) for n in args.calibrate}
     L0 = sum(var) / len(var)
     at, quad, total = {}, 0.0, 0.0
-    sched = generate(family, 2, args.m)
     run = ("t_f", "t_i", "t_w") if sched.split_backward else ("t_f", "t_b")
     for kind in KINDS:
         at[kind] = []
@@ -190,15 +190,16 @@ def main(argv=None) -> int:
     from stagewise import launch
 
     var = step_lengths(args)
-    t = time.time()
+    t, load = time.time(), os.getloadavg()[0]
     out = launch(rank_main, 2, args, var, threads=1, timeout=900)
     print(f"GPT {args.layers} blocks d_model={args.d_model}, p=2, m={args.m} micro-batches of {args.rows} rows; "
           f"gloo, 1 thread per rank; {args.warmup} warm-up + {args.rounds} timed rounds "
-          f"({time.time() - t:.0f} s in all)")
+          f"({time.time() - t:.0f} s in all; load average {load:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)")
     print(f"variable step: lengths {list(var)} ({max(var) / min(var):.1f}x apart, mean {sum(var) / len(var):.1f}; "
           f"BERT Wikipedia histogram, Krell et al. 2021, scaled to {args.seq}, floor {args.seq // 8})")
     print(f"calibrated on uniform steps at {list(args.calibrate)} tokens")
-    head = (f"{'family':<8} {'a':>5} {'measured ms':>11} {'predicted':>9} {'meas/pred':>9} {'blind':>7} "
+    w = max(len(f) for f in args.families)
+    head = (f"{'family':<{w}} {'a':>5} {'measured ms':>11} {'predicted':>9} {'meas/pred':>9} {'blind':>7} "
             f"{'meas/blind':>10} {'step wall ms':>12} {'wall/pred':>9}")
     print(head)
     print("-" * len(head))
@@ -206,7 +207,7 @@ def main(argv=None) -> int:
         p = predict(out, f, var, args)
         r = out[(f, ("variable", None))]
         meas, wall = statistics.median(r["makespan"]), statistics.median(r["seconds"])
-        print(f"{f:<8} {p['a']:>5.2f} {meas * 1e3:>11.1f} {p['predicted'] * 1e3:>9.1f} "
+        print(f"{f:<{w}} {p['a']:>5.2f} {meas * 1e3:>11.1f} {p['predicted'] * 1e3:>9.1f} "
               f"{meas / p['predicted']:>9.3f} {p['blind'] * 1e3:>7.1f} {meas / p['blind']:>10.3f} "
               f"{wall * 1e3:>12.1f} {wall / p['predicted']:>9.3f}")
     print(f"link: latency {p['latency'] * 1e6:.0f} us, {p['bandwidth'] / 1e6:.0f} MB/s (gloo ping-pong)")
