@@ -20,7 +20,7 @@ included), medians over the steps after warm-up. Every round runs each family's 
 variable step in turn (order rotating), so load from other processes falls on calibration and
 measurement alike. The built-in GPT, p=2 ranks (one per core), gloo, one thread per rank.
 
-    .venv/bin/python benchmarks/bench_varlen.py [--families 1f1b,zb-h1] [-m 8] [--rounds 6] [--tiny]
+    .venv/bin/python benchmarks/bench_varlen.py [--families 1f1b,zb-h1,interleaved-1f1b] [-m 8] [--rounds 6] [--tiny]
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def predict(out, family: str, var, args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default="1f1b,zb-h1", help="comma-separated schedule families, p=2")
+    ap.add_argument("--families", default="1f1b,zb-h1,interleaved-1f1b", help="comma-separated schedule families, p=2")
     ap.add_argument("-m", type=int, default=8, help="micro-batches per step")
     ap.add_argument("--rows", type=int, default=4, help="sequences per micro-batch")
     ap.add_argument("--seq", type=int, default=512, help="the longest length (the histogram's 512 scaled to it)")
@@ -181,6 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a seconds-long run end to end (its figures mean nothing)")
     args = ap.parse_args(argv)
     if args.tiny:
+        args.families = "1f1b,zb-h1"
         args.m, args.rows, args.seq, args.layers, args.d_model, args.warmup, args.rounds = 4, 1, 64, 2, 16, 0, 1
         args.calibrate = args.calibrate or "8,64"
     args.families = args.families.split(",")
