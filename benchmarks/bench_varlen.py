@@ -18,7 +18,14 @@ Measured: the step's makespan, first op start to last op end over the ranks (wha
 ``step(..., timeline=True)``), and its wall time (barrier to the step's end, the end-of-step gradient sums
 included), medians over the steps after warm-up. Every round runs each family's calibration steps and its
 variable step in turn (order rotating), so load from other processes falls on calibration and
-measurement alike. The built-in GPT, p=2 ranks (one per core), gloo, one thread per rank.
+measurement alike. The built-in GPT, p=2 ranks (one per core), gloo, one thread per rank. Columns: a, the
+fitted attention share; measured, predicted and blind (length-blind) makespans; their ratios; the wall time.
+
+The prediction assumes an op takes as long whether or not the other rank is busy: true with a core per rank,
+not when other processes compete for the cores (load above the cores' count). Then an op runs faster while the
+other rank waits; uniform steps keep both ranks busier than a variable one does, so they overstate its times
+and the prediction overshoots (on this 2-core machine under another process's full core, measured/predicted
+fell to about 0.8 for 1f1b). Run it on a quiet machine: its header prints the load average.
 
     .venv/bin/python benchmarks/bench_varlen.py [--families 1f1b,zb-h1,interleaved-1f1b] [-m 8] [--rounds 6] [--tiny]
 """
