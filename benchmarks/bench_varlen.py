@@ -86,7 +86,6 @@ def link(rank: int, sizes: tuple[int, ...], reps: int) -> list[float]:
 
 def rank_main(args, var) -> dict:
     """One rank: a Pipeline per family, each stepped on uniform and variable steps round after round."""
-    import torch
     import torch.distributed as dist
 
     import stagewise
@@ -97,7 +96,7 @@ def rank_main(args, var) -> dict:
     rank = dist.get_rank()
     model = GPTConfig(layers_n=args.layers, d_model=args.d_model, heads=4, seq=args.seq, vocab=64)
     small, large = args.rows * min(args.calibrate) * args.d_model, args.rows * args.seq * args.d_model
-    latency_s = link(rank, (small, large), 5 if args.tiny else 20)
+    one_way = link(rank, (small, large), 5 if args.tiny else 20)
     pipes = {f: stagewise.Pipeline(f, model.layers(), model.loss, microbatches=args.m, timeout=600)
              for f in args.families}
     cases = [("uniform", n) for n in args.calibrate] + [("variable", None)]
@@ -116,10 +115,8 @@ def rank_main(args, var) -> dict:
                 r["costs"].append(mean_costs([res.timeline]))
                 r["makespan"].append(metrics(res.timeline).makespan)
                 r["seconds"].append(res.seconds)
-    out = {"link": latency_s, "link_bytes": (4 * small, 4 * large),
-           "schedule": {f: p.schedule for f, p in pipes.items()}}
-    for key, r in rec.items():
-        out[key] = r
+    out = {"link": one_way, "link_bytes": (4 * small, 4 * large),
+           "schedule": {f: p.schedule for f, p in pipes.items()}, **rec}
     return out if rank == 0 else {}
 
 
