@@ -19,7 +19,8 @@ Measured: the step's makespan, first op start to last op end over the ranks (wha
 included), medians over the steps after warm-up. Every round runs each family's calibration steps and its
 variable step in turn (order rotating), so load from other processes falls on calibration and
 measurement alike. The built-in GPT, p=2 ranks (one per core), gloo, one thread per rank. Columns: a, the
-fitted attention share; measured, predicted and blind (length-blind) makespans; their ratios; the wall time.
+fitted attention share; measured, predicted and blind (length-blind) makespans; their ratios; the wall time;
+busy m/p, the ranks' summed op time measured over predicted (the costs' error, apart from the gaps between ops).
 
 The prediction assumes an op takes as long whether or not the other rank is busy: true with a core per rank,
 not when other processes compete for the cores (load above the cores' count). Then an op runs faster while the
@@ -100,7 +101,7 @@ def rank_main(args, var) -> dict:
     pipes = {f: stagewise.Pipeline(f, model.layers(), model.loss, microbatches=args.m, timeout=600)
              for f in args.families}
     cases = [("uniform", n) for n in args.calibrate] + [("variable", None)]
-    rec = {(f, c): {"costs": [], "makespan": [], "seconds": []} for f in pipes for c in cases}
+    rec = {(f, c): {"costs": [], "makespan": [], "busy": [], "seconds": []} for f in pipes for c in cases}
     for k in range(args.warmup + args.rounds):
         turn = [(f, c) for f in pipes for c in cases]
         shift = k % len(turn)
@@ -113,7 +114,9 @@ def rank_main(args, var) -> dict:
             if rank == 0 and k >= args.warmup:
                 r = rec[(f, case)]
                 r["costs"].append(mean_costs([res.timeline]))
-                r["makespan"].append(metrics(res.timeline).makespan)
+                got = metrics(res.timeline)
+                r["makespan"].append(got.makespan)
+                r["busy"].append(sum(got.busy))
                 r["seconds"].append(res.seconds)
     out = {"link": one_way, "link_bytes": (4 * small, 4 * large),
            "schedule": {f: p.schedule for f, p in pipes.items()}, **rec}
@@ -166,8 +169,9 @@ def predict(out, family: str, var, args) -> dict:
                   bandwidth=bandwidth, boundary_bytes=boundary)
     blind = metrics(simulate(sched, costs)).makespan
     aware = metrics(simulate(sched, lengths.apply(costs, var, microbatches=args.m, attention_share=a,
-                                                  reference=L0))).makespan
-    return {"a": a, "predicted": aware, "blind": blind, "latency": latency, "bandwidth": bandwidth}
+                                                  reference=L0)))
+    return {"a": a, "predicted": aware.makespan, "busy": sum(aware.busy), "blind": blind, "latency": latency,
+            "bandwidth": bandwidth}
 
 
 def main(argv=None) -> int:
@@ -205,7 +209,7 @@ def main(argv=None) -> int:
     print(f"calibrated on uniform steps at {list(args.calibrate)} tokens")
     w = max(len(f) for f in args.families)
     head = (f"{'family':<{w}} {'a':>5} {'measured ms':>11} {'predicted':>9} {'meas/pred':>9} {'blind':>7} "
-            f"{'meas/blind':>10} {'step wall ms':>12} {'wall/pred':>9}")
+            f"{'meas/blind':>10} {'step wall ms':>12} {'wall/pred':>9} {'busy m/p':>8}")
     print(head)
     print("-" * len(head))
     for f in args.families:
@@ -214,7 +218,7 @@ def main(argv=None) -> int:
         meas, wall = statistics.median(r["makespan"]), statistics.median(r["seconds"])
         print(f"{f:<{w}} {p['a']:>5.2f} {meas * 1e3:>11.1f} {p['predicted'] * 1e3:>9.1f} "
               f"{meas / p['predicted']:>9.3f} {p['blind'] * 1e3:>7.1f} {meas / p['blind']:>10.3f} "
-              f"{wall * 1e3:>12.1f} {wall / p['predicted']:>9.3f}")
+              f"{wall * 1e3:>12.1f} {wall / p['predicted']:>9.3f} {statistics.median(r['busy']) / p['busy']:>8.3f}")
     print(f"link: latency {p['latency'] * 1e6:.0f} us, {p['bandwidth'] / 1e6:.0f} MB/s (gloo ping-pong)")
     return 0
 

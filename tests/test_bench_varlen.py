@@ -38,7 +38,7 @@ def test_tiny_run_prints_measured_predicted_and_length_blind_per_family():
     assert "calibrated on uniform steps at [8, 64] tokens" in out and "meas/pred" in out
     number = r"\s+(\d+\.\d+)"
     for family in ("1f1b", "zb-h1"):
-        row = re.search(rf"^{re.escape(family)}" + number * 8 + "$", out, re.M)
+        row = re.search(rf"^{re.escape(family)}" + number * 9 + "$", out, re.M)
         assert row, out
         a, measured, predicted, ratio, blind = (float(row[k]) for k in range(1, 6))
         assert 0 <= a < 1 and measured > 0 and predicted > 0 and blind > 0
