@@ -555,9 +555,8 @@ class Pipeline:
         data shard (``stages/microbatches.py``); None on a rank without targets."""
         if targets is None:
             return None
-        weights = [[microbatches.weight(u) for u in self._units(targets, d, "targets")]
-                   for d in range(self.topo.data_shards)]
-        return microbatches.shares(weights, self.topo.data_index)
+        pieces = [self._units(targets, d, "targets") for d in range(self.topo.data_shards)]
+        return microbatches.shares(microbatches.by_shard(pieces), self.topo.data_index)
 
     def _units(self, tree, shard: int, what: str) -> list:
         """Data shard ``shard``'s piece of a step's batch for each unit of the schedule: its rows of each given

@@ -85,15 +85,26 @@ def shard(mbs: list, shards: int, index: int, what: str) -> list:
     return mbs if shards == 1 else [pytree.split(mb, shards, what)[index] for mb in mbs]
 
 
-def weight(targets) -> float:
-    """The tokens one micro-batch's targets count: the elements of its first tensor leaf that are not
-    ``IGNORE_INDEX`` when integer, else its rows (1 for a scalar)."""
+def weights(pieces: list) -> list[float]:
+    """The tokens each piece's targets count: the elements of its first tensor leaf that are not
+    ``IGNORE_INDEX`` when integer, else its rows (1 for a scalar); read off the device once for them all (a
+    count per piece on a GPU would make the host wait once per micro-batch and data shard)."""
+    counts = [_count(p) for p in pieces]
+    on_device = [c for c in counts if isinstance(c, torch.Tensor)]
+    if on_device:
+        got = iter(torch.stack([c.to(on_device[0].device) for c in on_device]).tolist())
+        counts = [next(got) if isinstance(c, torch.Tensor) else c for c in counts]
+    return [float(c) for c in counts]
+
+
+def _count(targets):
+    """A piece's tokens: a number, or a 0-d tensor where its targets are (counted there)."""
     leaves = pytree.tensors(targets)
     if not leaves:
         return 1.0
     t = leaves[0]
     if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
-        return float((t != IGNORE_INDEX).sum())
+        return (t != IGNORE_INDEX).sum()
     return float(t.shape[0]) if t.dim() else 1.0
 
 
@@ -114,10 +125,20 @@ def batch_scales(targets, microbatches: int, shards: int, index: int) -> list[fl
     the mean over its tokens however the batch was cut (padding, -100, counts nothing). Pieces with equal
     tokens each count 1/microbatches exactly: today's mean of micro-batch means."""
     parts = pytree.split(targets, shards, "targets") if shards > 1 else [targets]
-    return shares([[weight(mb) for mb in pytree.split(part, microbatches, "targets")] for part in parts], index)
+    return shares(by_shard([pytree.split(part, microbatches, "targets") for part in parts]), index)
 
 
 def scales(targets: list, shards: int, index: int) -> list[float]:
     """What each of data shard ``index``'s micro-batch losses counts in the step's (each a mean over its own
     tokens): its tokens over the step's, times ``shards`` (the pipeline divides every loss by the shards)."""
-    return shares([[weight(mb) for mb in shard(targets, shards, d, "targets")] for d in range(shards)], index)
+    return shares(by_shard([shard(targets, shards, d, "targets") for d in range(shards)]), index)
+
+
+def by_shard(pieces: list[list]) -> list[list[float]]:
+    """Each data shard's pieces' ``weights``, read off the device once for the step."""
+    flat = weights([p for ps in pieces for p in ps])
+    out, at = [], 0
+    for ps in pieces:
+        out.append(flat[at:at + len(ps)])
+        at += len(ps)
+    return out
