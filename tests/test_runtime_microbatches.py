@@ -133,8 +133,8 @@ def test_tokens_weigh_each_micro_batch_and_equal_ones_weigh_alike():
 
     ys = [torch.ones(2, 3, dtype=torch.long), torch.full((2, 6), -100)]
     ys[1][:, :3] = 1
-    assert [microbatches.weight(y) for y in ys] == [6.0, 6.0]
-    assert microbatches.weight(torch.randn(5, 2)) == 5.0
+    assert microbatches.weights(ys) == [6.0, 6.0]
+    assert microbatches.weights([torch.randn(5, 2)]) == [5.0]
     assert microbatches.scales(ys, 2, 0) == [0.5, 0.5]  # shard 0 holds 3 of each micro-batch's 6 tokens
     assert microbatches.scales([torch.ones(2, 2, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)], 1, 0) == \
         [0.25, 0.75]
