@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from .actions import Action, Pair
+from .actions import Pair
 from .costs import StageCosts
 
 

@@ -50,7 +50,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .actions import HOST_KINDS, MEMORY_KINDS, OFFLOAD, RELOAD, Action, Pair
-from .costs import CostError, StageCosts
+from .costs import CostError, StageCosts, per_microbatch
 from .all_to_all import pair_parts, pair_time
 
 
@@ -162,10 +162,8 @@ class Engine:
         self.blocking = low is not None and low.options.overlap.blocking_p2p
         self.kinds = _comm_kinds() if low is not None else (None, (), (), None, None, None, None, ())
         self.out = Played(programs)
-        for name, f in (("mb_time", sc.mb_time), ("mb_activation", sc.mb_activation)):
-            if f is not None and len(f) != m:
-                raise CostError(f"`{name}` has {len(f)} values; the schedule has {m} micro-batches (pipeline units): "
-                                "give one per micro-batch")
+        for name in ("mb_time", "mb_activation"):  # resolved without the schedule's count (a planner's): its check
+            per_microbatch(name, getattr(sc, name), m)
         #: per micro-batch factors (None: all micro-batches alike, the tables above hold every duration)
         self.varied = sc.mb_time is not None or sc.mb_activation is not None
         self.mem: list | None = None  #: per key, when its backward's activations are back (made on first use)

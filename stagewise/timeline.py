@@ -109,7 +109,6 @@ class Timeline:
                     out.append((end, live))
         return out
 
-
     def memory_events(self, rank: int, unit_bytes: bool = False,
                       transfers: bool = True) -> list[tuple[float, float, float]]:
         """(time, order, change) of ``rank``'s live activations, sorted: compute ops in program order (an F's at

@@ -33,7 +33,6 @@ import shlex
 from itertools import groupby
 
 from ...split import format_layout
-from ...parallelism import Parallelism
 from .candidate import ClusterCandidate
 from .job import Job
 from .overlap_rules import refusal
