@@ -108,10 +108,14 @@ class Costs:
         def unit(xs):
             return None if xs is None else [x * part for x in xs]
 
-        link = [self.latency + (b * part / self.bandwidth if self.bandwidth else 0.0)
-                for b in per_stage("boundary_bytes", self.boundary_bytes, stages)]
-        return replace(sc, f=unit(sc.f), b=unit(sc.b), i=unit(sc.i), w=unit(sc.w), fb=unit(sc.fb), message=link,
+        return replace(sc, f=unit(sc.f), b=unit(sc.b), i=unit(sc.i), w=unit(sc.w), fb=unit(sc.fb),
+                       message=self._message_times(per_stage("boundary_bytes", self.boundary_bytes, stages), part),
                        a2a_f=unit(sc.a2a_f), a2a_b=unit(sc.a2a_b), slices=slices, kv_share=self.kv_share)
+
+    def _message_times(self, link: list[float], part: float = 1.0) -> list[float]:
+        """Per stage, the time of its boundary message of ``link`` bytes: the latency, then ``part`` of the bytes
+        (a slice's 1/k) over the bandwidth."""
+        return [self.latency + (b * part / self.bandwidth if self.bandwidth else 0.0) for b in link]
 
     def _resolve(self, stages: int, microbatches: int | None) -> "StageCosts":
         f = per_stage("t_f", self.t_f, stages)
@@ -154,7 +158,7 @@ class Costs:
             raise CostError(f"--free-at-i must be a finite number; got {self.free_at_i}")
         if self.free_at_i > 1.0:
             raise CostError(f"--free-at-i must be <= 1; got {self.free_at_i}")
-        msg = [self.latency + (x / self.bandwidth if self.bandwidth else 0.0) for x in link]
+        msg = self._message_times(link)
         if self.cap is not None and self.cap.unit == "bytes" and act_b is None:
             raise CostError("--cap-bytes needs the activation sizes in bytes (--activation-bytes or --hidden-size)")
         return StageCosts(f=f, b=b, i=i, w=w, fb=fb, message=msg, activation=act,
