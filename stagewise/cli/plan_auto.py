@@ -110,13 +110,14 @@ def _memory_actions(args, costs) -> dict:
     nothing fits)."""
     from ..plan.auto import memory_policy
     from ..schedules import FAMILIES
-    from ..schedules.registry import ScheduleArgError
+    from ..schedules.registry import ScheduleArgError, whole_names
 
     if costs.cap is None:
         raise UsageError("--memory-actions chooses what fits under a cap: give --cap or --cap-bytes")
     out = {}
-    for name, fam in FAMILIES.items():
-        if (fam.chunks is not None and 1 not in fam.chunks) or fam.slices:  # a sliced family at k=1 is its plain
+    for name in whole_names():  # a sliced family at one slice is its plain family
+        fam = FAMILIES[name]
+        if fam.chunks is not None and 1 not in fam.chunks:
             continue
         try:
             sched = _generate(name, args.ranks, args.microbatches)
